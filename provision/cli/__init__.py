@@ -1,0 +1,39 @@
+"""The typer app: thin, one sub-app per noun, no logic. Library errors become one line
+per problem and the exit codes from DESIGN.md (0 ok, 1 failed, 2 bad input)."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from provision.console import report_error
+from provision.errors import ProvisionError
+
+app = typer.Typer(
+    name="provision",
+    help="From a rack of new GPU servers to a proven training cluster: "
+    "provision (up), accept (validate), train.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _register() -> None:
+    """Each noun's module adds its commands; importing here keeps startup in one place."""
+    from provision.cli import inventory
+
+    app.add_typer(inventory.app, name="inventory")
+
+
+def main() -> None:
+    _register()
+    try:
+        app()
+    except ProvisionError as e:
+        report_error(e)
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
+        sys.exit(130)

@@ -1,0 +1,242 @@
+"""Load a pyinfra inventory file and validate it into typed records.
+
+The inventory is pyinfra's own format, unchanged: a Python file whose top-level lists are
+groups of hosts (names, or ``(name, data)`` tuples), plus ``group_data/*.py`` beside it.
+pyinfra's own loader reads it, so an existing pyinfra inventory loads the same way here.
+
+Everything is checked before any host is contacted. Every problem found is collected and
+raised together as one ``InputError``, so the user fixes them all in one pass.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from provision.errors import InputError, Problem
+from provision.settings import ROLES, Settings, is_pyinfra_key, parse_settings
+
+
+@dataclass(frozen=True)
+class SshTarget:
+    """How the controller reaches a host (the management network)."""
+
+    hostname: str  # address or DNS name that SSH connects to
+    port: int  # SSH port
+    user: str | None  # login user; None means the controller's default
+    key: str | None  # private key file, already checked to exist
+    known_hosts: str | None  # known_hosts file pinning the host key; None: ~/.ssh/known_hosts
+    strict_host_key_checking: str  # "yes" by default: an unknown key is refused
+
+
+@dataclass(frozen=True)
+class Node:
+    """One host of the inventory, with its validated settings."""
+
+    name: str  # the inventory name, as pyinfra knows it
+    ssh: SshTarget  # management-network access
+    groups: tuple[str, ...]  # pyinfra groups; roles come from these (see settings.ROLES)
+    settings: Settings  # every knob, defaults filled in
+    data: dict[str, Any] = field(repr=False, default_factory=dict)  # raw merged host data
+
+    @property
+    def cluster_address(self) -> str:
+        """Address on the cluster (data) network; the SSH address when none is given."""
+        return self.settings.cluster_address or self.ssh.hostname
+
+    def has_role(self, role: str) -> bool:
+        return role in self.groups
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """A loaded, validated inventory."""
+
+    path: Path  # the inventory file
+    nodes: tuple[Node, ...]  # in inventory order
+    pyinfra_inventory: Any = field(repr=False, default=None)  # pyinfra.api.Inventory it came from
+
+    def node(self, name: str) -> Node:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+    def with_role(self, role: str) -> list[Node]:
+        return [n for n in self.nodes if n.has_role(role)]
+
+    def storage_node(self) -> Node | None:
+        """The NFS server and backup target: the nfs_server setting, else the first storage host."""
+        named = {n.settings.nfs_server for n in self.nodes} - {None}
+        if named:
+            return self.node(sorted(named)[0])  # type: ignore[arg-type]
+        storage = self.with_role("storage")
+        return storage[0] if storage else None
+
+
+def load(path: str | os.PathLike[str]) -> Cluster:
+    """Load and validate an inventory file. Raises InputError listing every problem."""
+    inventory_path = Path(path)
+    if not inventory_path.is_file():
+        raise InputError(
+            Problem(str(path), "inventory file does not exist", "check the path, e.g. inventories/example.py")
+        )
+    pyinfra_inventory = _pyinfra_load(inventory_path)
+    problems: list[Problem] = []
+    nodes = [_node(pyinfra_inventory, host, inventory_path, problems) for host in pyinfra_inventory]
+    if not nodes:
+        problems.append(
+            Problem(str(inventory_path), "the inventory has no hosts",
+                    "add a group, e.g. nodes = [('node1', {'ssh_hostname': '10.0.0.1'})]")
+        )
+    problems += _duplicates(inventory_path, nodes)
+    problems += _references(inventory_path, nodes)
+    if problems:
+        raise InputError(problems)
+    return Cluster(inventory_path, tuple(nodes), pyinfra_inventory)
+
+
+def _pyinfra_load(inventory_path: Path) -> Any:
+    """Run pyinfra's own inventory loader, turning user-code errors into Problems."""
+    from pyinfra.api import State
+    from pyinfra.context import ctx_state
+    from pyinfra_cli.exceptions import UnexpectedExternalError
+    from pyinfra_cli.inventory import make_inventory_from_files
+    from pyinfra_cli.util import PYTHON_CODES
+
+    # pyinfra caches compiled files by name; a long-lived process must see edits.
+    PYTHON_CODES.clear()
+    try:
+        # pyinfra's file loader records the file it executes on the current State.
+        with ctx_state.use(State()):
+            return make_inventory_from_files(str(inventory_path), cwd=str(inventory_path.parent))
+    except SyntaxError as e:
+        raise InputError(
+            Problem(f"{e.filename}:{e.lineno}", f"syntax error: {e.msg}", "fix the Python syntax")
+        ) from None
+    except UnexpectedExternalError as e:
+        err = e.exception
+        line = _user_line(err, e.filename)
+        raise InputError(
+            Problem(f"{e.filename}{line}", f"raised {type(err).__name__}: {err}",
+                    "an inventory must run without errors")
+        ) from None
+    except Exception as e:  # pyinfra's own validation, e.g. an unknown @connector
+        raise InputError(Problem(str(inventory_path), f"{type(e).__name__}: {e}")) from None
+
+
+def _user_line(err: BaseException, filename: str) -> str:
+    frames = traceback.extract_tb(getattr(err, "_traceback", None) or err.__traceback__)
+    lines = [f.lineno for f in frames if f.filename == filename]
+    return f":{lines[-1]}" if lines else ""
+
+
+def _node(inv: Any, host: Any, inventory_path: Path, problems: list[Problem]) -> Node:
+    where = f"{inventory_path}: host {host.name}"
+    _check_layers(inv, host, inventory_path, problems)
+    data = {k: v for k, v in host.data.dict().items()}
+    settings, _ = parse_settings(data, where)  # layer problems were reported with their source
+    ssh = _ssh_target(host.name, data, where, problems)
+    return Node(host.name, ssh, tuple(host.groups), settings, data)
+
+
+def _check_layers(inv: Any, host: Any, inventory_path: Path, problems: list[Problem]) -> None:
+    """Validate each source of this host's data separately, so a problem names its file."""
+    layers = [(f"{inventory_path}: host {host.name}", inv.get_host_data(host.name))]
+    group_dir = inventory_path.parent / "group_data"
+    for group in ("all", *host.groups):
+        data = inv.get_data() if group == "all" else inv.get_group_data(group)
+        source = group_dir / f"{group}.py"
+        where = f"{source}" if source.is_file() else f"{inventory_path}: group {group}"
+        layers.append((where, data))
+    for where, data in layers:
+        for problem in parse_settings(data, where)[1]:
+            if problem not in problems:
+                problems.append(problem)
+
+
+def _ssh_target(name: str, data: dict[str, Any], where: str, problems: list[Problem]) -> SshTarget:
+    hostname = data.get("ssh_hostname") or name
+    port = data.get("ssh_port", 22)
+    if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
+        problems.append(Problem(f"{where}: key ssh_port", f"{port!r} is not a port number (1-65535)"))
+        port = 22
+    key = data.get("ssh_key")
+    if key is not None:
+        key = os.path.expanduser(str(key))
+        if not os.path.isfile(key):
+            problems.append(
+                Problem(f"{where}: key ssh_key", f"SSH key file {key} does not exist",
+                        "point ssh_key at an existing private key")
+            )
+    known_hosts = data.get("ssh_known_hosts_file")
+    if known_hosts is not None:
+        known_hosts = os.path.expanduser(str(known_hosts))
+    strict = data.get("ssh_strict_host_key_checking", "yes")
+    return SshTarget(str(hostname), port, data.get("ssh_user"), key, known_hosts, str(strict))
+
+
+def _duplicates(inventory_path: Path, nodes: list[Node]) -> list[Problem]:
+    problems = []
+    for label, keyfunc in (
+        ("SSH address", lambda n: f"{n.ssh.hostname}:{n.ssh.port}"),
+        ("cluster address", lambda n: n.cluster_address),
+    ):
+        seen: dict[str, str] = {}
+        for node in nodes:
+            value = keyfunc(node)
+            if value in seen:
+                problems.append(
+                    Problem(f"{inventory_path}: host {node.name}",
+                            f"duplicate {label} {value}, also used by host {seen[value]}",
+                            "every host needs its own address")
+                )
+            else:
+                seen[value] = node.name
+    problems += _duplicate_names(inventory_path)
+    return problems
+
+
+def _duplicate_names(inventory_path: Path) -> list[Problem]:
+    """A name listed twice in one group is almost always a copy-paste slip: pyinfra would
+    silently merge the two entries' data."""
+    from pyinfra.api import State
+    from pyinfra.context import ctx_state
+    from pyinfra_cli.inventory import _get_groups_from_filename
+
+    problems = []
+    with ctx_state.use(State()):
+        groups = _get_groups_from_filename(str(inventory_path))
+    for group, hosts in groups.items():
+        names = [h[0] if isinstance(h, tuple) else h for h in (hosts[0] if isinstance(hosts, tuple) else hosts)]
+        for name in sorted({n for n in names if names.count(n) > 1}):
+            problems.append(
+                Problem(f"{inventory_path}: group {group}", f"duplicate host {name}",
+                        "list each host once per group")
+            )
+    return problems
+
+
+def _references(inventory_path: Path, nodes: list[Node]) -> list[Problem]:
+    names = {n.name for n in nodes}
+    problems = []
+    for node in nodes:
+        server = node.settings.nfs_server
+        if server is not None and server not in names:
+            problems.append(
+                Problem(f"{inventory_path}: host {node.name}: key nfs_server",
+                        f"{server!r} is not a host of this inventory")
+            )
+    return problems
+
+
+def describe_roles() -> list[tuple[str, str]]:
+    return sorted(ROLES.items())
+
+
+def pyinfra_keys(data: dict[str, Any]) -> dict[str, Any]:
+    """The part of host data that belongs to pyinfra (connection keys, global arguments)."""
+    return {k: v for k, v in data.items() if is_pyinfra_key(k)}

@@ -1,0 +1,131 @@
+"""The ONLY module that opens fabric/paramiko connections.
+
+pyinfra owns desired state (``runner.py``); everything imperative (benchmarks, training,
+backup and restore commands, waiting for a booting VM) goes through here. Keeping one
+seam means host-key policy, timeouts and retries are decided once, and tests can hand in
+a double.
+
+Host keys are checked by default: a host whose key is not in the known_hosts file is
+refused, unless the inventory says ``ssh_strict_host_key_checking = "accept-new"`` (or
+"no").
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from provision.inventory import Node, SshTarget
+
+T = TypeVar("T")
+
+CONNECT_TIMEOUT_S = 10
+
+
+class RemoteError(Exception):
+    """A remote command could not be run (unreachable, refused, timed out)."""
+
+
+def connection(target: SshTarget | Node, connect_timeout: int = CONNECT_TIMEOUT_S) -> Any:
+    """A fabric Connection for a host, with provision's host-key policy applied."""
+    import paramiko
+    from fabric import Config, Connection
+
+    ssh = target.ssh if isinstance(target, Node) else target
+    connect_kwargs: dict[str, Any] = {"banner_timeout": 30, "auth_timeout": 30}
+    if ssh.key:
+        connect_kwargs.update(key_filename=ssh.key, look_for_keys=False)
+    # The inventory is the source of truth: the user's ~/.ssh/config is not read, so a
+    # test (or a second operator) gets the same connection as the first.
+    config = Config(overrides={"load_ssh_configs": False})
+    conn = Connection(
+        ssh.hostname,
+        user=ssh.user or os.environ.get("USER") or "root",
+        port=ssh.port,
+        config=config,
+        connect_timeout=connect_timeout,
+        connect_kwargs=connect_kwargs,
+    )
+    known_hosts = ssh.known_hosts or os.path.expanduser("~/.ssh/known_hosts")
+    if os.path.isfile(known_hosts):
+        conn.client.load_host_keys(known_hosts)
+    policy = (
+        paramiko.RejectPolicy()
+        if ssh.strict_host_key_checking in ("yes", "true", "True")
+        else paramiko.AutoAddPolicy()
+    )
+    conn.client.set_missing_host_key_policy(policy)
+    return conn
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """What one remote command did."""
+
+    host: str  # inventory name
+    exited: int  # exit status; -1 when the command could not run at all
+    stdout: str  # captured standard output
+    stderr: str  # captured standard error, or why the command could not run
+
+    @property
+    def ok(self) -> bool:
+        return self.exited == 0
+
+
+def run(node: Node, command: str, timeout: float | None = None, conn: Any = None) -> CommandResult:
+    """Run a shell command on a node and capture its output. Never raises for the
+    command's own failure; an unreachable host gives exited=-1 with the reason."""
+    own = conn is None
+    conn = conn or connection(node)
+    try:
+        result = conn.run(command, hide=True, warn=True, timeout=timeout, in_stream=False)
+        return CommandResult(node.name, result.exited, result.stdout, result.stderr)
+    except Exception as e:  # paramiko/socket/invoke errors all mean "could not run"
+        return CommandResult(node.name, -1, "", f"{type(e).__name__}: {e}")
+    finally:
+        if own:
+            conn.close()
+
+
+def on_all(nodes: Iterable[Node], func: Callable[[Node], T], max_workers: int = 32) -> dict[str, T]:
+    """Call func(node) for every node in parallel; results by node name, in input order."""
+    nodes = list(nodes)
+    if not nodes:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(max_workers, len(nodes))) as pool:
+        futures = {n.name: pool.submit(func, n) for n in nodes}
+        return {name: f.result() for name, f in futures.items()}
+
+
+def wait_for_ssh(target: SshTarget, timeout_s: float, interval_s: float = 1.0) -> float:
+    """Wait until a real SSH handshake and login succeed; return the seconds it took.
+
+    A port forward (qemu user networking) accepts TCP before the guest's sshd runs, and a
+    connection then dies with "Error reading SSH protocol banner"; so an open port proves
+    nothing. Retries are bounded by ``timeout_s``.
+    """
+    start = time.monotonic()
+    last_error = "no attempt made"
+    while time.monotonic() - start < timeout_s:
+        conn = connection(target, connect_timeout=5)
+        try:
+            conn.open()
+            conn.close()
+            return time.monotonic() - start
+        except (OSError, socket.timeout, EOFError) as e:
+            last_error = f"{type(e).__name__}: {e}"
+        except Exception as e:  # paramiko.SSHException and friends while sshd starts
+            if "not found in known_hosts" in str(e) or "BadHostKey" in type(e).__name__:
+                raise RemoteError(f"{target.hostname}:{target.port}: host key refused: {e}") from e
+            last_error = f"{type(e).__name__}: {e}"
+        finally:
+            conn.close()
+        time.sleep(interval_s)
+    raise RemoteError(
+        f"{target.hostname}:{target.port}: no SSH login within {timeout_s:.0f}s ({last_error})"
+    )

@@ -1,0 +1,256 @@
+"""The typed settings model: every knob that a deploy or command reads.
+
+Settings come from pyinfra host and group data (inventory file, group_data/*.py). Each
+knob has a default, a one-line comment (``doc``) and validation. pyinfra's own
+connection keys (``ssh_*``) and global arguments (``_sudo`` and friends) pass through
+untouched; any other key that is not a knob here is an error, so a typo never silently
+falls back to a default.
+
+Roles come from group names, not from settings; see ``ROLES``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import types
+import typing
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, Literal, get_args, get_origin
+
+from provision.errors import Problem
+
+# Group names with a meaning to provision. Hosts in no role group are plain nodes.
+ROLES: dict[str, str] = {
+    "gpu_nodes": "hosts with NVIDIA GPUs; the nvidia step runs here even if lspci finds none",
+    "storage": "the NFS server and backup target (the first host in the group)",
+}
+
+StepSwitch = Literal["auto", "force", "skip"]
+
+
+def knob(default: Any, doc: str, check: typing.Callable[[Any], str | None] | None = None) -> Any:
+    """Declare a setting: its default, its one-line comment and an optional extra check.
+
+    ``check`` returns an error message, or None when the value is fine.
+    """
+    meta = {"doc": doc, "check": check}
+    if isinstance(default, list | dict):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def _cidr(value: str | None) -> str | None:
+    if value is None:
+        return None
+    try:
+        ipaddress.ip_network(value, strict=False)
+    except ValueError:
+        return f"{value!r} is not a network in CIDR form, e.g. 10.0.0.0/24"
+    return None
+
+
+def _ip(value: str | None) -> str | None:
+    if value is None:
+        return None
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return f"{value!r} is not an IP address"
+    return None
+
+
+def _absolute(value: str | None) -> str | None:
+    if value is not None and not value.startswith("/"):
+        return f"{value!r} must be an absolute path"
+    return None
+
+
+def _positive(value: int | float) -> str | None:
+    return None if value > 0 else f"{value!r} must be greater than 0"
+
+
+def _data_disks(value: list[str] | str) -> str | None:
+    if isinstance(value, str):
+        return None if value == "auto" else f"{value!r} must be 'auto' or a list of disk ids"
+    for disk in value:
+        if disk.startswith("/dev/") and not disk.startswith("/dev/disk/by-"):
+            return (
+                f"{disk!r} is a kernel name that can change between boots; "
+                "use /dev/disk/by-id/... or the disk's serial"
+            )
+    return None
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every knob, with its default. Field order groups knobs by the step that reads them."""
+
+    # --- cluster addressing ---
+    cluster_address: str | None = knob(
+        None, "the host's address on the cluster (data) network; default: its SSH address", _ip
+    )
+    cluster_cidr: str | None = knob(
+        None, "the cluster network, e.g. 10.0.0.0/24; NFS exports go to it only", _cidr
+    )
+    cluster_interface: str | None = knob(
+        None, "NIC on the cluster network (NCCL/GLOO_SOCKET_IFNAME); default: found by address"
+    )
+
+    # --- preflight ---
+    min_root_free_gb: int = knob(20, "free space needed on / before anything is installed", _positive)
+    apt_lock_wait_s: int = knob(300, "how long to wait for another apt/dpkg to let go", _positive)
+
+    # --- base ---
+    training_user: str = knob("train", "the account that runs training jobs")
+    nofile_limit: int = knob(1048576, "open-files limit for training processes", _positive)
+    ntp_servers: list[str] = knob([], "chrony servers; empty keeps the distribution's pool")
+
+    # --- nvidia ---
+    nvidia: StepSwitch = knob("auto", "auto: on hosts with an NVIDIA GPU; force; skip")
+    nvidia_repo_url: str = knob(
+        "https://developer.download.nvidia.com/compute/cuda/repos/{distro}/x86_64/",
+        "NVIDIA CUDA apt repository; {distro} becomes ubuntu2204, ubuntu2404 or debian12",
+    )
+    nvidia_keyring_url: str = knob(
+        "https://developer.download.nvidia.com/compute/cuda/repos/{distro}/x86_64/"
+        "cuda-archive-keyring.gpg",
+        "the repository's signing key (binary keyring); installed under /etc/apt/keyrings",
+    )
+    nvidia_driver_branch: str = knob("580", "driver branch to pin, e.g. 570 or 580")
+    nvidia_driver_version: str | None = knob(None, "exact driver version; default: newest of the branch")
+    nvidia_kernel_modules: Literal["auto", "open", "proprietary"] = knob(
+        "auto", "auto: open modules on Turing and newer, proprietary before"
+    )
+    cuda_toolkit_version: str | None = knob("12-8", "cuda-toolkit-X-Y to install; null skips it")
+    fabric_manager: StepSwitch = knob("auto", "auto: only on NVSwitch systems (HGX, DGX)")
+    install_nccl: bool = knob(False, "install libnccl2/libnccl-dev from the CUDA repository")
+    install_container_toolkit: bool = knob(False, "install nvidia-container-toolkit")
+    reboot_timeout_s: int = knob(900, "how long a rebooted host may take to answer SSH", _positive)
+
+    # --- frameworks ---
+    venv_path: str = knob("/opt/provision/venv", "the Python venv for training and the agent", _absolute)
+    torch_version: str = knob("2.13.0", "pinned torch version")
+    numpy_version: str | None = knob(None, "pinned numpy version; null takes what torch allows")
+    pip_index_url: str | None = knob(None, "pip index URL; null uses pip's own configuration")
+    wheelhouse: str | None = knob(
+        None, "controller directory of wheels to upload and install from (air-gapped clusters)"
+    )
+
+    # --- volumes ---
+    data_disks: list[str] | str = knob([], "data disks by /dev/disk/by-id path or serial, or 'auto'", _data_disks)
+    raid_level: Literal[0, 1, 5, 6, 10] = knob(0, "mdadm RAID level when there are several disks")
+    filesystem: Literal["xfs", "ext4"] = knob("xfs", "filesystem for the data volume")
+    data_mount: str = knob("/data", "where the data volume is mounted", _absolute)
+    force_format: list[str] = knob([], "disks that may be formatted even though they hold data")
+
+    # --- nfs ---
+    nfs_server: str | None = knob(None, "host name of the NFS server; default: first storage host")
+    nfs_exports: list[str] = knob(["datasets", "checkpoints", "scratch"], "directories to share")
+    nfs_export_root: str = knob("/data/shared", "where exported directories live on the server", _absolute)
+    nfs_mount_root: str = knob("/shared", "where clients (and the server) see the shares", _absolute)
+    nfs_export_options: str = knob("rw,sync,root_squash,no_subtree_check", "exports(5) options")
+
+    # --- backups ---
+    backup_repository: str | None = knob(None, "restic repository URL; default: sftp to the storage host")
+    backup_password_file: str | None = knob(None, "controller file holding the restic password")
+    backup_paths: list[str] = knob([], "paths to back up; default: the checkpoints share")
+    backup_schedule: str = knob("daily", "systemd OnCalendar expression for the backup timer")
+    backup_keep_daily: int = knob(7, "restic forget --keep-daily", _positive)
+    backup_keep_weekly: int = knob(4, "restic forget --keep-weekly", _positive)
+    backup_keep_monthly: int = knob(6, "restic forget --keep-monthly", _positive)
+
+    # --- train ---
+    train_master_port: int = knob(29500, "c10d rendezvous port on the first node", _positive)
+
+
+def knob_docs() -> list[tuple[str, Any, str]]:
+    """(name, default, comment) for every knob, for `inventory check` and the README."""
+    out = []
+    for f in fields(Settings):
+        default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
+        out.append((f.name, default, f.metadata["doc"]))
+    return out
+
+
+def is_pyinfra_key(key: str) -> bool:
+    """pyinfra's own connection data and global arguments, passed through untouched."""
+    return key.startswith(("ssh_", "_")) or key in {"winrm_username", "winrm_password"}
+
+
+def _type_ok(value: Any, annotation: Any) -> bool:
+    origin = get_origin(annotation)
+    if annotation is Any:
+        return True
+    if origin is Literal:
+        return value in get_args(annotation) and type(value) in {type(a) for a in get_args(annotation)}
+    if origin in (typing.Union, types.UnionType):
+        return any(_type_ok(value, arg) for arg in get_args(annotation))
+    if annotation is type(None):
+        return value is None
+    if origin is list:
+        (item,) = get_args(annotation)
+        return isinstance(value, list) and all(_type_ok(v, item) for v in value)
+    if origin is dict:
+        key_t, val_t = get_args(annotation)
+        return isinstance(value, dict) and all(
+            _type_ok(k, key_t) and _type_ok(v, val_t) for k, v in value.items()
+        )
+    if annotation is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, annotation)
+
+
+def _describe(annotation: Any) -> str:
+    origin = get_origin(annotation)
+    if origin is Literal:
+        return " or ".join(repr(a) for a in get_args(annotation))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe(a) for a in get_args(annotation))
+    if annotation is type(None):
+        return "None"
+    if origin is list:
+        return f"a list of {_describe(get_args(annotation)[0])}"
+    return getattr(annotation, "__name__", str(annotation))
+
+
+_HINTS = typing.get_type_hints(Settings)
+
+
+def parse_settings(data: dict[str, Any], where: str) -> tuple[Settings, list[Problem]]:
+    """Validate raw host data into Settings. Returns the settings and every problem found.
+
+    ``where`` prefixes each problem ("inventories/x.py: host node1").
+    """
+    problems: list[Problem] = []
+    known = {f.name: f for f in fields(Settings)}
+    values: dict[str, Any] = {}
+    for key, value in data.items():
+        if is_pyinfra_key(key):
+            continue
+        if key not in known:
+            problems.append(_unknown_key(where, key))
+            continue
+        annotation = _HINTS[key]
+        if not _type_ok(value, annotation):
+            problems.append(
+                Problem(f"{where}: key {key}", f"{value!r} is not {_describe(annotation)}",
+                        f"see `provision inventory knobs` for {key}")
+            )
+            continue
+        check = known[key].metadata["check"]
+        message = check(value) if check else None
+        if message:
+            problems.append(Problem(f"{where}: key {key}", message))
+            continue
+        values[key] = value
+    return Settings(**values), problems
+
+
+def _unknown_key(where: str, key: str) -> Problem:
+    import difflib
+
+    close = difflib.get_close_matches(key, [f.name for f in fields(Settings)], n=1)
+    fix = f"did you mean {close[0]!r}?" if close else "see `provision inventory knobs`"
+    return Problem(f"{where}: key {key}", "unknown setting", fix)
