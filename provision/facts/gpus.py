@@ -1,0 +1,118 @@
+"""NVIDIA GPUs and NVSwitches: from lspci (always), and NVML via nvidia-smi when a driver
+is loaded. lspci sees a GPU before any driver exists, which is what preflight needs to
+choose the driver; NVML adds what only the driver knows.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from dataclasses import dataclass
+
+from pyinfra.api import FactBase
+
+NVIDIA_VENDOR = "10de"
+SEPARATOR = "--- nvml ---"
+NVML_QUERY = "index,name,pci.bus_id,memory.total,driver_version"
+
+# lspci -Dnn: "0000:17:00.0 3D controller [0302]: NVIDIA Corporation GH100 [H100 SXM5 80GB] [10de:2330] (rev a1)"
+_LSPCI = re.compile(
+    r"^(?P<slot>[0-9a-fA-F:.]+)\s+(?P<cls>.+?)\s+\[(?P<cls_id>[0-9a-fA-F]{4})\]:\s+"
+    r"(?P<desc>.*)\s+\[(?P<vendor>[0-9a-fA-F]{4}):(?P<device>[0-9a-fA-F]{4})\]"
+)
+
+# Display controllers (VGA 0300, 3D 0302) are GPUs; bridges (0680) from NVIDIA are NVSwitches.
+_GPU_CLASSES = {"0300", "0302"}
+_BRIDGE_CLASS = "0680"
+
+
+@dataclass(frozen=True)
+class PciDevice:
+    """An NVIDIA PCI function as lspci reports it."""
+
+    slot: str  # domain:bus:device.function
+    class_id: str  # PCI class, e.g. 0302
+    device_id: str  # 4 hex digits, e.g. 2330 (H100 SXM5)
+    description: str  # lspci's name for it
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.class_id in _GPU_CLASSES
+
+    @property
+    def is_nvswitch(self) -> bool:
+        return self.class_id == _BRIDGE_CLASS
+
+
+@dataclass(frozen=True)
+class NvmlGpu:
+    """What the loaded driver reports for one GPU (nvidia-smi, which is NVML's front end)."""
+
+    index: int  # CUDA/NVML index
+    name: str  # "NVIDIA H100 80GB HBM3"
+    bus_id: str  # PCI bus id as the driver prints it
+    memory_mib: int  # total memory
+    driver_version: str  # loaded driver version, e.g. 580.95.05
+
+
+@dataclass(frozen=True)
+class Gpus:
+    """All NVIDIA devices on a host."""
+
+    pci: tuple[PciDevice, ...]  # every NVIDIA function lspci sees
+    nvml: tuple[NvmlGpu, ...]  # empty when no driver answers
+
+    @property
+    def gpus(self) -> list[PciDevice]:
+        return [d for d in self.pci if d.is_gpu]
+
+    @property
+    def has_nvswitch(self) -> bool:
+        """NVSwitch systems (HGX/DGX) need fabric manager."""
+        return any(d.is_nvswitch for d in self.pci)
+
+
+def parse_lspci(text: str) -> list[PciDevice]:
+    """Parse `lspci -Dnn` lines, keeping NVIDIA functions only."""
+    devices = []
+    for line in text.splitlines():
+        match = _LSPCI.match(line.strip())
+        if match and match["vendor"].lower() == NVIDIA_VENDOR:
+            devices.append(PciDevice(match["slot"], match["cls_id"], match["device"].lower(),
+                                     match["desc"].strip()))
+    return devices
+
+
+def parse_nvml_csv(text: str) -> list[NvmlGpu]:
+    """Parse `nvidia-smi --query-gpu=<NVML_QUERY> --format=csv,noheader,nounits`."""
+    gpus = []
+    for row in csv.reader(line for line in text.splitlines() if line.strip()):
+        cells = [c.strip() for c in row]
+        if len(cells) < 5 or not cells[0].isdigit():
+            continue
+        gpus.append(NvmlGpu(int(cells[0]), cells[1], cells[2], int(float(cells[3])), cells[4]))
+    return gpus
+
+
+def supports_open_modules(device_id: str) -> bool:
+    """NVIDIA's open kernel modules need Turing or newer; Turing starts at device id 0x1e00
+    (TU102), and every later generation (Ampere, Ada, Hopper, Blackwell) sits above it."""
+    return int(device_id, 16) >= 0x1E00
+
+
+class NvidiaDevices(FactBase):
+    """NVIDIA GPUs and NVSwitches from lspci, plus NVML's view when the driver is loaded."""
+
+    def command(self) -> str:
+        return (
+            "(lspci -Dnn 2>/dev/null || true); "
+            f"echo '{SEPARATOR}'; "
+            f"(nvidia-smi --query-gpu={NVML_QUERY} --format=csv,noheader,nounits 2>/dev/null || true)"
+        )
+
+    def process(self, output: list[str]) -> Gpus:
+        split = output.index(SEPARATOR) if SEPARATOR in output else len(output)
+        return Gpus(
+            tuple(parse_lspci("\n".join(output[:split]))),
+            tuple(parse_nvml_csv("\n".join(output[split + 1:]))),
+        )
