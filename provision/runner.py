@@ -96,7 +96,13 @@ def pyinfra_inventory(nodes: Iterable[Node]) -> Any:
     return Inventory((names_data, {}), **{g: (names, {}) for g, names in groups.items()})
 
 
-class _Collector:
+def _collector_base() -> type:
+    from pyinfra.api.state import BaseStateCallback
+
+    return BaseStateCallback
+
+
+class _Collector(_collector_base()):  # type: ignore[misc]
     """pyinfra callback handler: records results and feeds the progress display."""
 
     def __init__(self, results: dict[str, HostResult], step: str, on_event: Callable[[str, str], None]):
@@ -121,10 +127,6 @@ class _Collector:
         why = _error_text(meta)
         self.results[host.name].failures.append(f"{self.step}: {_op_name(state, op_hash)}: {why}")
         self.on_event(host.name, f"{self.step}: FAILED")
-
-    # The remaining callbacks pyinfra calls are not needed here.
-    def __getattr__(self, name: str) -> Callable[..., None]:
-        return lambda *args, **kwargs: None
 
 
 def _op_name(state: Any, op_hash: str) -> str:
@@ -225,6 +227,7 @@ def gather_facts(
     """Gather pyinfra facts (name -> (FactClass, kwargs)) from every node in parallel."""
     import gevent
     from pyinfra.api.connect import connect_all, disconnect_all
+    from pyinfra.api.exceptions import PyinfraError
     from pyinfra.context import ctx_state
 
     state = _new_state(nodes, parallel=0)
@@ -242,10 +245,19 @@ def gather_facts(
 
     with ctx_state.use(state):
         try:
-            connect_all(state)
+            try:
+                connect_all(state)
+            except PyinfraError:
+                return _unreachable_only(results)  # "No hosts remaining!": none answered
             greenlets = [state.pool.spawn(one, h) for h in state.active_hosts]
             gevent.joinall(greenlets, raise_error=True)
         finally:
             disconnect_all(state)
+    result = _unreachable_only(results)
+    result.facts.update(out)
+    return result
+
+
+def _unreachable_only(results: dict[str, HostResult]) -> FactsResult:
     unreachable = {name: "; ".join(r.failures) for name, r in results.items() if not r.reachable}
-    return FactsResult(out, unreachable)
+    return FactsResult({}, unreachable)

@@ -3,6 +3,7 @@ per problem and the exit codes from DESIGN.md (0 ok, 1 failed, 2 bad input)."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 import typer
@@ -22,9 +23,10 @@ app = typer.Typer(
 
 def _register() -> None:
     """Each noun's module adds its commands; importing here keeps startup in one place."""
-    from provision.cli import inventory
+    from provision.cli import facts, inventory
 
     app.add_typer(inventory.app, name="inventory")
+    app.command("facts")(facts.facts)
 
 
 def main() -> None:
@@ -37,3 +39,9 @@ def main() -> None:
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         sys.exit(130)
+    except Exception as e:  # a bug of ours: say so in one line; PROVISION_DEBUG shows the trace
+        if os.environ.get("PROVISION_DEBUG"):
+            raise
+        report_error(ProvisionError(f"internal error: {type(e).__name__}: {e} "
+                                    "(set PROVISION_DEBUG=1 for the traceback)"))
+        sys.exit(1)

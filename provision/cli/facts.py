@@ -1,0 +1,68 @@
+"""`provision facts`: the first real pyinfra run -- what each host is made of."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from provision import inventory as inventory_lib
+from provision.console import host_progress, out, print_json
+from provision.errors import EXIT_FAILED
+from provision.hostfacts import HOST_FACTS, summarize
+
+InventoryArg = typer.Argument(..., help="pyinfra inventory file, e.g. inventories/testbed.py")
+
+
+def facts(
+    inventory: Path = InventoryArg,
+    as_json: bool = typer.Option(False, "--json", help="print the facts as JSON on stdout"),
+) -> None:
+    """Gather OS, kernel, CPU, RAM, disks (stable ids, whether they hold data), NICs and
+    NVIDIA GPUs from every host. Changes nothing.
+
+    Exit code 1 when a host could not be reached (the others are still reported).
+
+    Example: provision facts inventories/testbed.py --json
+    """
+    from provision.runner import gather_facts
+
+    cluster = inventory_lib.load(inventory)
+    with host_progress([n.name for n in cluster.nodes], enabled=not as_json) as progress:
+        result = gather_facts(list(cluster.nodes), HOST_FACTS, on_event=progress)
+    hosts = [summarize(n.name, result.facts.get(n.name), result.unreachable.get(n.name))
+             for n in cluster.nodes]
+    if as_json:
+        print_json({"schema": "provision.facts/1", "hosts": [asdict(h) for h in hosts]})
+    else:
+        _print_tables(hosts)
+    if result.unreachable:
+        raise typer.Exit(EXIT_FAILED)
+
+
+def _print_tables(hosts: list) -> None:
+    table = Table(title="hosts")
+    for column in ("host", "os / kernel", "cpu", "ram", "nics (Mbit/s)", "gpus"):
+        table.add_column(column)
+    for h in hosts:
+        if not h.reachable:
+            table.add_row(h.name, f"[red]unreachable: {h.error}[/]", "", "", "", "")
+            continue
+        nics = "\n".join(f"{n['name']} {','.join(n['addresses']) or '-'} "
+                         f"{n['speed_mbps'] or '?'}" for n in h.nics)
+        gpus = "\n".join(f"{g['description']} [{g['device_id']}]" for g in h.gpus) or "none"
+        table.add_row(h.name, f"{h.os['pretty_name']}\n{h.kernel}",
+                      f"{h.cpu['model']}\n{h.cpu['sockets']}s/{h.cpu['cores']}c/{h.cpu['threads']}t",
+                      f"{h.memory_bytes / 2**30:.1f} GiB", nics, gpus)
+    out.print(table)
+    disks = Table(title="block devices")
+    for column in ("host", "device", "stable ids", "size", "holds"):
+        disks.add_column(column)
+    for h in hosts:
+        for d in h.block_devices:
+            holds = "root disk" if d["is_root"] else (d["holds"] or "[green]blank[/]")
+            disks.add_row(h.name, d["path"], "\n".join(d["by_id"]) or "-",
+                          f"{d['size_bytes'] / 2**30:.1f} GiB", holds)
+    out.print(disks)

@@ -1,0 +1,66 @@
+"""`provision facts` against a real sshd on loopback: the runner's first real pyinfra run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import loopback_sshd
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory):
+    server = loopback_sshd.start(tmp_path_factory.mktemp("sshd"))
+    yield server
+    server.stop()
+
+
+def write_inventory(path: Path, hosts: list[tuple[str, dict]]) -> Path:
+    path.write_text(f"nodes = {hosts!r}\n")
+    return path
+
+
+def run_provision(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "provision", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_facts_reports_the_local_machine_over_ssh(sshd, tmp_path):
+    inv = write_inventory(tmp_path / "inv.py", [("local", sshd.host_data())])
+    result = run_provision("facts", str(inv), "--json")
+    assert result.returncode == 0, result.stderr
+    (host,) = json.loads(result.stdout)["hosts"]
+    assert host["reachable"] is True
+    assert host["hostname"] == subprocess.check_output(["hostname"], text=True).strip()
+    assert host["kernel"] == subprocess.check_output(["uname", "-r"], text=True).strip()
+    assert host["cpu"]["threads"] >= 1 and host["memory_bytes"] > 2**30
+    root = [d for d in host["block_devices"] if d["is_root"]]
+    assert root and root[0]["holds"], "the root disk must be reported as holding data"
+    assert any("127.0.0.1/8" not in n["addresses"] for n in host["nics"])
+
+
+def test_unreachable_host_is_reported_and_does_not_stop_the_others(sshd, tmp_path):
+    dead = dict(sshd.host_data(), ssh_port=loopback_sshd.free_port(), cluster_address="127.0.0.2")
+    inv = write_inventory(tmp_path / "inv.py", [("local", sshd.host_data()), ("dead", dead)])
+    result = run_provision("facts", str(inv), "--json")
+    assert result.returncode == 1
+    hosts = {h["name"]: h for h in json.loads(result.stdout)["hosts"]}
+    assert hosts["local"]["reachable"] is True
+    assert hosts["dead"]["reachable"] is False and hosts["dead"]["error"]
+
+
+def test_unknown_host_key_is_refused(sshd, tmp_path):
+    empty_known_hosts = tmp_path / "known_hosts"
+    empty_known_hosts.write_text("")
+    data = dict(sshd.host_data(), ssh_known_hosts_file=str(empty_known_hosts))
+    inv = write_inventory(tmp_path / "inv.py", [("local", data)])
+    result = run_provision("facts", str(inv), "--json")
+    assert result.returncode == 1
+    (host,) = json.loads(result.stdout)["hosts"]
+    assert host["reachable"] is False
