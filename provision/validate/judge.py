@@ -1,0 +1,301 @@
+"""Pure verdicts: measurements + expectations -> a Finding per metric and a verdict per node.
+
+Three independent checks, the worst one wins:
+
+1. the datasheet: a GPU below ``spec x fraction`` for its SKU fails, a link below the
+   SKU's PCIe generation or width fails, health counters above their ceiling fail;
+2. user floors (``validate_expect`` setting, ``--expect`` file) fail, built-in floors warn;
+3. the fleet: per metric, a value far below the median of its peers (the other nodes; for
+   GPUs, every GPU of the same SKU in the fleet, so also the GPUs in its own node) warns
+   or fails even when it clears the floor. "Far" means below the median by more than
+   ``warn_drop``/``fail_drop`` AND outside ``mad_k`` scaled MADs, so honest noise on equal
+   hardware does not warn.
+
+A node is judged by its worst finding, so by its slowest GPU.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from provision.validate.expectations import DEFAULT_FLOORS, GpuSpec, Overrides, find_sku
+from provision.validate.metrics import METRICS, Metric
+from provision.validate.records import SEVERITY, Finding, GpuInfo, Measurement, NodeResult
+
+NO_GPU = "not run: no GPU"  # the agent's not_run text on a machine without NVIDIA GPUs
+
+
+@dataclass
+class NodeInput:
+    """What the judge needs about one node."""
+
+    node: str  # inventory name
+    measurements: list[Measurement]  # agent's and controller's values
+    gpus: list[GpuInfo] = field(default_factory=list)  # inventory from NVML / nvidia-smi
+    wants_gpu: bool = False  # the host is in gpu_nodes: no GPU is then a fail
+    overrides: Overrides = field(default_factory=Overrides)  # its group's and the run's thresholds
+    errors: list[str] = field(default_factory=list)  # could not run at all (unreachable, crash)
+    inventory: dict = field(default_factory=dict)  # passed through to the report
+
+
+def worst(verdicts: Iterable[str]) -> str:
+    return max(verdicts, key=lambda v: SEVERITY[v], default="pass")
+
+
+# --- GPU inventory -> health measurements ---------------------------------------------------
+
+
+def gpu_health(node: str, gpus: list[GpuInfo], measured: set[tuple[str, str]]) -> list[Measurement]:
+    """PCIe link, ECC and retired-page values from the inventory, for every GPU.
+
+    ``measured`` holds (metric, device) pairs the agent already sent (it reads the PCIe link
+    under load, which beats the idle value here: an idle link drops to gen 1).
+    """
+    out = []
+    for g in gpus:
+        dev = f"gpu{g.index}"
+        retired = g.retired_pages
+        if g.remap_failure:
+            retired = max(retired or 0, 1_000_000)  # out of spare rows: fails any ceiling
+        values = {
+            "gpu_pcie_gen": (g.pcie_gen_max, "max link generation the GPU and slot agree on"),
+            "gpu_pcie_width": (g.pcie_width_max, "max link width"),
+            "gpu_ecc_uncorrected": (g.ecc_uncorrected, "aggregate uncorrectable ECC errors"),
+            "gpu_retired_pages": (
+                retired,
+                "retired pages + uncorrectable row remaps" + ("; row remapping FAILED" if g.remap_failure else ""),
+            ),
+        }
+        for metric, (value, detail) in values.items():
+            if (metric, dev) in measured:
+                continue
+            not_run = "" if value is not None else "not run: the driver reports N/A"
+            out.append(Measurement(node, metric, None if value is None else float(value), dev, not_run, detail))
+    return out
+
+
+# --- single-value checks ------------------------------------------------------------------
+
+
+def _spec_check(
+    m: Metric, value: float, spec: GpuSpec | None, gpu: GpuInfo | None, ov: Overrides
+) -> tuple[str, float | None, str]:
+    """(verdict, expectation, reason) against the SKU's datasheet."""
+    if m.name in ("gpu_pcie_gen", "gpu_pcie_width"):
+        return _link_check(m, value, spec, gpu)
+    if spec is None:
+        return "pass", None, ""
+    figure, fraction = spec.spec(m.name), ov.fraction(m.name)
+    if figure is None or fraction is None:
+        return "pass", None, ""
+    floor = figure * fraction
+    verdict = "fail" if value < floor else "pass"
+    sign = "<" if verdict == "fail" else ">="
+    return verdict, floor, (f"{value:.4g} {sign} {fraction:g} x {figure:g} ({spec.key} spec, {spec.source})")
+
+
+def _link_check(m: Metric, value: float, spec: GpuSpec | None, gpu: GpuInfo | None) -> tuple[str, float | None, str]:
+    what = "generation" if m.name == "gpu_pcie_gen" else "width"
+    if spec is not None:
+        want = spec.pcie_gen if m.name == "gpu_pcie_gen" else spec.pcie_width
+        if want is None:
+            return "pass", None, f"{spec.key} has no PCIe host link (NVLink-C2C)"
+        if value < want:
+            return "fail", want, f"PCIe {what} {value:g} below {want} ({spec.key} spec): degraded link"
+        return "pass", want, f"PCIe {what} {value:g} (spec {want})"
+    # Unknown SKU: the GPU's own maximum is the reference, x16 for the width.
+    want = (
+        gpu.pcie_gen_device_max
+        if gpu is not None and m.name == "gpu_pcie_gen"
+        else 16
+        if m.name == "gpu_pcie_width"
+        else None
+    )
+    if want is not None and value < want:
+        return "fail", want, f"PCIe {what} {value:g} below the GPU's own {want}: degraded link or slot"
+    return "pass", want, ""
+
+
+def _threshold_check(m: Metric, value: float, ov: Overrides) -> tuple[str, float | None, str]:
+    """User floors fail; built-in floors warn (they are rough); counters have ceilings."""
+    if not m.higher_is_better:
+        ceiling = ov.ceiling(m.name)
+        if ceiling is not None and value > ceiling:
+            return "fail", ceiling, f"{value:g} {m.unit} > allowed {ceiling:g}"
+        return "pass", ceiling, f"{value:g} <= allowed {ceiling:g}" if ceiling is not None else ""
+    floor = ov.floor(m.name)
+    if floor is None:
+        return "pass", None, ""
+    builtin = m.name not in ov.floors and m.name in DEFAULT_FLOORS
+    if value < floor:
+        return (
+            ("warn" if builtin else "fail"),
+            floor,
+            (f"{value:.4g} < {'built-in' if builtin else 'expected'} floor {floor:g} {m.unit}"),
+        )
+    return "pass", floor, f"{value:.4g} >= floor {floor:g} {m.unit}"
+
+
+@dataclass(frozen=True)
+class Band:
+    """The fleet's spread for one metric (and SKU, for GPUs)."""
+
+    median: float  # fleet median
+    low: float  # median - k x scaled MAD
+    size: int  # values the band was made from
+
+
+def band(values: list[float], k: float) -> Band | None:
+    """Median and MAD band of a fleet; None with fewer than 2 values (nothing to compare)."""
+    if len(values) < 2:
+        return None
+    med = statistics.median(values)
+    mad = statistics.median(abs(v - med) for v in values)
+    # With 2 values the MAD is half their gap, which says nothing; only the drop counts then.
+    low = med - k * 1.4826 * mad if len(values) >= 3 else med
+    return Band(med, low, len(values))
+
+
+def _fleet_check(m: Metric, value: float, b: Band | None, ov: Overrides) -> tuple[str, str]:
+    if not m.fleet or not m.higher_is_better or b is None or b.median <= 0:
+        return "pass", ""
+    drop = 1 - value / b.median
+    rule = ov.fleet
+    if value >= b.low or drop <= rule.warn_drop:
+        return "pass", f"fleet median {b.median:.4g} over {b.size}"
+    verdict = "fail" if drop > rule.fail_drop else "warn"
+    return verdict, f"{drop:.0%} below the fleet median {b.median:.4g} ({b.size} values)"
+
+
+# --- the whole fleet ------------------------------------------------------------------------
+
+# not-run reasons that describe the hardware, not a broken run: they do not lower a node.
+BENIGN_NOT_RUN = (NO_GPU, "not run: the driver reports N/A", "not run: one node", "not run: one GPU")
+
+
+@dataclass(frozen=True)
+class _Context:
+    """Per-measurement facts the checks need."""
+
+    spec: GpuSpec | None  # the GPU's SKU, when known
+    gpu: GpuInfo | None  # the GPU's inventory
+    pool: str  # fleet pool key: the metric plus SKU (GPUs) or "" (node metrics)
+
+
+def _context(m: Measurement, gpus: dict[str, GpuInfo]) -> _Context:
+    gpu = gpus.get(m.device)
+    if not METRICS[m.metric].per_device:
+        return _Context(None, None, m.metric)
+    if gpu is None:
+        return _Context(None, None, f"{m.metric}|unknown SKU: ?")
+    spec = find_sku(gpu.name, gpu.pci_device_id)
+    return _Context(spec, gpu, f"{m.metric}|{spec.key if spec else 'unknown SKU: ' + gpu.name}")
+
+
+def _prepared(i: NodeInput) -> tuple[list[Measurement], dict[str, GpuInfo]]:
+    gpus = {f"gpu{g.index}": g for g in i.gpus}
+    measured = {(m.metric, m.device) for m in i.measurements}
+    ms = [m for m in i.measurements if m.metric in METRICS]
+    return ms + gpu_health(i.node, i.gpus, measured), gpus
+
+
+def judge(inputs: list[NodeInput]) -> list[NodeResult]:
+    """A NodeResult per input node, in input order."""
+    prepared = [(i, *_prepared(i)) for i in inputs]
+    pools: dict[str, list[float]] = {}
+    for _, ms, gpus in prepared:
+        for m in ms:
+            if m.value is not None:
+                pools.setdefault(_context(m, gpus).pool, []).append(m.value)
+    return [_judge_node(i, ms, gpus, pools) for i, ms, gpus in prepared]
+
+
+def _judge_node(
+    i: NodeInput, ms: list[Measurement], gpus: dict[str, GpuInfo], pools: dict[str, list[float]]
+) -> NodeResult:
+    findings = [_finding(i, m, _context(m, gpus), pools) for m in ms]
+    verdict = worst([_counted(f) for f in findings] + (["fail"] if i.errors else []))
+    return NodeResult(i.node, verdict, findings, _sku_label(gpus), dict(i.inventory), list(i.errors))
+
+
+def _counted(f: Finding) -> str:
+    """A not-run lowers the node to warn unless it only describes the hardware."""
+    if f.verdict != "not_run":
+        return f.verdict
+    return "pass" if f.reason.startswith(BENIGN_NOT_RUN) else "warn"
+
+
+def _sku_label(gpus: dict[str, GpuInfo]) -> str:
+    labels = []
+    for g in gpus.values():
+        spec = find_sku(g.name, g.pci_device_id)
+        labels.append(spec.key if spec else f"unknown SKU: {g.name}")
+    return ", ".join(sorted(set(labels)))
+
+
+def _finding(i: NodeInput, m: Measurement, ctx: _Context, pools: dict[str, list[float]]) -> Finding:
+    metric = METRICS[m.metric]
+    if m.value is None:
+        return _not_run(i, m, metric)
+    checks = [
+        _spec_check(metric, m.value, ctx.spec, ctx.gpu, i.overrides),
+        _threshold_check(metric, m.value, i.overrides),
+    ]
+    # A node's own value stays in its pool: the median resists one outlier by design.
+    fleet_verdict, fleet_reason = _fleet_check(
+        metric, m.value, band(pools.get(ctx.pool, []), i.overrides.fleet.mad_k), i.overrides
+    )
+    verdict = worst([v for v, _, _ in checks] + [fleet_verdict])
+    expectation = next((e for _, e, _ in checks if e is not None), None)
+    reasons = [r for _, _, r in checks if r] + ([fleet_reason] if fleet_reason else [])
+    verdict, reasons = _unjudged(metric, m, ctx, expectation, pools, verdict, reasons)
+    return Finding(i.node, m.metric, m.device, m.value, metric.unit, expectation, verdict, "; ".join(reasons))
+
+
+def _unjudged(
+    metric: Metric,
+    m: Measurement,
+    ctx: _Context,
+    expectation: float | None,
+    pools: dict[str, list[float]],
+    verdict: str,
+    reasons: list[str],
+) -> tuple[str, list[str]]:
+    """Say so when nothing judged a value; an unknown GPU with nothing to compare warns."""
+    fleet_size = len(pools.get(ctx.pool, []))
+    if expectation is not None or (metric.fleet and fleet_size >= 2):
+        if metric.per_device and ctx.spec is None:
+            reasons = [f"unknown SKU ({ctx.gpu.name if ctx.gpu else '?'}): judged on the fleet only", *reasons]
+        return verdict, reasons
+    if metric.per_device and ctx.spec is None and metric.fleet:
+        name = ctx.gpu.name if ctx.gpu else "?"
+        return worst([verdict, "warn"]), [
+            f"unknown SKU ({name}): no datasheet figure and no other GPU of this kind to compare; "
+            f"set a floor with --expect {m.metric}=<value>",
+            *reasons,
+        ]
+    return verdict, reasons or ["measured; no floor set and no other node to compare"]
+
+
+def _not_run(i: NodeInput, m: Measurement, metric: Metric) -> Finding:
+    reason = m.not_run or "not run"
+    verdict = "not_run"
+    if i.wants_gpu and metric.group == "gpu" and reason.startswith(NO_GPU):
+        verdict, reason = "fail", "no GPU found, but the host is in gpu_nodes"
+    return Finding(i.node, m.metric, m.device, None, metric.unit, None, verdict, reason)
+
+
+def fleet_summary(results: list[NodeResult]) -> dict[str, int]:
+    """How many nodes got each verdict."""
+    counts = {"pass": 0, "warn": 0, "fail": 0}
+    for r in results:
+        counts[r.verdict if r.verdict in counts else "warn"] += 1
+    return counts
+
+
+def exit_code(results: list[NodeResult], warn_ok: bool = False) -> int:
+    """0 when every node passed (or only warned, with warn_ok); 1 otherwise."""
+    bad = {"fail"} if warn_ok else {"fail", "warn", "not_run"}
+    return 1 if any(r.verdict in bad for r in results) or not results else 0

@@ -1,0 +1,66 @@
+"""The metrics validate knows: name, unit, direction and the benchmark group they belong to.
+
+A metric name is the key everywhere: in the agent's JSON, in --expect files, in the
+``validate_expect`` setting, in reports and in history.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One kind of measured value."""
+
+    name: str  # key, e.g. "gpu_bf16_tflops"
+    group: str  # --only group: cpu, ram, disk, net, gpu, allreduce
+    unit: str  # unit of the value, as printed
+    title: str  # short human label for tables and charts
+    higher_is_better: bool = True  # False for error counts
+    per_device: bool = False  # measured once per GPU (value on the node is its slowest GPU)
+    fleet: bool = True  # compare across nodes (median/MAD); False for counts and link states
+
+
+_m = Metric  # short alias for the table below
+
+
+METRICS: dict[str, Metric] = {
+    m.name: m
+    for m in (
+        _m("cpu_gemm_gflops", "cpu", "GFLOP/s", "CPU fp32 GEMM"),
+        _m("cpu_gemm_peak_fraction", "cpu", "ratio", "CPU GEMM / peak", fleet=False),
+        _m("ram_copy_gbs", "ram", "GB/s", "RAM copy"),
+        _m("ram_scale_gbs", "ram", "GB/s", "RAM scale"),
+        _m("ram_add_gbs", "ram", "GB/s", "RAM add"),
+        _m("ram_triad_gbs", "ram", "GB/s", "RAM triad"),
+        _m("disk_seq_read_mibs", "disk", "MiB/s", "disk seq read 1M"),
+        _m("disk_seq_write_mibs", "disk", "MiB/s", "disk seq write 1M"),
+        _m("disk_rand_read_iops", "disk", "IOPS", "disk rand read 4k"),
+        _m("net_gbits", "net", "Gbit/s", "NIC bandwidth"),
+        _m("allreduce_nodes_busbw_gbs", "allreduce", "GB/s", "all-reduce across nodes", fleet=False),
+        _m("gpu_bf16_tflops", "gpu", "TFLOP/s", "GEMM bf16", per_device=True),
+        _m("gpu_fp16_tflops", "gpu", "TFLOP/s", "GEMM fp16", per_device=True),
+        _m("gpu_tf32_tflops", "gpu", "TFLOP/s", "GEMM tf32", per_device=True),
+        _m("gpu_fp32_tflops", "gpu", "TFLOP/s", "GEMM fp32", per_device=True),
+        _m("gpu_hbm_gbs", "gpu", "GB/s", "HBM bandwidth", per_device=True),
+        _m("gpu_h2d_gbs", "gpu", "GB/s", "host to device", per_device=True),
+        _m("gpu_d2h_gbs", "gpu", "GB/s", "device to host", per_device=True),
+        _m("gpu_burn_mismatches", "gpu", "count", "burn mismatches", False, True, False),
+        _m("gpu_pcie_gen", "gpu", "gen", "PCIe generation", per_device=True, fleet=False),
+        _m("gpu_pcie_width", "gpu", "lanes", "PCIe width", per_device=True, fleet=False),
+        _m("gpu_ecc_uncorrected", "gpu", "count", "ECC uncorrected", False, True, False),
+        _m("gpu_retired_pages", "gpu", "count", "retired/remapped", False, True, False),
+        _m("gpu_allreduce_busbw_gbs", "allreduce", "GB/s", "all-reduce in node"),
+    )
+}
+
+GROUPS = ("cpu", "ram", "disk", "net", "gpu", "allreduce")
+
+
+def metric(name: str) -> Metric:
+    return METRICS[name]
+
+
+def in_groups(groups: set[str]) -> list[Metric]:
+    return [m for m in METRICS.values() if m.group in groups]

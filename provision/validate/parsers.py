@@ -1,0 +1,380 @@
+"""Pure parsers: tool output text -> typed values. No I/O, no judgement.
+
+fio ``--output-format=json``, iperf3 ``-J``, ``nvidia-smi -q -x`` (XML), ``nvidia-smi -q``
+(text), the NVML dict the agent prints, and the agent's whole JSON document.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from typing import Any
+
+from provision.validate.records import GpuInfo, Measurement
+
+
+class ParseError(ValueError):
+    """Output that is not what the tool prints when it worked."""
+
+
+def _json_object(text: str, tool: str) -> dict[str, Any]:
+    """fio and iperf3 may print warnings before the JSON document; skip to its first brace."""
+    start = text.find("{")
+    if start < 0:
+        raise ParseError(f"{tool}: no JSON in output: {text.strip()[:200]!r}")
+    try:
+        data, _ = json.JSONDecoder().raw_decode(text[start:])
+    except json.JSONDecodeError as e:
+        raise ParseError(f"{tool}: bad JSON: {e.msg} at {e.pos}") from None
+    if not isinstance(data, dict):
+        raise ParseError(f"{tool}: JSON is not an object")
+    return data
+
+
+# --- fio ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FioJob:
+    """One fio job's result (group_reporting folds numjobs into one)."""
+
+    name: str  # jobname
+    read_bytes_per_s: float  # read bandwidth
+    read_iops: float  # read operations per second
+    write_bytes_per_s: float  # write bandwidth
+    write_iops: float  # write operations per second
+    error: int  # fio's per-job error code; 0 when the job ran
+
+
+def fio_jobs(text: str) -> dict[str, FioJob]:
+    """Jobs of a fio JSON report, by job name."""
+    data = _json_object(text, "fio")
+    jobs = data.get("jobs")
+    if not isinstance(jobs, list) or not jobs:
+        raise ParseError("fio: report has no jobs")
+    out = {}
+    for job in jobs:
+        read, write = job.get("read", {}), job.get("write", {})
+        out[job["jobname"]] = FioJob(
+            job["jobname"],
+            float(_bytes_per_s(read)),
+            float(read.get("iops", 0.0)),
+            float(_bytes_per_s(write)),
+            float(write.get("iops", 0.0)),
+            int(job.get("error", 0)),
+        )
+    return out
+
+
+def _bytes_per_s(side: dict[str, Any]) -> float:
+    # bw_bytes appeared in fio 3.x; older reports only have bw in KiB/s.
+    if "bw_bytes" in side:
+        return float(side["bw_bytes"])
+    return float(side.get("bw", 0)) * 1024
+
+
+# --- iperf3 ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class IperfResult:
+    """One iperf3 client run."""
+
+    bits_per_second: float  # received at the server (what actually crossed the link)
+    streams: int  # parallel streams
+    seconds: float  # measured duration
+    retransmits: int | None  # TCP retransmits at the sender, when reported
+
+
+def iperf3(text: str) -> IperfResult:
+    """An iperf3 -J client report; raises ParseError for iperf3's own error reports."""
+    data = _json_object(text, "iperf3")
+    if data.get("error"):
+        raise ParseError(f"iperf3: {data['error']}")
+    end = data.get("end", {})
+    received = end.get("sum_received") or end.get("sum")
+    if not received:
+        raise ParseError("iperf3: report has no end.sum_received")
+    sent = end.get("sum_sent", {})
+    streams = data.get("start", {}).get("test_start", {}).get("num_streams", len(end.get("streams", [])))
+    return IperfResult(
+        float(received["bits_per_second"]),
+        int(streams or 1),
+        float(received.get("seconds", 0.0)),
+        sent.get("retransmits"),
+    )
+
+
+# --- nvidia-smi -q -x ---------------------------------------------------------------
+
+
+def _int(text: str | None) -> int | None:
+    """'16x' -> 16, '4' -> 4, '81920 MiB' -> 81920, 'N/A' -> None."""
+    if text is None:
+        return None
+    m = re.match(r"\s*(\d+)", text)
+    return int(m.group(1)) if m else None
+
+
+def _yes(text: str | None) -> bool | None:
+    if text is None or text.strip() in ("N/A", ""):
+        return None
+    return text.strip() in ("Yes", "Enabled", "Active")
+
+
+def _device_id(text: str | None) -> int | None:
+    """'0x233010DE' or '20B210DE' (device id then vendor id) -> 0x2330."""
+    if not text:
+        return None
+    digits = text.strip().lower().removeprefix("0x")
+    return int(digits[:4], 16) if re.fullmatch(r"[0-9a-f]{8}", digits) else None
+
+
+def _sum_known(*values: int | None) -> int | None:
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
+
+
+_IGNORED_REASONS = {
+    "gpu_idle",
+    "idle",
+    "applications_clocks_setting",
+    "applications clocks setting",
+    "display_clocks_setting",
+    "display clock setting",
+    "sync_boost",
+    "sync boost",
+}
+
+
+def nvidia_smi_xml(text: str) -> list[GpuInfo]:
+    """GPUs of an ``nvidia-smi -q -x`` report (DTD v11 to v13)."""
+    try:
+        root = ET.fromstring(text)
+    except ET.ParseError as e:
+        raise ParseError(f"nvidia-smi XML: {e}") from None
+    driver, cuda = root.findtext("driver_version"), root.findtext("cuda_version")
+    return [_xml_gpu(i, gpu, driver, cuda) for i, gpu in enumerate(root.findall("gpu"))]
+
+
+def _xml_gpu(index: int, gpu: ET.Element, driver: str | None, cuda: str | None) -> GpuInfo:
+    link = "pci/pci_gpu_link_info/"
+    ecc = "ecc_errors/aggregate/"
+    reasons = gpu.find("clocks_event_reasons")
+    if reasons is None:  # DTD v11 and older name them throttle reasons
+        reasons = gpu.find("clocks_throttle_reasons")
+    active = tuple(
+        re.sub(r"^clocks_(event|throttle)_reason_", "", r.tag)
+        for r in (reasons if reasons is not None else [])
+        if (r.text or "").strip() == "Active"
+    )
+    minor = _int(gpu.findtext("minor_number"))
+    return GpuInfo(
+        index=minor if minor is not None else index,
+        name=gpu.findtext("product_name", ""),
+        pci_device_id=_device_id(gpu.findtext("pci/pci_device_id")),
+        memory_mib=_int(gpu.findtext("fb_memory_usage/total")),
+        driver_version=driver,
+        cuda_version=cuda,
+        pcie_gen_current=_int(gpu.findtext(link + "pcie_gen/current_link_gen")),
+        pcie_gen_max=_int(gpu.findtext(link + "pcie_gen/max_link_gen")),
+        pcie_gen_device_max=_int(gpu.findtext(link + "pcie_gen/max_device_link_gen")),
+        pcie_width_current=_int(gpu.findtext(link + "link_widths/current_link_width")),
+        pcie_width_max=_int(gpu.findtext(link + "link_widths/max_link_width")),
+        ecc_uncorrected=_sum_known(
+            _int(gpu.findtext(ecc + "dram_uncorrectable")),
+            _int(gpu.findtext(ecc + "sram_uncorrectable")),
+            _int(gpu.findtext(ecc + "sram_uncorrectable_parity")),
+            _int(gpu.findtext(ecc + "sram_uncorrectable_secded")),
+        ),
+        ecc_corrected=_sum_known(
+            _int(gpu.findtext(ecc + "dram_correctable")), _int(gpu.findtext(ecc + "sram_correctable"))
+        ),
+        retired_pages=_sum_known(
+            _int(gpu.findtext("retired_pages/multiple_single_bit_retirement/retired_count")),
+            _int(gpu.findtext("retired_pages/double_bit_retirement/retired_count")),
+            _int(gpu.findtext("remapped_rows/remapped_row_unc")),
+        ),
+        remap_failure=_yes(gpu.findtext("remapped_rows/remapped_row_failure")),
+        remap_pending=_yes(gpu.findtext("remapped_rows/remapped_row_pending")),
+        throttle_active=tuple(r for r in active if r not in _IGNORED_REASONS),
+        persistence_mode=_yes(gpu.findtext("persistence_mode")),
+        bus_id=gpu.get("id", ""),
+        numa_node=_int(gpu.findtext("numa_node")),
+    )
+
+
+# --- nvidia-smi -q (text) -------------------------------------------------------------
+
+
+def _text_tree(text: str) -> list[tuple[int, str, str | None]]:
+    """(indent, key, value) per line; value None for a section heading."""
+    rows: list[tuple[int, str, str | None]] = []
+    for line in text.splitlines():
+        if not line.strip() or line.startswith("="):
+            continue
+        indent = len(line) - len(line.lstrip(" "))
+        if indent == 0 and re.fullmatch(r"GPU [0-9A-Fa-f:.]+", line.strip()):
+            rows.append((0, line.strip(), None))  # "GPU 00000000:03:00.0" heads a GPU block
+            continue
+        key, sep, value = line.strip().partition(":")
+        rows.append((indent, key.strip(), value.strip() if sep else None))
+    return rows
+
+
+def _text_gpu_blocks(text: str) -> tuple[dict[str, str], list[dict[str, str]]]:
+    """Top-level key/values, and per GPU a dict of 'Section/Sub/Key' -> value."""
+    top: dict[str, str] = {}
+    gpus: list[dict[str, str]] = []
+    path: list[tuple[int, str]] = []
+    for indent, key, value in _text_tree(text):
+        if indent == 0 and key.startswith("GPU ") and value is None:
+            gpus.append({"bus_id": key[4:].strip()})
+            path = []
+            continue
+        if not gpus:
+            if value is not None:
+                top[key] = value
+            continue
+        while path and path[-1][0] >= indent:
+            path.pop()
+        if value is None:
+            path.append((indent, key))
+        else:
+            gpus[-1]["/".join([p for _, p in path] + [key])] = value
+    return top, gpus
+
+
+def nvidia_smi_text(text: str) -> list[GpuInfo]:
+    """GPUs of an ``nvidia-smi -q`` (or ``-a``) text report."""
+    top, blocks = _text_gpu_blocks(text)
+    if not blocks:
+        raise ParseError("nvidia-smi -q: no 'GPU <bus id>' section found")
+    return [_text_gpu(i, g, top) for i, g in enumerate(blocks)]
+
+
+def _text_gpu(index: int, g: dict[str, str], top: dict[str, str]) -> GpuInfo:
+    pcie = "PCI/GPU Link Info/PCIe Generation/"
+    width = "PCI/GPU Link Info/Link Width/"
+    agg = "ECC Errors/Aggregate/"
+    reasons = [
+        k for k, v in g.items() if k.startswith(("Clocks Event Reasons/", "Clocks Throttle Reasons/")) and v == "Active"
+    ]
+    active = tuple(k.split("/")[-1].lower().replace(" ", "_") for k in reasons)
+    minor = _int(g.get("Minor Number"))
+    return GpuInfo(
+        index=minor if minor is not None else index,
+        name=g.get("Product Name", ""),
+        pci_device_id=_device_id(g.get("PCI/Device Id")),
+        memory_mib=_int(g.get("FB Memory Usage/Total")),
+        driver_version=top.get("Driver Version"),
+        cuda_version=top.get("CUDA Version"),
+        pcie_gen_current=_int(g.get(pcie + "Current")),
+        pcie_gen_max=_int(g.get(pcie + "Max")),
+        pcie_gen_device_max=_int(g.get(pcie + "Device Max")),
+        pcie_width_current=_int(g.get(width + "Current")),
+        pcie_width_max=_int(g.get(width + "Max")),
+        ecc_uncorrected=_sum_known(
+            _int(g.get(agg + "DRAM Uncorrectable")),
+            _int(g.get(agg + "SRAM Uncorrectable")),
+            _int(g.get(agg + "SRAM Uncorrectable Parity")),
+            _int(g.get(agg + "SRAM Uncorrectable SEC-DED")),
+        ),
+        ecc_corrected=_sum_known(_int(g.get(agg + "DRAM Correctable")), _int(g.get(agg + "SRAM Correctable"))),
+        retired_pages=_sum_known(
+            _int(g.get("Retired Pages/Single Bit ECC")),
+            _int(g.get("Retired Pages/Double Bit ECC")),
+            _int(g.get("Remapped Rows/Uncorrectable Error")),
+        ),
+        remap_failure=_yes(g.get("Remapped Rows/Remapping Failure Occurred")),
+        remap_pending=_yes(g.get("Remapped Rows/Pending")),
+        throttle_active=tuple(r for r in active if r not in _IGNORED_REASONS),
+        persistence_mode=_yes(g.get("Persistence Mode")),
+        bus_id=g.get("bus_id", ""),
+    )
+
+
+# --- NVML values (as the agent prints them) ------------------------------------------------
+
+
+def gpu_from_nvml(d: dict[str, Any]) -> GpuInfo:
+    """A GpuInfo from the agent's NVML dict (keys are GpuInfo field names; missing -> None)."""
+
+    def get(key: str) -> Any:
+        return d.get(key)
+
+    return GpuInfo(
+        index=int(d["index"]),
+        name=str(d.get("name", "")),
+        pci_device_id=get("pci_device_id"),
+        memory_mib=get("memory_mib"),
+        driver_version=get("driver_version"),
+        cuda_version=get("cuda_version"),
+        pcie_gen_current=get("pcie_gen_current"),
+        pcie_gen_max=get("pcie_gen_max"),
+        pcie_gen_device_max=get("pcie_gen_device_max"),
+        pcie_width_current=get("pcie_width_current"),
+        pcie_width_max=get("pcie_width_max"),
+        ecc_uncorrected=get("ecc_uncorrected"),
+        ecc_corrected=get("ecc_corrected"),
+        retired_pages=get("retired_pages"),
+        remap_failure=get("remap_failure"),
+        remap_pending=get("remap_pending"),
+        throttle_active=tuple(d.get("throttle_active") or ()),
+        persistence_mode=get("persistence_mode"),
+        bus_id=str(d.get("bus_id", "")),
+        numa_node=get("numa_node"),
+    )
+
+
+def nvml_device_id(pci_device_id_field: int) -> int:
+    """NVML's pciDeviceId packs device (high 16 bits) and vendor (low 16): 0x233010DE -> 0x2330."""
+    return (pci_device_id_field >> 16) & 0xFFFF
+
+
+# --- the agent's JSON document ------------------------------------------------------------
+
+AGENT_SCHEMA = 1  # the "agent" field of the document agent.py prints
+
+
+@dataclass(frozen=True)
+class AgentReport:
+    """What the agent measured on one node."""
+
+    node: str  # inventory name (the agent does not know it; the controller does)
+    hostname: str  # the node's own hostname
+    inventory: dict[str, Any]  # cpu / ram / disk / nics / torch version, as the agent saw them
+    gpus: tuple[GpuInfo, ...]  # from NVML, or from nvidia-smi -q -x when pynvml is missing
+    measurements: tuple[Measurement, ...]  # every metric the agent ran or could not run
+    errors: tuple[str, ...]  # problems that stopped part of the run
+
+
+def agent_output(text: str, node: str) -> AgentReport:
+    """Parse the agent's stdout. Raises ParseError when it is not an agent document."""
+    data = _json_object(text, "agent")
+    if data.get("agent") != AGENT_SCHEMA:
+        raise ParseError(f"agent: schema {data.get('agent')!r}, expected {AGENT_SCHEMA}")
+    gpus = [gpu_from_nvml(g) for g in data.get("gpus") or []]
+    if not gpus and data.get("nvidia_smi_xml"):
+        gpus = nvidia_smi_xml(data["nvidia_smi_xml"])
+    measurements = tuple(
+        Measurement(
+            node,
+            r["metric"],
+            None if r.get("value") is None else float(r["value"]),
+            r.get("device", ""),
+            r.get("not_run", ""),
+            r.get("detail", ""),
+        )
+        for r in data.get("results", [])
+    )
+    return AgentReport(
+        node,
+        str(data.get("hostname", "")),
+        dict(data.get("inventory", {})),
+        tuple(gpus),
+        measurements,
+        tuple(data.get("errors", [])),
+    )

@@ -1,0 +1,256 @@
+"""The judge on synthetic fleets: pure values in, verdicts out."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from provision.errors import InputError
+from provision.validate import expectations, judge
+from provision.validate.expectations import Overrides, find_sku, load_expect_file, parse_flat
+from provision.validate.records import GpuInfo, Measurement
+
+
+def h100(index: int, **kw) -> GpuInfo:
+    base = dict(
+        index=index,
+        name="NVIDIA H100 80GB HBM3",
+        pci_device_id=0x2330,
+        memory_mib=81559,
+        driver_version="565.57.01",
+        cuda_version="12.7",
+        pcie_gen_current=5,
+        pcie_gen_max=5,
+        pcie_gen_device_max=5,
+        pcie_width_current=16,
+        pcie_width_max=16,
+        ecc_uncorrected=0,
+        ecc_corrected=0,
+        retired_pages=0,
+        remap_failure=False,
+        remap_pending=False,
+    )
+    base.update(kw)
+    return GpuInfo(**base)
+
+
+def gpu_node(name: str, bf16: list[float], gpus: list[GpuInfo] | None = None, **kw) -> judge.NodeInput:
+    gpus = gpus or [h100(i) for i in range(len(bf16))]
+    ms = [Measurement(name, "gpu_bf16_tflops", v, f"gpu{i}") for i, v in enumerate(bf16)]
+    return judge.NodeInput(name, ms, gpus, **kw)
+
+
+def cpu_node(name: str, **values: float) -> judge.NodeInput:
+    return judge.NodeInput(name, [Measurement(name, k, v) for k, v in values.items()])
+
+
+def by_node(results):
+    return {r.node: r for r in results}
+
+
+def findings(result, metric, device=None):
+    return [f for f in result.findings if f.metric == metric and (device is None or f.device == device)]
+
+
+# --- expectations ---
+
+
+def test_sku_found_by_pci_device_id_before_name():
+    assert find_sku("whatever", 0x2335).key == "H200-SXM"
+    assert find_sku("NVIDIA A100-SXM4-80GB", None).key == "A100-SXM4-80GB"
+
+
+@pytest.mark.parametrize(
+    "name,key",
+    [
+        ("NVIDIA H200 NVL", "H200-NVL"),
+        ("NVIDIA GH200 480GB", "GH200-96GB"),
+        ("NVIDIA GH200 144G HBM3e", "GH200-144GB"),
+        ("NVIDIA H100 PCIe", "H100-PCIE"),
+        ("NVIDIA L40S", "L40S"),
+        ("NVIDIA B200", "B200"),
+        ("NVIDIA A100 80GB PCIe", "A100-PCIE-80GB"),
+    ],
+)
+def test_sku_found_by_longest_matching_name(name, key):
+    assert find_sku(name, None).key == key
+
+
+def test_unknown_gpu_has_no_sku():
+    assert find_sku("NVIDIA RTX A5000", 0x2231) is None
+
+
+def test_pcie_line_rate_per_generation():
+    assert expectations.pcie_gbs(4, 16) == 31.5
+    assert expectations.pcie_gbs(5, 8) == 31.5
+    assert expectations.pcie_gbs(None, 16) is None
+
+
+def test_flat_overrides_accept_floors_fractions_ceilings_and_fleet_rule():
+    ov = parse_flat(
+        {
+            "disk_seq_read_mibs": 2000,
+            "gpu_bf16_tflops.fraction": 0.8,
+            "gpu_ecc_uncorrected.max": 2,
+            "fleet.warn_drop": 0.05,
+        },
+        "x",
+    )
+    assert ov.floor("disk_seq_read_mibs") == 2000
+    assert ov.fraction("gpu_bf16_tflops") == 0.8
+    assert ov.ceiling("gpu_ecc_uncorrected") == 2
+    assert ov.fleet.warn_drop == 0.05
+
+
+def test_flat_overrides_refuse_unknown_metric_with_suggestion():
+    with pytest.raises(InputError, match="did you mean 'disk_seq_read_mibs'"):
+        parse_flat({"disk_seq_read_mbs": 1}, "expect.json")
+
+
+def test_expect_file_with_bad_json_is_input_error(tmp_path):
+    bad = tmp_path / "e.json"
+    bad.write_text("{disk: 1}")
+    with pytest.raises(InputError, match="not valid JSON"):
+        load_expect_file(bad)
+
+
+def test_expect_file_with_negative_value_is_input_error(tmp_path):
+    bad = tmp_path / "e.json"
+    bad.write_text(json.dumps({"ram_triad_gbs": -3}))
+    with pytest.raises(InputError, match="not a number >= 0"):
+        load_expect_file(bad)
+
+
+# --- judge: synthetic fleets ---
+
+
+def test_every_node_equal_gives_no_warning():
+    nodes = [gpu_node(f"n{i}", [800.0 + i, 801.0, 799.0, 800.5]) for i in range(4)]
+    nodes += [cpu_node(f"c{i}", ram_triad_gbs=20.0 + 0.2 * i, disk_seq_read_mibs=1500 - i) for i in range(4)]
+    results = judge.judge(nodes)
+    assert {r.verdict for r in results} == {"pass"}
+    assert judge.exit_code(results) == 0
+
+
+def test_one_slow_gpu_fails_its_node_and_only_its_node():
+    nodes = [gpu_node(f"n{i}", [800.0] * 8) for i in range(3)]
+    # 700 clears the datasheet floor (0.70 x 989.5 = 692.7) but sits 12% under its peers.
+    nodes.append(gpu_node("slow", [800.0] * 7 + [700.0]))
+    results = by_node(judge.judge(nodes))
+    assert results["slow"].verdict == "warn"
+    (f,) = findings(results["slow"], "gpu_bf16_tflops", "gpu7")
+    assert f.verdict == "warn" and "below the fleet median" in f.reason
+    assert all(results[f"n{i}"].verdict == "pass" for i in range(3))
+
+
+def test_gpu_below_datasheet_floor_fails_even_alone():
+    results = judge.judge([gpu_node("n", [500.0])])
+    (f,) = findings(results[0], "gpu_bf16_tflops")
+    assert f.verdict == "fail"
+    assert f.expectation == pytest.approx(0.70 * 989.5)
+    assert "H100-SXM spec" in f.reason
+
+
+def test_degraded_pcie_link_fails():
+    gpus = [h100(0), h100(1, pcie_gen_max=4), h100(2, pcie_width_max=8)]
+    (r,) = judge.judge([gpu_node("n", [800.0] * 3, gpus)])
+    assert r.verdict == "fail"
+    assert findings(r, "gpu_pcie_gen", "gpu1")[0].verdict == "fail"
+    assert "degraded link" in findings(r, "gpu_pcie_width", "gpu2")[0].reason
+    assert findings(r, "gpu_pcie_gen", "gpu0")[0].verdict == "pass"
+
+
+def test_ecc_errors_and_failed_remap_fail():
+    gpus = [h100(0, ecc_uncorrected=3), h100(1, remap_failure=True)]
+    (r,) = judge.judge([gpu_node("n", [800.0, 800.0], gpus)])
+    assert findings(r, "gpu_ecc_uncorrected", "gpu0")[0].verdict == "fail"
+    assert findings(r, "gpu_retired_pages", "gpu1")[0].verdict == "fail"
+
+
+def test_ecc_ceiling_can_be_raised_per_group():
+    ov = parse_flat({"gpu_ecc_uncorrected.max": 5}, "settings")
+    (r,) = judge.judge([gpu_node("n", [800.0], [h100(0, ecc_uncorrected=3)], overrides=ov)])
+    assert findings(r, "gpu_ecc_uncorrected")[0].verdict == "pass"
+
+
+def test_unknown_sku_is_reported_and_judged_on_fleet():
+    a5000 = dict(name="NVIDIA RTX A5000", pci_device_id=0x2231)
+    nodes = [gpu_node(f"n{i}", [100.0], [h100(0, **a5000)]) for i in range(3)]
+    nodes.append(gpu_node("slow", [60.0], [h100(0, **a5000)]))
+    results = by_node(judge.judge(nodes))
+    assert results["n0"].sku == "unknown SKU: NVIDIA RTX A5000"
+    assert "unknown SKU" in findings(results["n0"], "gpu_bf16_tflops")[0].reason
+    assert results["n0"].verdict == "pass"
+    assert results["slow"].verdict == "fail"
+
+
+def test_unknown_sku_alone_warns_instead_of_passing_silently():
+    (r,) = judge.judge([gpu_node("n", [100.0], [h100(0, name="NVIDIA Foo", pci_device_id=0x9999)])])
+    f = findings(r, "gpu_bf16_tflops")[0]
+    assert f.verdict == "warn" and "unknown SKU (NVIDIA Foo)" in f.reason
+
+
+def test_gen5_gpu_in_gen4_slot_fails_for_unknown_sku():
+    g = h100(0, name="NVIDIA Foo", pci_device_id=0x9999, pcie_gen_max=4, pcie_gen_device_max=5)
+    (r,) = judge.judge([gpu_node("n", [100.0], [g])])
+    assert findings(r, "gpu_pcie_gen")[0].verdict == "fail"
+
+
+def test_slow_disk_on_one_of_two_nodes_fails_that_node():
+    results = by_node(judge.judge([cpu_node("a", disk_seq_read_mibs=900.0), cpu_node("b", disk_seq_read_mibs=90.0)]))
+    assert results["a"].verdict == "pass"
+    assert results["b"].verdict == "fail"
+
+
+def test_user_floor_fails_single_node():
+    ov = parse_flat({"ram_triad_gbs": 50}, "expect")
+    (r,) = judge.judge([judge.NodeInput("n", [Measurement("n", "ram_triad_gbs", 20.0)], overrides=ov)])
+    assert r.verdict == "fail"
+    assert findings(r, "ram_triad_gbs")[0].expectation == 50
+
+
+def test_single_node_without_floor_says_it_was_not_compared():
+    (r,) = judge.judge([cpu_node("n", ram_triad_gbs=20.0)])
+    assert r.verdict == "pass"
+    assert "no other node to compare" in findings(r, "ram_triad_gbs")[0].reason
+
+
+def test_missing_tool_is_not_run_and_lowers_node_to_warn():
+    m = Measurement("n", "disk_seq_read_mibs", None, not_run="not run: fio missing (`up` step base)")
+    (r,) = judge.judge([judge.NodeInput("n", [m])])
+    assert findings(r, "disk_seq_read_mibs")[0].verdict == "not_run"
+    assert r.verdict == "warn"
+    assert judge.exit_code([r]) == 1
+    assert judge.exit_code([r], warn_ok=True) == 0
+
+
+def test_no_gpu_is_benign_unless_host_is_in_gpu_nodes():
+    m = Measurement("n", "gpu_bf16_tflops", None, not_run=judge.NO_GPU)
+    (plain,) = judge.judge([judge.NodeInput("n", [m])])
+    assert plain.verdict == "pass"
+    assert findings(plain, "gpu_bf16_tflops")[0].verdict == "not_run"
+    (gpu_host,) = judge.judge([judge.NodeInput("n", [m], wants_gpu=True)])
+    assert gpu_host.verdict == "fail"
+
+
+def test_unreachable_node_fails():
+    (r,) = judge.judge([judge.NodeInput("n", [], errors=["ssh: connection refused"])])
+    assert r.verdict == "fail"
+
+
+def test_builtin_cpu_floor_only_warns():
+    (r,) = judge.judge([cpu_node("n", cpu_gemm_peak_fraction=0.1)])
+    assert r.verdict == "warn"
+
+
+def test_exit_code_is_one_for_empty_fleet():
+    assert judge.exit_code([]) == 1
+
+
+def test_merged_overrides_prefer_the_run_file():
+    base = parse_flat({"ram_triad_gbs": 10, "disk_seq_read_mibs": 5}, "settings")
+    run = parse_flat({"ram_triad_gbs": 30}, "file")
+    merged = base.merged(run)
+    assert merged.floor("ram_triad_gbs") == 30 and merged.floor("disk_seq_read_mibs") == 5
+    assert Overrides().merged(run).floor("ram_triad_gbs") == 30
