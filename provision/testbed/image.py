@@ -1,0 +1,193 @@
+"""The Debian 12 base image: debootstrap once, then cached under the image cache dir.
+
+The image's name carries a hash of its recipe (release, packages, mirror, baked files,
+size), so a changed recipe builds a new image and an unchanged one is never rebuilt.
+The root filesystem is written with ``mkfs.ext4 -d`` (no loop device, no mount) into a
+sparse file; nodes boot it by label with the image's own kernel and initrd.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from provision.errors import TestbedError
+from provision.testbed import guest_files, tools
+from provision.testbed.apt_sources import Mirror, guest_sources
+
+RECIPE_VERSION = 1  # bump when the build steps change in a way the fields below miss
+
+PACKAGES = (
+    "systemd-sysv", "udev", "dbus", "kmod", "linux-image-amd64",
+    "openssh-server", "openssh-sftp-server", "sudo", "python3",
+    "iproute2", "ifupdown", "iputils-ping", "netbase",
+    "ca-certificates", "gnupg", "apt-utils", "procps", "less", "pciutils", "e2fsprogs",
+)
+
+DEBOOTSTRAP_TIMEOUT_S = 1800  # a cold build downloads ~200 packages
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Everything that decides the image's content; its hash names the image."""
+
+    suite: str  # Debian release codename
+    packages: tuple[str, ...]  # --include for debootstrap --variant=minbase
+    mirror: str  # archive root debootstrap downloads from
+    apt_sources: str  # the guest's deb822 sources (same mirror)
+    size: str  # root filesystem size (sparse), room for build tools and a torch venv
+    version: int = RECIPE_VERSION  # build-step version
+
+    def digest(self) -> str:
+        files = guest_files.image_files("LABEL", self.apt_sources)
+        blob = json.dumps([asdict(self), sorted(files.items()), guest_files.MASKED_UNITS])
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+    @property
+    def name(self) -> str:
+        return f"debian-{self.suite}-{self.digest()}"
+
+    @property
+    def label(self) -> str:
+        """ext4 label of the root filesystem (at most 16 characters)."""
+        return f"pvroot-{self.digest()[:8]}"
+
+
+def recipe_for(mirror: Mirror, size: str = "8G") -> Recipe:
+    return Recipe(mirror.suite, PACKAGES, mirror.uri, guest_sources(mirror), size)
+
+
+@dataclass(frozen=True)
+class BaseImage:
+    """A built image in the cache."""
+
+    path: Path  # its folder
+    root: Path  # raw ext4 root filesystem (sparse)
+    kernel: Path  # the image's own vmlinuz
+    initrd: Path  # the image's own initrd
+    label: str  # root filesystem label, for root=LABEL=
+
+
+def cached(recipe: Recipe, images_dir: Path) -> BaseImage | None:
+    """The built image for this recipe, or None if it is not (completely) built."""
+    folder = images_dir / recipe.name
+    image = BaseImage(folder, folder / "root.img", folder / "vmlinuz", folder / "initrd.img",
+                      recipe.label)
+    done = folder / "recipe.json"
+    return image if done.is_file() and image.root.is_file() else None
+
+
+def ensure(recipe: Recipe, images_dir: Path, progress: Progress = lambda _: None) -> BaseImage:
+    """Return the cached image for the recipe, building it first if needed."""
+    image = cached(recipe, images_dir)
+    if image:
+        return image
+    tools.require(*tools.IMAGE_TOOLS)
+    if os.geteuid() != 0:
+        raise TestbedError("building the testbed image needs root (debootstrap, ownership in "
+                           "mkfs.ext4 -d): run `sudo provision testbed up` once")
+    return build(recipe, images_dir, progress)
+
+
+def build(recipe: Recipe, images_dir: Path, progress: Progress) -> BaseImage:
+    """debootstrap, configure, write the ext4 image; the folder appears only when complete."""
+    images_dir.mkdir(parents=True, exist_ok=True)
+    work = images_dir / f".build-{recipe.name}-{os.getpid()}"
+    shutil.rmtree(work, ignore_errors=True)
+    rootfs = work / "rootfs"
+    try:
+        started = time.monotonic()
+        _debootstrap(recipe, rootfs, progress)
+        progress("configuring the root filesystem")
+        configure_rootfs(rootfs, recipe)
+        shutil.copyfile(_only(rootfs, "boot/vmlinuz-*"), work / "vmlinuz")
+        shutil.copyfile(_only(rootfs, "boot/initrd.img-*"), work / "initrd.img")
+        progress(f"writing the {recipe.size} root filesystem (mkfs.ext4 -d)")
+        _run(["mkfs.ext4", "-q", "-F", "-d", str(rootfs), "-L", recipe.label,
+              str(work / "root.img"), recipe.size], "mkfs.ext4", timeout=900)
+        shutil.rmtree(rootfs)
+        meta = {"recipe": asdict(recipe), "build_seconds": round(time.monotonic() - started, 1)}
+        (work / "recipe.json").write_text(json.dumps(meta, indent=2) + "\n")
+        final = images_dir / recipe.name
+        shutil.rmtree(final, ignore_errors=True)
+        work.rename(final)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    image = cached(recipe, images_dir)
+    assert image is not None
+    return image
+
+
+def _debootstrap(recipe: Recipe, rootfs: Path, progress: Progress) -> None:
+    argv = ["debootstrap", "--variant=minbase", f"--include={','.join(recipe.packages)}",
+            "--components=main"]
+    keyring = Path("/usr/share/keyrings/debian-archive-keyring.gpg")
+    if keyring.is_file():
+        argv.append(f"--keyring={keyring}")
+    argv += [recipe.suite, str(rootfs), recipe.mirror]
+    progress(f"debootstrap {recipe.suite} from {recipe.mirror}")
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    tail: list[str] = []
+    deadline = time.monotonic() + DEBOOTSTRAP_TIMEOUT_S
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        tail = (tail + [line.rstrip()])[-15:]
+        if line.startswith(("I: Retrieving", "I: Unpacking", "I: Configuring", "I: Extracting")):
+            progress("debootstrap: " + line[3:].strip())
+        if time.monotonic() > deadline:
+            proc.kill()
+    if proc.wait() != 0:
+        log = " | ".join(tail[-5:])
+        raise TestbedError(f"debootstrap failed (exit {proc.returncode}): {log}")
+
+
+def configure_rootfs(rootfs: Path, recipe: Recipe) -> None:
+    """Bake the shared configuration: no host keys, seed unit, same mirror, quiet timers."""
+    for rel, (content, mode) in guest_files.image_files(recipe.label, recipe.apt_sources).items():
+        path = rootfs / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.is_symlink():
+            path.unlink()
+        path.write_text(content)
+        path.chmod(mode)
+    for stale in [rootfs / "etc/hostname", rootfs / "etc/apt/sources.list",
+                  rootfs / "var/lib/dbus/machine-id", *rootfs.glob("etc/ssh/ssh_host_*")]:
+        stale.unlink(missing_ok=True)
+    units = rootfs / "etc/systemd/system"
+    wants = units / "multi-user.target.wants"
+    wants.mkdir(parents=True, exist_ok=True)
+    _symlink(wants / "provision-seed.service", "/etc/systemd/system/provision-seed.service")
+    for unit in guest_files.MASKED_UNITS:
+        _symlink(units / unit, "/dev/null")
+    for deb in rootfs.glob("var/cache/apt/archives/*.deb"):
+        deb.unlink()
+
+
+def _symlink(link: Path, target: str) -> None:
+    link.unlink(missing_ok=True)
+    link.symlink_to(target)
+
+
+def _only(rootfs: Path, pattern: str) -> Path:
+    found = sorted(p for p in rootfs.glob(pattern) if not p.is_symlink())
+    if len(found) != 1:
+        raise TestbedError(f"expected one {pattern} in the image, found {len(found)}")
+    return found[0]
+
+
+def _run(argv: list[str], what: str, timeout: float) -> None:
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise TestbedError(f"{what} did not finish within {timeout:.0f}s") from None
+    if done.returncode != 0:
+        raise TestbedError(f"{what} failed (exit {done.returncode}): {done.stderr.strip()[-500:]}")
