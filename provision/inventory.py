@@ -70,9 +70,9 @@ class Cluster:
 
     def storage_node(self) -> Node | None:
         """The NFS server and backup target: the nfs_server setting, else the first storage host."""
-        named = {n.settings.nfs_server for n in self.nodes} - {None}
+        named = sorted({n.settings.nfs_server for n in self.nodes if n.settings.nfs_server})
         if named:
-            return self.node(sorted(named)[0])  # type: ignore[arg-type]
+            return self.node(named[0])
         storage = self.with_role("storage")
         return storage[0] if storage else None
 

@@ -75,7 +75,36 @@ def current_node() -> Node:
     """Inside a deploy: the typed Node of the host pyinfra is working on."""
     from pyinfra import host
 
-    return host.data.get(NODE_KEY)  # type: ignore[no-any-return]
+    return host.data.get(NODE_KEY)
+
+
+# The whole inventory of the run in progress, for deploys that write something about every
+# node (/etc/hosts, known_hosts) while pyinfra hands them one host at a time.
+_cluster: Cluster | None = None
+# Notes deploys leave for the summary ("nvidia: skipped (no NVIDIA GPU)"), by host name.
+_notes: dict[str, list[str]] = {}
+
+
+def current_cluster() -> Cluster:
+    """Inside a deploy run by run_steps/plan_steps: the full Cluster, all nodes."""
+    if _cluster is None:
+        raise RuntimeError("current_cluster() called outside run_steps/plan_steps")
+    return _cluster
+
+
+def note(text: str) -> None:
+    """Inside a deploy: leave a note for the current host's summary row."""
+    from pyinfra import host
+
+    _notes.setdefault(host.name, []).append(text)
+
+
+def _take_notes(results: dict[str, HostResult]) -> None:
+    for name, notes in list(_notes.items()):
+        if name in results:
+            results[name].notes.extend(notes)
+        _notes.pop(name, None)
+    _refusals.clear()  # a run reports refusals as failures; only a plan reads them
 
 
 def pyinfra_inventory(nodes: Iterable[Node]) -> Any:
@@ -202,12 +231,18 @@ def run_steps(
     on_event: Callable[[str, str], None] = lambda host, text: None,
 ) -> RunReport:
     """Run steps in order over all nodes; a host that fails stops there, the rest go on."""
+    global _cluster
     results = {n.name: HostResult(n.name) for n in cluster.nodes}
-    for step in steps:
-        alive = [n for n in cluster.nodes if results[n.name].ok]
-        if not alive:
-            break
-        run_step(step, alive, results, on_event)
+    _cluster = cluster
+    try:
+        for step in steps:
+            alive = [n for n in cluster.nodes if results[n.name].ok]
+            if not alive:
+                break
+            run_step(step, alive, results, on_event)
+            _take_notes(results)
+    finally:
+        _cluster = None
     return RunReport(results)
 
 
@@ -261,3 +296,169 @@ def gather_facts(
 def _unreachable_only(results: dict[str, HostResult]) -> FactsResult:
     unreachable = {name: "; ".join(r.failures) for name, r in results.items() if not r.reachable}
     return FactsResult({}, unreachable)
+
+
+# --- refusals and dry runs (provision plan) ---------------------------------------------
+
+_refusals: dict[str, list[str]] = {}  # host -> reasons a deploy refused it, for the plan
+
+
+def refuse(step: str, reason: str) -> None:
+    """Inside a deploy: fail the current host with a reason people can read.
+
+    Adds an operation that prints the reason to stderr and exits 1, which the summary
+    shows as "<step>: <step> checks: <reason>"; a plan reports it as "would stop".
+    """
+    import shlex
+
+    from pyinfra import host
+    from pyinfra.operations import server
+
+    _refusals.setdefault(host.name, []).append(reason)
+    server.shell(name=f"{step} checks", commands=[f"echo {shlex.quote(reason)} >&2; exit 1"])
+
+
+@dataclass
+class PlannedOp:
+    """One operation that would change something on a host."""
+
+    name: str  # the operation's name, e.g. "Install base packages"
+    commands: list[str]  # shell commands it would run, uploads as "upload SRC -> DEST"
+    diffs: list[str] = field(default_factory=list)  # unified diff per file it would write
+
+
+@dataclass
+class HostPlan:
+    """What `up` would do on one host, step by step, without doing it."""
+
+    name: str  # inventory name
+    reachable: bool = True  # False when the host could not be contacted
+    steps: dict[str, list[PlannedOp]] = field(default_factory=dict)  # step -> changing ops
+    refused: list[str] = field(default_factory=list)  # "step: reason" that would stop the host
+    notes: list[str] = field(default_factory=list)  # skipped steps and the like
+
+    @property
+    def changes(self) -> int:
+        return sum(len(ops) for ops in self.steps.values())
+
+
+def plan_steps(
+    cluster: Cluster,
+    steps: list[Step],
+    on_event: Callable[[str, str], None] = lambda host, text: None,
+) -> dict[str, HostPlan]:
+    """Prepare every step against the hosts and report the operations that would change
+    something, with their commands and file diffs. Nothing is executed on any host.
+
+    Each step is planned against the hosts as they are now, so a later step cannot see
+    what an earlier step would install (the nvidia step's packages appear as new even if
+    base would have brought their dependencies).
+    """
+    global _cluster
+    plans = {n.name: HostPlan(n.name) for n in cluster.nodes}
+    _cluster = cluster
+    try:
+        for step in steps:
+            alive = [n for n in cluster.nodes if plans[n.name].reachable and not plans[n.name].refused]
+            if alive:
+                _plan_step(step, alive, plans, on_event)
+    finally:
+        _cluster = None
+        _notes.clear()
+    return plans
+
+
+def _plan_step(step: Step, nodes: list[Node], plans: dict[str, HostPlan],
+               on_event: Callable[[str, str], None]) -> None:
+    from pyinfra.api.connect import connect_all, disconnect_all
+    from pyinfra.api.deploy import add_deploy
+
+    targets = []
+    for node in nodes:
+        reason = step.applies(node)
+        if reason:
+            plans[node.name].notes.append(f"{step.name}: skipped ({reason})")
+        else:
+            targets.append(node)
+    if not targets:
+        return
+    results = {n.name: HostResult(n.name) for n in targets}
+    state = _new_state(targets, parallel=0)
+    state.add_callback_handler(_Collector(results, step.name, on_event))
+    try:
+        connect_all(state)
+        for node in targets:
+            if not results[node.name].reachable:
+                plans[node.name].reachable = False
+                plans[node.name].refused.append("; ".join(results[node.name].failures))
+        if state.active_hosts:
+            add_deploy(state, step.deploy)
+            for host in state.active_hosts:
+                on_event(host.name, f"{step.name}: planned")
+                plans[host.name].steps[step.name] = _changing_ops(state, host)
+    finally:
+        disconnect_all(state)
+    for name, reasons in list(_refusals.items()):
+        if name in plans:
+            plans[name].refused += [f"{step.name}: {r}" for r in reasons]
+        _refusals.pop(name, None)
+    for name, texts in list(_notes.items()):
+        if name in plans:
+            plans[name].notes += texts
+        _notes.pop(name, None)
+
+
+def _changing_ops(state: Any, host: Any) -> list[PlannedOp]:
+    from pyinfra.context import ctx_host, ctx_state
+
+    planned = []
+    for op_hash in state.get_op_order():
+        op_data = state.ops[host].get(op_hash)
+        if op_data is None or not op_data.operation_meta.will_change:
+            continue
+        with ctx_state.use(state), ctx_host.use(host):
+            commands = list(op_data.command_generator())
+        planned.append(PlannedOp(
+            _op_name(state, op_hash),
+            [_command_text(c) for c in commands],
+            [d for d in (_upload_diff(host, c) for c in commands) if d],
+        ))
+    return planned
+
+
+def _command_text(command: Any) -> str:
+    from pyinfra.api.command import FileUploadCommand, FunctionCommand, StringCommand
+
+    if isinstance(command, StringCommand):
+        return str(command)
+    if isinstance(command, FileUploadCommand):
+        src = command.src if isinstance(command.src, str) else "(generated)"
+        return f"upload {src} -> {command.dest}"
+    if isinstance(command, FunctionCommand):
+        return f"(controller-side step: {command.function.__name__})"
+    return repr(command)
+
+
+def _upload_diff(host: Any, command: Any) -> str | None:
+    """A unified diff of an upload against the file on the host (text files only)."""
+    import difflib
+
+    from pyinfra.api.command import FileUploadCommand
+    from pyinfra.facts.files import FileContents
+
+    if not isinstance(command, FileUploadCommand):
+        return None
+    try:
+        if isinstance(command.src, str):
+            with open(command.src, encoding="utf-8") as f:
+                desired = f.read().splitlines()
+        else:
+            command.src.seek(0)
+            data = command.src.read()
+            desired = (data.decode() if isinstance(data, bytes) else data).splitlines()
+    except (UnicodeDecodeError, OSError):
+        return f"--- {command.dest}\n(binary file)"
+    current = host.get_fact(FileContents, path=command.dest) or []
+    diff = difflib.unified_diff(current, desired, f"{command.dest} (now)", f"{command.dest} (planned)",
+                                lineterm="")
+    return "\n".join(diff)

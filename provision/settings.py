@@ -104,6 +104,9 @@ class Settings:
     training_user: str = knob("train", "the account that runs training jobs")
     nofile_limit: int = knob(1048576, "open-files limit for training processes", _positive)
     ntp_servers: list[str] = knob([], "chrony servers; empty keeps the distribution's pool")
+    apt_cache_valid_s: int = knob(
+        86400, "an apt cache younger than this is not updated again (re-runs stay quick)", _positive
+    )
 
     # --- nvidia ---
     nvidia: StepSwitch = knob("auto", "auto: on hosts with an NVIDIA GPU; force; skip")
@@ -118,6 +121,10 @@ class Settings:
     )
     nvidia_driver_branch: str = knob("580", "driver branch to pin, e.g. 570 or 580")
     nvidia_driver_version: str | None = knob(None, "exact driver version; default: newest of the branch")
+    nvidia_driver_source: Literal["auto", "cuda-repo", "ubuntu-server"] = knob(
+        "auto", "auto: CUDA repo, or Canonical's signed -server modules under Secure Boot (Ubuntu)"
+    )
+    nvidia_kernel_headers: bool = knob(True, "install headers for the running kernel (DKMS builds)")
     nvidia_kernel_modules: Literal["auto", "open", "proprietary"] = knob(
         "auto", "auto: open modules on Turing and newer, proprietary before"
     )
@@ -167,7 +174,7 @@ def knob_docs() -> list[tuple[str, Any, str]]:
     """(name, default, comment) for every knob, for `inventory check` and the README."""
     out = []
     for f in fields(Settings):
-        default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
+        default = f.default if f.default_factory is MISSING else f.default_factory()
         out.append((f.name, default, f.metadata["doc"]))
     return out
 

@@ -127,7 +127,8 @@ class BlockDevices(FactBase):
         blank = [d for d in disks if d.holds is None]
     """
 
-    requires_command = "lsblk"
+    def requires_command(self) -> str:
+        return "lsblk"
 
     def command(self) -> str:
         return f"lsblk -J -O -b && echo '{SEPARATOR}' && (ls -l /dev/disk/by-id/ 2>/dev/null || true)"

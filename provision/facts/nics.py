@@ -54,7 +54,8 @@ def parse_speeds(lines: list[str]) -> dict[str, int | None]:
 class Nics(FactBase):
     """Interfaces, addresses and link speeds (from /sys/class/net/*/speed)."""
 
-    requires_command = "ip"
+    def requires_command(self) -> str:
+        return "ip"
 
     def command(self) -> str:
         return (

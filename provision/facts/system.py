@@ -98,7 +98,8 @@ def _flatten(entries: list[dict]) -> list[dict]:
 
 
 class Cpu(FactBase):
-    requires_command = "lscpu"
+    def requires_command(self) -> str:
+        return "lscpu"
 
     def command(self) -> str:
         return "lscpu -J"

@@ -53,8 +53,8 @@ def start(tmp: Path) -> LoopbackSshd:
         f"PidFile {tmp / 'sshd.pid'}\nSubsystem sftp internal-sftp\n"
     )
     Path("/run/sshd").mkdir(exist_ok=True)
-    process = subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", str(config)],
-                               stderr=open(tmp / "sshd.log", "w"))
+    with open(tmp / "sshd.log", "w") as log:  # sshd keeps its own copy of the descriptor
+        process = subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", str(config)], stderr=log)
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         with socket.socket() as s:
