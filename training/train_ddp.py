@@ -1,0 +1,596 @@
+"""The reference DDP trainer: a small GPT on byte-level text, one readable file.
+
+It proves that a cluster trains together: every rank computes on its share of each global
+batch, DDP averages the gradients over the network (NCCL on GPUs, gloo on CPUs), and
+rank 0 reports loss, throughput and (on GPUs) MFU. With no flags it runs a tiny model for
+a few seconds on a CPU, which is its own smoke test.
+
+Data needs no download: by default the Python standard library's own source files on the
+node (``sysconfig``'s stdlib path), read as bytes (vocabulary 256). ``--data DIR`` takes
+any directory of text files. The prepare step writes ``train.bin``/``val.bin`` (uint8
+memmaps) once, to ``/shared/datasets`` when that NFS share exists, else ``./data``.
+
+Launch commands (``provision train`` builds the multi-node one for you):
+
+  one process:      python training/train_ddp.py
+  one node, 8 GPUs: torchrun --standalone --nproc-per-node 8 training/train_ddp.py --model gpt2
+  several nodes (run on every node; ADDR is the first node's cluster address):
+      NCCL_SOCKET_IFNAME=eth1 GLOO_SOCKET_IFNAME=eth1 \\
+      torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d \\
+          --rdzv-endpoint ADDR:29500 --rdzv-id myrun42 training/train_ddp.py --model gpt2
+
+Resume: add ``--resume``; the run continues from the checkpoint's step with the same data
+order, learning rate and optimizer state, so its losses match an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import hashlib
+import json
+import math
+import os
+import signal
+import socket
+import sys
+import sysconfig
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DistributedSampler
+
+# ----------------------------------------------------------------------------------------
+# Hyperparameters. Every one is a command-line flag (--steps, --global-batch, ...).
+MODEL = "tiny"  # size preset, see MODEL_SIZES; --n-layer etc. override single fields
+STEPS = 20  # optimizer steps to run (the total, counted from step 0 also on --resume)
+GLOBAL_BATCH = 16  # sequences per optimizer step, summed over all ranks
+MICRO_BATCH = 8  # sequences per forward pass on one rank; the rest is gradient accumulation
+LEARNING_RATE = 1e-3  # peak AdamW learning rate
+MIN_LR_FRACTION = 0.1  # cosine decay ends at this fraction of the peak
+WARMUP_STEPS = 5  # linear warmup from 0 to the peak
+LR_DECAY_STEPS = 0  # cosine length in steps; 0 means "the same as --steps"
+WEIGHT_DECAY = 0.1  # AdamW weight decay on matrices (not on biases and norms)
+GRAD_CLIP = 1.0  # clip the global gradient norm to this; 0 disables
+DROPOUT = 0.0  # dropout probability; 0 keeps runs bit-reproducible on CPU
+SEED = 1337  # model init, data order and dropout all derive from it
+EVAL_INTERVAL = 10  # evaluate on the validation split every this many steps (and at the end)
+EVAL_SAMPLES = 32  # validation sequences per evaluation, split over the ranks
+LOG_INTERVAL = 1  # print a train line every this many steps
+CKPT_INTERVAL = 0  # save a checkpoint every this many steps; 0: only at the end
+DATA_MAX_MB = 4  # read at most this much text when preparing the token file
+VAL_FRACTION = 0.1  # the tail of the text held out for validation
+
+# name: (n_layer, n_head, n_embd, block_size)
+MODEL_SIZES = {
+    "tiny": (2, 2, 64, 64),  # ~0.1M params: seconds on one CPU core
+    "small": (4, 4, 128, 128),  # ~0.8M params: the CPU scaling benchmark
+    "medium": (6, 6, 384, 256),  # ~11M params: nanoGPT's shakespeare-char size
+    "gpt2": (12, 12, 768, 1024),  # ~85M params (GPT-2 small without its 50k vocabulary)
+}
+# bf16 dense peak FLOP/s by GPU name fragment, for MFU; --peak-tflops overrides.
+PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0}
+# ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class GPTConfig:
+    n_layer: int  # transformer blocks
+    n_head: int  # attention heads per block
+    n_embd: int  # embedding width
+    block_size: int  # context length in bytes
+    vocab_size: int = 256  # byte-level tokens
+    dropout: float = 0.0  # dropout probability
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: causal self-attention, then an MLP."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.n_head, self.dropout = cfg.n_head, cfg.dropout
+        self.ln1, self.ln2 = nn.LayerNorm(cfg.n_embd), nn.LayerNorm(cfg.n_embd)
+        self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)
+        self.proj = nn.Linear(cfg.n_embd, cfg.n_embd)
+        self.mlp = nn.Sequential(
+            nn.Linear(cfg.n_embd, 4 * cfg.n_embd), nn.GELU(), nn.Linear(4 * cfg.n_embd, cfg.n_embd)
+        )
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        p = self.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+        x = x + self.drop(self.proj(y.transpose(1, 2).reshape(B, T, C)))
+        return x + self.drop(self.mlp(self.ln2(x)))
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.tok = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.pos = nn.Embedding(cfg.block_size, cfg.n_embd)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.ln_f = nn.LayerNorm(cfg.n_embd)
+        self.head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        self.head.weight = self.tok.weight  # weight tying, as in GPT-2
+        self.apply(self._init)
+
+    @staticmethod
+    def _init(m: nn.Module) -> None:
+        if isinstance(m, nn.Linear | nn.Embedding):
+            nn.init.normal_(m.weight, std=0.02)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            nn.init.zeros_(m.bias)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor, reduction: str = "mean"):
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        x = self.tok(idx) + self.pos(pos)
+        for block in self.blocks:
+            x = block(x)
+        logits = self.head(self.ln_f(x))
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction=reduction)
+
+    def flops_per_token(self) -> float:
+        """Training FLOPs per token: 6N for the matmuls plus attention (PaLM appendix B)."""
+        n = sum(p.numel() for p in self.parameters())
+        c = self.cfg
+        return 6 * n + 12 * c.n_layer * c.n_embd * c.block_size
+
+
+# ---------------------------------------------------------------- distributed setup
+
+
+@dataclass
+class Dist:
+    rank: int  # global rank
+    local_rank: int  # rank on this node
+    world: int  # number of ranks
+    device: torch.device  # cuda:LOCAL_RANK or cpu
+    node: str  # node name for reports (PROVISION_NODE, else the host name)
+
+
+def setup_distributed() -> Dist:
+    """Initialise from torchrun's environment (RANK, WORLD_SIZE, ...); one process without it."""
+    _die_with_parent()
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    cuda = torch.cuda.is_available()
+    device = torch.device(f"cuda:{local_rank}" if cuda else "cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    if "RANK" in os.environ:
+        dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
+    node = os.environ.get("PROVISION_NODE") or socket.gethostname()
+    return Dist(rank, local_rank, world, device, node)
+
+
+def _die_with_parent() -> None:
+    """If torchrun is killed outright, take this worker with it (Linux PR_SET_PDEATHSIG):
+    a worker must never outlive its launcher."""
+    if sys.platform.startswith("linux") and "RANK" in os.environ:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+
+
+def barrier(d: Dist) -> None:
+    if d.world > 1:
+        dist.barrier()
+
+
+def all_mean(d: Dist, values: list[float]) -> list[float]:
+    """Mean of each value over all ranks."""
+    t = torch.tensor(values, dtype=torch.float64, device=d.device)
+    if d.world > 1:
+        dist.all_reduce(t)
+    return (t / d.world).tolist()
+
+
+# ---------------------------------------------------------------- data
+
+
+def default_data_cache() -> Path:
+    shared = Path("/shared/datasets")
+    return shared / "train_ddp" if shared.is_dir() else Path("data")
+
+
+def text_files(src: Path) -> list[Path]:
+    """Every text file under src, in a stable order (NUL bytes mean binary: skipped)."""
+    files = []
+    for path in sorted(p for p in src.rglob("*") if p.is_file()):
+        if "site-packages" in path.parts or "__pycache__" in path.parts:
+            continue
+        with open(path, "rb") as f:
+            if b"\0" not in f.read(8192):
+                files.append(path)
+    return files
+
+
+def prepare_tokens(src: Path, out: Path, max_bytes: int, val_fraction: float) -> dict:
+    """Write out/train.bin and out/val.bin (uint8 bytes) and out/meta.json; atomic per file."""
+    chunks, total = [], 0
+    for path in text_files(src):
+        data = path.read_bytes()[: max_bytes - total]
+        chunks.append(data)
+        total += len(data)
+        if total >= max_bytes:
+            break
+    tokens = np.frombuffer(b"\n".join(chunks), dtype=np.uint8)
+    if len(tokens) < 10_000:
+        raise SystemExit(f"{src}: only {len(tokens)} bytes of text; need at least 10000")
+    split = int(len(tokens) * (1 - val_fraction))
+    out.mkdir(parents=True, exist_ok=True)
+    for name, part in (("train.bin", tokens[:split]), ("val.bin", tokens[split:])):
+        _atomic_write(out / name, part.tobytes())
+    meta = {"source": str(src), "train_tokens": split, "val_tokens": len(tokens) - split,
+            "sha1": hashlib.sha1(tokens.tobytes()).hexdigest()}
+    _atomic_write(out / "meta.json", json.dumps(meta).encode())
+    return meta
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    """Write tmp, fsync, rename: a reader sees the old file or the whole new one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def load_tokens(d: Dist, args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray]:
+    """Prepare once (global rank 0, then each node's local rank 0 if its disk lacks the
+    files, i.e. no shared directory), then memmap on every rank."""
+    src = Path(args.data or sysconfig.get_paths()["stdlib"])
+    key = hashlib.sha1(f"{src.resolve()}|{args.data_max_mb}|{args.val_fraction}".encode()).hexdigest()
+    out = Path(args.data_cache or default_data_cache()) / key[:12]
+    for writer in (d.rank == 0, d.local_rank == 0):
+        if writer and not (out / "meta.json").exists():
+            prepare_tokens(src, out, args.data_max_mb << 20, args.val_fraction)
+        barrier(d)
+    meta = json.loads((out / "meta.json").read_text())
+    _same_everywhere(d, meta["sha1"])
+    log(d, f"data {meta['source']}: {meta['train_tokens']:,} train / {meta['val_tokens']:,} val bytes")
+    read = lambda name: np.memmap(out / name, dtype=np.uint8, mode="r")  # noqa: E731
+    return read("train.bin"), read("val.bin")
+
+
+def _same_everywhere(d: Dist, digest: str) -> None:
+    if d.world > 1:
+        digests: list[str | None] = [None] * d.world
+        dist.all_gather_object(digests, digest)
+        if len(set(digests)) > 1:
+            raise SystemExit(f"ranks read different data {set(digests)}; use --data on a shared dir")
+
+
+def batch(tokens: np.ndarray, starts: list[int], T: int, device: torch.device):
+    """Inputs and next-byte targets for sequences starting at the given block indices."""
+    rows = np.stack([tokens[i * T : i * T + T + 1] for i in starts]).astype(np.int64)
+    t = torch.from_numpy(rows).to(device, non_blocking=True)
+    return t[:, :-1], t[:, 1:]
+
+
+class StepSampler:
+    """This rank's sequence indices for a given step, through torch's DistributedSampler.
+
+    The order depends only on (seed, step), so a resumed run reads exactly what an
+    uninterrupted one would have read, and N ranks together read the same global batch as
+    one rank does (rank r takes every N-th index of the same permutation).
+    """
+
+    def __init__(self, d: Dist, n_blocks: int, per_rank: int, seed: int):
+        self.sampler = DistributedSampler(range(n_blocks), d.world, d.rank, True, seed, True)
+        self.per_rank, self.epoch, self.order = per_rank, -1, []
+        self.steps_per_epoch = len(self.sampler) // per_rank
+        if self.steps_per_epoch == 0:
+            raise SystemExit(f"{n_blocks} training sequences: too few for this global batch")
+
+    def indices(self, step: int) -> list[int]:
+        epoch, k = divmod(step, self.steps_per_epoch)
+        if epoch != self.epoch:
+            self.sampler.set_epoch(epoch)
+            self.order, self.epoch = list(self.sampler), epoch
+        return self.order[k * self.per_rank : (k + 1) * self.per_rank]
+
+
+# ---------------------------------------------------------------- training
+
+
+def lr_at(step: int, args: argparse.Namespace) -> float:
+    """Linear warmup, then cosine decay to MIN_LR_FRACTION of the peak."""
+    if step < args.warmup_steps:
+        return args.lr * (step + 1) / args.warmup_steps
+    decay = args.lr_decay_steps or args.steps
+    progress = min(1.0, (step - args.warmup_steps) / max(1, decay - args.warmup_steps))
+    floor = args.lr * MIN_LR_FRACTION
+    return floor + 0.5 * (args.lr - floor) * (1 + math.cos(math.pi * progress))
+
+
+def make_optimizer(model: nn.Module, args: argparse.Namespace) -> torch.optim.Optimizer:
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": args.weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95))
+
+
+def autocast(d: Dist):
+    """bf16 autocast on GPUs; plain fp32 on CPUs (exact, and what the DDP test compares)."""
+    if d.device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+@torch.no_grad()
+def evaluate(d: Dist, model: nn.Module, val: np.ndarray, cfg: GPTConfig, args) -> float:
+    """Mean loss over a fixed set of validation sequences, summed over ranks then divided:
+    the same number whatever the world size."""
+    model.eval()
+    n_blocks = (len(val) - 1) // cfg.block_size
+    fixed = np.linspace(0, n_blocks - 1, min(args.eval_samples, n_blocks)).astype(int).tolist()
+    mine, total = fixed[d.rank :: d.world], torch.zeros(2, dtype=torch.float64, device=d.device)
+    for i in range(0, len(mine), args.micro_batch):
+        x, y = batch(val, mine[i : i + args.micro_batch], cfg.block_size, d.device)
+        with autocast(d):
+            total[0] += model(x, y, reduction="sum").double()
+        total[1] += y.numel()
+    if d.world > 1:
+        dist.all_reduce(total)
+    model.train()
+    return (total[0] / total[1]).item()
+
+
+def train_step(d, model, opt, sampler, train, cfg, step, args) -> tuple[float, float]:
+    """One optimizer step over this rank's share of the global batch; gradients are
+    all-reduced once, on the last micro-batch (no_sync on the others). Returns the loss
+    and the seconds spent in forward passes (the straggler signal)."""
+    for group in opt.param_groups:
+        group["lr"] = lr_at(step, args)
+    torch.manual_seed(args.seed + 1000 * step + d.rank)  # dropout masks follow the step
+    idx = sampler.indices(step)
+    accum = len(idx) // args.micro_batch
+    loss_sum, fwd_s = 0.0, 0.0
+    for micro in range(accum):
+        x, y = batch(train, idx[micro * args.micro_batch : (micro + 1) * args.micro_batch],
+                     cfg.block_size, d.device)
+        sync = micro == accum - 1 or not isinstance(model, DDP)
+        with contextlib.nullcontext() if sync else model.no_sync():
+            t0 = time.perf_counter()
+            with autocast(d):
+                loss = model(x, y) / accum
+            fwd_s += time.perf_counter() - t0
+            loss.backward()
+        loss_sum += loss.item()
+    if args.grad_clip > 0:
+        nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss_sum, fwd_s
+
+
+# ---------------------------------------------------------------- checkpoints
+
+
+def default_ckpt_dir() -> Path:
+    shared = Path("/shared/checkpoints")
+    return shared if shared.is_dir() else Path("checkpoints")
+
+
+def save_checkpoint(d: Dist, path: Path, model, opt, step: int, cfg: GPTConfig) -> None:
+    """Rank 0 writes tmp, fsyncs, renames: a crash mid-save leaves the previous checkpoint."""
+    if d.rank != 0:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    state = {"model": _raw(model).state_dict(), "opt": opt.state_dict(), "step": step,
+             "config": asdict(cfg)}
+    with open(tmp, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    log(d, f"checkpoint step {step} -> {path}")
+
+
+def load_checkpoint(d: Dist, path: Path, cfg: GPTConfig) -> dict:
+    """Every rank gets rank 0's checkpoint: read locally where the file is visible on
+    every node (shared directory), else broadcast from rank 0."""
+    here = torch.tensor([path.is_file()], dtype=torch.int64, device=d.device)
+    if d.world > 1:
+        dist.all_reduce(here, op=dist.ReduceOp.MIN)
+    if here.item():
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    else:
+        box = [torch.load(path, map_location="cpu", weights_only=True) if d.rank == 0 and path.is_file() else None]
+        if d.world > 1:
+            dist.broadcast_object_list(box, src=0)
+        if box[0] is None:
+            raise SystemExit(f"--resume: no checkpoint at {path}")
+        state = box[0]
+    if state["config"] != asdict(cfg):
+        raise SystemExit(f"--resume: {path} holds model {state['config']}, not {asdict(cfg)}")
+    return state
+
+
+def _raw(model: nn.Module) -> nn.Module:
+    model = model.module if isinstance(model, DDP) else model
+    return getattr(model, "_orig_mod", model)  # torch.compile wraps the module
+
+
+# ---------------------------------------------------------------- reporting
+
+
+def log(d: Dist, text: str) -> None:
+    if d.rank == 0:
+        print(text, flush=True)
+
+
+def peak_flops(d: Dist, args) -> float | None:
+    if args.peak_tflops:
+        return args.peak_tflops * 1e12
+    if d.device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(d.device)
+    return next((tf * 1e12 for frag, tf in PEAK_TFLOPS.items() if frag in name), None)
+
+
+def finish(d: Dist, args, history: dict, rate: dict, params: int) -> dict:
+    """Gather each rank's throughput and forward time; rank 0 prints and writes the summary."""
+    mine = {"rank": d.rank, "node": d.node, "tokens_per_s": rate["local_tps"],
+            "forward_ms": rate["fwd_ms"]}
+    ranks = [mine]
+    if d.world > 1:
+        ranks = [None] * d.world
+        dist.all_gather_object(ranks, mine)
+    nodes: dict[str, float] = {}
+    for r in ranks:
+        nodes[r["node"]] = nodes.get(r["node"], 0.0) + r["tokens_per_s"]
+    summary = {"run_id": args.run_id, "world_size": d.world, "steps": history["last_step"],
+               "params": params, "tokens_per_s": rate["tps"], "mfu": rate["mfu"],
+               "final_train_loss": history["train"][-1][1] if history["train"] else None,
+               "final_val_loss": history["val"][-1][1] if history["val"] else None,
+               "nodes": nodes, "ranks": ranks, "device": d.device.type,
+               "train_losses": history["train"], "val_losses": history["val"]}
+    if d.rank == 0:
+        short = {k: v for k, v in summary.items() if k not in ("train_losses", "val_losses")}
+        print("summary " + json.dumps(short), flush=True)
+        if args.summary:
+            Path(args.summary).parent.mkdir(parents=True, exist_ok=True)
+            _atomic_write(Path(args.summary), json.dumps(summary, indent=1).encode())
+    return summary
+
+
+# ---------------------------------------------------------------- main
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    arg = p.add_argument
+    arg("--model", default=MODEL, choices=sorted(MODEL_SIZES), help="size preset")
+    for name in ("n_layer", "n_head", "n_embd", "block_size"):
+        arg(f"--{name.replace('_', '-')}", type=int, help=f"override the preset's {name}")
+    arg("--steps", type=int, default=STEPS, help="total optimizer steps")
+    arg("--global-batch", type=int, default=GLOBAL_BATCH, help="sequences per step, all ranks")
+    arg("--micro-batch", type=int, default=MICRO_BATCH, help="sequences per forward pass")
+    arg("--lr", type=float, default=LEARNING_RATE, help="peak learning rate")
+    arg("--warmup-steps", type=int, default=WARMUP_STEPS, help="linear warmup steps")
+    arg("--lr-decay-steps", type=int, default=LR_DECAY_STEPS, help="cosine length; 0: --steps")
+    arg("--weight-decay", type=float, default=WEIGHT_DECAY, help="AdamW weight decay")
+    arg("--grad-clip", type=float, default=GRAD_CLIP, help="gradient norm clip; 0 disables")
+    arg("--dropout", type=float, default=DROPOUT, help="dropout probability")
+    arg("--seed", type=int, default=SEED, help="seed for init, data order and dropout")
+    arg("--eval-interval", type=int, default=EVAL_INTERVAL, help="steps between evaluations")
+    arg("--eval-samples", type=int, default=EVAL_SAMPLES, help="validation sequences per eval")
+    arg("--log-interval", type=int, default=LOG_INTERVAL, help="steps between train lines")
+    arg("--ckpt-interval", type=int, default=CKPT_INTERVAL, help="steps between checkpoints")
+    arg("--ckpt-dir", help="checkpoint directory (default /shared/checkpoints, else ./checkpoints)")
+    arg("--ckpt-name", default="train_ddp", help="checkpoint file name, without .pt")
+    arg("--resume", action="store_true", help="continue from the checkpoint's step")
+    arg("--data", help="directory of text files (default: Python's standard library)")
+    arg("--data-cache", help="where token files go (default /shared/datasets, else ./data)")
+    arg("--data-max-mb", type=int, default=DATA_MAX_MB, help="text to read, in MiB")
+    arg("--val-fraction", type=float, default=VAL_FRACTION, help="held-out tail of the text")
+    arg("--compile", action="store_true", help="torch.compile the model")
+    arg("--peak-tflops", type=float, help="peak FLOP/s (in TFLOP/s) for MFU; default by GPU name")
+    arg("--summary", help="write the JSON summary here (rank 0)")
+    arg("--run-id", default="local", help="run identifier, echoed in the summary")
+    return p.parse_args(argv)
+
+
+def model_config(args) -> GPTConfig:
+    n_layer, n_head, n_embd, block = MODEL_SIZES[args.model]
+    return GPTConfig(args.n_layer or n_layer, args.n_head or n_head, args.n_embd or n_embd,
+                     args.block_size or block, dropout=args.dropout)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    d = setup_distributed()
+    per_rank, rest = divmod(args.global_batch, d.world)
+    if rest or per_rank % args.micro_batch:
+        raise SystemExit(f"--global-batch {args.global_batch} must split into {d.world} ranks "
+                         f"x whole micro-batches of {args.micro_batch}")
+    cfg = model_config(args)
+    train, val = load_tokens(d, args)
+    torch.manual_seed(args.seed)  # identical initial weights on every rank
+    model: nn.Module = GPT(cfg).to(d.device)
+    params = sum(p.numel() for p in model.parameters())
+    opt = make_optimizer(model, args)
+    ckpt = Path(args.ckpt_dir or default_ckpt_dir()) / f"{args.ckpt_name}.pt"
+    start = 0
+    if args.resume:
+        state = load_checkpoint(d, ckpt, cfg)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        start = state["step"]
+        log(d, f"resumed from {ckpt} at step {start}")
+    if args.compile:
+        model = torch.compile(model)
+    if d.world > 1:
+        model = DDP(model, device_ids=[d.local_rank] if d.device.type == "cuda" else None)
+    sampler = StepSampler(d, (len(train) - 1) // cfg.block_size, per_rank, args.seed)
+    log(d, f"model {args.model}: {params:,} params, {cfg}; world {d.world} on {d.device.type}; "
+        f"global batch {args.global_batch} x {cfg.block_size} tokens")
+    peak = peak_flops(d, args)
+    args.mfu_scale = _raw(model).flops_per_token() / (peak * d.world) if peak else None
+    history = run(d, model, opt, sampler, train, val, cfg, args, start, ckpt)
+    rate = throughput(d, history, args, cfg, _raw(model))
+    summary = finish(d, args, history, rate, params)
+    if d.world > 1:
+        dist.destroy_process_group()
+    return summary
+
+
+def run(d, model, opt, sampler, train, val, cfg, args, start: int, ckpt: Path) -> dict:
+    """The loop: train, log, evaluate, checkpoint. Steps are 1-based in logs."""
+    history: dict = {"train": [], "val": [], "times": [], "fwd": [], "last_step": start}
+    tokens_per_step = args.global_batch * cfg.block_size
+    for step in range(start, args.steps):
+        t0 = time.perf_counter()
+        loss, fwd_s = train_step(d, model, opt, sampler, train, cfg, step, args)
+        if d.device.type == "cuda":
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        (loss,) = all_mean(d, [loss])
+        n = step + 1
+        history["train"].append([n, loss])
+        history["times"].append(dt)
+        history["fwd"].append(fwd_s)
+        history["last_step"] = n
+        if n % args.log_interval == 0 or n == args.steps:
+            mfu = f" | mfu {tokens_per_step / dt * args.mfu_scale:.1%}" if args.mfu_scale else ""
+            log(d, f"step {n}/{args.steps} | train loss {loss:.4f} | lr {lr_at(step, args):.2e} | "
+                f"{tokens_per_step / dt:.0f} tok/s | {dt * 1000:.1f} ms{mfu}")
+        if n % args.eval_interval == 0 or n == args.steps:
+            vloss = evaluate(d, model, val, cfg, args)
+            history["val"].append([n, vloss])
+            log(d, f"step {n}/{args.steps} | val loss {vloss:.4f}")
+        if (args.ckpt_interval and n % args.ckpt_interval == 0) or n == args.steps:
+            save_checkpoint(d, ckpt, model, opt, n, cfg)
+    return history
+
+
+def throughput(d, history: dict, args, cfg: GPTConfig, raw: GPT) -> dict:
+    """Mean rates over the run, leaving out the first step (warm-up, compilation)."""
+    times = history["times"][1:] or history["times"] or [float("nan")]
+    fwd = history["fwd"][1:] or history["fwd"] or [float("nan")]
+    step_s = sum(times) / len(times)
+    tps = args.global_batch * cfg.block_size / step_s
+    mfu = tps * args.mfu_scale if args.mfu_scale else None
+    if mfu is not None:
+        log(d, f"mfu {mfu:.1%} of {peak_flops(d, args) / 1e12:.0f} TFLOP/s per GPU")
+    return {"tps": tps, "local_tps": tps / d.world, "fwd_ms": 1000 * sum(fwd) / len(fwd), "mfu": mfu}
+
+
+if __name__ == "__main__":
+    main()
