@@ -1,0 +1,201 @@
+"""The volumes step's pure decisions: which disks, what is refused, what gets written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from provision.deploys import volumes
+from provision.errors import InputError
+from provision.facts.blockdevices import BlockDevice
+from provision.inventory import Cluster, Node, SshTarget
+from provision.settings import Settings
+
+GIB = 2**30
+
+
+def disk(name: str, serial: str | None = None, **kw: object) -> BlockDevice:
+    """A whole virtio disk as the BlockDevices fact reports it (blank unless told)."""
+    serial = serial or f"NVME-node1-{name[-1]}"
+    fields: dict[str, object] = dict(
+        name=name, path=f"/dev/{name}", type="disk", size_bytes=10 * GIB, serial=serial, model=None,
+        fstype=None, pttype=None, uuid=None, label=None, mountpoints=(), children=(),
+        by_id=(f"/dev/disk/by-id/virtio-{serial}",),
+    )
+    fields.update(kw)
+    return BlockDevice(**fields)  # type: ignore[arg-type]
+
+
+ROOT = disk("vda", "ROOT", fstype="ext4", uuid="r00t", label="root", mountpoints=("/",))
+B, C, D = disk("vdb"), disk("vdc"), disk("vdd")
+ID_B, ID_C = B.by_id[0], C.by_id[0]
+
+
+def settings(**kw: object) -> Settings:
+    return Settings(**kw)  # type: ignore[arg-type]
+
+
+def test_blank_listed_disks_are_chosen_in_listed_order():
+    disks, problems = volumes.choose_disks(settings(data_disks=[ID_C, ID_B]), [ROOT, B, C], "node1")
+    assert problems == []
+    assert [d.name for d in disks] == ["vdc", "vdb"]
+
+
+def test_a_serial_names_the_disk_as_well_as_its_by_id_path():
+    disks, problems = volumes.choose_disks(settings(data_disks=["NVME-node1-b"]), [ROOT, B], "node1")
+    assert problems == [] and disks == [B]
+
+
+def test_refuses_to_format_disk_with_filesystem_naming_host_device_and_content():
+    used = disk("vdb", fstype="ext4", uuid="u1", label="scratch")
+    _, problems = volumes.choose_disks(settings(data_disks=[ID_B]), [ROOT, used], "node1")
+    assert len(problems) == 1
+    assert "node1" in problems[0] and ID_B in problems[0] and "ext4 filesystem" in problems[0]
+    assert f"--force-format node1:{ID_B}" in problems[0]
+
+
+def test_refuses_disk_with_partition_table():
+    used = disk("vdb", pttype="gpt", children=("vdb1",))
+    _, problems = volumes.choose_disks(settings(data_disks=[ID_B]), [ROOT, used], "node1")
+    assert len(problems) == 1 and "a gpt partition table" in problems[0] and ID_B in problems[0]
+
+
+def test_refuses_disk_with_raid_superblock_of_another_array():
+    member = disk("vdb", fstype="linux_raid_member", label="otherhost:0", uuid="a-b")
+    _, problems = volumes.choose_disks(settings(data_disks=[ID_B]), [ROOT, member], "node1")
+    assert len(problems) == 1 and "RAID superblock" in problems[0] and "node1" in problems[0]
+
+
+def test_force_format_allows_disk_holding_data():
+    used = disk("vdb", fstype="ext4", uuid="u1")
+    disks, problems = volumes.choose_disks(
+        settings(data_disks=[ID_B], force_format=[ID_B]), [ROOT, used], "node1")
+    assert problems == [] and disks == [used]
+
+
+def test_force_format_on_another_disk_does_not_allow_this_one():
+    used = disk("vdb", fstype="ext4", uuid="u1")
+    _, problems = volumes.choose_disks(
+        settings(data_disks=[ID_B], force_format=[ID_C]), [ROOT, used, C], "node1")
+    assert len(problems) == 1 and "refusing to format" in problems[0]
+
+
+def test_missing_disk_is_an_error_naming_the_disks_that_exist():
+    _, problems = volumes.choose_disks(settings(data_disks=["/dev/disk/by-id/virtio-GONE"]), [ROOT, B], "n1")
+    assert problems == [f"n1: data disk /dev/disk/by-id/virtio-GONE does not exist "
+                        f"(disks on the host: /dev/disk/by-id/virtio-ROOT (vda), {ID_B} (vdb))"]
+
+
+def test_root_disk_listed_as_data_disk_is_an_error():
+    _, problems = volumes.choose_disks(settings(data_disks=["ROOT"]), [ROOT, B], "node1")
+    assert len(problems) == 1 and "holds the running system (/)" in problems[0]
+
+
+def test_check_disks_reports_the_same_problems_as_the_choice():
+    s = settings(data_disks=["ROOT", "/dev/disk/by-id/virtio-GONE"])
+    assert volumes.check_disks(s, [ROOT, B], "node1") == volumes.choose_disks(s, [ROOT, B], "node1")[1]
+    assert len(volumes.check_disks(s, [ROOT, B], "node1")) == 2
+
+
+def test_auto_picks_blank_disks_and_excludes_root_and_used_disks():
+    used = disk("vdc", fstype="xfs", uuid="u2", label="backup")
+    disks, problems = volumes.choose_disks(settings(data_disks="auto"), [ROOT, B, used, D], "node1")
+    assert problems == []
+    assert [d.name for d in disks] == ["vdb", "vdd"]
+
+
+def test_auto_picks_a_forced_used_disk():
+    used = disk("vdc", fstype="xfs", uuid="u2")
+    disks, _ = volumes.choose_disks(settings(data_disks="auto", force_format=["NVME-node1-c"]),
+                                    [ROOT, B, used], "node1")
+    assert [d.name for d in disks] == ["vdb", "vdc"]
+
+
+def test_our_own_filesystem_is_kept_and_not_refused():
+    ours = disk("vdb", fstype="xfs", uuid="f5", label=volumes.LABEL, mountpoints=("/data",))
+    disks, problems = volumes.choose_disks(settings(data_disks=[ID_B]), [ROOT, ours], "node1")
+    assert problems == [] and disks == [ours] and volumes.is_ours(ours)
+
+
+def test_members_of_our_array_are_kept_and_auto_picks_them_again():
+    members = [disk(n, fstype="linux_raid_member", label=volumes.ARRAY_NAME, uuid="m1", children=("md127",))
+               for n in ("vdb", "vdc")]
+    disks, problems = volumes.choose_disks(settings(data_disks="auto"), [ROOT, *members], "node1")
+    assert problems == [] and disks == members
+
+
+def test_adding_a_blank_disk_to_our_existing_volume_is_refused():
+    ours = disk("vdb", fstype="xfs", uuid="f5", label=volumes.LABEL)
+    _, problems = volumes.choose_disks(settings(data_disks=[ID_B, ID_C]), [ROOT, ours, C], "node1")
+    assert len(problems) == 1 and "already exists" in problems[0] and "not supported" in problems[0]
+
+
+def test_describe_choice_lists_picked_and_left_out_disks():
+    used = disk("vdc", fstype="xfs", uuid="u2", label="backup")
+    lines = volumes.describe_choice(settings(data_disks="auto"), [ROOT, B, used, D], "node1")
+    assert f"node1: data disk {ID_B} (vdb) 10 GiB: blank, will be formatted" in lines
+    assert "node1: not picked /dev/disk/by-id/virtio-ROOT (vda): root disk" in lines
+    assert any("not picked" in line and "vdc" in line and "xfs filesystem" in line for line in lines)
+    assert "node1: volume: xfs on RAID0 of 2 disks at /data" in lines
+
+
+def _cluster() -> Cluster:
+    nodes = tuple(Node(n, SshTarget(n, 22, None, None, None, "yes"), (), Settings(force_format=["X"]))
+                  for n in ("node1", "node2"))
+    return Cluster(Path("inv.py"), nodes)
+
+
+def test_force_format_flag_extends_only_the_named_hosts_settings():
+    cluster = volumes.apply_force_format(_cluster(), [f"node2:{ID_B}"])
+    assert cluster.node("node2").settings.force_format == ["X", ID_B]
+    assert cluster.node("node1").settings.force_format == ["X"]
+
+
+def test_force_format_flag_for_an_unknown_host_is_bad_input():
+    with pytest.raises(InputError) as e:
+        volumes.apply_force_format(_cluster(), [f"node9:{ID_B}", "node1"])
+    assert len(e.value.problems) == 2 and "'node9' is not a host" in str(e.value)
+
+
+def test_fstab_line_mounts_by_uuid_with_noatime_nofail_and_a_device_timeout():
+    line = volumes.fstab_line("1b4e28ba-2fa1-11d2-883f-0016d3cca427", settings())
+    assert line == ("UUID=1b4e28ba-2fa1-11d2-883f-0016d3cca427 /data xfs "
+                    "defaults,noatime,nofail,x-systemd.device-timeout=30s 0 0")
+
+
+def test_fstab_line_for_ext4_is_checked_at_boot():
+    line = volumes.fstab_line("u", settings(filesystem="ext4", data_mount="/mnt/d"))
+    assert line.split() == ["UUID=u", "/mnt/d", "ext4", "defaults,noatime,nofail,x-systemd.device-timeout=30s",
+                            "0", "2"]
+
+
+def test_mdadm_conf_line_names_our_array_by_uuid():
+    line = volumes.mdadm_conf_line("1b4e28ba-2fa1-11d2-883f-0016d3cca427")
+    assert line == ("ARRAY /dev/md/data metadata=1.2 UUID=1b4e28ba:2fa111d2:883f0016:d3cca427 "
+                    "name=provision:data")
+
+
+def test_mdadm_create_uses_stable_ids_level_and_our_name():
+    command = volumes.mdadm_create_command(settings(raid_level=1), [B, C], "1b4e28ba-2fa1-11d2-883f-0016d3cca427")
+    assert command == (f"mdadm --create /dev/md/data --run --metadata=1.2 --name=provision:data "
+                       f"--uuid=1b4e28ba:2fa111d2:883f0016:d3cca427 --level=1 --raid-devices=2 {ID_B} {ID_C}")
+
+
+def test_mkfs_without_force_lets_mkfs_refuse_a_signature_itself():
+    assert volumes.mkfs_command(settings(), "/dev/md/data", "u1", force=False) == \
+        "mkfs.xfs -q -L PVDATA -m uuid=u1 /dev/md/data"
+    assert volumes.mkfs_command(settings(filesystem="ext4"), "/dev/x", "u1", force=True) == \
+        "mkfs.ext4 -q -F -L PVDATA -U u1 /dev/x"
+
+
+def test_blkid_export_is_parsed():
+    fs = volumes.parse_blkid_export(["DEVNAME=/dev/md127", "UUID=abc", "BLOCK_SIZE=512", "TYPE=xfs",
+                                     "LABEL=PVDATA", "USAGE=filesystem"])
+    assert fs == volumes.Filesystem("abc", "xfs", "PVDATA")
+    assert volumes.parse_blkid_export([]) == volumes.Filesystem(None, None, None)
+
+
+def test_step_skips_hosts_without_data_disks():
+    node = Node("n", SshTarget("n", 22, None, None, None, "yes"), (), Settings())
+    assert volumes.step.applies(node) == "no data_disks set"
