@@ -23,10 +23,11 @@ app = typer.Typer(
 
 def _register() -> None:
     """Each noun's module adds its commands; importing here keeps startup in one place."""
-    from provision.cli import facts, inventory
+    from provision.cli import demo, facts, inventory
 
     app.add_typer(inventory.app, name="inventory")
     app.command("facts")(facts.facts)
+    app.command("demo")(demo.demo)
 
 
 def main() -> None:

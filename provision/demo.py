@@ -1,0 +1,167 @@
+"""`provision demo`: the whole pipeline against the local testbed, as a newcomer meets it.
+
+Each stage is the real `provision` command a user would type, run as a child process, so
+the demo exercises exactly what the README documents and shows each command's own
+progress display. The demo only orders the stages, remembers which finished, and sums up.
+
+Resuming: the stages that finished are recorded in ``runs/demo/state.json`` together with
+the identity of the testbed they ran on. Running the demo again skips them, as long as it
+is the same testbed; a new testbed starts the pipeline over.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from provision.errors import EXIT_FAILED, EXIT_OK
+
+
+@dataclass(frozen=True)
+class DemoPaths:
+    """Where the demo keeps its state and what it produces."""
+
+    root: Path  # runs/demo under the working directory
+    inventory: Path  # the inventory `provision testbed up` writes
+
+    @property
+    def state(self) -> Path:
+        return self.root / "state.json"
+
+    @property
+    def reports(self) -> Path:
+        return self.root / "reports"
+
+    @property
+    def restore_target(self) -> Path:
+        return Path("/tmp/provision-demo-restore")  # on the storage node, not here
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One step of the demo: a provision command line and what it leaves behind."""
+
+    name: str  # short name shown in the summary
+    what: str  # one line for people
+    argv: list[str]  # arguments after `provision`
+    artifacts: list[str] = field(default_factory=list)  # paths worth opening afterwards
+
+
+@dataclass
+class StageResult:
+    """How a stage went in this run (or an earlier one, when resumed)."""
+
+    name: str  # the stage's name
+    status: str  # "done", "done earlier", "failed", "not run"
+    seconds: float  # wall time in this run; 0 when skipped
+    exit_code: int | None = None  # the command's exit code when it ran
+    artifacts: list[str] = field(default_factory=list)  # paths to reports and logs
+
+
+def stages(paths: DemoPaths, nodes: int) -> list[Stage]:
+    """The pipeline, in order. The testbed stage is handled separately (it always runs)."""
+    inv, rep = str(paths.inventory), paths.reports
+    return [
+        Stage("up", "provision every node (NVIDIA skipped: the VMs have no GPU)", ["up", inv]),
+        Stage("verify", "check the promised state with testinfra", ["verify", inv]),
+        Stage("validate", "quick acceptance gate, with JSON, HTML and JUnit reports",
+              ["validate", inv, "--quick", "--json", str(rep / "validate.json"),
+               "--html", str(rep / "validate.html"), "--junit", str(rep / "validate.xml")],
+              [str(rep / "validate.html"), str(rep / "validate.json"), str(rep / "validate.xml")]),
+        Stage("train", f"the reference DDP trainer across {nodes} nodes, checkpoints on NFS",
+              ["train", inv, "--steps", "40"], ["runs/ (per-run logs and plots)"]),
+        Stage("backup", "back up the checkpoints now", ["backup", "run", inv]),
+        Stage("restore", "restore the latest snapshot and compare checksums",
+              ["backup", "restore", inv, "--check"]),
+    ]
+
+
+def testbed_identity(inventory: Path) -> str:
+    """Changes whenever a new testbed is brought up (new ports, keys, pids)."""
+    if not inventory.is_file():
+        return ""
+    return hashlib.sha256(inventory.read_bytes()).hexdigest()[:16]
+
+
+def load_done(paths: DemoPaths, identity: str) -> dict[str, float]:
+    """Stages finished earlier on this same testbed: name -> seconds they took."""
+    if not paths.state.is_file():
+        return {}
+    try:
+        state = json.loads(paths.state.read_text())
+    except json.JSONDecodeError:
+        return {}  # a torn write from an interrupted run: start over, nothing is lost
+    return state.get("done", {}) if state.get("testbed") == identity else {}
+
+
+def save_done(paths: DemoPaths, identity: str, done: dict[str, float]) -> None:
+    paths.root.mkdir(parents=True, exist_ok=True)
+    tmp = paths.state.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"testbed": identity, "done": done}, indent=2))
+    tmp.replace(paths.state)
+
+
+Runner = Callable[[list[str]], int]
+
+
+def run_provision(argv: list[str]) -> int:
+    """Run one provision command as a child process, sharing this terminal."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.run([sys.executable, "-m", "provision", *argv], env=env).returncode
+
+
+def run_demo(
+    paths: DemoPaths,
+    nodes: int,
+    announce: Callable[[Stage, str], None],
+    run: Runner = run_provision,
+) -> tuple[list[StageResult], int]:
+    """Bring the testbed up, then run every stage not yet done on it. Stops at the first
+    failed stage (the later ones need it); the next demo run starts again there."""
+    paths.reports.mkdir(parents=True, exist_ok=True)
+    testbed = Stage("testbed", f"{nodes} qemu VMs, 2 data disks each, node1 is storage",
+                    ["testbed", "up", "--nodes", str(nodes), "--disks", "2"], [str(paths.inventory)])
+    results = [_run_stage(testbed, announce, run)]
+    if results[0].status == "failed":
+        return results + _not_run(stages(paths, nodes)), EXIT_FAILED
+    identity = testbed_identity(paths.inventory)
+    done = load_done(paths, identity)
+    pipeline = stages(paths, nodes)
+    for index, stage in enumerate(pipeline):
+        if stage.name in done:
+            announce(stage, "done earlier, skipped")
+            results.append(StageResult(stage.name, "done earlier", 0.0, None, stage.artifacts))
+            continue
+        result = _run_stage(stage, announce, run)
+        results.append(result)
+        if result.status == "failed":
+            return results + _not_run(pipeline[index + 1:]), EXIT_FAILED
+        done[stage.name] = result.seconds
+        save_done(paths, identity, done)
+    return results, EXIT_OK
+
+
+def _run_stage(stage: Stage, announce: Callable[[Stage, str], None], run: Runner) -> StageResult:
+    announce(stage, "starting")
+    start = time.monotonic()
+    code = run(stage.argv)
+    seconds = time.monotonic() - start
+    status = "done" if code == 0 else "failed"
+    announce(stage, f"{status} in {seconds:.0f}s" + ("" if code == 0 else f" (exit code {code})"))
+    return StageResult(stage.name, status, seconds, code, stage.artifacts)
+
+
+def _not_run(rest: list[Stage]) -> list[StageResult]:
+    return [StageResult(s.name, "not run", 0.0, None, []) for s in rest]
+
+
+def as_json(results: list[StageResult]) -> dict[str, object]:
+    return {"schema": "provision.demo/1", "stages": [asdict(r) for r in results],
+            "ok": all(r.status in ("done", "done earlier") for r in results)}
