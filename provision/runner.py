@@ -136,6 +136,7 @@ class _Collector(_collector_base()):  # type: ignore[misc]
 
     def __init__(self, results: dict[str, HostResult], step: str, on_event: Callable[[str, str], None]):
         self.results, self.step, self.on_event = results, step, on_event
+        self.finished: list[tuple[Any, str, bool]] = []  # (host, op, succeeded), settled after run_ops
 
     def host_connect_error(self, state: Any, host: Any, error: Any) -> None:
         result = self.results[host.name]
@@ -147,15 +148,23 @@ class _Collector(_collector_base()):  # type: ignore[misc]
         self.on_event(host.name, f"{self.step}: {_op_name(state, op_hash)}")
 
     def operation_host_success(self, state: Any, host: Any, op_hash: str, retry_count: int = 0) -> None:
-        meta = state.get_op_data_for_host(host, op_hash).operation_meta
-        if meta.did_change():
-            self.results[host.name].changed += 1
+        self.finished.append((host, op_hash, True))
 
     def operation_host_error(self, state: Any, host: Any, op_hash: str, *args: Any) -> None:
-        meta = state.get_op_data_for_host(host, op_hash).operation_meta
-        why = _error_text(meta)
-        self.results[host.name].failures.append(f"{self.step}: {_op_name(state, op_hash)}: {why}")
+        self.finished.append((host, op_hash, False))
         self.on_event(host.name, f"{self.step}: FAILED")
+
+    def settle(self, state: Any) -> None:
+        """Record changes and failures. pyinfra completes an operation's meta (output,
+        commands) only after calling these callbacks, so it is read here, after run_ops."""
+        for host, op_hash, success in self.finished:
+            meta = state.get_op_data_for_host(host, op_hash).operation_meta
+            if not success:
+                why = _error_text(meta)
+                self.results[host.name].failures.append(f"{self.step}: {_op_name(state, op_hash)}: {why}")
+            elif meta.is_complete() and meta.did_change():
+                self.results[host.name].changed += 1
+        self.finished.clear()
 
 
 def _op_name(state: Any, op_hash: str) -> str:
@@ -201,16 +210,19 @@ def run_step(
     if not targets:
         return
     state = _new_state(targets, parallel)
-    state.add_callback_handler(_Collector(results, step.name, on_event))
+    collector = _Collector(results, step.name, on_event)
+    state.add_callback_handler(collector)
     try:
         connect_all(state)
         if state.active_hosts:
             add_deploy(state, step.deploy)
             run_ops(state, no_wait=True)
     except PyinfraError as e:
-        # "No hosts remaining!": every host failed. Each failure is already recorded.
+        # "No hosts remaining!": every host failed. Each failure is recorded by settle().
+        collector.settle(state)
         _record_unexplained(state, targets, results, step.name, str(e))
     finally:
+        collector.settle(state)
         disconnect_all(state)
     for node in targets:
         result = results[node.name]
@@ -229,8 +241,12 @@ def run_steps(
     cluster: Cluster,
     steps: list[Step],
     on_event: Callable[[str, str], None] = lambda host, text: None,
+    after_step: Callable[[Step, dict[str, HostResult]], None] | None = None,
 ) -> RunReport:
-    """Run steps in order over all nodes; a host that fails stops there, the rest go on."""
+    """Run steps in order over all nodes; a host that fails stops there, the rest go on.
+
+    ``after_step`` is called with each step and the results so far (the pipeline
+    reboots hosts after the nvidia step there)."""
     global _cluster
     results = {n.name: HostResult(n.name) for n in cluster.nodes}
     _cluster = cluster
@@ -241,6 +257,8 @@ def run_steps(
                 break
             run_step(step, alive, results, on_event)
             _take_notes(results)
+            if after_step is not None:
+                after_step(step, results)
     finally:
         _cluster = None
     return RunReport(results)

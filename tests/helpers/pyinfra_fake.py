@@ -1,0 +1,59 @@
+"""Run a provision Step against pyinfra's own ``@fake`` connector and record every
+command it would have sent: facts answered from canned outputs, operations captured.
+
+This is pyinfra's test means (``pyinfra.connectors.fake``), not a provision stand-in: the
+real deploy code runs, through the real runner, and only the host is simulated.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyinfra.connectors.fake import FakeConnector
+
+from provision import runner
+from provision.inventory import Cluster, Node, SshTarget
+from provision.settings import Settings
+
+
+# Facts pyinfra's own operations ask every Linux host for, and the one shell behaviour
+# the fake must copy: runner.refuse()'s command fails.
+BASELINE: dict[Any, Any] = {"uname -s": ["Linux"], re.compile(r">&2; exit 1$"): {"success": False}}
+
+
+@dataclass
+class FakeRun:
+    """What one step did on fake hosts."""
+
+    results: dict[str, runner.HostResult]  # per host, as `provision up` reports them
+    commands: dict[str, list[str]] = field(default_factory=dict)  # host -> every command sent
+
+    def ran(self, host: str, pattern: str) -> list[str]:
+        """Commands sent to host that match a regular expression."""
+        return [c for c in self.commands.get(host, []) if re.search(pattern, c)]
+
+
+def fake_node(name: str, settings: Settings, responses: dict[Any, Any],
+              groups: tuple[str, ...] = (), address: str | None = None) -> Node:
+    """A Node pyinfra reaches through the @fake connector, answering with ``responses``
+    (substring or re.Pattern -> stdout lines, or {"stdout", "stderr", "success"})."""
+    data = {"fake_responses": {**responses, **BASELINE}, "fake_delay": 0, "fake_delay_jitter": 0}
+    ssh = SshTarget(address or name, 22, "root", None, None, "yes")
+    return Node(f"@fake/{name}", ssh, groups, settings, data)
+
+
+def run_fake(step: runner.Step, nodes: list[Node], monkeypatch: Any) -> FakeRun:
+    """Run one step through runner.run_steps on fake hosts, recording commands."""
+    commands: dict[str, list[str]] = {}
+    original = FakeConnector.run_shell_command
+
+    def recording(self: FakeConnector, command: Any, *args: Any, **kwargs: Any) -> Any:
+        text = command if isinstance(command, str) else command.get_masked_value()
+        commands.setdefault(self.host.name, []).append(text)
+        return original(self, command, *args, **kwargs)
+
+    monkeypatch.setattr(FakeConnector, "run_shell_command", recording)
+    report = runner.run_steps(Cluster(path=None, nodes=tuple(nodes)), [step])  # type: ignore[arg-type]
+    return FakeRun(report.hosts, commands)

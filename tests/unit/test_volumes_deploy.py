@@ -1,0 +1,116 @@
+"""The volumes deploy, run through the real runner on pyinfra's @fake connector: the
+facts are canned host outputs, and the assertions are on the exact commands sent."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from provision.deploys import volumes
+from provision.settings import Settings
+from tests.helpers.pyinfra_fake import fake_node, run_fake
+
+HOST = "@fake/node1"
+ROOT = {"name": "vda", "path": "/dev/vda", "type": "disk", "size": 3221225472, "serial": None,
+        "fstype": "ext4", "label": "root", "uuid": "0f0e", "pttype": None, "rota": False,
+        "mountpoints": ["/"]}
+
+
+def _disk(name: str, **kw: object) -> dict:
+    entry = {"name": name, "path": f"/dev/{name}", "type": "disk", "size": 1073741824,
+             "serial": f"NVME-node1-{name[-1]}", "fstype": None, "label": None, "uuid": None,
+             "pttype": None, "rota": False, "mountpoints": [None]}
+    entry.update(kw)
+    return entry
+
+
+def _lsblk(*disks: dict) -> list[str]:
+    """stdout of the BlockDevices fact: lsblk JSON, the separator, then `ls -l` of by-id."""
+    links = [f"lrwxrwxrwx 1 root root 9 Nov 29 22:00 virtio-{d['serial']} -> ../../{d['name']}"
+             for d in disks if d.get("serial")]
+    return [*json.dumps({"blockdevices": [ROOT, *disks]}, indent=1).splitlines(), "--- by-id ---",
+            "total 0", *links]
+
+
+def _settings(**kw: object) -> Settings:
+    return Settings(**kw)  # type: ignore[arg-type]
+
+
+ID = "/dev/disk/by-id/virtio-NVME-node1-{}"
+DESTRUCTIVE = r"mdadm --create|mkfs|wipefs|^mount "
+
+
+def test_two_blank_disks_become_raid0_xfs_mounted_by_uuid(monkeypatch):
+    node = fake_node("node1", _settings(data_disks=[ID.format("b"), ID.format("c")]),
+                     {"lsblk -J -O -b": _lsblk(_disk("vdb"), _disk("vdc"))})
+    run = run_fake(volumes.step, [node], monkeypatch)
+    assert run.results[HOST].ok, run.results[HOST].failures
+    (create,) = run.ran(HOST, "mdadm --create")
+    assert re.fullmatch(
+        r"mdadm --create /dev/md/data --run --metadata=1\.2 --name=provision:data --uuid=[0-9a-f:]{35} "
+        rf"--level=0 --raid-devices=2 {ID.format('b')} {ID.format('c')}", create)
+    (mkfs,) = run.ran(HOST, "mkfs")
+    fs_uuid = re.fullmatch(r"mkfs\.xfs -q -L PVDATA -m uuid=([0-9a-f-]{36}) /dev/md/data", mkfs).group(1)
+    md_uuid = create.split("--uuid=")[1].split()[0]
+    assert run.ran(HOST, re.escape(f"ARRAY /dev/md/data metadata=1.2 UUID={md_uuid} name=provision:data"))
+    assert run.ran(HOST, "update-initramfs -u")
+    fstab = f"UUID={fs_uuid} /data xfs defaults,noatime,nofail,x-systemd.device-timeout=30s 0 0"
+    assert [c for c in run.ran(HOST, re.escape(fstab)) if "/etc/fstab" in c]
+    assert run.ran(HOST, "^mount /data$")
+    assert not run.ran(HOST, "wipefs")  # blank disks need no erasing
+    order = [c for c in run.commands[HOST] if re.search(r"mdadm --create|mkfs|^mount ", c)]
+    assert order == [create, mkfs, "mount /data"]
+
+
+def test_one_blank_disk_gets_a_filesystem_directly(monkeypatch):
+    node = fake_node("node1", _settings(data_disks=["NVME-node1-b"], filesystem="ext4"),
+                     {"lsblk -J -O -b": _lsblk(_disk("vdb"))})
+    run = run_fake(volumes.step, [node], monkeypatch)
+    assert run.results[HOST].ok
+    assert not run.ran(HOST, "mdadm")
+    (mkfs,) = run.ran(HOST, "mkfs")
+    assert re.fullmatch(rf"mkfs\.ext4 -q -L PVDATA -U [0-9a-f-]{{36}} {ID.format('b')}", mkfs)
+
+
+def test_disk_holding_a_filesystem_is_refused_and_nothing_is_written(monkeypatch):
+    used = _disk("vdc", fstype="ext4", uuid="6d1f", label="mine")
+    node = fake_node("node1", _settings(data_disks=[ID.format("b"), ID.format("c")]),
+                     {"lsblk -J -O -b": _lsblk(_disk("vdb"), used)})
+    run = run_fake(volumes.step, [node], monkeypatch)
+    (failure,) = run.results[HOST].failures
+    assert failure.startswith("volumes: Data volume | volumes checks")
+    (refusal,) = run.ran(HOST, "exit 1$")
+    assert f"@fake/node1: refusing to format {ID.format('c')} (vdc): it holds a ext4 filesystem" in refusal
+    assert not run.ran(HOST, DESTRUCTIVE + "|apt-get|/etc/fstab|mdadm.conf")
+
+
+def test_forced_disk_is_erased_then_formatted_with_force(monkeypatch):
+    used = _disk("vdb", fstype="ext4", uuid="6d1f", label="mine")
+    node = fake_node("node1", _settings(data_disks=[ID.format("b")], force_format=[ID.format("b")]),
+                     {"lsblk -J -O -b": _lsblk(used)})
+    run = run_fake(volumes.step, [node], monkeypatch)
+    assert run.results[HOST].ok
+    assert run.ran(HOST, "wipefs|mkfs") == [
+        f"wipefs -a {ID.format('b')}",
+        run.ran(HOST, "mkfs")[0],
+    ]
+    assert run.ran(HOST, "mkfs")[0].startswith("mkfs.xfs -q -f -L PVDATA")
+
+
+def test_rerun_on_our_assembled_array_changes_nothing_on_disk(monkeypatch):
+    fs_uuid, md_uuid = "1b4e28ba-2fa1-11d2-883f-0016d3cca427", "00112233-4455-6677-8899-aabbccddeeff"
+    members = [_disk(n, fstype="linux_raid_member", label="provision:data", uuid=md_uuid,
+                     children=[{"name": "md127", "type": "raid0", "mountpoints": ["/data"]}])
+               for n in ("vdb", "vdc")]
+    s = _settings(data_disks=[ID.format("b"), ID.format("c")], force_format=[ID.format("b")])
+    node = fake_node("node1", s, {
+        "lsblk -J -O -b": _lsblk(*members),
+        "blkid -p -o export /dev/md127": ["DEVNAME=/dev/md127", f"UUID={fs_uuid}", "TYPE=xfs", "LABEL=PVDATA"],
+        re.compile(r"grep .*/etc/fstab"): [volumes.fstab_line(fs_uuid, s)],
+        re.compile(r"grep .*mdadm\.conf"): [volumes.mdadm_conf_line(md_uuid)],
+        "/proc/self/mountinfo": ["40 25 9:127 / /data rw,noatime shared:30 - xfs /dev/md127 rw,attr2"],
+    })
+    run = run_fake(volumes.step, [node], monkeypatch)
+    assert run.results[HOST].ok, run.results[HOST].failures
+    # force_format names a member, yet our own volume is never reformatted
+    assert not run.ran(HOST, DESTRUCTIVE + "|update-initramfs|>> /etc/fstab|sed .*/etc/fstab")
