@@ -76,13 +76,16 @@ class BaseImage:
     label: str  # root filesystem label, for root=LABEL=
 
 
-def cached(recipe: Recipe, images_dir: Path) -> BaseImage | None:
-    """The built image for this recipe, or None if it is not (completely) built."""
-    folder = images_dir / recipe.name
-    image = BaseImage(folder, folder / "root.img", folder / "vmlinuz", folder / "initrd.img",
-                      recipe.label)
+def at(folder: Path, label: str) -> BaseImage | None:
+    """The built image in ``folder``, or None if it is not (completely) built there."""
+    image = BaseImage(folder, folder / "root.img", folder / "vmlinuz", folder / "initrd.img", label)
     done = folder / "recipe.json"
     return image if done.is_file() and image.root.is_file() else None
+
+
+def cached(recipe: Recipe, images_dir: Path) -> BaseImage | None:
+    """The built image for this recipe, or None if it is not (completely) built."""
+    return at(images_dir / recipe.name, recipe.label)
 
 
 def ensure(recipe: Recipe, images_dir: Path, progress: Progress = lambda _: None) -> BaseImage:

@@ -5,6 +5,7 @@ unrelated process after a crash is left alone."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -69,7 +70,5 @@ def stop(pid: int | None, marker: str, hard: bool = False, grace_s: float = 10.0
 
 
 def _signal(pid: int, sig: signal.Signals) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(pid, sig)
-    except ProcessLookupError:
-        pass

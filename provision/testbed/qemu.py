@@ -155,4 +155,5 @@ def throttle_args(device_id: str, bps_total: int | None) -> dict[str, Any]:
     """Arguments of QMP block_set_io_throttle for one data disk (0 means unlimited)."""
     limits = {k: 0 for k in ("bps", "bps_rd", "bps_wr", "iops", "iops_rd", "iops_wr")}
     limits["bps"] = bps_total or 0
-    return {"id": device_id, **limits}
+    # virtio-blk-pci is a PCI proxy; the block backend hangs off its virtio-backend child
+    return {"id": f"/machine/peripheral/{device_id}/virtio-backend", **limits}

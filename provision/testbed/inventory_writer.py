@@ -1,0 +1,70 @@
+"""The pyinfra inventory of a running testbed: group ``nodes`` with every host, group
+``storage`` with the first. SSH goes to loopback forwards with the testbed's own key and
+pinned host keys (strict checking stays on); cluster traffic uses the private network."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from provision.testbed.guest_files import CLUSTER_CIDR
+from provision.testbed.state import NodeRecord
+
+MARKER = "# provision-testbed-inventory"  # `down` removes only files that carry this line
+CLUSTER_INTERFACE = "eth1"
+
+
+def host_data(node: NodeRecord, ssh_key: Path, known_hosts: Path) -> dict[str, object]:
+    """One host's data: pyinfra SSH keys plus provision settings."""
+    return {
+        "ssh_hostname": "127.0.0.1",
+        "ssh_port": node.ssh_port,
+        "ssh_user": "root",
+        "ssh_key": str(ssh_key),
+        "ssh_known_hosts_file": str(known_hosts),
+        "ssh_strict_host_key_checking": "yes",
+        "cluster_address": node.cluster_address,
+        "cluster_cidr": CLUSTER_CIDR,
+        "cluster_interface": CLUSTER_INTERFACE,
+        "data_disks": node.data_disks,
+    }
+
+
+def render(nodes: list[NodeRecord], ssh_key: Path, known_hosts: Path, state_dir: Path) -> str:
+    """The inventory file's text."""
+    lines = [
+        MARKER,
+        f"# Written by `provision testbed up` (state: {state_dir}). Do not edit: `up`",
+        "# rewrites it and `provision testbed down` removes it.",
+        "# SSH goes over loopback port forwards with pinned host keys; the cluster network",
+        f"# ({CLUSTER_CIDR}, {CLUSTER_INTERFACE}) exists only between the testbed's VMs.",
+        "",
+        "nodes = [",
+    ]
+    for node in nodes:
+        lines.append(f"    ({node.name!r}, {{")
+        for key, value in host_data(node, ssh_key, known_hosts).items():
+            lines.append(f"        {key!r}: {value!r},")
+        lines.append("    }),")
+    lines += ["]", "", "# The NFS server and backup target.",
+              f"storage = [{nodes[0].name!r}]" if nodes else "storage = []", ""]
+    return "\n".join(lines)
+
+
+def write(path: Path, nodes: list[NodeRecord], ssh_key: Path, known_hosts: Path,
+          state_dir: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(render(nodes, ssh_key, known_hosts, state_dir))
+    tmp.replace(path)
+    return path
+
+
+def remove(path: Path) -> bool:
+    """Delete the inventory only if the testbed wrote it; True if deleted."""
+    try:
+        if path.read_text().startswith(MARKER):
+            path.unlink()
+            return True
+    except OSError:
+        pass
+    return False
