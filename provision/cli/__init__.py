@@ -24,11 +24,15 @@ app = typer.Typer(
 
 def _register() -> None:
     """Each noun's module adds its commands; importing here keeps startup in one place."""
-    from provision.cli import demo, facts, inventory
+    from provision.cli import demo, facts, inventory, status
 
     app.add_typer(inventory.app, name="inventory")
     app.command("facts")(facts.facts)
     app.command("demo")(demo.demo)
+    from provision.cli import testbed
+
+    app.add_typer(testbed.app, name="testbed")
+    app.command("status")(status.status)
 
 
 def main() -> None:

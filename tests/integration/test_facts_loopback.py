@@ -64,3 +64,30 @@ def test_unknown_host_key_is_refused(sshd, tmp_path):
     assert result.returncode == 1
     (host,) = json.loads(result.stdout)["hosts"]
     assert host["reachable"] is False
+
+
+def test_status_reports_no_drift_when_the_venv_matches_the_pins(sshd, tmp_path):
+    import torch
+
+    venv = str(Path(sys.executable).parent.parent)
+    pinned = torch.__version__.split("+")[0]
+    inv = write_inventory(tmp_path / "inv.py",
+                          [("local", dict(sshd.host_data(), venv_path=venv, torch_version=pinned))])
+    result = run_provision("status", str(inv), "--json")
+    report = json.loads(result.stdout)
+    assert result.returncode == 0, report
+    (host,) = report["hosts"]
+    assert host["versions"]["torch"] == torch.__version__ and host["drift"] == []
+
+
+def test_status_names_host_package_and_both_versions_on_drift(sshd, tmp_path):
+    import torch
+
+    venv = str(Path(sys.executable).parent.parent)
+    inv = write_inventory(tmp_path / "inv.py",
+                          [("local", dict(sshd.host_data(), venv_path=venv, torch_version="2.0.1"))])
+    result = run_provision("status", str(inv))
+    assert result.returncode == 1
+    flat = " ".join(result.stdout.split())
+    assert "drift" in flat and "local" in flat and "torch" in flat
+    assert "2.0.1" in flat and torch.__version__ in flat

@@ -1,0 +1,71 @@
+"""`provision status`: the fleet at a glance, with drift from the pinned settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from provision import inventory as inventory_lib
+from provision.console import host_progress, out, print_json
+from provision.errors import EXIT_FAILED
+
+InventoryArg = typer.Argument(..., help="pyinfra inventory file, e.g. inventories/testbed.py")
+
+
+def status(
+    inventory: Path = InventoryArg,
+    as_json: bool = typer.Option(False, "--json", help="print the status as JSON on stdout"),
+) -> None:
+    """Show every host: reachable, OS and kernel, installed driver / CUDA / fabric manager /
+    torch / NCCL versions, reboot pending, data volume and NFS mounts, last backup, last
+    validate verdict. Anything that differs from the pinned settings is DRIFT, shown with
+    the expected and the actual value. Changes nothing.
+
+    Exit code 0 when every host is reachable and nothing drifted, 1 otherwise.
+
+    Example: provision status inventories/testbed.py --json
+    """
+    from provision import status as status_lib
+    from provision.fleet_status import gather_status
+
+    cluster = inventory_lib.load(inventory)
+    with host_progress([n.name for n in cluster.nodes], enabled=not as_json) as progress:
+        statuses = gather_status(cluster, on_event=progress)
+    if as_json:
+        print_json(status_lib.as_json(statuses))
+    else:
+        _print(statuses)
+    if not status_lib.as_json(statuses)["ok"]:
+        raise typer.Exit(EXIT_FAILED)
+
+
+def _print(statuses: list) -> None:
+    table = Table(title="fleet status")
+    for column in ("host", "os / kernel", "driver / cuda / fm", "torch / nccl", "reboot",
+                   "mounts", "last backup", "last validate"):
+        table.add_column(column)
+    for s in statuses:
+        if not s.reachable:
+            table.add_row(s.name, f"[red]unreachable: {s.error}[/]", *[""] * 6)
+            continue
+        v = s.versions
+        mounts = "\n".join(f"{p} {'[green]ok[/]' if st == 'ok' else f'[red]{st}[/]'}"
+                           for p, st in s.mounts.items()) or "-"
+        table.add_row(s.name, f"{s.os}\n{s.kernel}",
+                      f"{v.get('driver') or '-'} / {v.get('cuda') or '-'} / {v.get('fabricmanager') or '-'}",
+                      f"{v.get('torch') or '-'} / {v.get('nccl') or '-'}",
+                      "[yellow]yes[/]" if s.reboot_pending else "no", mounts, s.last_backup,
+                      s.last_validate or "-")
+    out.print(table)
+    drifted = [(s.name, d) for s in statuses for d in s.drift]
+    if drifted:
+        drift = Table(title="[red]drift from the pinned settings[/]")
+        for column in ("host", "item", "expected", "actual"):
+            drift.add_column(column)
+        for name, d in drifted:
+            drift.add_row(name, d.item, d.expected, d.actual)
+        out.print(drift)
+    else:
+        out.print("[green]no drift[/]: every host matches its pinned settings")

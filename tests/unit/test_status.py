@@ -1,0 +1,106 @@
+"""Drift rules of `provision status`, on plain values."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from provision import inventory
+from provision.facts.stack import InstalledStack, MountState, parse_stack, stack_command
+from provision.status import judge_host
+
+
+def cluster(tmp_path: Path, **data):
+    inv = tmp_path / "inv.py"
+    inv.write_text(
+        f"nodes = [('n1', {{'ssh_hostname': '192.0.2.1', **{data!r}}}), ('n2', {{'ssh_hostname': '192.0.2.2'}})]\n"
+        "storage = ['n2']\n")
+    return inventory.load(inv)
+
+
+def judge(c, stack):
+    return judge_host(c.node("n1"), c, stack, "Debian 12", "6.1.0", now=1_000_000)
+
+
+NFS_OK = tuple(MountState(f"/shared/{n}", True, True, "nfs4") for n in ("datasets", "checkpoints", "scratch"))
+GOOD_VENV = {"torch": "2.13.0+cpu", "numpy": "2.1.0"}
+
+
+def test_matching_host_has_no_drift(tmp_path):
+    status = judge(cluster(tmp_path), InstalledStack(venv=GOOD_VENV, mounts=NFS_OK))
+    assert status.drift == [] and not status.reboot_pending
+
+
+def test_torch_version_drift_names_both_versions(tmp_path):
+    status = judge(cluster(tmp_path), InstalledStack(venv={"torch": "2.12.1"}, mounts=NFS_OK))
+    (d,) = status.drift
+    assert (d.item, d.expected, d.actual) == ("torch", "2.13.0", "2.12.1")
+
+
+def test_driver_of_another_branch_is_drift(tmp_path):
+    c = cluster(tmp_path, nvidia="force", cuda_toolkit_version=None)
+    stack = InstalledStack(packages={"nvidia-driver-570-open": "570.172.08-0ubuntu1"},
+                           loaded_driver="570.172.08", venv=GOOD_VENV, mounts=NFS_OK)
+    (d,) = judge(c, stack).drift
+    assert d.item == "nvidia driver" and d.expected == "580.*" and d.actual == "570.172.08"
+
+
+def test_loaded_module_older_than_installed_driver_means_reboot_pending(tmp_path):
+    c = cluster(tmp_path, nvidia="force", cuda_toolkit_version=None)
+    stack = InstalledStack(packages={"nvidia-driver-580-open": "580.95.05-1"}, loaded_driver="580.82.07",
+                           venv=GOOD_VENV, mounts=NFS_OK)
+    status = judge(c, stack)
+    assert status.reboot_pending
+    assert [(d.item, d.actual) for d in status.drift] == [("loaded nvidia module", "580.82.07")]
+
+
+def test_fabric_manager_must_match_the_driver_on_nvswitch_systems(tmp_path):
+    c = cluster(tmp_path, nvidia="force", cuda_toolkit_version=None)
+    stack = InstalledStack(packages={"nvidia-driver-580-open": "580.95.05-1",
+                                     "nvidia-fabricmanager-580": "580.82.07-1"},
+                           loaded_driver="580.95.05", nvswitches=4, venv=GOOD_VENV, mounts=NFS_OK)
+    (d,) = judge(c, stack).drift
+    assert (d.item, d.expected, d.actual) == ("fabric manager", "580.95.05", "580.82.07")
+
+
+def test_nfs_share_not_answering_is_drift(tmp_path):
+    mounts = (MountState("/shared/datasets", True, False, "nfs4"),) + NFS_OK[1:]
+    (d,) = judge(cluster(tmp_path), InstalledStack(venv=GOOD_VENV, mounts=mounts)).drift
+    assert (d.item, d.actual) == ("mount /shared/datasets", "not answering")
+
+
+def test_storage_node_checks_its_data_volume_not_nfs_clients(tmp_path):
+    c = cluster(tmp_path, data_disks="auto")
+    status = judge_host(c.node("n2"), c, InstalledStack(venv=GOOD_VENV), "Debian 12", "6.1")
+    assert status.mounts == {}  # n2 has no data_disks and serves NFS rather than mounting it
+    status = judge(c, InstalledStack(venv=GOOD_VENV, mounts=NFS_OK))
+    assert status.mounts["/data"] == "not mounted"
+
+
+def test_backup_age_from_the_service_exit_time(tmp_path):
+    status = judge(cluster(tmp_path), InstalledStack(venv=GOOD_VENV, mounts=NFS_OK, backup_result="success",
+                                                     backup_finished_epoch=1_000_000 - 7200))
+    assert status.last_backup == "2h ago (success)"
+
+
+def test_stack_parser_reads_packages_venv_mounts_and_backup():
+    lines = [
+        "loaded_driver=580.95.05", "nvidia_gpus=8", "nvswitches=4",
+        "pkg nvidia-driver-580-open 580.95.05-0ubuntu1 ii ",
+        "pkg cuda-toolkit-12-8 12.8.1-1 rc ",
+        'venv={"torch": "2.13.0+cu128", "nccl": "2.27.3"}',
+        "reboot_required=no",
+        "mount /data yes yes xfs", "mount /shared/datasets no no -",
+        "backup_result=success", "backup_finished=1700000000",
+    ]
+    stack = parse_stack(lines)
+    assert stack.packages == {"nvidia-driver-580-open": "580.95.05-0ubuntu1"}  # rc = removed
+    assert stack.loaded_driver == "580.95.05" and stack.nvswitches == 4 and stack.nvidia_gpus == 8
+    assert stack.venv["nccl"] == "2.27.3"
+    assert stack.mounts[0] == MountState("/data", True, True, "xfs")
+    assert stack.mounts[1] == MountState("/shared/datasets", False, False, None)
+    assert stack.backup_finished_epoch == 1700000000
+
+
+def test_stack_command_quotes_paths():
+    command = stack_command("/opt/my venv", ["/data", "/shared/x y"])
+    assert "'/opt/my venv/bin/python'" in command and "'/shared/x y'" in command
