@@ -24,7 +24,8 @@ def gather_status(cluster: Cluster, on_event: Callable[[str, str], None] = lambd
     found: dict[str, dict] = {}
     unreachable: dict[str, str] = {}
     for (venv_path, mounts), nodes in by_args.items():
-        wanted: dict[str, tuple[type, dict[str, Any]]] = {"os": (Os, {}), "stack": (StackFact, {"venv_path": venv_path, "mount_points": mounts})}
+        stack_args = {"venv_path": venv_path, "mount_points": mounts}
+        wanted: dict[str, tuple[type, dict[str, Any]]] = {"os": (Os, {}), "stack": (StackFact, stack_args)}
         result = gather_facts(nodes, wanted, on_event=on_event)
         found.update(result.facts)
         unreachable.update(result.unreachable)
