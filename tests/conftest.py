@@ -32,3 +32,9 @@ def cli(capsys, monkeypatch):
         return CliResult(code, captured.out, captured.err)
 
     return run
+
+
+def pytest_collection_modifyitems(config, items):
+    """Destructive drills (killing VMs, rebooting the NFS server) run after everything else,
+    so the shared testbed is whole for every other test. Order is otherwise kept."""
+    items.sort(key=lambda item: item.get_closest_marker("destructive") is not None)
