@@ -1,0 +1,101 @@
+"""JSON, JUnit and HTML reports from judged synthetic fleets."""
+
+from __future__ import annotations
+
+import json
+import re
+import xml.etree.ElementTree as ET
+from html.parser import HTMLParser
+
+from provision.validate import judge, report_html, report_json, report_junit
+from provision.validate.records import Measurement
+
+
+def fleet():
+    nodes = []
+    for name, disk in (("a", 900.0), ("b", 910.0), ("c", 90.0)):
+        nodes.append(
+            judge.NodeInput(
+                name,
+                [
+                    Measurement(name, "disk_seq_read_mibs", disk),
+                    Measurement(name, "ram_triad_gbs", 20.0),
+                    Measurement(name, "gpu_bf16_tflops", None, not_run=judge.NO_GPU),
+                ],
+            )
+        )
+    nodes.append(
+        judge.NodeInput(
+            "d", [Measurement("d", "disk_seq_read_mibs", None, not_run="not run: fio missing (run the `up` step base)")]
+        )
+    )
+    nodes.append(judge.NodeInput("e", [], errors=["ssh: connection refused"]))
+    return judge.judge(nodes)
+
+
+def test_json_report_has_schema_summary_and_a_record_per_node_and_metric():
+    results = fleet()
+    run = report_json.RunInfo("inv.py", "quick", ["disk", "ram", "gpu"], judge.exit_code(results))
+    doc = report_json.document(results, run)
+    assert doc["schema"] == "provision.validate/1"
+    assert doc["summary"] == {"pass": 2, "warn": 1, "fail": 2, "exit_code": 1}
+    keys = {(r["node"], r["metric"]) for r in doc["records"]}
+    assert ("c", "disk_seq_read_mibs") in keys and ("a", "gpu_bf16_tflops") in keys
+    rec = next(r for r in doc["records"] if (r["node"], r["metric"]) == ("c", "disk_seq_read_mibs"))
+    assert rec["verdict"] == "fail" and rec["unit"] == "MiB/s" and rec["value"] == 90.0
+    assert set(rec) == {"node", "metric", "device", "value", "unit", "expectation", "verdict", "reason"}
+    json.dumps(doc)  # serialisable as is
+
+
+def cases(root: ET.Element) -> dict[tuple[str, str], ET.Element]:
+    return {(c.get("classname"), c.get("name")): c for c in root.iter("testcase")}
+
+
+def test_junit_marks_fail_warn_and_not_run_distinctly():
+    root = report_junit.document(fleet())
+    c = cases(root)
+    assert c[("validate.c", "disk_seq_read_mibs")].find("failure").get("type") == "fail"
+    not_run = c[("validate.d", "disk_seq_read_mibs")].find("skipped")
+    assert not_run.get("type") == "not_run" and not_run.get("message").startswith("NOT RUN:")
+    no_gpu = c[("validate.a", "gpu_bf16_tflops")]
+    assert no_gpu.find("skipped") is not None  # a GPU that was not measured never reads as a pass
+    assert c[("validate.e", "reachable")].find("error") is not None
+    passed = c[("validate.a", "disk_seq_read_mibs")]
+    assert passed.find("failure") is None and passed.find("skipped") is None
+    assert root.get("failures") == "1" and root.get("errors") == "1"
+
+
+def test_junit_warning_is_a_failure_unless_warnings_are_allowed():
+    results = judge.judge([judge.NodeInput("n", [Measurement("n", "cpu_gemm_peak_fraction", 0.05)])])
+    strict = cases(report_junit.document(results))[("validate.n", "cpu_gemm_peak_fraction")]
+    assert strict.find("failure").get("type") == "warn"
+    lenient = cases(report_junit.document(results, warn_ok=True))[("validate.n", "cpu_gemm_peak_fraction")]
+    assert lenient.find("failure") is None and lenient.find("skipped").get("type") == "warn"
+
+
+class _Collect(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.tags: list[tuple[str, dict]] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+
+
+def test_html_has_one_svg_chart_per_measured_metric_and_nothing_external():
+    text = report_html.document(fleet(), "validate test")
+    p = _Collect()
+    p.feed(text)
+    svgs = [a for t, a in p.tags if t == "svg"]
+    assert sorted(a["data-metric"] for a in svgs) == ["disk_seq_read_mibs", "ram_triad_gbs"]
+    bars = [a for t, a in p.tags if t == "rect" and "bar" in a.get("class", "")]
+    assert {a["class"] for a in bars} >= {"bar pass", "bar fail", "bar not_run"}
+    assert any(t == "rect" and a.get("class") == "band" for t, a in p.tags)
+    assert not any(t in ("script", "link", "img") for t, _ in p.tags)
+    assert not re.search(r"(src|href)=\"https?:", text)
+
+
+def test_html_table_says_why_a_node_failed():
+    text = report_html.document(fleet(), "t")
+    assert "ssh: connection refused" in text
+    assert "below the fleet median" in text
