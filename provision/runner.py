@@ -480,3 +480,40 @@ def _upload_diff(host: Any, command: Any) -> str | None:
     diff = difflib.unified_diff(current, desired, f"{command.dest} (now)", f"{command.dest} (planned)",
                                 lineterm="")
     return "\n".join(diff)
+
+
+def plan_with_facts(step: Step, node: Node, facts: Callable[[type, dict[str, Any]], Any],
+                    cluster: Cluster | None = None) -> tuple[list[PlannedOp], list[str]]:
+    """Prepare one step for one node against given facts instead of a live host: pyinfra's
+    "fake state". Returns the operations that would change and the refusals. Nothing is
+    contacted; ``facts(FactClass, kwargs)`` answers every fact the deploy reads.
+
+    This is how deploys are tested on captured facts (an Ubuntu host, a GPU host).
+    """
+    from unittest import mock
+
+    from pyinfra.api.deploy import add_deploy
+    from pyinfra.api.host import Host
+
+    global _cluster
+    state = _new_state([node], parallel=1)
+    _cluster = cluster or Cluster(node.name and _fake_path(), (node,))
+
+    def get_fact(self: Any, cls: type, *args: Any, **kwargs: Any) -> Any:
+        return facts(cls, kwargs)
+
+    try:
+        with mock.patch.object(Host, "get_fact", get_fact):
+            host = state.inventory.get_host(node.name)
+            add_deploy(state, step.deploy, host=host)
+            planned = _changing_ops(state, host)
+    finally:
+        _cluster = None
+        _notes.clear()
+    return planned, _refusals.pop(node.name, [])
+
+
+def _fake_path() -> Any:
+    from pathlib import Path
+
+    return Path("fake-inventory.py")

@@ -1,0 +1,159 @@
+"""Base: what every training node needs before drivers and frameworks.
+
+Packages, time sync (chrony), memlock/nofile limits, networking sysctls, /etc/hosts
+entries for every node's cluster address, the training user with an SSH key that lets
+nodes reach each other, and an unattended-upgrades blacklist for NVIDIA/CUDA packages.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+from io import StringIO
+from pathlib import Path
+
+from pyinfra.api import deploy
+from pyinfra.context import ctx_state
+from pyinfra.operations import apt, files, server, systemd
+
+from provision.deploys.packages import BASE_PACKAGES, UNATTENDED_BLACKLIST
+from provision.deploys.probes import HostKeys
+from provision.inventory import Cluster, Node
+from provision.resources import templates_dir
+from provision.runner import Step, current_cluster, current_node
+
+SYSCTL_FILE = "/etc/sysctl.d/90-provision-network.conf"
+LIMITS_FILE = "/etc/security/limits.d/90-provision.conf"
+UNATTENDED_FILE = "/etc/apt/apt.conf.d/51provision-unattended-upgrades"
+CHRONY_SOURCES = "/etc/chrony/sources.d/provision.sources"
+HOSTS_MARKER = "# {mark} provision cluster nodes"
+
+
+def state_dir() -> Path:
+    """Where the controller keeps what it generates (the training user's key pair)."""
+    base = os.environ.get("PROVISION_STATE_DIR") or os.path.expanduser("~/.local/state/provision")
+    return Path(base)
+
+
+def training_key(cluster: Cluster, user: str) -> Path:
+    """The cluster's training-user private key on the controller, generated once.
+
+    One key pair per inventory file (named by its path), so two clusters never share one.
+    """
+    digest = hashlib.sha256(str(cluster.path.resolve()).encode()).hexdigest()[:10]
+    key = state_dir() / f"{cluster.path.stem}-{digest}" / f"{user}_ed25519"
+    if not key.exists():
+        key.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{user}@provision", "-f", str(key)],
+            check=True, capture_output=True, timeout=30,
+        )
+    return key
+
+
+def hosts_block(nodes: list[Node]) -> str:
+    """/etc/hosts lines: every node's cluster address and name."""
+    return "\n".join(f"{n.cluster_address} {n.name}" for n in nodes)
+
+
+def known_hosts_lines(keys_by_node: dict[str, tuple[str, list[str]]]) -> str:
+    """known_hosts for the training user: name -> (cluster address, ["type key", ...])."""
+    lines = []
+    for name, (address, keys) in sorted(keys_by_node.items()):
+        names = name if name == address else f"{name},{address}"
+        lines += [f"{names} {key}" for key in keys]
+    return "\n".join(lines) + "\n"
+
+
+_host_keys: dict[int, dict[str, list[str]]] = {}  # per pyinfra State: host name -> host keys
+
+
+def cluster_host_keys() -> dict[str, list[str]]:
+    """Host keys of every host in this pass, read once per pass (each host's own fact)."""
+    current = ctx_state.get()
+    cached = _host_keys.get(id(current))
+    if cached is None:
+        cached = {h.name: h.get_fact(HostKeys) for h in current.inventory if h.connected}
+        _host_keys.clear()
+        _host_keys[id(current)] = cached
+    return cached
+
+
+def packages(node: Node) -> None:
+    settings = node.settings
+    apt.packages(
+        name="Install base packages",
+        packages=BASE_PACKAGES,
+        update=True,
+        cache_time=settings.apt_cache_valid_s,
+        no_recommends=True,
+        extra_install_args=f"-o DPkg::Lock::Timeout={settings.apt_lock_wait_s}",
+    )
+
+
+def time_sync(node: Node) -> None:
+    servers = node.settings.ntp_servers
+    sources = files.template(
+        name="chrony servers (ntp_servers)",
+        src=str(templates_dir() / "base" / "chrony-sources.j2"),
+        dest=CHRONY_SOURCES,
+        servers=servers,
+    ) if servers else files.file(name="chrony: distribution pool (no ntp_servers)",
+                                 path=CHRONY_SOURCES, present=False)
+    systemd.service(name="chrony running", service="chrony", running=True, enabled=True)
+    systemd.service(name="chrony: reload servers", service="chrony", running=None, restarted=True,
+                    _if=sources.did_change)
+
+
+def system_settings() -> None:
+    node = current_node()
+    files.template(name="memlock/nofile limits", src=str(templates_dir() / "base" / "limits.conf.j2"),
+                   dest=LIMITS_FILE, nofile=node.settings.nofile_limit)
+    sysctl = files.template(name="networking sysctls", dest=SYSCTL_FILE,
+                            src=str(templates_dir() / "base" / "sysctl-network.conf.j2"))
+    server.shell(name="apply networking sysctls", commands=[f"sysctl -q -p {SYSCTL_FILE}"],
+                 _if=sysctl.did_change)
+    files.template(name="unattended-upgrades: never NVIDIA/CUDA",
+                   src=str(templates_dir() / "base" / "unattended-upgrades.j2"),
+                   dest=UNATTENDED_FILE, blacklist=UNATTENDED_BLACKLIST)
+
+
+def cluster_names() -> None:
+    cluster = current_cluster()
+    files.block(name="/etc/hosts: cluster nodes", path="/etc/hosts",
+                content=hosts_block(list(cluster.nodes)), marker=HOSTS_MARKER)
+
+
+def training_user() -> None:
+    node = current_node()
+    cluster = current_cluster()
+    user = node.settings.training_user
+    home = f"/home/{user}"
+    key = training_key(cluster, user)
+    public = Path(f"{key}.pub").read_text().strip()
+    server.user(name=f"training user {user}", user=user, home=home, shell="/bin/bash",
+                create_home=True)
+    files.directory(name=f"{home}/.ssh", path=f"{home}/.ssh", user=user, group=user, mode="700")
+    files.put(name="training user: private key", src=str(key), dest=f"{home}/.ssh/id_ed25519",
+              user=user, group=user, mode="600")
+    files.put(name="training user: authorized key", src=StringIO(public + "\n"),
+              dest=f"{home}/.ssh/authorized_keys", user=user, group=user, mode="600")
+    keys = cluster_host_keys()
+    by_node = {n.name: (n.cluster_address, keys[n.name]) for n in cluster.nodes if keys.get(n.name)}
+    files.put(name="training user: known_hosts (every node's host keys)",
+              src=StringIO(known_hosts_lines(by_node)), dest=f"{home}/.ssh/known_hosts",
+              user=user, group=user, mode="644")
+
+
+@deploy("Base")
+def base() -> None:
+    node = current_node()
+    packages(node)
+    time_sync(node)
+    system_settings()
+    cluster_names()
+    training_user()
+
+
+step = Step("base", base, "packages, chrony, limits, sysctls, /etc/hosts, training user and SSH keys")

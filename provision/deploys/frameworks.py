@@ -1,0 +1,130 @@
+"""Frameworks: a Python venv on every node with a pinned torch, numpy and nvidia-ml-py
+(what the validator agent and the trainer import).
+
+Packages come from an index (``pip_index_url``, or pip's own configuration) or from a
+wheelhouse: a controller directory of .whl files uploaded to the node and installed with
+``pip install --no-index --find-links`` (air-gapped clusters, and the testbed).
+After the install, torch is imported with the venv's python; on GPU hosts
+``torch.cuda.is_available()`` must be True as well.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from pyinfra import host
+from pyinfra.api import FactBase, deploy, operation
+from pyinfra.api.state import StateStage
+from pyinfra.context import ctx_state
+from pyinfra.operations import files, pip
+
+from provision.facts.gpus import NvidiaDevices
+from provision.runner import Step, current_node
+from provision.settings import Settings
+
+REMOTE_WHEELHOUSE = "/opt/provision/wheelhouse"
+
+
+def requirements(settings: Settings, wheel_names: list[str] = ()) -> list[str]:  # type: ignore[assignment]
+    """pip requirement strings: torch pinned, numpy pinned when asked, nvidia-ml-py.
+
+    A CPU or CUDA build from PyTorch's own index carries a local version label
+    (2.13.0+cpu) and `pip freeze` reports it so; the pin takes the label from the
+    wheelhouse's torch wheel, so a re-run sees the pin satisfied and installs nothing.
+    """
+    numpy = f"numpy=={settings.numpy_version}" if settings.numpy_version else "numpy"
+    return [f"torch=={torch_version(settings.torch_version, wheel_names)}", numpy, "nvidia-ml-py"]
+
+
+def torch_version(pinned: str, wheel_names: list[str]) -> str:
+    """The pinned torch version, with the local label of a matching wheelhouse wheel."""
+    for name in wheel_names:
+        parts = name.split("-")
+        if parts[0] == "torch" and len(parts) > 1 and parts[1].split("+")[0] == pinned:
+            return parts[1]
+    return pinned
+
+
+def pip_source_args(settings: Settings) -> str | None:
+    """Where pip looks: the uploaded wheelhouse only, or the index URL."""
+    if settings.wheelhouse:
+        return f"--no-index --find-links {REMOTE_WHEELHOUSE}"
+    if settings.pip_index_url:
+        return f"--index-url {shlex.quote(settings.pip_index_url)}"
+    return None
+
+
+def wheel_files(directory: str) -> list[Path]:
+    """The .whl files of a controller wheelhouse, sorted, or ValueError when there are none."""
+    found = sorted(Path(directory).expanduser().glob("*.whl"))
+    if not found:
+        raise ValueError(f"wheelhouse {directory} holds no .whl files")
+    return found
+
+
+def check_script(need_cuda: bool) -> str:
+    """Python that imports torch and prints one verdict line."""
+    cuda = "assert torch.cuda.is_available(), 'torch.cuda.is_available() is False'; " if need_cuda else ""
+    return f"import torch, numpy, pynvml; {cuda}print('torch-ok', torch.__version__)"
+
+
+class TorchCheck(FactBase):
+    """Import torch with the venv's python; the output says what failed."""
+
+    def command(self, python: str, need_cuda: bool) -> str:
+        return f"{python} -c {shlex.quote(check_script(need_cuda))} 2>&1 | tail -n 3 || true"
+
+    def process(self, output: list[str]) -> str:
+        return "\n".join(output)
+
+
+def torch_problem(output: str, version: str) -> str | None:
+    """None when the check printed torch-ok with the pinned version, else why not."""
+    for line in output.splitlines():
+        if line.startswith("torch-ok"):
+            got = line.split()[1] if len(line.split()) > 1 else "?"
+            # A local version label (2.13.0+cpu) still pins the same release.
+            if got.split("+")[0] != version:
+                return f"torch {got} is installed, {version} is pinned"
+            return None
+    return output.strip().splitlines()[-1] if output.strip() else "python printed nothing"
+
+
+@operation()
+def torch_works(python: str, version: str, need_cuda: bool):
+    """Fail the host unless torch imports (and sees CUDA on GPU hosts). Checked when the
+    run executes, after the install; changes nothing when torch works."""
+    if ctx_state.get().current_stage != StateStage.Execute:
+        return
+    problem = torch_problem(host.get_fact(TorchCheck, python=python, need_cuda=need_cuda), version)
+    if problem:
+        yield f"echo {shlex.quote('torch check failed: ' + problem)} >&2; exit 1"
+
+
+def upload_wheelhouse(directory: str) -> None:
+    files.directory(name="wheelhouse directory", path=REMOTE_WHEELHOUSE, mode="755")
+    for wheel in wheel_files(directory):
+        files.put(name=f"wheel {wheel.name}", src=str(wheel), dest=f"{REMOTE_WHEELHOUSE}/{wheel.name}",
+                  mode="644")
+
+
+@deploy("Frameworks")
+def frameworks() -> None:
+    settings = current_node().settings
+    venv = settings.venv_path
+    wheels = []
+    if settings.wheelhouse:
+        wheels = [w.name for w in wheel_files(settings.wheelhouse)]
+        upload_wheelhouse(settings.wheelhouse)
+    venv_kwargs = {"venv": True, "python": "python3"}
+    pip.virtualenv(name=f"venv {venv}", path=venv, **venv_kwargs)
+    pip.packages(name="torch, numpy, nvidia-ml-py", packages=requirements(settings, wheels),
+                 virtualenv=venv, virtualenv_kwargs=venv_kwargs,
+                 extra_install_args=pip_source_args(settings))
+    need_cuda = bool(host.get_fact(NvidiaDevices).gpus)
+    torch_works(name="torch imports" + (" and sees CUDA" if need_cuda else ""),
+                python=f"{venv}/bin/python", version=settings.torch_version, need_cuda=need_cuda)
+
+
+step = Step("frameworks", frameworks, "Python venv with pinned torch, numpy, nvidia-ml-py")

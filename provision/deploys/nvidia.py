@@ -1,0 +1,206 @@
+"""NVIDIA stack: CUDA apt repository, pinned driver branch, open or proprietary modules,
+nouveau blacklisted, headers, holds, persistence daemon, fabric manager, CUDA toolkit.
+
+Runs on hosts with an NVIDIA GPU (lspci), on hosts in the gpu_nodes group, and wherever
+the ``nvidia`` setting says ``force``. Package names come from the pure helpers in
+``packages.py``. Reboots are not done here: ``provision.reboots`` decides after the step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from io import StringIO
+
+from pyinfra import host
+from pyinfra.api import deploy, operation
+from pyinfra.operations import apt, files, server, systemd
+
+from provision.deploys import packages as pkgs
+from provision.deploys.probes import AptHolds, Probe
+from provision.facts.gpus import Gpus, NvidiaDevices
+from provision.facts.system import Os, OsInfo
+from provision.inventory import Node
+from provision.resources import templates_dir
+from provision.runner import Step, current_node, note
+from provision.settings import Settings
+
+KEYRING = "/etc/apt/keyrings/cuda-archive-keyring.gpg"
+PIN_FILE = "/etc/apt/preferences.d/90-provision-nvidia"
+NOUVEAU_FILE = "/etc/modprobe.d/blacklist-nouveau.conf"
+PERSISTENCED_DROPIN = "/etc/systemd/system/nvidia-persistenced.service.d/provision.conf"
+
+
+def skip_reason(node: Node, gpus: Gpus | None = None) -> str | None:
+    """Why the nvidia step does not run on this host, or None when it does.
+
+    ``gpus`` is None when only the inventory is known (the controller decides before
+    contacting hosts); then ``auto`` runs and the deploy looks at lspci itself.
+    """
+    switch = node.settings.nvidia
+    if switch == "skip":
+        return "nvidia: skip"
+    if switch == "force" or node.has_role("gpu_nodes"):
+        return None
+    if gpus is not None and not gpus.gpus:
+        return "no NVIDIA GPU found by lspci"
+    return None
+
+
+def applies(node: Node) -> str | None:
+    return skip_reason(node)
+
+
+def sources_file(os_info: OsInfo) -> str:
+    return f"/etc/apt/sources.list.d/cuda-{pkgs.cuda_distro(os_info)}.sources"
+
+
+def sources_text(url: str) -> str:
+    """deb822 .sources for NVIDIA's flat repository (Suites: "/" and no Components)."""
+    return (
+        "# Written by provision: NVIDIA CUDA repository (nvidia_repo_url).\n"
+        "Types: deb\n"
+        f"URIs: {url}\n"
+        "Suites: /\n"
+        f"Signed-By: {KEYRING}\n"
+    )
+
+
+def driver_choice(settings: Settings, os_info: OsInfo, gpus: Gpus, secure_boot: bool,
+                  signed_available: bool) -> pkgs.DriverChoice:
+    open_modules = pkgs.use_open_modules(settings.nvidia_kernel_modules,
+                                         [g.device_id for g in gpus.gpus])
+    source = pkgs.choose_driver_source(os_info, secure_boot, signed_available,
+                                       settings.nvidia_driver_source)
+    return pkgs.driver_packages(source, settings.nvidia_driver_branch, settings.nvidia_driver_version,
+                                open_modules, os_info.kernel)
+
+
+def wants_fabricmanager(settings: Settings, gpus: Gpus) -> bool:
+    return settings.fabric_manager == "force" or (settings.fabric_manager == "auto" and gpus.has_nvswitch)
+
+
+def hold_names(installed: dict[str, str], held: set[str], explicit: list[str], branch: str) -> list[str]:
+    """Packages to apt-mark hold now: the explicit ones, and every installed driver package
+    of the branch (the metapackage's dependencies would otherwise still move)."""
+    wanted = {n for n in explicit if n in installed}
+    wanted |= {n for n, v in installed.items()
+               if n.startswith(("nvidia-", "libnvidia-", "libcuda")) and v.startswith(f"{branch}.")}
+    return sorted(wanted - held)
+
+
+@operation()
+def held(explicit: list[str], branch: str):
+    """apt-mark hold the driver packages (read after the install, at execution time)."""
+    installed, already = host.get_fact(AptHolds)
+    names = hold_names(installed, already, explicit, branch)
+    if names:
+        yield f"apt-mark hold {' '.join(names)}"
+
+
+@operation()
+def fabricmanager(package: str, driver_package: str, version: str | None):
+    """Install fabric manager at exactly the driver's version (it refuses to run otherwise).
+
+    Without an exact version setting, the driver's version is read at execution time,
+    after the driver was installed, from the installed metapackage.
+    """
+    installed, _ = host.get_fact(AptHolds)
+    want = pkgs.apt_version(version) if version else installed.get(driver_package)
+    if want is None:  # planning: the driver is not installed yet
+        yield f"apt-get install -y {package}=<driver version>"
+        return
+    if installed.get(package) != want:
+        yield (f"DEBIAN_FRONTEND=noninteractive apt-get install -y --allow-change-held-packages "
+               f"-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold {package}={want}")
+
+
+def any_changed(*ops: object) -> Callable[[], bool]:
+    return lambda: any(op.did_change() for op in ops)  # type: ignore[attr-defined]
+
+
+def repository(settings: Settings, os_info: OsInfo) -> None:
+    distro = pkgs.cuda_distro(os_info)
+    apt.packages(name="download tools (curl, CA certificates)", packages=["curl", "ca-certificates"],
+                 no_recommends=True)
+    keyring_dir = files.directory(name="/etc/apt/keyrings", path="/etc/apt/keyrings", mode="755")
+    keyring = files.download(name="CUDA repository keyring", src=settings.nvidia_keyring_url.format(distro=distro),
+                             dest=KEYRING, mode="644")
+    sources = files.put(name="CUDA repository (deb822, Signed-By)",
+                        src=StringIO(sources_text(settings.nvidia_repo_url.format(distro=distro))),
+                        dest=sources_file(os_info), mode="644")
+    pin = files.put(name=f"apt pin: NVIDIA driver branch {settings.nvidia_driver_branch}",
+                    src=StringIO(pkgs.apt_pin_preferences(settings.nvidia_driver_branch)),
+                    dest=PIN_FILE, mode="644")
+    apt.update(name="apt update (CUDA repository changed)", _if=any_changed(keyring_dir, keyring, sources, pin))
+
+
+def kernel_side(settings: Settings, os_info: OsInfo) -> None:
+    nouveau = files.template(name="blacklist nouveau", dest=NOUVEAU_FILE, mode="644",
+                             src=str(templates_dir() / "nvidia" / "blacklist-nouveau.conf.j2"))
+    server.shell(name="update initramfs (nouveau blacklisted)", commands=["update-initramfs -u"],
+                 _if=nouveau.did_change)
+    if settings.nvidia_kernel_headers:
+        apt.packages(name=f"kernel headers for {os_info.kernel}", packages=[f"linux-headers-{os_info.kernel}"],
+                     no_recommends=True)
+
+
+def driver(settings: Settings, choice: pkgs.DriverChoice, gpus: Gpus) -> list[str]:
+    """Install the driver (and fabric manager, toolkit, extras); return the names to hold."""
+    apt.packages(name=f"NVIDIA driver {settings.nvidia_driver_branch} "
+                      f"({'open' if choice.open_modules else 'proprietary'} modules, {choice.source})",
+                 packages=choice.install, extra_install_args="--allow-change-held-packages")
+    hold = list(choice.hold)
+    if wants_fabricmanager(settings, gpus):
+        arg, name = pkgs.fabricmanager_package(settings.nvidia_driver_branch, settings.nvidia_driver_version)
+        fabricmanager(name=f"fabric manager {arg}", package=name, driver_package=choice.hold[0],
+                      version=settings.nvidia_driver_version)
+        hold.append(name)
+    toolkit = pkgs.cuda_toolkit_package(settings.cuda_toolkit_version)
+    extras = ([toolkit] if toolkit else []) + (pkgs.nccl_packages() if settings.install_nccl else [])
+    extras += ["nvidia-container-toolkit"] if settings.install_container_toolkit else []
+    if extras:
+        apt.packages(name="CUDA toolkit and extras", packages=extras, no_recommends=True)
+    return hold
+
+
+def daemons(settings: Settings, gpus: Gpus, hold: list[str]) -> None:
+    dropin = files.template(name="nvidia-persistenced: persistence mode on",
+                            src=str(templates_dir() / "nvidia" / "persistenced-override.conf.j2"),
+                            dest=PERSISTENCED_DROPIN, mode="644")
+    systemd.daemon_reload(name="systemd daemon-reload (persistenced drop-in)", _if=dropin.did_change)
+    # Enabled, not started: the service needs the kernel module, which loads after the
+    # reboot that follows a driver install; an already-running driver keeps running.
+    systemd.service(name="nvidia-persistenced enabled", service="nvidia-persistenced",
+                    running=None, enabled=True)
+    if wants_fabricmanager(settings, gpus):
+        systemd.service(name="nvidia-fabricmanager enabled", service="nvidia-fabricmanager",
+                        running=None, enabled=True)
+    held(name="hold NVIDIA driver packages", explicit=hold, branch=settings.nvidia_driver_branch)
+
+
+@deploy("NVIDIA stack")
+def nvidia() -> None:
+    node = current_node()
+    settings = node.settings
+    gpus = host.get_fact(NvidiaDevices)
+    reason = skip_reason(node, gpus)
+    if reason:
+        note(f"nvidia: skipped ({reason})")
+        return
+    os_info = host.get_fact(Os)
+    signed = pkgs.signed_modules_package(settings.nvidia_driver_branch,
+                                         pkgs.use_open_modules(settings.nvidia_kernel_modules,
+                                                               [g.device_id for g in gpus.gpus]),
+                                         os_info.kernel)
+    probe = host.get_fact(Probe, packages=(signed,) if os_info.id == "ubuntu" else ())
+    choice = driver_choice(settings, os_info, gpus, probe.secure_boot.enabled,
+                           probe.signed_modules_candidate.get(signed) is not None)
+    if choice.source == "cuda-repo":
+        repository(settings, os_info)
+    kernel_side(settings, os_info)
+    hold = driver(settings, choice, gpus)
+    daemons(settings, gpus, hold)
+
+
+step = Step("nvidia", nvidia, "CUDA repo, pinned driver, fabric manager, persistenced, CUDA toolkit",
+            applies)

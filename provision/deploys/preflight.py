@@ -1,0 +1,141 @@
+"""Preflight: look at every host before anything is changed, and stop the ones that
+cannot be provisioned, with the reason and what to do. Changes nothing.
+
+Checks: supported OS; apt/dpkg lock free (waits a bounded time when another apt, usually
+unattended-upgrades, holds it); free space on /; every data disk present and not the
+system disk; and, on hosts the nvidia step will touch: GPU generation (open vs
+proprietary modules), Secure Boot vs signed modules, headers for the running kernel.
+A pending reboot is reported, not refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyinfra import host
+from pyinfra.api import deploy
+from pyinfra.operations import server
+
+from provision.deploys import nvidia as nvidia_deploy
+from provision.deploys.packages import choose_driver_source, signed_modules_package, use_open_modules
+from provision.deploys.probes import APT_LOCKS, HostProbe, Probe
+from provision.facts.blockdevices import BlockDevice, BlockDevices
+from provision.facts.gpus import Gpus, NvidiaDevices
+from provision.facts.system import SUPPORTED_OS, Os, OsInfo
+from provision.runner import Step, current_node, note, refuse
+from provision.settings import Settings
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Preflight's judgement of one host."""
+
+    problems: list[str]  # reasons to stop this host; empty means go on
+    notes: list[str]  # things worth saying that stop nothing
+    wait_for_lock: bool  # an apt/dpkg lock is held now: wait for it (bounded) first
+
+
+def judge(os_info: OsInfo, probe: HostProbe, gpus: Gpus, disks: list[BlockDevice],
+          settings: Settings, nvidia_runs: bool) -> Verdict:
+    """The pure verdict: facts in, problems and notes out."""
+    problems: list[str] = []
+    notes: list[str] = []
+    if not os_info.supported:
+        wanted = ", ".join(f"{i} {v}" for i, v in sorted(SUPPORTED_OS))
+        problems.append(f"{os_info.pretty_name} is not supported (supported: {wanted})")
+    if probe.root_free_gb < settings.min_root_free_gb:
+        problems.append(
+            f"only {probe.root_free_gb:.1f} GB free on /, {settings.min_root_free_gb} GB needed "
+            "(free space, or lower min_root_free_gb)"
+        )
+    problems += disk_problems(settings.data_disks, disks)
+    if probe.reboot_pending:
+        notes.append("a reboot was already pending before this run (/var/run/reboot-required)")
+    if nvidia_runs and os_info.supported:
+        nv_problems, nv_notes = nvidia_checks(os_info, probe, gpus, settings)
+        problems += nv_problems
+        notes += nv_notes
+    return Verdict(problems, notes, bool(probe.apt_locks_held))
+
+
+def disk_problems(wanted: list[str] | str, disks: list[BlockDevice]) -> list[str]:
+    """Every data_disks entry must name an existing disk that does not hold the system."""
+    if isinstance(wanted, str):  # "auto": the volumes step picks blank disks itself
+        return []
+    problems = []
+    for entry in wanted:
+        found = [d for d in disks if d.matches(entry)]
+        if not found:
+            known = ", ".join(link for d in disks for link in d.by_id) or "none with a by-id link"
+            problems.append(f"data disk {entry} does not exist on this host (disks by id: {known})")
+        elif any(d.is_root for d in found):
+            problems.append(f"data disk {entry} is the system disk ({found[0].path} holds /); "
+                            "remove it from data_disks")
+    return problems
+
+
+def nvidia_checks(os_info: OsInfo, probe: HostProbe, gpus: Gpus,
+                  settings: Settings) -> tuple[list[str], list[str]]:
+    """GPU generation, Secure Boot against signed modules, kernel headers."""
+    problems, notes = [], []
+    ids = [g.device_id for g in gpus.gpus]
+    open_modules = use_open_modules(settings.nvidia_kernel_modules, ids)
+    if settings.nvidia_kernel_modules == "open" and not use_open_modules("auto", ids):
+        problems.append("nvidia_kernel_modules is 'open' but a GPU is older than Turing, which "
+                        "the open modules do not drive; use 'auto' or 'proprietary'")
+    names = sorted({g.description for g in gpus.gpus}) or ["no NVIDIA GPU found by lspci"]
+    notes.append(f"GPUs: {'; '.join(names)} -> {'open' if open_modules else 'proprietary'} modules"
+                 + (", NVSwitch (fabric manager)" if gpus.has_nvswitch else ""))
+    signed = signed_modules_package(settings.nvidia_driver_branch, open_modules, os_info.kernel)
+    try:
+        source = choose_driver_source(os_info, probe.secure_boot.enabled,
+                                      probe.signed_modules_candidate.get(signed) is not None,
+                                      settings.nvidia_driver_source)
+        notes.append(f"Secure Boot: {probe.secure_boot.detail}; driver from {source}")
+    except ValueError as e:
+        problems.append(str(e))
+    if settings.nvidia_kernel_headers and probe.headers_candidate is None:
+        problems.append(f"no linux-headers-{os_info.kernel} in the apt sources: the driver cannot be "
+                        "built for the running kernel; boot a kernel whose headers are published "
+                        "or add the repository that has them")
+    return problems, notes
+
+
+def lock_wait_command(seconds: int) -> str:
+    """Shell that waits until no process holds an apt/dpkg lock, failing after `seconds`."""
+    held = " || ".join(
+        f"( [ -e {f} ] && grep -q \":$(stat -c %i {f}) \" /proc/locks )" for f in APT_LOCKS
+    )
+    return (
+        f"end=$(( $(date +%s) + {seconds} )); "
+        f"while {held}; do "
+        f"if [ $(date +%s) -ge $end ]; then echo \"apt/dpkg lock still held after {seconds}s by: "
+        "$(ps -eo comm= | grep -E '^(apt|dpkg|unattended-upgr)' | sort -u | tr '\\n' ' ')"
+        "(wait for it, or raise apt_lock_wait_s)\" >&2; exit 1; fi; "
+        "sleep 3; done"
+    )
+
+
+@deploy("Preflight")
+def preflight() -> None:
+    node = current_node()
+    settings = node.settings
+    os_info = host.get_fact(Os)
+    gpus = host.get_fact(NvidiaDevices)
+    runs = nvidia_deploy.skip_reason(node, gpus) is None
+    kernel = os_info.kernel
+    branch = settings.nvidia_driver_branch
+    checks = (signed_modules_package(branch, True, kernel), signed_modules_package(branch, False, kernel))
+    probe = host.get_fact(Probe, packages=checks if os_info.id == "ubuntu" else ())
+    verdict = judge(os_info, probe, gpus, host.get_fact(BlockDevices), settings, runs)
+    for text in verdict.notes:
+        note(f"preflight: {text}")
+    if verdict.problems:
+        refuse("preflight", "; ".join(verdict.problems))
+        return
+    if verdict.wait_for_lock:
+        server.shell(name=f"Wait for apt/dpkg lock ({probe.lock_holders or 'unknown holder'})",
+                     commands=[lock_wait_command(settings.apt_lock_wait_s)])
+
+
+step = Step("preflight", preflight, "check every host first (OS, disks, locks, GPUs, Secure Boot); changes nothing")

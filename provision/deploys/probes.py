@@ -1,0 +1,201 @@
+"""Facts the up steps read that no general fact module covers: the preflight probe (locks,
+free space, Secure Boot, headers, pending reboot), the reboot probe, apt holds, SSH host keys.
+
+Each is a shell command plus a pure parser of ``key=value`` lines, tested on captured text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyinfra.api import FactBase
+
+# dpkg and apt take fcntl (POSIX) locks on these files; flock(1) cannot see those, so the
+# probe looks the files' inodes up in /proc/locks instead.
+APT_LOCKS = ("/var/lib/dpkg/lock-frontend", "/var/lib/dpkg/lock", "/var/lib/apt/lists/lock")
+
+
+def parse_key_values(lines: list[str]) -> dict[str, str]:
+    """``key=value`` lines into a dict; a repeated key keeps its last value."""
+    out = {}
+    for line in lines:
+        key, sep, value = line.partition("=")
+        if sep:
+            out[key.strip()] = value.strip()
+    return out
+
+
+@dataclass(frozen=True)
+class SecureBoot:
+    """Secure Boot state as mokutil (or the lack of EFI) says."""
+
+    enabled: bool  # the firmware enforces signatures on kernel modules
+    detail: str  # mokutil's words, or why the state is known without it
+
+
+# The EFI variable mokutil reads; its fifth byte is 1 when Secure Boot is enforced.
+SB_EFIVAR = "/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
+
+
+def parse_sb_state(text: str, efi: bool, efivar: str = "") -> SecureBoot:
+    """Parse `mokutil --sb-state` (stdout and stderr together).
+
+    mokutil prints "SecureBoot enabled" / "SecureBoot disabled" (optionally followed by a
+    second line), or says EFI variables are unsupported on legacy BIOS. Without EFI there
+    is no Secure Boot; with EFI but no answer we assume it is on, so a driver is never
+    installed that the firmware would refuse to load.
+    """
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    if first.startswith("SecureBoot enabled"):
+        return SecureBoot(True, first)
+    if first.startswith("SecureBoot disabled"):
+        return SecureBoot(False, first)
+    if not efi:
+        return SecureBoot(False, "legacy BIOS boot (no EFI): no Secure Boot")
+    if efivar.strip() in ("0", "1"):  # mokutil missing: read the variable it would read
+        return SecureBoot(efivar.strip() == "1", f"EFI variable SecureBoot={efivar.strip()}")
+    return SecureBoot(True, f"unknown ({first or 'mokutil missing'}); assumed on")
+
+
+def parse_apt_candidate(text: str) -> str | None:
+    """The Candidate version from `apt-cache policy PKG`, None when apt has none."""
+    for line in text.splitlines():
+        key, _, value = line.strip().partition(":")
+        if key == "Candidate":
+            value = value.strip()
+            return None if value in ("", "(none)") else value
+    return None
+
+
+@dataclass(frozen=True)
+class HostProbe:
+    """What preflight needs to know about a host before changing anything."""
+
+    root_free_gb: float  # free space on / (available to root)
+    secure_boot: SecureBoot  # firmware signature enforcement
+    apt_locks_held: tuple[str, ...]  # lock files some process holds now
+    lock_holders: str  # names of apt/dpkg/unattended-upgrade processes running
+    reboot_pending: bool  # /var/run/reboot-required exists
+    machine_id: str  # /etc/machine-id: tells the controller apart from its targets
+    headers_candidate: str | None  # apt candidate of linux-headers-$(uname -r)
+    signed_modules_candidate: dict[str, str | None]  # package -> candidate version
+
+
+class Probe(FactBase):
+    """One round trip for every preflight input. ``packages``: extra apt names whose
+    candidates to report (Canonical's signed module packages for the running kernel)."""
+
+    def command(self, packages: tuple[str, ...] = ()) -> str:
+        locks = " ".join(APT_LOCKS)
+        checks = " ".join(packages)
+        return (
+            "echo root_free_kb=$(df -Pk / | awk 'NR==2 {print $4}'); "
+            "echo efi=$([ -d /sys/firmware/efi ] && echo 1 || echo 0); "
+            "echo sb=$(mokutil --sb-state 2>&1 | head -n1); "
+            f"echo sbvar=$(od -An -t u1 -j4 -N1 {SB_EFIVAR} 2>/dev/null); "
+            f"held=; for f in {locks}; do [ -e $f ] || continue; "
+            "i=$(stat -c %i $f); grep -q \":$i \" /proc/locks && held=\"$held $f\"; done; "
+            "echo locks=$held; "
+            "echo holders=$(ps -eo comm= | grep -E '^(apt|apt-get|dpkg|unattended-upgr)' | sort -u | tr '\\n' ' '); "
+            "echo reboot_pending=$([ -e /var/run/reboot-required ] && echo 1 || echo 0); "
+            "echo machine_id=$(cat /etc/machine-id 2>/dev/null); "
+            "echo headers=$(apt-cache policy linux-headers-$(uname -r) 2>/dev/null "
+            "| awk '/Candidate:/ {print $2}'); "
+            f"for p in {checks}; do echo \"pkg:$p=$(apt-cache policy $p 2>/dev/null "
+            "| awk '/Candidate:/ {print $2}')\"; done"
+        )
+
+    def process(self, output: list[str]) -> HostProbe:
+        return parse_probe(output)
+
+
+def _candidate(value: str | None) -> str | None:
+    return None if not value or value == "(none)" else value
+
+
+def parse_probe(lines: list[str]) -> HostProbe:
+    values = parse_key_values(lines)
+    return HostProbe(
+        root_free_gb=int(values.get("root_free_kb") or 0) / 1024 / 1024,
+        secure_boot=parse_sb_state(values.get("sb", ""), values.get("efi") == "1", values.get("sbvar", "")),
+        apt_locks_held=tuple(values.get("locks", "").split()),
+        lock_holders=values.get("holders", "").strip(),
+        reboot_pending=values.get("reboot_pending") == "1",
+        machine_id=values.get("machine_id", ""),
+        headers_candidate=_candidate(values.get("headers")),
+        signed_modules_candidate={
+            key[4:]: _candidate(value) for key, value in values.items() if key.startswith("pkg:")
+        },
+    )
+
+
+@dataclass(frozen=True)
+class RebootState:
+    """What decides whether a host needs a reboot, and whether the driver came back."""
+
+    reboot_required: bool  # /var/run/reboot-required exists (packages asked for a reboot)
+    loaded_module: str | None  # /sys/module/nvidia/version: the driver the kernel runs
+    installed_module: str | None  # modinfo's version of the installed nvidia.ko
+    smi_version: str | None  # what nvidia-smi answers as driver_version, None if it fails
+    machine_id: str  # /etc/machine-id
+
+
+class RebootProbe(FactBase):
+    def command(self) -> str:
+        return (
+            "echo reboot_required=$([ -e /var/run/reboot-required ] && echo 1 || echo 0); "
+            "echo loaded=$(cat /sys/module/nvidia/version 2>/dev/null); "
+            "echo installed=$(modinfo -F version nvidia 2>/dev/null | head -n1); "
+            "echo smi=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null "
+            "| head -n1); "
+            "echo machine_id=$(cat /etc/machine-id 2>/dev/null)"
+        )
+
+    def process(self, output: list[str]) -> RebootState:
+        return parse_reboot_state(output)
+
+
+def parse_reboot_state(lines: list[str]) -> RebootState:
+    values = parse_key_values(lines)
+    return RebootState(
+        reboot_required=values.get("reboot_required") == "1",
+        loaded_module=values.get("loaded") or None,
+        installed_module=values.get("installed") or None,
+        smi_version=values.get("smi") or None,
+        machine_id=values.get("machine_id", ""),
+    )
+
+
+class AptHolds(FactBase):
+    """Installed packages (name -> version) and the set of held ones, for apt-mark hold."""
+
+    def command(self) -> str:
+        return (
+            "dpkg-query -W -f='pkg ${Package} ${Version} ${db:Status-Abbrev}\\n' 2>/dev/null; "
+            "apt-mark showhold 2>/dev/null | sed 's/^/hold /'"
+        )
+
+    def process(self, output: list[str]) -> tuple[dict[str, str], set[str]]:
+        return parse_holds(output)
+
+
+def parse_holds(lines: list[str]) -> tuple[dict[str, str], set[str]]:
+    installed: dict[str, str] = {}
+    held: set[str] = set()
+    for line in lines:
+        parts = line.split()
+        if len(parts) >= 4 and parts[0] == "pkg" and parts[3].startswith("ii"):
+            installed[parts[1]] = parts[2]
+        elif len(parts) == 2 and parts[0] == "hold":
+            held.add(parts[1])
+    return installed, held
+
+
+class HostKeys(FactBase):
+    """The host's public SSH host keys ("type base64" per line)."""
+
+    def command(self) -> str:
+        return "cat /etc/ssh/ssh_host_*_key.pub 2>/dev/null || true"
+
+    def process(self, output: list[str]) -> list[str]:
+        return [" ".join(line.split()[:2]) for line in output if len(line.split()) >= 2]

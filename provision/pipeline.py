@@ -1,0 +1,89 @@
+"""The steps of `provision up`, in order, and how --only/--skip pick among them.
+
+preflight, base, nvidia, frameworks (this module's owners), then volumes, nfs and backups
+(the storage deploys). Hosts that need it reboot right after the nvidia step, so the
+frameworks step can check that torch sees CUDA.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from provision import reboots, runner
+from provision.deploys import base, frameworks, nvidia, preflight
+from provision.errors import InputError, Problem
+from provision.inventory import Cluster
+from provision.runner import HostResult, RunReport, Step
+
+STEPS: list[Step] = [preflight.step, base.step, nvidia.step, frameworks.step]
+
+
+def step_names() -> list[str]:
+    return [s.name for s in STEPS]
+
+
+def _parse(names: str | None, option: str) -> list[str]:
+    wanted = [n.strip() for n in (names or "").split(",") if n.strip()]
+    unknown = [n for n in wanted if n not in step_names()]
+    if unknown:
+        raise InputError([
+            Problem(f"{option} {n}", "unknown step", f"steps are: {', '.join(step_names())}")
+            for n in unknown
+        ])
+    return wanted
+
+
+def select(only: str | None = None, skip: str | None = None) -> list[Step]:
+    """The steps to run, in pipeline order. Preflight runs unless skipped by name:
+    `--only nvidia` still checks the hosts first."""
+    only_names, skip_names = _parse(only, "--only"), _parse(skip, "--skip")
+    chosen = []
+    for s in STEPS:
+        if s.name in skip_names:
+            continue
+        if only_names and s.name not in only_names and s.name != "preflight":
+            continue
+        chosen.append(s)
+    return chosen
+
+
+def check_inputs(cluster: Cluster, steps: list[Step]) -> None:
+    """Controller-side inputs the steps need, checked before any host is contacted."""
+    problems = []
+    if any(s.name == "frameworks" for s in steps):
+        for node in cluster.nodes:
+            house = node.settings.wheelhouse
+            if house and not list(Path(house).expanduser().glob("*.whl")):
+                problems.append(Problem(f"{cluster.path}: host {node.name}: key wheelhouse",
+                                        f"{house} holds no .whl files",
+                                        "build it with pip download/pip wheel, or unset wheelhouse"))
+    if problems:
+        raise InputError(problems)
+
+
+def up(
+    cluster: Cluster,
+    steps: list[Step],
+    on_event: Callable[[str, str], None] = lambda host, text: None,
+    reboot_batch: int | None = None,
+) -> RunReport:
+    """Run the steps over every host; reboot where needed after the nvidia step."""
+    check_inputs(cluster, steps)
+    before: dict[str, int] = {}
+
+    def after_step(step: Step, results: dict[str, HostResult]) -> None:
+        if step.name != "nvidia":  # the counts just before the nvidia step
+            before.update({n: r.changed for n, r in results.items()})
+            return
+        changed = {n: r.changed > before.get(n, 0) and "nvidia" in r.steps for n, r in results.items()}
+        reboots.reboot_where_needed(list(cluster.nodes), results, changed, reboot_batch, on_event)
+
+    return runner.run_steps(cluster, steps, on_event, after_step)
+
+
+def plan(cluster: Cluster, steps: list[Step],
+         on_event: Callable[[str, str], None] = lambda host, text: None) -> dict[str, runner.HostPlan]:
+    """What `up` would change, per host and step; changes nothing."""
+    check_inputs(cluster, steps)
+    return runner.plan_steps(cluster, steps, on_event)

@@ -1,0 +1,152 @@
+"""Reboots after the nvidia step: only hosts that need one, a bounded batch at a time,
+never the controller, each verified after it comes back.
+
+A host needs a reboot when the nvidia step changed it and a package asked for a reboot
+(/var/run/reboot-required), or when the kernel runs a different NVIDIA module than the
+one installed (the "driver/library version mismatch" state). After the reboot, nvidia-smi
+must answer with the pinned driver version.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from pyinfra.api import deploy
+from pyinfra.operations import server
+
+from provision import runner
+from provision.deploys.packages import driver_version_ok
+from provision.deploys.probes import RebootProbe, RebootState
+from provision.facts.gpus import Gpus, NvidiaDevices
+from provision.inventory import Node
+
+# Seconds pyinfra waits after issuing the reboot before it tries to reconnect.
+RECONNECT_DELAY_S = 10
+
+
+def batch_size(hosts: int, requested: int | None) -> int:
+    """At most this many hosts reboot at once: as asked, else a quarter of them, at least 1."""
+    if requested is not None:
+        return max(1, requested)
+    return max(1, hosts // 4)
+
+
+def batches(names: list[str], size: int) -> list[list[str]]:
+    return [names[i:i + size] for i in range(0, len(names), size)]
+
+
+def needs_reboot(probe: RebootState, changed: bool, has_gpu: bool) -> str | None:
+    """Why this host must reboot, or None."""
+    if changed and probe.reboot_required:
+        return "packages changed and a reboot is required"
+    if probe.loaded_module and probe.installed_module and probe.loaded_module != probe.installed_module:
+        return f"kernel runs NVIDIA module {probe.loaded_module}, {probe.installed_module} is installed"
+    if has_gpu and probe.installed_module and not probe.loaded_module:
+        return f"NVIDIA module {probe.installed_module} is installed but not loaded"
+    return None
+
+
+def controller_machine_id(path: str = "/etc/machine-id") -> str:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return ""
+
+
+def refuse_reason(node: Node, host_machine_id: str, controller_id: str) -> str | None:
+    """Why this host must not be rebooted by this run: it is the machine running provision."""
+    if node.ssh.hostname.startswith("@local") or node.name.startswith("@local"):
+        return "it is reached through the @local connector, i.e. it is this machine"
+    if host_machine_id and host_machine_id == controller_id:
+        return f"its /etc/machine-id ({host_machine_id[:8]}...) is this machine's"
+    return None
+
+
+@dataclass(frozen=True)
+class RebootPlan:
+    """Which hosts reboot, and which would but may not."""
+
+    reboot: dict[str, str]  # host -> why it reboots
+    refused: dict[str, str]  # host -> why it needs one but is not rebooted here
+
+
+def plan(nodes: list[Node], probes: dict[str, RebootState], gpus: dict[str, Gpus],
+         changed: dict[str, bool], controller_id: str) -> RebootPlan:
+    """The pure decision over all hosts."""
+    reboot, refused = {}, {}
+    for node in nodes:
+        probe = probes.get(node.name)
+        if probe is None:
+            continue
+        why = needs_reboot(probe, changed.get(node.name, False), bool(gpus[node.name].gpus))
+        if not why:
+            continue
+        no = refuse_reason(node, probe.machine_id, controller_id)
+        if no:
+            refused[node.name] = f"{why}, but not rebooted: {no}; reboot it by hand"
+        else:
+            reboot[node.name] = why
+    return RebootPlan(reboot, refused)
+
+
+def _reboot_deploy() -> Callable[[], None]:
+    @deploy("Reboot")
+    def reboot() -> None:
+        node = runner.current_node()
+        server.reboot(name="reboot and wait for SSH", delay=RECONNECT_DELAY_S, interval=2,
+                      reboot_timeout=node.settings.reboot_timeout_s)
+
+    return reboot
+
+
+REBOOT_STEP = runner.Step("reboot", _reboot_deploy(), "reboot hosts that need it, a batch at a time")
+
+
+def reboot_where_needed(
+    nodes: list[Node],
+    results: dict[str, runner.HostResult],
+    changed: dict[str, bool],
+    batch: int | None,
+    on_event: Callable[[str, str], None] = lambda host, text: None,
+) -> None:
+    """Decide, reboot in batches, verify the driver after each batch; record into results."""
+    alive = [n for n in nodes if results[n.name].ok]
+    if not alive:
+        return
+    facts = runner.gather_facts(alive, {"probe": (RebootProbe, {}), "gpus": (NvidiaDevices, {})})
+    probes = {h: v["probe"] for h, v in facts.facts.items()}
+    gpus = {h: v["gpus"] for h, v in facts.facts.items()}
+    decision = plan(alive, probes, gpus, changed, controller_machine_id())
+    for name, why in decision.refused.items():
+        results[name].notes.append(f"reboot: {why}")
+    by_name = {n.name: n for n in alive}
+    for group in batches(list(decision.reboot), batch_size(len(nodes), batch)):
+        for name in group:
+            on_event(name, f"reboot: {decision.reboot[name]}")
+        runner.run_step(REBOOT_STEP, [by_name[n] for n in group], results, on_event)
+        for name in group:
+            results[name].rebooted = results[name].ok
+        verify_driver([by_name[n] for n in group if results[n].ok], results)
+
+
+def verify_driver(nodes: list[Node], results: dict[str, runner.HostResult]) -> None:
+    """After a reboot: nvidia-smi must answer with the pinned driver version."""
+    if not nodes:
+        return
+    facts = runner.gather_facts(nodes, {"probe": (RebootProbe, {})})
+    for node in nodes:
+        probe = facts.facts.get(node.name, {}).get("probe")
+        settings = node.settings
+        pinned = settings.nvidia_driver_version or f"{settings.nvidia_driver_branch}.*"
+        if probe is None:
+            results[node.name].failures.append(f"reboot: {facts.unreachable.get(node.name, 'no answer')}")
+        elif not probe.smi_version:
+            results[node.name].failures.append(
+                f"reboot: nvidia-smi does not answer after the reboot (driver {pinned} expected)")
+        elif not driver_version_ok(probe.smi_version, settings.nvidia_driver_branch,
+                                   settings.nvidia_driver_version):
+            results[node.name].failures.append(
+                f"reboot: nvidia-smi reports driver {probe.smi_version}, {pinned} is pinned")
+
