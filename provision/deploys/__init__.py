@@ -1,0 +1,1 @@
+"""pyinfra deploys of `provision up`, one module per domain; each defines `step`."""
