@@ -29,3 +29,11 @@ def training_script() -> Path:
 
 def inventories_dir() -> Path:
     return resource_dir("inventories")
+
+
+def render_template(name: str, **values: object) -> str:
+    """Render templates/<name> (e.g. "nfs/exports.j2") as pyinfra's files.template would;
+    deploys upload the text, so tests check exactly what a host receives."""
+    from pyinfra.api.util import get_template
+
+    return str(get_template(str(templates_dir() / name)).render(**values))

@@ -214,8 +214,13 @@ def run_step(
     state.add_callback_handler(collector)
     try:
         connect_all(state)
+        for host in list(state.active_hosts):
+            try:
+                add_deploy(state, step.deploy, host=host)
+            except PyinfraError as e:  # an operation rejected its facts or arguments while prepared
+                results[host.name].failures.append(f"{step.name}: {type(e).__name__}: {e}")
+                state.fail_hosts({host})
         if state.active_hosts:
-            add_deploy(state, step.deploy)
             run_ops(state, no_wait=True)
     except PyinfraError as e:
         # "No hosts remaining!": every host failed. Each failure is recorded by settle().

@@ -17,10 +17,10 @@ from provision import runner
 from provision.inventory import Cluster, Node, SshTarget
 from provision.settings import Settings
 
-
 # Facts pyinfra's own operations ask every Linux host for, and the one shell behaviour
 # the fake must copy: runner.refuse()'s command fails.
-BASELINE: dict[Any, Any] = {"uname -s": ["Linux"], re.compile(r">&2; exit 1$"): {"success": False}}
+BASELINE: dict[Any, Any] = {"uname -s": ["Linux"], "command -v useradd": ["/usr/sbin/useradd"],
+                            re.compile(r">&2; exit 1$"): {"success": False}}
 
 
 @dataclass

@@ -1,0 +1,112 @@
+"""The nfs step: exports only to the cluster network, client mount options, templates,
+and the deploy's exact commands on pyinfra's @fake connector."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import pytest
+
+from provision.deploys import nfs
+from provision.settings import Settings
+from tests.helpers.pyinfra_fake import fake_node, run_fake
+
+
+def settings(**kw: object) -> Settings:
+    return Settings(**{"cluster_cidr": "10.77.0.0/24", **kw})  # type: ignore[arg-type]
+
+
+def test_exports_go_to_the_cluster_cidr_only_never_everyone():
+    text = nfs.exports_text(settings())
+    lines = [line for line in text.splitlines() if line and not line.startswith("#")]
+    assert lines == [
+        "/data/shared/datasets 10.77.0.0/24(rw,sync,root_squash,no_subtree_check)",
+        "/data/shared/checkpoints 10.77.0.0/24(rw,sync,root_squash,no_subtree_check)",
+        "/data/shared/scratch 10.77.0.0/24(rw,sync,root_squash,no_subtree_check)",
+    ]
+    assert "*" not in text
+
+
+def test_exports_name_the_network_not_a_host_address_inside_it():
+    assert "10.77.0.0/24(" in nfs.exports_text(settings(cluster_cidr="10.77.0.5/24"))
+
+
+def test_no_cluster_cidr_is_refused_rather_than_exported_to_everyone():
+    (problem,) = nfs.export_problems(Settings(), "node1")
+    assert problem.startswith("node1: cluster_cidr is not set")
+    (problem,) = nfs.export_problems(settings(cluster_cidr="0.0.0.0/0"), "node1")
+    assert "means every address" in problem
+    assert nfs.export_problems(settings(), "node1") == []
+
+
+def test_client_mounts_nfs_4_2_hard_and_never_blocks_boot():
+    line = nfs.client_fstab_line("10.77.0.1", settings(), "checkpoints")
+    device, path, fstype, options, dump, passno = line.split()
+    assert (device, path, fstype, dump, passno) == ("10.77.0.1:/data/shared/checkpoints",
+                                                    "/shared/checkpoints", "nfs", "0", "0")
+    opts = options.split(",")
+    for wanted in ("vers=4.2", "hard", "_netdev", "nofail", "x-systemd.automount"):
+        assert wanted in opts
+    assert "soft" not in opts
+
+
+def test_server_sees_the_shares_at_the_same_paths_through_a_bind_mount():
+    assert nfs.bind_fstab_line(settings()) == "/data/shared /shared none bind,nofail 0 0"
+
+
+def test_nfsd_dropin_waits_for_the_export_root_mount():
+    from provision.resources import render_template
+
+    text = render_template("nfs/nfs-server.conf.j2", export_root="/data/shared")
+    assert "[Unit]\nRequiresMountsFor=/data/shared\n" in text
+
+
+@pytest.mark.parametrize("path", ["/shared/checkpoints", "/shared/my-data.x/.hid", "/.a/b c"])
+def test_unit_names_match_systemd_escape(path):
+    expected = subprocess.run(["systemd-escape", "-p", "--suffix=automount", path],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    assert nfs.systemd_unit(path, "automount") == expected
+
+
+def _nodes(**kw: object):
+    server = fake_node("node1", settings(**kw), {}, groups=("storage",), address="10.77.0.1")
+    client = fake_node("node2", settings(**kw), {}, address="10.77.0.2")
+    server = _with_cluster_address(server, "10.77.0.1")
+    client = _with_cluster_address(client, "10.77.0.2")
+    return server, client
+
+
+def _with_cluster_address(node, address):
+    from dataclasses import replace
+
+    return replace(node, settings=replace(node.settings, cluster_address=address))
+
+
+def test_server_exports_and_client_automounts_over_cluster_addresses(monkeypatch):
+    server, client = _nodes()
+    run = run_fake(nfs.step, [server, client], monkeypatch)
+    s, c = server.name, client.name
+    assert run.results[s].ok and run.results[c].ok, (run.results[s].failures, run.results[c].failures)
+    assert run.ran(s, "apt-get .*install.*nfs-kernel-server")
+    assert run.ran(s, r"mkdir -p /data/shared/checkpoints")
+    assert run.ran(s, r"chown train:train /data/shared/checkpoints")
+    assert run.ran(s, r"systemctl start nfs-server.service")
+    assert run.ran(s, r"^exportfs -ra$")
+    assert run.ran(s, re.escape("echo '/data/shared /shared none bind,nofail 0 0' >> /etc/fstab"))
+    assert run.ran(s, r"^mount /shared$")
+    assert not run.ran(s, r"nfs-common|automount")
+    line = nfs.client_fstab_line("10.77.0.1", settings(), "datasets")
+    assert run.ran(c, re.escape(f"echo '{line}' >> /etc/fstab"))
+    assert run.ran(c, r"systemctl daemon-reload")
+    assert run.ran(c, r"systemctl start shared-datasets\.automount")
+    assert not run.ran(c, r"nfs-kernel-server|exportfs")
+
+
+def test_server_without_cluster_cidr_is_refused_and_exports_nothing(monkeypatch):
+    server, client = _nodes(cluster_cidr=None)
+    run = run_fake(nfs.step, [server, client], monkeypatch)
+    assert not run.results[server.name].ok
+    (refusal,) = run.ran(server.name, "exit 1$")
+    assert "cluster_cidr is not set" in refusal
+    assert not run.ran(server.name, "exportfs|/etc/exports|apt-get")
