@@ -81,6 +81,12 @@ def _data_disks(value: list[str] | str) -> str | None:
     return None
 
 
+def _validate_expect(value: dict[str, float]) -> str | None:
+    from provision.validate.expectations import check_flat  # the metric names live there
+
+    return check_flat(value)
+
+
 @dataclass(frozen=True)
 class Settings:
     """Every knob, with its default. Field order groups knobs by the step that reads them."""
@@ -165,6 +171,11 @@ class Settings:
     backup_keep_daily: int = knob(7, "restic forget --keep-daily", _positive)
     backup_keep_weekly: int = knob(4, "restic forget --keep-weekly", _positive)
     backup_keep_monthly: int = knob(6, "restic forget --keep-monthly", _positive)
+
+    # --- validate ---
+    validate_expect: dict[str, float] = knob(
+        {}, "validate thresholds: {metric: floor, 'metric.fraction': share of GPU spec, "
+        "'metric.max': ceiling, 'fleet.warn_drop': ...}", _validate_expect)
 
     # --- train ---
     train_master_port: int = knob(29500, "c10d rendezvous port on the first node", _positive)

@@ -310,6 +310,17 @@ def parse_flat(values: dict[str, Any], where: str) -> Overrides:
     return Overrides(floors, fractions, ceilings, replace(FleetRule(), **fleet))
 
 
+def check_flat(values: dict[str, float]) -> str | None:
+    """The settings validator's form: None when fine, else the problems in one message."""
+    try:
+        parse_flat(values, "validate_expect")
+    except InputError as e:
+        return "; ".join(
+            f"{p.what} at {p.where.split(': ', 1)[-1]}" + (f" ({p.fix})" if p.fix else "") for p in e.problems
+        )
+    return None
+
+
 def _unknown(where: str, key: str) -> Problem:
     import difflib
 

@@ -1,0 +1,105 @@
+"""Network round scheduling and slow-link bisection (pure logic)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from provision.validate import rounds
+from provision.validate.rounds import PairResult
+
+
+def names(n: int) -> list[str]:
+    return [f"n{i}" for i in range(n)]
+
+
+def assert_one_pair_per_node_per_round(schedule):
+    for r in schedule:
+        members = [x for pair in r for x in pair]
+        assert len(members) == len(set(members)), r
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 8])
+def test_ring_covers_each_neighbour_link_once(n):
+    schedule = rounds.ring_rounds(names(n))
+    assert_one_pair_per_node_per_round(schedule)
+    got = {frozenset(p) for r in schedule for p in r}
+    want = {frozenset((f"n{i}", f"n{(i + 1) % n}")) for i in range(n)}
+    assert got == want
+    assert len(schedule) == (1 if n == 2 else 2 if n % 2 == 0 else 3)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 6, 7])
+def test_all_pairs_every_pair_once_in_n_minus_1_rounds(n):
+    schedule = rounds.all_pairs_rounds(names(n))
+    assert_one_pair_per_node_per_round(schedule)
+    pairs = [frozenset(p) for r in schedule for p in r]
+    assert len(pairs) == len(set(pairs)) == n * (n - 1) // 2
+    assert set(pairs) == {frozenset(p) for p in itertools.combinations(names(n), 2)}
+    assert len(schedule) == (n - 1 if n % 2 == 0 else n)
+
+
+def test_single_node_has_no_rounds():
+    assert rounds.ring_rounds(["a"]) == [] and rounds.all_pairs_rounds(["a"]) == []
+
+
+def links(bad: str | None, n: int = 4, good: float = 9.4, slow: float = 2.0):
+    """A fake fabric: every link runs at `good` Gbit/s except those touching `bad`."""
+
+    def measure(x: str, y: str) -> float:
+        return slow if bad in (x, y) else good
+
+    return measure
+
+
+def ring_results(measure, nodes):
+    return [PairResult(a, b, measure(a, b), k) for k, r in enumerate(rounds.ring_rounds(nodes)) for a, b in r]
+
+
+def test_degraded_nic_is_bisected_to_its_node():
+    nodes = names(4)
+    measure = links("n2")
+    results = ring_results(measure, nodes)
+    slow = rounds.slow_pairs(results)
+    assert {frozenset((p.a, p.b)) for p in slow} == {frozenset(("n1", "n2")), frozenset(("n2", "n3"))}
+    blamed, extra = rounds.bisect(slow, results, nodes, measure)
+    assert set(blamed) == {"n2"}
+    assert "bisected against" in blamed["n2"]
+    assert extra and all(p.round == -1 for p in extra)
+    values = rounds.node_values(results + extra, nodes, blamed)
+    assert values["n2"][0] == 2.0
+    assert values["n1"][0] == 9.4  # its slow pair with n2 is not held against it
+
+
+def test_bad_path_between_two_healthy_nodes_blames_both_and_says_path():
+    nodes = names(4)
+
+    def measure(x, y):
+        return 1.0 if {x, y} == {"n0", "n1"} else 9.0
+
+    results = ring_results(measure, nodes)
+    slow = rounds.slow_pairs(results)
+    blamed, _ = rounds.bisect(slow, results, nodes, measure)
+    assert set(blamed) == {"n0", "n1"}
+    assert "the path between them" in blamed["n0"]
+
+
+def test_failed_link_counts_as_slow():
+    results = [
+        PairResult("a", "b", None, 0, "unable to connect"),
+        PairResult("b", "c", 9.0, 1),
+        PairResult("c", "a", 9.0, 2),
+    ]
+    assert [p.a for p in rounds.slow_pairs(results)] == ["a"]
+
+
+def test_equal_links_are_never_slow():
+    results = ring_results(links(None), names(6))
+    assert rounds.slow_pairs(results) == []
+
+
+def test_two_nodes_cannot_be_bisected_and_say_so():
+    results = [PairResult("a", "b", 1.0, 0), PairResult("b", "a", 9.0, 0)]
+    blamed, extra = rounds.bisect(rounds.slow_pairs(results), results, ["a", "b"], links(None))
+    assert "no third node" in blamed["a"] and extra == []
