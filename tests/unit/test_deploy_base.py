@@ -1,0 +1,110 @@
+"""The base deploy on captured facts: exact commands, and nothing on a converged host."""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+
+import pytest
+
+from provision import runner
+from provision.deploys import base
+from provision.deploys.packages import BASE_PACKAGES
+from provision.inventory import Cluster
+from tests.helpers.deploy_facts import FakeHost, node, os_info
+
+APT_INSTALL = ('DEBIAN_FRONTEND=noninteractive apt-get -y -o Dpkg::Options::="--force-confdef" '
+               '-o Dpkg::Options::="--force-confold" install --no-install-recommends')
+
+
+@pytest.fixture(autouse=True)
+def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("PROVISION_STATE_DIR", str(tmp_path / "state"))
+    return tmp_path / "state"
+
+
+def cluster() -> Cluster:
+    return Cluster(Path("inv.py"), (node("node1", cluster_address="10.77.0.11"),
+                                    node("node2", cluster_address="10.77.0.12")))
+
+
+def by_name(ops: list[runner.PlannedOp]) -> dict[str, runner.PlannedOp]:
+    return {o.name.removeprefix("Base | "): o for o in ops}
+
+
+def test_fresh_debian_host_gets_packages_with_cache_window_and_lock_timeout() -> None:
+    ops, _ = runner.plan_with_facts(base.step, cluster().nodes[0], FakeHost(Os=os_info("debian-12-bookworm")),
+                                    cluster())
+    assert by_name(ops)["Install base packages"].commands == [
+        "apt-get update",
+        "touch /var/lib/apt/periodic/update-success-stamp",
+        f"{APT_INSTALL} -o DPkg::Lock::Timeout=300 {' '.join(BASE_PACKAGES)}",
+    ]
+    assert BASE_PACKAGES == ["build-essential", "python3-venv", "numactl", "pciutils", "nvme-cli",
+                             "mdadm", "fio", "iperf3", "chrony", "rsync"]
+
+
+def test_hosts_block_lists_every_node_of_the_inventory() -> None:
+    ops, _ = runner.plan_with_facts(base.step, cluster().nodes[0], FakeHost(Os=os_info("debian-12-bookworm")),
+                                    cluster())
+    command = by_name(ops)["/etc/hosts: cluster nodes"].commands[0]
+    assert "# BEGIN provision cluster nodes\n10.77.0.11 node1\n10.77.0.12 node2\n# END provision cluster nodes" \
+        in command
+
+
+def test_training_user_key_is_generated_once_and_shared(state_dir: Path) -> None:
+    first = base.training_key(cluster(), "train")
+    mtime = first.stat().st_mtime_ns
+    assert base.training_key(cluster(), "train") == first and first.stat().st_mtime_ns == mtime
+    assert first.stat().st_mode & 0o777 == 0o600 and first.with_suffix(".pub").is_file()
+    ops, _ = runner.plan_with_facts(base.step, cluster().nodes[1], FakeHost(Os=os_info("debian-12-bookworm")),
+                                    cluster())
+    assert f"upload {first} -> /home/train/.ssh/id_ed25519" in by_name(ops)["training user: private key"].commands
+    assert by_name(ops)["training user train"].commands[0] == "useradd -d /home/train -s /bin/bash -m train"
+
+
+def test_known_hosts_name_each_node_by_name_and_cluster_address() -> None:
+    text = base.known_hosts_lines({"node2": ("10.77.0.12", ["ssh-ed25519 BBB"]),
+                                   "node1": ("10.77.0.11", ["ssh-ed25519 AAA", "ecdsa-sha2-nistp256 CCC"])})
+    assert text == ("node1,10.77.0.11 ssh-ed25519 AAA\nnode1,10.77.0.11 ecdsa-sha2-nistp256 CCC\n"
+                    "node2,10.77.0.12 ssh-ed25519 BBB\n")
+
+
+def test_unattended_upgrades_blacklist_names_nvidia_and_cuda() -> None:
+    ops, _ = runner.plan_with_facts(base.step, cluster().nodes[0], FakeHost(Os=os_info("debian-12-bookworm")),
+                                    cluster())
+    diff = by_name(ops)["unattended-upgrades: never NVIDIA/CUDA"].diffs[0]
+    assert "+/etc/apt/apt.conf.d/51provision-unattended-upgrades (planned)" in diff.replace("+++ ", "+")
+    for prefix in ('"nvidia-";', '"libnvidia-";', '"cuda-";'):
+        assert f"+    {prefix}" in diff
+
+
+def test_sysctls_are_each_commented_and_applied_only_when_changed() -> None:
+    text = (base.templates_dir() / "base" / "sysctl-network.conf.j2").read_text()
+    settings = [line for line in text.splitlines() if "=" in line and not line.startswith("#")]
+    lines = text.splitlines()
+    for setting in settings:
+        above = lines[lines.index(setting) - 1]
+        assert above.startswith("#") or "=" in above, f"{setting} has no comment"
+    ops, _ = runner.plan_with_facts(base.step, cluster().nodes[0], FakeHost(Os=os_info("debian-12-bookworm")),
+                                    cluster())
+    assert by_name(ops)["apply networking sysctls"].commands == [
+        "sysctl -q -p /etc/sysctl.d/90-provision-network.conf"]
+
+
+def test_ntp_servers_setting_writes_chrony_sources() -> None:
+    n = node("node1", ntp_servers=["time1.example.org", "time2.example.org"])
+    ops, _ = runner.plan_with_facts(base.step, n, FakeHost(Os=os_info("debian-12-bookworm")),
+                                    Cluster(Path("inv.py"), (n,)))
+    diff = by_name(ops)["chrony servers (ntp_servers)"].diffs[0]
+    assert "+server time1.example.org iburst" in diff and "+server time2.example.org iburst" in diff
+
+
+def test_packages_and_cache_already_current_change_nothing() -> None:
+    now = datetime.datetime.now(datetime.UTC).replace(tzinfo=None)
+    installed = {name: ["1.0"] for name in BASE_PACKAGES}
+    fake = FakeHost(Os=os_info("debian-12-bookworm"), DebPackages=installed,
+                    File={"mtime": now, "mode": 644, "user": "root", "group": "root", "size": 1},
+                    Date=datetime.datetime.now())
+    ops, _ = runner.plan_with_facts(base.step, cluster().nodes[0], fake, cluster())
+    assert "Install base packages" not in by_name(ops)

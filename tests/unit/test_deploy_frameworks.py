@@ -1,0 +1,56 @@
+"""Frameworks deploy: wheelhouse vs index, the torch pin, and the import check verdict."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from provision import runner
+from provision.deploys import frameworks
+from provision.settings import Settings
+from tests.helpers.deploy_facts import FakeHost, node
+
+WHEELS = ["torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl", "numpy-2.3.4-cp311-cp311-manylinux_2_28_x86_64.whl",
+          "nvidia_ml_py-13.580.82-py3-none-any.whl"]
+
+
+def test_wheelhouse_is_uploaded_and_installed_without_an_index(tmp_path: Path) -> None:
+    for name in WHEELS:
+        (tmp_path / name).write_bytes(b"wheel")
+    ops, _ = runner.plan_with_facts(frameworks.step, node(wheelhouse=str(tmp_path)), FakeHost())
+    names = [o.name.removeprefix("Frameworks | ") for o in ops]
+    assert names[:1] == ["wheelhouse directory"]
+    assert sorted(n for n in names if n.startswith("wheel ")) == sorted(f"wheel {w}" for w in WHEELS)
+    install = {o.name: o for o in ops}["Frameworks | torch, numpy, nvidia-ml-py"].commands
+    assert install[-1] == ("/opt/provision/venv/bin/pip install --no-index --find-links /opt/provision/wheelhouse "
+                           "torch==2.13.0+cpu numpy nvidia-ml-py")
+
+
+def test_index_url_setting_goes_to_pip() -> None:
+    ops, _ = runner.plan_with_facts(frameworks.step, node(pip_index_url="http://10.0.0.5/simple"), FakeHost())
+    install = {o.name: o for o in ops}["Frameworks | torch, numpy, nvidia-ml-py"].commands
+    assert install == ["python3 -m venv /opt/provision/venv",
+                       "/opt/provision/venv/bin/pip install --index-url http://10.0.0.5/simple "
+                       "torch==2.13.0 numpy nvidia-ml-py"]
+
+
+def test_installed_pins_change_nothing() -> None:
+    fake = FakeHost(PipPackages={"torch": ["2.13.0"], "numpy": ["2.3.4"], "nvidia-ml-py": ["13.580.82"]},
+                    Directory={"mode": 755}, File={"mode": 755})
+    ops, _ = runner.plan_with_facts(frameworks.step, node(), fake)
+    assert ops == []
+
+
+def test_torch_pin_takes_the_wheel_local_label_and_numpy_pin() -> None:
+    assert frameworks.torch_version("2.13.0", WHEELS) == "2.13.0+cpu"
+    assert frameworks.torch_version("2.13.0", []) == "2.13.0"
+    assert frameworks.requirements(Settings(numpy_version="2.3.4")) == ["torch==2.13.0", "numpy==2.3.4",
+                                                                         "nvidia-ml-py"]
+
+
+def test_torch_check_verdicts() -> None:
+    assert frameworks.torch_problem("torch-ok 2.13.0+cpu", "2.13.0") is None
+    assert frameworks.torch_problem("torch-ok 2.12.1", "2.13.0") == "torch 2.12.1 is installed, 2.13.0 is pinned"
+    assert frameworks.torch_problem("AssertionError: torch.cuda.is_available() is False", "2.13.0") == \
+        "AssertionError: torch.cuda.is_available() is False"
+    assert "torch.cuda.is_available()" in frameworks.check_script(need_cuda=True)
+    assert "cuda" not in frameworks.check_script(need_cuda=False)

@@ -1,0 +1,107 @@
+"""The nvidia deploy on captured Ubuntu and Debian facts: exact commands per OS and GPU."""
+
+from __future__ import annotations
+
+from provision import runner
+from provision.deploys import nvidia
+from provision.deploys.probes import SecureBoot
+from provision.facts.gpus import Gpus
+from tests.helpers.deploy_facts import H100, NVSWITCH, P100, FakeHost, node, os_info, probe
+
+INSTALL = ('DEBIAN_FRONTEND=noninteractive apt-get -y -o Dpkg::Options::="--force-confdef" '
+           '-o Dpkg::Options::="--force-confold" install')
+
+
+def plan(fixture: str, gpus: Gpus, groups: tuple[str, ...] = (), **settings: object) -> dict[str, runner.PlannedOp]:
+    fake = FakeHost(Os=os_info(fixture), NvidiaDevices=gpus, Probe=settings.pop("probe", probe()))
+    ops, _ = runner.plan_with_facts(nvidia.step, node(groups=groups, **settings), fake)  # type: ignore[arg-type]
+    return {o.name.removeprefix("NVIDIA stack | "): o for o in ops}
+
+
+def test_ubuntu_2204_hgx_host_gets_repo_open_driver_fabricmanager_toolkit() -> None:
+    ops = plan("ubuntu-22.04-jammy", Gpus((H100, NVSWITCH), ()))
+    assert list(ops) == [
+        "download tools (curl, CA certificates)", "/etc/apt/keyrings", "CUDA repository keyring",
+        "CUDA repository (deb822, Signed-By)", "apt pin: NVIDIA driver branch 580",
+        "apt update (CUDA repository changed)", "blacklist nouveau", "update initramfs (nouveau blacklisted)",
+        "kernel headers for 5.15.0-185-generic", "NVIDIA driver 580 (open modules, cuda-repo)",
+        "fabric manager nvidia-fabricmanager=580.*", "CUDA toolkit and extras",
+        "nvidia-persistenced: persistence mode on", "systemd daemon-reload (persistenced drop-in)",
+        "nvidia-persistenced enabled", "nvidia-fabricmanager enabled",
+    ]
+    assert "upload (generated) -> /etc/apt/sources.list.d/cuda-ubuntu2204.sources" in \
+        ops["CUDA repository (deb822, Signed-By)"].commands
+    assert ops["CUDA repository keyring"].commands[0].startswith(
+        "( curl -sSLf https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2204/x86_64/"
+        "cuda-archive-keyring.gpg -o ")
+    assert ops["NVIDIA driver 580 (open modules, cuda-repo)"].commands == [
+        f"{INSTALL} --allow-change-held-packages nvidia-open-580"]
+    assert ops["kernel headers for 5.15.0-185-generic"].commands == [
+        f"{INSTALL} --no-install-recommends linux-headers-5.15.0-185-generic"]
+    assert ops["CUDA toolkit and extras"].commands == [f"{INSTALL} --no-install-recommends cuda-toolkit-12-8"]
+    assert ops["update initramfs (nouveau blacklisted)"].commands == ["update-initramfs -u"]
+    assert ops["nvidia-persistenced enabled"].commands == ["systemctl enable nvidia-persistenced.service"]
+
+
+def test_sources_file_is_deb822_with_signed_by() -> None:
+    assert nvidia.sources_text("http://repo.test/debian12/") == (
+        "# Written by provision: NVIDIA CUDA repository (nvidia_repo_url).\n"
+        "Types: deb\nURIs: http://repo.test/debian12/\nSuites: /\n"
+        "Signed-By: /etc/apt/keyrings/cuda-archive-keyring.gpg\n")
+    ops = plan("ubuntu-24.04.3-noble", Gpus((H100,), ()))
+    assert "+URIs: https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2404/x86_64/" in \
+        ops["CUDA repository (deb822, Signed-By)"].diffs[0]
+
+
+def test_ubuntu_2404_secure_boot_uses_canonical_signed_server_packages() -> None:
+    sb = probe(secure_boot=SecureBoot(True, "SecureBoot enabled"),
+               signed_modules_candidate={"linux-modules-nvidia-580-server-open-6.8.0-45-generic": "580.95.05-1"})
+    ops = plan("ubuntu-24.04.3-noble", Gpus((H100,), ()), probe=sb)
+    assert "CUDA repository keyring" not in ops
+    assert ops["NVIDIA driver 580 (open modules, ubuntu-server)"].commands == [
+        f"{INSTALL} --allow-change-held-packages nvidia-driver-580-server-open "
+        "linux-modules-nvidia-580-server-open-6.8.0-45-generic"]
+
+
+def test_debian_pascal_host_gets_proprietary_cuda_drivers_pinned_exactly() -> None:
+    ops = plan("debian-12-bookworm", Gpus((P100,), ()), nvidia_driver_version="580.95.05",
+               cuda_toolkit_version=None)
+    assert ops["NVIDIA driver 580 (proprietary modules, cuda-repo)"].commands == [
+        f"{INSTALL} --allow-change-held-packages cuda-drivers-580=580.95.05-1"]
+    assert "CUDA toolkit and extras" not in ops and "nvidia-fabricmanager enabled" not in ops
+    assert "upload (generated) -> /etc/apt/sources.list.d/cuda-debian12.sources" in \
+        ops["CUDA repository (deb822, Signed-By)"].commands
+
+
+def test_host_without_gpu_in_auto_mode_is_skipped_with_a_note() -> None:
+    assert plan("debian-12-bookworm", Gpus((), ())) == {}
+
+
+def test_gpu_nodes_group_and_force_run_without_a_gpu() -> None:
+    assert "NVIDIA driver 580 (open modules, cuda-repo)" in plan("debian-12-bookworm", Gpus((), ()),
+                                                                groups=("gpu_nodes",))
+    assert plan("debian-12-bookworm", Gpus((), ()), nvidia="force") != {}
+    assert nvidia.applies(node(nvidia="skip")) == "nvidia: skip"
+
+
+def test_holds_cover_the_branch_dependencies_not_yet_held() -> None:
+    installed = {"nvidia-open-580": "580.95.05-1", "nvidia-open": "580.95.05-1",
+                 "libnvidia-compute-580": "580.95.05-1", "nvidia-fabricmanager": "580.95.05-1",
+                 "nvidia-container-toolkit": "1.17.8-1", "bash": "5.2"}
+    names = nvidia.hold_names(installed, {"nvidia-open"}, ["nvidia-open-580", "nvidia-fabricmanager"], "580")
+    assert names == ["libnvidia-compute-580", "nvidia-fabricmanager", "nvidia-open-580"]
+
+
+def test_fabricmanager_installs_the_driver_version_once_the_driver_is_there() -> None:
+    holds = ({"nvidia-open-580": "580.95.05-1"}, set())
+    fake = FakeHost(Os=os_info("ubuntu-22.04-jammy"), NvidiaDevices=Gpus((H100, NVSWITCH), ()), AptHolds=holds)
+    ops = {o.name: o for o in runner.plan_with_facts(nvidia.step, node(), fake)[0]}
+    assert ops["NVIDIA stack | fabric manager nvidia-fabricmanager=580.*"].commands == [
+        "DEBIAN_FRONTEND=noninteractive apt-get install -y --allow-change-held-packages "
+        "-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold nvidia-fabricmanager=580.95.05-1"]
+    assert ops["NVIDIA stack | hold NVIDIA driver packages"].commands == ["apt-mark hold nvidia-open-580"]
+
+
+def test_branch_570_uses_suffixed_fabricmanager() -> None:
+    ops = plan("ubuntu-22.04-jammy", Gpus((H100, NVSWITCH), ()), nvidia_driver_branch="570")
+    assert "fabric manager nvidia-fabricmanager-570=570.*" in ops

@@ -1,0 +1,142 @@
+"""Preflight: parsers of the probe, the pure verdict, and the deploy on captured facts."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from provision import runner
+from provision.deploys import preflight
+from provision.deploys.probes import parse_apt_candidate, parse_probe, parse_sb_state
+from provision.facts.blockdevices import BlockDevice
+from provision.facts.gpus import Gpus
+from provision.settings import Settings
+from tests.helpers.deploy_facts import FIXTURES, H100, P100, FakeHost, node, os_info, probe
+
+NO_GPU = Gpus((), ())
+
+
+def disk(name: str, serial: str, mountpoints: tuple[str, ...] = ()) -> BlockDevice:
+    return BlockDevice(name, f"/dev/{name}", "disk", 10 << 30, serial, None, None, None, None, None,
+                       mountpoints, (), (f"/dev/disk/by-id/virtio-{serial}",))
+
+
+def test_secure_boot_state_from_captured_mokutil_output() -> None:
+    on = parse_sb_state((FIXTURES / "mokutil-sb-state_enabled_arch-qemu-vm.txt").read_text(), efi=True)
+    off = parse_sb_state((FIXTURES / "mokutil-sb-state_disabled-setup-mode_laptop.txt").read_text(), efi=True)
+    assert on.enabled is True and off.enabled is False
+    assert parse_sb_state("sh: 1: mokutil: not found", efi=False).enabled is False
+    assert parse_sb_state("sh: 1: mokutil: not found", efi=True, efivar=" 0").enabled is False
+    assert parse_sb_state("sh: 1: mokutil: not found", efi=True).enabled is True  # unknown: assume on
+
+
+def test_probe_lines_parse_into_a_typed_record() -> None:
+    lines = ["root_free_kb=52428800", "efi=0", "sb=EFI variables are not supported on this system",
+             "sbvar=", "locks= /var/lib/dpkg/lock-frontend", "holders=unattended-upgr ",
+             "reboot_pending=1", "machine_id=0123abcd", "headers=6.1.76-1",
+             "pkg:linux-modules-nvidia-580-server-open-6.8.0-45-generic=(none)"]
+    p = parse_probe(lines)
+    assert p.root_free_gb == 50.0
+    assert p.secure_boot.enabled is False
+    assert p.apt_locks_held == ("/var/lib/dpkg/lock-frontend",)
+    assert p.lock_holders == "unattended-upgr"
+    assert p.reboot_pending and p.machine_id == "0123abcd" and p.headers_candidate == "6.1.76-1"
+    assert p.signed_modules_candidate == {"linux-modules-nvidia-580-server-open-6.8.0-45-generic": None}
+
+
+def test_apt_candidate_none_when_apt_has_no_version() -> None:
+    assert parse_apt_candidate("foo:\n  Installed: (none)\n  Candidate: (none)\n") is None
+    assert parse_apt_candidate("foo:\n  Installed: (none)\n  Candidate: 1.2-3\n") == "1.2-3"
+
+
+def test_unsupported_os_is_refused() -> None:
+    focal = replace(os_info("ubuntu-22.04-jammy"), version_id="20.04", pretty_name="Ubuntu 20.04.6 LTS")
+    verdict = preflight.judge(focal, probe(), NO_GPU, [], Settings(), nvidia_runs=False)
+    assert verdict.problems == ["Ubuntu 20.04.6 LTS is not supported (supported: debian 12, ubuntu 22.04, "
+                                "ubuntu 24.04)"]
+
+
+def test_low_root_space_is_refused_with_the_numbers() -> None:
+    verdict = preflight.judge(os_info("debian-12-bookworm"), probe(root_free_gb=3.5), NO_GPU, [],
+                              Settings(min_root_free_gb=20), nvidia_runs=False)
+    assert verdict.problems == ["only 3.5 GB free on /, 20 GB needed (free space, or lower min_root_free_gb)"]
+
+
+def test_missing_data_disk_is_an_error_before_anything_changes() -> None:
+    disks = [disk("vda", "ROOT", ("/",)), disk("vdb", "NVME-DATA-0001")]
+    settings = Settings(data_disks=["NVME-DATA-0001", "/dev/disk/by-id/virtio-NVME-DATA-0009"])
+    verdict = preflight.judge(os_info("debian-12-bookworm"), probe(), NO_GPU, disks, settings, False)
+    assert len(verdict.problems) == 1
+    assert verdict.problems[0].startswith("data disk /dev/disk/by-id/virtio-NVME-DATA-0009 does not exist")
+
+
+def test_system_disk_as_data_disk_is_refused() -> None:
+    disks = [disk("vda", "ROOT", ("/",))]
+    verdict = preflight.judge(os_info("debian-12-bookworm"), probe(), NO_GPU, disks,
+                              Settings(data_disks=["ROOT"]), False)
+    assert verdict.problems == ["data disk ROOT is the system disk (/dev/vda holds /); remove it from data_disks"]
+
+
+def test_secure_boot_on_debian_gpu_host_stops_with_advice() -> None:
+    sb = probe(secure_boot=parse_sb_state("SecureBoot enabled", efi=True))
+    verdict = preflight.judge(os_info("debian-12-bookworm"), sb, Gpus((H100,), ()), [], Settings(), True)
+    assert len(verdict.problems) == 1
+    assert "enroll a MOK" in verdict.problems[0] and "disable Secure Boot" in verdict.problems[0]
+
+
+def test_secure_boot_ignored_where_the_nvidia_step_does_not_run() -> None:
+    sb = probe(secure_boot=parse_sb_state("SecureBoot enabled", efi=True))
+    assert preflight.judge(os_info("debian-12-bookworm"), sb, NO_GPU, [], Settings(), False).problems == []
+
+
+def test_missing_kernel_headers_stop_a_gpu_host() -> None:
+    verdict = preflight.judge(os_info("ubuntu-24.04.3-noble"), probe(headers_candidate=None),
+                              Gpus((H100,), ()), [], Settings(), True)
+    assert verdict.problems[0].startswith("no linux-headers-6.8.0-45-generic in the apt sources")
+
+
+def test_gpu_generation_chooses_modules_and_is_noted() -> None:
+    hopper = preflight.judge(os_info("ubuntu-22.04-jammy"), probe(), Gpus((H100,), ()), [], Settings(), True)
+    pascal = preflight.judge(os_info("ubuntu-22.04-jammy"), probe(), Gpus((P100,), ()), [], Settings(), True)
+    assert any("-> open modules" in n for n in hopper.notes)
+    assert any("-> proprietary modules" in n for n in pascal.notes)
+    forced = preflight.judge(os_info("ubuntu-22.04-jammy"), probe(), Gpus((P100,), ()), [],
+                             Settings(nvidia_kernel_modules="open"), True)
+    assert "older than Turing" in forced.problems[0]
+
+
+def test_pending_reboot_is_a_note_not_a_refusal() -> None:
+    verdict = preflight.judge(os_info("debian-12-bookworm"), probe(reboot_pending=True), NO_GPU, [],
+                              Settings(), False)
+    assert verdict.problems == [] and "reboot was already pending" in verdict.notes[0]
+
+
+def test_deploy_refuses_host_with_reason_and_adds_nothing_else() -> None:
+    fake = FakeHost(Os=os_info("debian-12-bookworm"), Probe=probe(root_free_gb=1.0))
+    ops, refusals = runner.plan_with_facts(preflight.step, node(), fake)
+    assert refusals == ["only 1.0 GB free on /, 20 GB needed (free space, or lower min_root_free_gb)"]
+    assert [o.name for o in ops] == ["Preflight | preflight checks"]
+    assert ops[0].commands == ["echo 'only 1.0 GB free on /, 20 GB needed (free space, or lower "
+                               "min_root_free_gb)' >&2; exit 1"]
+
+
+def test_deploy_on_a_healthy_host_changes_nothing() -> None:
+    fake = FakeHost(Os=os_info("debian-12-bookworm"))
+    assert runner.plan_with_facts(preflight.step, node(), fake) == ([], [])
+
+
+def test_deploy_waits_bounded_for_a_held_apt_lock() -> None:
+    fake = FakeHost(Os=os_info("debian-12-bookworm"),
+                    Probe=probe(apt_locks_held=("/var/lib/dpkg/lock-frontend",), lock_holders="unattended-upgr"))
+    ops, refusals = runner.plan_with_facts(preflight.step, node(apt_lock_wait_s=120), fake)
+    assert refusals == []
+    assert [o.name for o in ops] == ["Preflight | Wait for apt/dpkg lock (unattended-upgr)"]
+    assert ops[0].commands == [preflight.lock_wait_command(120)]
+    assert "end=$(( $(date +%s) + 120 ))" in ops[0].commands[0]
+
+
+def test_deploy_asks_ubuntu_for_signed_module_candidates() -> None:
+    fake = FakeHost(Os=os_info("ubuntu-24.04.3-noble"), NvidiaDevices=Gpus((H100,), ()))
+    runner.plan_with_facts(preflight.step, node(), fake)
+    asked = dict(fake.asked)["Probe"]
+    assert asked == {"packages": ("linux-modules-nvidia-580-server-open-6.8.0-45-generic",
+                                  "linux-modules-nvidia-580-server-6.8.0-45-generic")}
