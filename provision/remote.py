@@ -13,7 +13,6 @@ refused, unless the inventory says ``ssh_strict_host_key_checking = "accept-new"
 from __future__ import annotations
 
 import os
-import socket
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -117,7 +116,7 @@ def wait_for_ssh(target: SshTarget, timeout_s: float, interval_s: float = 1.0) -
             conn.open()
             conn.close()
             return time.monotonic() - start
-        except (OSError, socket.timeout, EOFError) as e:
+        except (TimeoutError, OSError, EOFError) as e:
             last_error = f"{type(e).__name__}: {e}"
         except Exception as e:  # paramiko.SSHException and friends while sshd starts
             if "not found in known_hosts" in str(e) or "BadHostKey" in type(e).__name__:
@@ -129,3 +128,24 @@ def wait_for_ssh(target: SshTarget, timeout_s: float, interval_s: float = 1.0) -
     raise RemoteError(
         f"{target.hostname}:{target.port}: no SSH login within {timeout_s:.0f}s ({last_error})"
     )
+
+
+def ssh_config(nodes: Iterable[Node]) -> str:
+    """An OpenSSH client config naming every node (Host = inventory name), with the same
+    host-key policy as connection(): known_hosts pinned, strict checking unless the
+    inventory says otherwise. For tools that speak OpenSSH (pytest-testinfra)."""
+    blocks = []
+    for node in nodes:
+        ssh = node.ssh
+        known_hosts = ssh.known_hosts or os.path.expanduser("~/.ssh/known_hosts")
+        strict = "yes" if ssh.strict_host_key_checking in ("yes", "true", "True") else (
+            "accept-new" if ssh.strict_host_key_checking == "accept-new" else "no")
+        lines = [f"Host {node.name}", f"  HostName {ssh.hostname}", f"  Port {ssh.port}",
+                 f"  UserKnownHostsFile {known_hosts}", f"  StrictHostKeyChecking {strict}",
+                 "  BatchMode yes", f"  ConnectTimeout {CONNECT_TIMEOUT_S}"]
+        if ssh.user:
+            lines.append(f"  User {ssh.user}")
+        if ssh.key:
+            lines += [f"  IdentityFile {ssh.key}", "  IdentitiesOnly yes"]
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks) + "\n"

@@ -33,6 +33,12 @@ def _register() -> None:
 
     app.add_typer(testbed.app, name="testbed")
     app.command("status")(status.status)
+    from provision.cli import backup
+
+    app.add_typer(backup.app, name="backup")
+    from provision.cli import up
+
+    up.register(app)
 
 
 def main() -> None:

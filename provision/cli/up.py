@@ -1,0 +1,144 @@
+"""`provision up`, `provision plan`, `provision verify`: apply, preview and check the
+desired state of every host. Thin: the work is in provision.pipeline and provision.verify."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from provision import inventory as inventory_lib
+from provision import pipeline
+from provision.console import err, host_progress, out, print_json
+from provision.errors import EXIT_FAILED, EXIT_OK
+from provision.runner import HostPlan, RunReport
+
+InventoryArg = typer.Argument(..., help="pyinfra inventory file, e.g. inventories/testbed.py")
+_STEPS = ", ".join(pipeline.step_names())
+OnlyOpt = typer.Option(None, "--only", help=f"comma-separated steps to run ({_STEPS}); preflight always runs")
+SkipOpt = typer.Option(None, "--skip", help="comma-separated steps to leave out")
+JsonOpt = typer.Option(False, "--json", help="print the result as JSON on stdout")
+
+
+def up(
+    inventory: Path = InventoryArg,
+    only: str = OnlyOpt,
+    skip: str = SkipOpt,
+    reboot_batch: int = typer.Option(None, "--reboot-batch", min=1,
+                                     help="most hosts rebooting at once (default: a quarter, at least 1)"),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Bring every host to the desired state: preflight, base, nvidia, frameworks, then
+    the storage steps. Hosts run in parallel; a host that fails stops there and the others
+    go on. Hosts that need it reboot after the nvidia step, a batch at a time, never the
+    machine running provision. A second run changes nothing.
+
+    Exit code: 0 all hosts done, 1 some host failed, 2 bad input (nothing touched).
+
+    Example: provision up inventories/testbed.py --skip nvidia
+    """
+    cluster = inventory_lib.load(inventory)
+    steps = pipeline.select(only, skip)
+    with host_progress([n.name for n in cluster.nodes], enabled=not as_json) as progress:
+        report = pipeline.up(cluster, steps, on_event=progress, reboot_batch=reboot_batch)
+    if as_json:
+        print_json(report.as_json() | {"steps": [s.name for s in steps]})
+    else:
+        print_summary(report)
+    raise typer.Exit(report.exit_code)
+
+
+def print_summary(report: RunReport) -> None:
+    table = Table(title="provision up")
+    for column in ("host", "steps done", "changed", "rebooted", "result"):
+        table.add_column(column)
+    for h in report.hosts.values():
+        result = "[green]ok[/]" if h.ok else "[red]" + "\n".join(h.failures or ["unreachable"]) + "[/]"
+        if h.notes:
+            result += "\n[dim]" + "\n".join(h.notes) + "[/]"
+        table.add_row(h.name, ", ".join(h.steps) or "-", str(h.changed), "yes" if h.rebooted else "no", result)
+    out.print(table)
+    total = sum(h.changed for h in report.hosts.values())
+    failed = [h.name for h in report.hosts.values() if not h.ok]
+    out.print(f"{total} operations changed; " + (f"[red]failed: {', '.join(failed)}[/]" if failed
+                                                  else "all hosts ok"))
+
+
+def plan(
+    inventory: Path = InventoryArg,
+    only: str = OnlyOpt,
+    skip: str = SkipOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """Show what `up` would change on every host, step by step: packages, files (with
+    diffs) and services. Runs preflight and change detection only; changes nothing.
+
+    Each step is planned against the hosts as they are now, so a step after one that
+    would install something may list more than `up` will do.
+
+    Exit code: 0 every host can proceed, 1 preflight would stop a host, 2 bad input.
+
+    Example: provision plan inventories/testbed.py --only base
+    """
+    cluster = inventory_lib.load(inventory)
+    steps = pipeline.select(only, skip)
+    with host_progress([n.name for n in cluster.nodes], enabled=not as_json) as progress:
+        plans = pipeline.plan(cluster, steps, on_event=progress)
+    if as_json:
+        print_json({"schema": "provision.plan/1",
+                    "hosts": [asdict(p) | {"changes": p.changes} for p in plans.values()]})
+    else:
+        for host_plan in plans.values():
+            print_plan(host_plan)
+    raise typer.Exit(EXIT_FAILED if any(p.refused for p in plans.values()) else EXIT_OK)
+
+
+def print_plan(p: HostPlan) -> None:
+    out.rule(f"[bold]{p.name}[/]: {p.changes} changes" + (" [red](would stop)[/]" if p.refused else ""))
+    for reason in p.refused:
+        out.print(f"[red]would stop: {reason}[/]", soft_wrap=True)
+    for step, ops in p.steps.items():
+        out.print(f"[bold]{step}[/]: " + (f"{len(ops)} operations would change" if ops else "no changes"))
+        for op in ops:
+            out.print(f"  [cyan]{op.name}[/]")
+            for command in op.commands:
+                out.print(f"    $ {command}", soft_wrap=True, markup=False)
+            for diff in op.diffs:
+                out.print("      " + diff.replace("\n", "\n      "), markup=False, soft_wrap=True)
+    for text in p.notes:
+        out.print(f"[dim]{text}[/]", soft_wrap=True)
+
+
+def verify(
+    inventory: Path = InventoryArg,
+    workdir: Path = typer.Option(None, "--workdir", help="where the ssh_config, spec and JUnit XML go"),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Check from the outside that every host has what `up` promises (packages and
+    versions, holds, services, files, mounts), with the pytest-testinfra suite shipped
+    in provision/verify. Writes JUnit XML for CI.
+
+    Exit code: 0 all checks passed, 1 some failed, 2 bad input.
+
+    Example: provision verify inventories/testbed.py
+    """
+    from provision import verify as verify_lib
+
+    cluster = inventory_lib.load(inventory)
+    err.print(f"verifying {len(cluster.nodes)} hosts with pytest-testinfra ...")
+    result = verify_lib.run(cluster, str(workdir) if workdir else None)
+    if as_json:
+        print_json({"schema": "provision.verify/1", "ok": result.exit_code == 0,
+                    "junit_xml": result.junit_xml, "output": result.output})
+    else:
+        out.print(result.output, markup=False, soft_wrap=True)
+        out.print(f"JUnit XML: {result.junit_xml}")
+    raise typer.Exit(EXIT_OK if result.exit_code == 0 else EXIT_FAILED)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("up")(up)
+    app.command("plan")(plan)
+    app.command("verify")(verify)

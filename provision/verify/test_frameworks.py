@@ -1,0 +1,20 @@
+"""The frameworks venv: torch at the pinned version imports; on GPU hosts it sees CUDA."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+
+def test_venv_imports_pinned_torch_numpy_nvml(host: Any, settings: dict[str, Any]) -> None:
+    python = f"{settings['venv_path']}/bin/python"
+    out = host.check_output(f"{python} -c 'import torch, numpy, pynvml; print(torch.__version__)'")
+    assert out.strip().split("+")[0] == settings["torch_version"]
+
+
+def test_torch_sees_cuda_on_gpu_hosts(host: Any, settings: dict[str, Any]) -> None:
+    if "[10de:" not in host.run("lspci -nn 2>/dev/null || true").stdout:
+        pytest.skip("no NVIDIA GPU on this host: nothing for CUDA to see")
+    python = f"{settings['venv_path']}/bin/python"
+    assert host.check_output(f"{python} -c 'import torch; print(torch.cuda.is_available())'").strip() == "True"

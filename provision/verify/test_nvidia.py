@@ -1,0 +1,59 @@
+"""What the nvidia step promises on hosts it applies to: pinned, held driver, repository,
+nouveau blacklisted, persistence mode, fabric manager matching the driver."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from provision.verify.conftest import nvidia_applies
+
+
+@pytest.fixture
+def nvidia_host(host: Any, expected: dict[str, Any]) -> Any:
+    if not nvidia_applies(host, expected):
+        pytest.skip("the nvidia step does not apply to this host (no NVIDIA GPU, not forced)")
+    return host
+
+
+def driver_version(host: Any) -> str:
+    return host.check_output("nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n1").strip()
+
+
+def test_cuda_repository_is_signed(nvidia_host: Any) -> None:
+    out = nvidia_host.check_output("cat /etc/apt/sources.list.d/cuda-*.sources")
+    assert "Signed-By: /etc/apt/keyrings/cuda-archive-keyring.gpg" in out
+    assert nvidia_host.file("/etc/apt/keyrings/cuda-archive-keyring.gpg").size > 0
+
+
+def test_driver_answers_with_the_pinned_version(nvidia_host: Any, settings: dict[str, Any]) -> None:
+    version = driver_version(nvidia_host)
+    if settings["nvidia_driver_version"]:
+        assert version == settings["nvidia_driver_version"].split("-")[0]
+    else:
+        assert version.startswith(settings["nvidia_driver_branch"] + ".")
+
+
+def test_driver_packages_are_held(nvidia_host: Any, settings: dict[str, Any]) -> None:
+    held = nvidia_host.check_output("apt-mark showhold").split()
+    branch = settings["nvidia_driver_branch"]
+    assert any(name in held for name in (f"nvidia-open-{branch}", f"cuda-drivers-{branch}",
+                                         f"nvidia-driver-{branch}-server-open", f"nvidia-driver-{branch}-server"))
+
+
+def test_nouveau_is_blacklisted(nvidia_host: Any) -> None:
+    assert nvidia_host.file("/etc/modprobe.d/blacklist-nouveau.conf").contains("^blacklist nouveau")
+
+
+def test_persistence_daemon_enabled_in_persistence_mode(nvidia_host: Any) -> None:
+    dropin = nvidia_host.file("/etc/systemd/system/nvidia-persistenced.service.d/provision.conf")
+    assert dropin.contains("--persistence-mode")
+    assert nvidia_host.service("nvidia-persistenced").is_enabled
+
+
+def test_fabric_manager_matches_the_driver(nvidia_host: Any) -> None:
+    installed = nvidia_host.run("dpkg-query -W -f='${Version}' 'nvidia-fabricmanager*' 2>/dev/null")
+    if installed.rc != 0 or not installed.stdout.strip():
+        pytest.skip("no fabric manager on this host (no NVSwitch, not forced)")
+    assert installed.stdout.strip().split("-")[0] == driver_version(nvidia_host)
