@@ -20,11 +20,17 @@ import fcntl
 import logging
 import shutil
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+# pyinfra's CLI package monkey-patches threading with gevent when first imported; if that
+# happens after paramiko's transport threads have run (wait_for_ssh below), the next
+# import fails with "cannot release un-acquired lock". provision.inventory imports it
+# lazily, so import it now, before any SSH connection is made.
+import pyinfra_cli  # noqa: F401, I001
 
 from provision.errors import InputError, Problem, TestbedError
 from provision.inventory import SshTarget
+from provision.remote import RemoteError, wait_for_ssh
 from provision.testbed import accel as accel_mod
 from provision.testbed import (
     apt_sources,
@@ -42,6 +48,7 @@ from provision.testbed import (
 from provision.testbed.state import NodeRecord, TestbedState
 
 Progress = Callable[[str, str], None]  # (subject, what it is doing now)
+DEFAULT_INVENTORY = "inventories/testbed.py"
 MAX_SOCKET_DIR = 80  # unix socket paths are limited to 107 bytes; leave room for names
 BOOT_TIMEOUT_S = {"kvm": 120.0, "tcg": 420.0}  # several TCG VMs share 2 host cores
 POWERDOWN_TIMEOUT_S = 60.0
@@ -51,11 +58,11 @@ class Testbed:
     """One testbed, identified by its state dir."""
 
     def __init__(self, state_dir: str | Path | None = None, *, images_dir: str | Path | None = None,
-                 inventory_path: str | Path = "inventories/testbed.py", mirror: str | None = None,
+                 inventory_path: str | Path | None = None, mirror: str | None = None,
                  progress: Progress | None = None):
         self.state_dir = Path(state_dir or paths.default_state_dir()).absolute()
         self.images_dir = Path(images_dir or paths.images_dir()).absolute()
-        self.inventory_path = Path(inventory_path).absolute()
+        self._inventory_path = Path(inventory_path).absolute() if inventory_path else None
         self.mirror = mirror  # Debian mirror URL; None: from the machine's apt configuration
         self.progress: Progress = progress or (lambda subject, text: None)
         self.marker = f"{self.state_dir}/"  # every process of ours has this in its cmdline
@@ -64,6 +71,17 @@ class Testbed:
     @property
     def ssh_key(self) -> Path:
         return self.state_dir / "keys" / "id_ed25519"
+
+    @property
+    def inventory_path(self) -> Path:
+        """The inventory file: as given, else where `up` wrote it, else
+        inventories/testbed.py under the current directory."""
+        if self._inventory_path:
+            return self._inventory_path
+        st = state.load(self.state_dir)
+        if st and st.inventory_path:
+            return Path(st.inventory_path)
+        return Path(DEFAULT_INVENTORY).absolute()
 
     @property
     def known_hosts(self) -> Path:
@@ -200,7 +218,10 @@ class Testbed:
         elif requested_accel != "auto":
             accel_mod.choose(requested_accel, paths.cache_root() / "accel.json", lambda: (False, ""))
             st.accel = requested_accel  # applies to the nodes started now
-        st.inventory_path = str(self.inventory_path)
+        wanted = str(self._inventory_path or st.inventory_path or self.inventory_path)
+        if st.inventory_path and st.inventory_path != wanted:
+            inventory_writer.remove(Path(st.inventory_path))  # moved: no stale copy left behind
+        st.inventory_path = wanted
         state.save(self.state_dir, st)
         return st
 
@@ -262,11 +283,16 @@ class Testbed:
             node.write_seed(f, rec, client_key, peers)
             self._start_qemu(st, rec, f, base)
         timeout = timeout_s or BOOT_TIMEOUT_S[st.accel]
-        with _quiet_paramiko(), ThreadPoolExecutor(max_workers=max(1, len(todo))) as pool:
-            waits = {r.name: pool.submit(self._wait, st, r, timeout) for r in todo}
-            errors = [e for e in (w.exception() for w in waits.values()) if e]
+        # All VMs boot at once; waiting for them one after another costs no extra time.
+        errors = []
+        with _quiet_paramiko():
+            for rec in todo:
+                try:
+                    self._wait(rec, timeout)
+                except TestbedError as e:
+                    errors.append(str(e))
         if errors:
-            raise TestbedError("; ".join(str(e) for e in errors))
+            raise TestbedError("; ".join(errors))
 
     def _start_qemu(self, st: TestbedState, rec: NodeRecord, f: node.NodeFiles,
                     base: image.BaseImage) -> None:
@@ -285,9 +311,7 @@ class Testbed:
         state.save(self.state_dir, st)
         self.progress(rec.name, f"booting ({st.accel}), pid {rec.pid}, ssh port {rec.ssh_port}")
 
-    def _wait(self, st: TestbedState, rec: NodeRecord, timeout_s: float) -> float:
-        from provision.remote import RemoteError, wait_for_ssh
-
+    def _wait(self, rec: NodeRecord, timeout_s: float) -> float:
         try:
             took = wait_for_ssh(self.ssh_target(rec), timeout_s)
         except RemoteError as e:
@@ -305,10 +329,8 @@ class Testbed:
         keys.write_known_hosts(self.known_hosts, entries)
 
     def _write_inventory(self, st: TestbedState) -> None:
-        inventory_writer.write(self.inventory_path, st.nodes, self.ssh_key, self.known_hosts,
-                               self.state_dir)
-        st.inventory_path = str(self.inventory_path)
-        state.save(self.state_dir, st)
+        path = Path(st.inventory_path or self.inventory_path)
+        inventory_writer.write(path, st.nodes, self.ssh_key, self.known_hosts, self.state_dir)
 
     def _powerdown(self, rec: NodeRecord) -> None:
         sock = node.files(self.state_dir, rec.name).dir / "qmp.sock"
