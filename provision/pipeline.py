@@ -11,12 +11,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from provision import reboots, runner
-from provision.deploys import base, frameworks, nfs, nvidia, preflight, volumes
+from provision.deploys import backups, base, frameworks, nfs, nvidia, preflight, volumes
 from provision.errors import InputError, Problem
 from provision.inventory import Cluster
 from provision.runner import HostResult, RunReport, Step
 
-STEPS: list[Step] = [preflight.step, base.step, nvidia.step, frameworks.step, volumes.step, nfs.step]
+STEPS: list[Step] = [preflight.step, base.step, nvidia.step, frameworks.step, volumes.step, nfs.step,
+                     backups.step]
 
 
 def step_names() -> list[str]:

@@ -324,6 +324,14 @@ def _unreachable_only(results: dict[str, HostResult]) -> FactsResult:
 # --- refusals and dry runs (provision plan) ---------------------------------------------
 
 _refusals: dict[str, list[str]] = {}  # host -> reasons a deploy refused it, for the plan
+_secret_uploads: set[str] = set()  # remote paths whose contents a plan never shows (keys, passwords)
+
+
+def secret_upload(dest: str) -> str:
+    """Inside a deploy: mark an upload's destination as secret, so `provision plan` shows
+    no diff of it. Returns dest, to wrap the argument: files.put(dest=secret_upload(p))."""
+    _secret_uploads.add(dest)
+    return dest
 
 
 def refuse(step: str, reason: str) -> None:
@@ -471,6 +479,8 @@ def _upload_diff(host: Any, command: Any) -> str | None:
 
     if not isinstance(command, FileUploadCommand):
         return None
+    if command.dest in _secret_uploads:
+        return f"--- {command.dest}\n(secret: contents not shown)"
     try:
         if isinstance(command.src, str):
             with open(command.src, encoding="utf-8") as f:

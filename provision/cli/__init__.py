@@ -39,6 +39,9 @@ def _register() -> None:
     from provision.cli import up
 
     up.register(app)
+    from provision.cli import validate
+
+    validate.register(app)
 
 
 def main() -> None:

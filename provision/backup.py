@@ -1,0 +1,315 @@
+"""Backups with restic: where things live, the controller's secrets, and the imperative
+commands behind `provision backup run|list|restore` (through provision.remote).
+
+Which hosts back up: a host with ``backup_paths`` set backs those up; the storage host
+backs up the checkpoints share by default (it holds the data; the other nodes only mount
+it). Every other host has no backup.
+
+Repository: ``backup_repository`` (any restic URL; ``{host}`` becomes the host's name),
+or by default one repository per host on the storage host, over SFTP to a dedicated
+account ``provision-backup`` that may only run internal-sftp (no shell), under
+``<data_mount>/backups/restic/<host>``. The account accepts one key pair that the
+controller generates and installs on each backing-up host. The default repository sits on
+the same disks as the data: it protects against deleted or corrupted files, not against
+losing the storage host; point backup_repository elsewhere for that.
+
+Secrets: the restic password comes from ``backup_password_file`` on the controller, or is
+generated once at ``$PROVISION_STATE_DIR/<inventory>-<hash>/backup-password`` (default
+state dir ~/.local/state/provision), mode 0600. On hosts it is
+/etc/provision/backup/password, root-owned, mode 0600. No command line, log line or JSON
+output ever holds it: restic reads it from the file (RESTIC_PASSWORD_FILE).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import shlex
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from provision.errors import InputError, Problem
+from provision.inventory import Cluster, Node
+
+ACCOUNT = "provision-backup"  # the SFTP account on the storage host
+ACCOUNT_HOME = "/var/lib/provision-backup"
+CONFIG_DIR = "/etc/provision/backup"
+PASSWORD_FILE = f"{CONFIG_DIR}/password"  # on hosts: root, 0600
+ENV_FILE = f"{CONFIG_DIR}/env"
+KEY_FILE = f"{CONFIG_DIR}/id_ed25519"
+SSH_CONFIG = f"{CONFIG_DIR}/ssh_config"
+KNOWN_HOSTS = f"{CONFIG_DIR}/known_hosts"
+CACHE_DIR = "/var/cache/provision-backup"
+WRAPPER = "/usr/local/sbin/provision-restic"  # restic with this host's repository and password
+SCRIPT = "/usr/local/sbin/provision-backup"  # backup + retention
+UNIT = "provision-backup.service"
+TIMER = "provision-backup.timer"
+
+
+def state_dir() -> Path:
+    base = os.environ.get("PROVISION_STATE_DIR") or os.path.expanduser("~/.local/state/provision")
+    return Path(base)
+
+
+def cluster_dir(cluster: Cluster) -> Path:
+    """The controller's directory for this inventory's generated secrets (mode 0700)."""
+    digest = hashlib.sha256(str(Path(cluster.path).resolve()).encode()).hexdigest()[:10]
+    path = state_dir() / f"{Path(cluster.path).stem}-{digest}"
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return path
+
+
+def password_file(cluster: Cluster, node: Node) -> Path:
+    """The controller file holding the restic password; generated (0600) when not set."""
+    configured = node.settings.backup_password_file
+    if configured:
+        path = Path(configured).expanduser()
+        if not path.is_file():
+            raise InputError(Problem(f"host {node.name}: key backup_password_file",
+                                     f"{path} does not exist", "create it, or unset the key to generate one"))
+        return path
+    path = cluster_dir(cluster) / "backup-password"
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(32) + "\n")
+    return path
+
+
+def key_file(cluster: Cluster) -> Path:
+    """The SSH key pair that backing-up hosts use for the SFTP account; generated once."""
+    key = cluster_dir(cluster) / "backup_ed25519"
+    if not key.exists():
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{ACCOUNT}@provision",
+                        "-f", str(key)], check=True, capture_output=True, timeout=30)
+    return key
+
+
+def backup_paths(node: Node) -> list[str]:
+    """What this host backs up: backup_paths, else (storage host) the checkpoints share."""
+    s = node.settings
+    return s.backup_paths or [f"{s.nfs_mount_root}/checkpoints"]
+
+
+def skip_reason(node: Node, cluster: Cluster) -> str | None:
+    """Why this host has no backup, or None when it backs up."""
+    if node.settings.backup_paths:
+        return None
+    storage = cluster.storage_node()
+    if storage is not None and storage.name == node.name:
+        return None
+    return "the checkpoints share is backed up on the storage host; set backup_paths to back up this host"
+
+
+def uses_default_repository(node: Node) -> bool:
+    return node.settings.backup_repository is None
+
+
+def repository(node: Node, cluster: Cluster) -> str:
+    """The restic repository URL for this host (never holds a secret)."""
+    if node.settings.backup_repository:
+        return node.settings.backup_repository.replace("{host}", node.name)
+    storage = cluster.storage_node()
+    if storage is None:
+        raise InputError(Problem(f"host {node.name}: key backup_repository",
+                                 "no repository: not set, and no storage host to hold the default one",
+                                 "put a host in the 'storage' group, or set backup_repository"))
+    return f"sftp:{ACCOUNT}@{storage.cluster_address}:{repository_root(storage)}/{node.name}"
+
+
+def repository_root(storage: Node) -> str:
+    return f"{storage.settings.data_mount}/backups/restic"
+
+
+# --- imperative commands (provision backup ...), through provision.remote ---
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One restic snapshot, as `restic snapshots --json` reports it."""
+
+    id: str  # full snapshot id
+    short_id: str  # the 8-character id people type
+    time: str  # when it was taken (RFC 3339)
+    hostname: str  # the host it backed up
+    paths: list[str]  # what it backed up
+    tags: list[str]  # provision's snapshots carry the tag "provision"
+
+
+def parse_snapshots(text: str) -> list[Snapshot]:
+    """Parse `restic snapshots --json` output, oldest first."""
+    entries = json.loads(text or "[]") or []
+    return [Snapshot(e["id"], e.get("short_id", e["id"][:8]), e["time"], e.get("hostname", ""),
+                     list(e.get("paths", [])), list(e.get("tags") or [])) for e in entries]
+
+
+def as_root(node: Node, command: str) -> str:
+    """Commands that read root-only files run through sudo unless we log in as root."""
+    if (node.ssh.user or os.environ.get("USER")) == "root":
+        return command
+    return f"sudo -n sh -c {shlex.quote(command)}"
+
+
+def run_command() -> str:
+    """Back up now: the same unit the timer starts, so there is one code path."""
+    return f"systemctl start {UNIT}"
+
+
+def journal_command(lines: int = 20) -> str:
+    return f"journalctl -u {UNIT} -n {lines} --no-pager -o cat"
+
+
+def snapshots_command(hostname: str) -> str:
+    return f"{WRAPPER} snapshots --json --tag provision --host {shlex.quote(hostname)}"
+
+
+def restore_command(snapshot: str, target: str, hostname: str) -> str:
+    """restic restore, verifying what it wrote. ``target`` "/" means in place. The host
+    and tag filters pick "latest" among this host's snapshots in a shared repository."""
+    return (f"{WRAPPER} restore {shlex.quote(snapshot)} --target {shlex.quote(target)} --verify "
+            f"--host {shlex.quote(hostname)} --tag provision")
+
+
+def checksum_command(root: str) -> str:
+    """sha256 of every file under root, paths relative to it, sorted."""
+    q = shlex.quote(root)
+    return f"cd {q} && find . -type f -print0 | sort -z | xargs -0r sha256sum"
+
+
+def parse_checksums(text: str) -> dict[str, str]:
+    """`sha256sum` lines -> {relative path: digest}."""
+    out = {}
+    for line in text.splitlines():
+        digest, _, path = line.partition("  ")
+        if path:
+            out[path.removeprefix("./")] = digest
+    return out
+
+
+def compare(restored: dict[str, str], live: dict[str, str]) -> dict[str, Any]:
+    """Restored files against the live ones: identical, different, missing from live."""
+    same = sorted(p for p in restored if live.get(p) == restored[p])
+    differ = sorted(p for p in restored if p in live and live[p] != restored[p])
+    missing = sorted(p for p in restored if p not in live)
+    return {"identical": len(same), "different": differ, "missing_live": missing}
+
+
+@dataclass
+class Outcome:
+    """What one backup command did on one host."""
+
+    host: str  # inventory name
+    ok: bool  # the command did what was asked
+    detail: str  # one line for people: the snapshot, the restored path, or why it failed
+    seconds: float  # wall time on this host
+    data: dict[str, Any]  # machine-readable details for --json (snapshots, restore target, check)
+
+
+def _failed(node: Node, what: str, result: Any, seconds: float) -> Outcome:
+    why = (result.stderr or result.stdout).strip().splitlines()[-3:] or [f"exit {result.exited}"]
+    return Outcome(node.name, False, f"{what}: {' / '.join(why)}", seconds, {})
+
+
+def run_now(node: Node, timeout_s: float = 3600) -> Outcome:
+    """Start the backup unit and wait for it; the journal tells why when it fails."""
+    import time
+
+    from provision import remote
+
+    start = time.monotonic()
+    result = remote.run(node, as_root(node, run_command()), timeout=timeout_s)
+    if not result.ok:
+        journal = remote.run(node, as_root(node, journal_command()), timeout=60)
+        if journal.ok and journal.stdout.strip():
+            result = journal.__class__(node.name, result.exited, "", journal.stdout)
+        return _failed(node, "backup failed", result, time.monotonic() - start)
+    snaps = list_snapshots(node)
+    latest = snaps.data.get("snapshots", [])[-1:] if snaps.ok else []
+    detail = f"snapshot {latest[0]['short_id']}" if latest else "backed up"
+    return Outcome(node.name, True, detail, time.monotonic() - start, {"snapshot": latest[0] if latest else None})
+
+
+def list_snapshots(node: Node) -> Outcome:
+    import time
+    from dataclasses import asdict
+
+    from provision import remote
+
+    start = time.monotonic()
+    result = remote.run(node, as_root(node, snapshots_command(node.name)), timeout=300)
+    if not result.ok:
+        return _failed(node, "listing snapshots failed", result, time.monotonic() - start)
+    try:
+        snaps = parse_snapshots(result.stdout)
+    except (json.JSONDecodeError, KeyError) as e:
+        return Outcome(node.name, False, f"unreadable restic output: {e}", time.monotonic() - start, {})
+    return Outcome(node.name, True, f"{len(snaps)} snapshot(s)", time.monotonic() - start,
+                   {"snapshots": [asdict(s) for s in snaps]})
+
+
+def _target_problem(node: Node, target: str) -> str | None:
+    """A restore target must be new or empty: restoring never overwrites silently."""
+    from provision import remote
+
+    probe = remote.run(node, as_root(node, f"test ! -e {shlex.quote(target)} || "
+                                     f"test -z \"$(ls -A {shlex.quote(target)})\""), timeout=60)
+    if probe.exited == 1:
+        return f"{target} exists and is not empty; choose a new --target, or --in-place to overwrite live data"
+    return None if probe.ok else f"cannot check {target}: {probe.stderr.strip()}"
+
+
+def restore(node: Node, snapshot: str, target: str | None, in_place: bool, stamp: str,
+            timeout_s: float = 3600) -> Outcome:
+    """Restore a snapshot to target (default: a new directory on the data volume), or in
+    place over the live paths when asked explicitly."""
+    import time
+
+    from provision import remote
+
+    start = time.monotonic()
+    where = "/" if in_place else (target or f"{node.settings.data_mount}/restores/{stamp}")
+    if not in_place:
+        problem = _target_problem(node, where)
+        if problem:
+            return Outcome(node.name, False, problem, 0.0, {})
+    result = remote.run(node, as_root(node, restore_command(snapshot, where, node.name)), timeout=timeout_s)
+    if not result.ok:
+        return _failed(node, "restore failed", result, time.monotonic() - start)
+    restored = [f"{where.rstrip('/')}{p}" for p in backup_paths(node)]
+    return Outcome(node.name, True, f"restored {snapshot} to {where}", time.monotonic() - start,
+                   {"snapshot": snapshot, "target": where, "paths": restored})
+
+
+def check(node: Node, snapshot: str, stamp: str) -> Outcome:
+    """Restore into a scratch directory, compare every file's sha256 with the live file,
+    then remove the scratch directory."""
+    import time
+
+    from provision import remote
+
+    start = time.monotonic()
+    scratch = f"{node.settings.data_mount}/restores/check-{stamp}"
+    restored = restore(node, snapshot, scratch, False, stamp)
+    if not restored.ok:
+        return restored
+    report: dict[str, Any] = {"identical": 0, "different": [], "missing_live": []}
+    try:
+        for path in backup_paths(node):
+            copy = remote.run(node, as_root(node, checksum_command(f"{scratch}{path}")), timeout=3600)
+            live = remote.run(node, as_root(node, checksum_command(path)), timeout=3600)
+            if not (copy.ok and live.ok):
+                return _failed(node, "checksums failed", copy if not copy.ok else live, time.monotonic() - start)
+            one = compare(parse_checksums(copy.stdout), parse_checksums(live.stdout))
+            report["identical"] += one["identical"]
+            report["different"] += [f"{path}/{p}" for p in one["different"]]
+            report["missing_live"] += [f"{path}/{p}" for p in one["missing_live"]]
+    finally:
+        remote.run(node, as_root(node, f"rm -rf --one-file-system {shlex.quote(scratch)}"), timeout=600)
+    ok = not report["different"] and not report["missing_live"]
+    detail = (f"{report['identical']} file(s) restored identical to live" if ok else
+              f"{len(report['different'])} differ, {len(report['missing_live'])} missing from live data")
+    return Outcome(node.name, ok, detail, time.monotonic() - start, {"snapshot": snapshot, "check": report})

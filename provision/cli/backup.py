@@ -1,0 +1,145 @@
+"""`provision backup run|list|restore`: back up now, list snapshots, restore (over SSH).
+
+Exit codes: 0 every host did it, 1 a host failed, 2 bad input (unknown host, a host that
+has no backups), nothing touched. The restic password never appears: hosts read it from
+their own 0600 file.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from provision import backup
+from provision import inventory as inventory_lib
+from provision.console import err, host_progress, out, print_json
+from provision.errors import EXIT_FAILED, InputError, Problem
+from provision.inventory import Cluster, Node
+from provision.remote import on_all
+
+app = typer.Typer(help="Back up, list and restore training data (restic).", no_args_is_help=True)
+
+InventoryArg = typer.Argument(..., help="pyinfra inventory file, e.g. inventories/testbed.py")
+JsonOpt = typer.Option(False, "--json", help="print the result as JSON on stdout")
+
+
+def _hosts(cluster: Cluster, host: str | None) -> list[Node]:
+    """The hosts a command acts on: --host, else every host that backs up."""
+    if host is not None:
+        try:
+            node = cluster.node(host)
+        except KeyError:
+            raise InputError(Problem(f"--host {host}", "not a host of this inventory",
+                                     f"hosts: {', '.join(n.name for n in cluster.nodes)}")) from None
+        reason = backup.skip_reason(node, cluster)
+        if reason:
+            raise InputError(Problem(f"--host {host}", "this host has no backups", reason))
+        return [node]
+    nodes = [n for n in cluster.nodes if backup.skip_reason(n, cluster) is None]
+    if not nodes:
+        raise InputError(Problem(str(cluster.path), "no host backs up",
+                                 "put a host in the 'storage' group, or set backup_paths"))
+    return nodes
+
+
+def _finish(outcomes: dict[str, backup.Outcome], as_json: bool, title: str) -> None:
+    if as_json:
+        print_json({"schema": "provision.backup/1", "ok": all(o.ok for o in outcomes.values()),
+                    "hosts": [asdict(o) for o in outcomes.values()]})
+    else:
+        table = Table(title=title)
+        for column in ("host", "result", "seconds", "detail"):
+            table.add_column(column)
+        for o in outcomes.values():
+            table.add_row(o.host, "ok" if o.ok else "[red]FAILED[/]", f"{o.seconds:.1f}", o.detail)
+        out.print(table)
+    if not all(o.ok for o in outcomes.values()):
+        raise typer.Exit(EXIT_FAILED)
+
+
+def _each(nodes: list[Node], what: str, func: Callable[[Node], backup.Outcome],
+          as_json: bool) -> dict[str, backup.Outcome]:
+    with host_progress([n.name for n in nodes], enabled=not as_json) as progress:
+        def one(node: Node) -> backup.Outcome:
+            progress(node.name, what)
+            outcome = func(node)
+            progress(node.name, "done" if outcome.ok else "FAILED")
+            return outcome
+
+        return on_all(nodes, one)
+
+
+@app.command("run")
+def run(
+    inventory: Path = InventoryArg,
+    host: str | None = typer.Option(None, "--host", help="only this host (default: every host that backs up)"),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Back up now: start each host's backup unit (the one the timer starts) and wait.
+
+    Example: provision backup run inventories/testbed.py --host node1
+    """
+    cluster = inventory_lib.load(inventory)
+    nodes = _hosts(cluster, host)
+    _finish(_each(nodes, "backing up", backup.run_now, as_json), as_json, "backup run")
+
+
+@app.command("list")
+def list_(
+    inventory: Path = InventoryArg,
+    host: str | None = typer.Option(None, "--host", help="only this host"),
+    as_json: bool = JsonOpt,
+) -> None:
+    """List each host's snapshots (id, time, paths).
+
+    Example: provision backup list inventories/testbed.py --json
+    """
+    cluster = inventory_lib.load(inventory)
+    outcomes = _each(_hosts(cluster, host), "listing", backup.list_snapshots, as_json)
+    if not as_json:
+        for o in outcomes.values():
+            for s in o.data.get("snapshots", []):
+                out.print(f"{o.host}  {s['short_id']}  {s['time'][:19]}  {' '.join(s['paths'])}")
+    _finish(outcomes, as_json, "snapshots")
+
+
+@app.command("restore")
+def restore(
+    inventory: Path = InventoryArg,
+    host: str | None = typer.Option(None, "--host", help="the host whose backup to restore "
+                                    "(default: the only host that backs up)"),
+    snapshot: str = typer.Option("latest", "--snapshot", help="snapshot id, or 'latest'"),
+    target: str | None = typer.Option(None, "--target", help="directory on the host to restore into; "
+                                      "must be new or empty (default: <data_mount>/restores/<time>)"),
+    in_place: bool = typer.Option(False, "--in-place", help="restore over the live files (overwrites them)"),
+    check: bool = typer.Option(False, "--check", help="restore to a scratch directory, compare every "
+                               "file's sha256 with the live file, then remove the scratch copy"),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Restore a snapshot on its host: into a separate directory by default, never over live
+    data unless --in-place is given.
+
+    Example: provision backup restore inventories/testbed.py --host node1 --snapshot latest
+    """
+    if sum([in_place, check, target is not None]) > 1:
+        raise InputError(Problem("restore", "--target, --in-place and --check exclude each other",
+                                 "choose one"))
+    cluster = inventory_lib.load(inventory)
+    nodes = _hosts(cluster, host)
+    if host is None and len(nodes) > 1:
+        raise InputError(Problem("restore", f"{len(nodes)} hosts back up", "name one with --host"))
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    if in_place and not as_json:
+        err.print(f"restoring {snapshot} over the live files on {nodes[0].name}")
+
+    def one(node: Node) -> backup.Outcome:
+        if check:
+            return backup.check(node, snapshot, stamp)
+        return backup.restore(node, snapshot, target, in_place, stamp)
+
+    _finish(_each(nodes, "restoring", one, as_json), as_json, "backup restore")

@@ -1,0 +1,134 @@
+"""The `backups` step: restic (the distribution's package) on every host that backs up,
+a systemd service + timer that backs up and applies retention, and, for the default
+SFTP repository, the dedicated account on the storage host. See provision.backup for
+which hosts back up, where the repository is, and how the password is kept secret.
+"""
+
+from __future__ import annotations
+
+from io import StringIO
+
+from pyinfra.api import deploy
+from pyinfra.context import ctx_state
+from pyinfra.operations import apt, files, server, systemd
+
+from provision import backup
+from provision.deploys.probes import HostKeys
+from provision.errors import InputError
+from provision.inventory import Cluster, Node
+from provision.resources import render_template
+from provision.runner import Step, current_cluster, current_node, note, refuse, secret_upload
+
+
+def unit_files(node: Node, cluster: Cluster) -> dict[str, str]:
+    """Every file the step writes on a backing-up host (path -> text); none holds a secret."""
+    s = node.settings
+    paths = backup.backup_paths(node)
+    sftp = backup.uses_default_repository(node)
+    storage = cluster.storage_node()
+    address = storage.cluster_address if (sftp and storage) else ""
+    return {
+        backup.ENV_FILE: render_template("backups/env.j2", repository=backup.repository(node, cluster),
+                                         password_file=backup.PASSWORD_FILE, cache_dir=backup.CACHE_DIR),
+        backup.WRAPPER: render_template("backups/provision-restic.j2", env_file=backup.ENV_FILE,
+                                        ssh_config=backup.SSH_CONFIG if sftp else "", address=address),
+        backup.SCRIPT: render_template("backups/provision-backup.j2", wrapper=backup.WRAPPER, paths=paths,
+                                       hostname=node.name, schedule=s.backup_schedule,
+                                       keep_daily=s.backup_keep_daily, keep_weekly=s.backup_keep_weekly,
+                                       keep_monthly=s.backup_keep_monthly),
+        f"/etc/systemd/system/{backup.UNIT}": render_template(
+            "backups/provision-backup.service.j2", paths=paths, script=backup.SCRIPT),
+        f"/etc/systemd/system/{backup.TIMER}": render_template(
+            "backups/provision-backup.timer.j2", schedule=s.backup_schedule),
+    }
+
+
+def ssh_config_text(address: str, strict: str) -> str:
+    return render_template("backups/ssh_config.j2", address=address, account=backup.ACCOUNT,
+                           key_file=backup.KEY_FILE, known_hosts=backup.KNOWN_HOSTS, strict=strict)
+
+
+def known_hosts_text(address: str, keys: list[str]) -> str:
+    return "".join(f"{address} {key}\n" for key in keys)
+
+
+def _storage_host_keys(storage: Node) -> list[str]:
+    """The storage host's SSH host keys, when it is in this pass (it is, by default)."""
+    for other in ctx_state.get().inventory:
+        if other.name == storage.name and other.connected:
+            return list(other.get_fact(HostKeys) or [])
+    return []
+
+
+def sftp_account(node: Node, cluster: Cluster) -> None:
+    """On the storage host: the SFTP-only account that holds every default repository."""
+    public = backup.key_file(cluster).with_suffix(".pub").read_text().strip()
+    server.user(name=f"account {backup.ACCOUNT}", user=backup.ACCOUNT, home=backup.ACCOUNT_HOME,
+                shell="/bin/sh", system=True, create_home=True)
+    ssh_dir = f"{backup.ACCOUNT_HOME}/.ssh"
+    files.directory(name=f"{ssh_dir}", path=ssh_dir, user=backup.ACCOUNT, group=backup.ACCOUNT, mode="700")
+    files.put(name="SFTP-only key for backups", dest=f"{ssh_dir}/authorized_keys",
+              src=StringIO(f'restrict,command="internal-sftp" {public}\n'),
+              user=backup.ACCOUNT, group=backup.ACCOUNT, mode="600")
+    root = backup.repository_root(node)
+    files.directory(name=f"repositories {root}", path=root, user=backup.ACCOUNT, group=backup.ACCOUNT,
+                    mode="700")
+
+
+def client_secrets(node: Node, cluster: Cluster) -> None:
+    """Password, SSH key and SSH settings: root-owned, the secrets mode 0600."""
+    files.directory(name=backup.CONFIG_DIR, path=backup.CONFIG_DIR, user="root", group="root", mode="700")
+    files.put(name="restic password (0600)", src=str(backup.password_file(cluster, node)),
+              dest=secret_upload(backup.PASSWORD_FILE), user="root", group="root", mode="600")
+    if not backup.uses_default_repository(node):
+        return
+    storage = cluster.storage_node()
+    assert storage is not None  # backup.repository() refused a default repository without one
+    files.put(name="SFTP key (0600)", src=str(backup.key_file(cluster)), dest=secret_upload(backup.KEY_FILE),
+              user="root", group="root", mode="600")
+    keys = _storage_host_keys(storage)
+    if not keys:
+        note(f"backups: {storage.name}'s host key was not read in this pass; first use accepts it")
+    files.put(name="storage host key", dest=backup.KNOWN_HOSTS, mode="644",
+              src=StringIO(known_hosts_text(storage.cluster_address, keys)))
+    files.put(name="SSH settings for the repository", dest=backup.SSH_CONFIG, mode="644",
+              src=StringIO(ssh_config_text(storage.cluster_address, "yes" if keys else "accept-new")))
+
+
+def backup_unit(node: Node, cluster: Cluster) -> None:
+    changed = []
+    for path, text in unit_files(node, cluster).items():
+        mode = "755" if path.startswith("/usr/local/sbin/") else "644"
+        changed.append(files.put(name=f"{path}", dest=path, src=StringIO(text), mode=mode))
+    systemd.daemon_reload(name="Reload systemd (backup units)", _if=lambda: any(c.did_change() for c in changed))
+    systemd.service(name=f"{backup.TIMER} enabled", service=backup.TIMER, running=True, enabled=True)
+
+
+@deploy("Backups")
+def backups() -> None:
+    node = current_node()
+    cluster = current_cluster()
+    try:
+        _backups(node, cluster)
+    except InputError as e:  # no repository, or a password file that is not there
+        refuse("backups", "; ".join(str(p) for p in e.problems))
+
+
+def _backups(node: Node, cluster: Cluster) -> None:
+    storage = cluster.storage_node()
+    runs_here = backup.skip_reason(node, cluster) is None
+    serves = storage is not None and storage.name == node.name and any(
+        backup.uses_default_repository(n) and backup.skip_reason(n, cluster) is None for n in cluster.nodes)
+    if runs_here:
+        apt.packages(name="Install restic", packages=["restic", "openssh-client"], update=True,
+                     cache_time=3600)
+    if serves:
+        sftp_account(node, cluster)
+    if runs_here:
+        client_secrets(node, cluster)
+        backup_unit(node, cluster)
+    elif not serves:
+        note(f"backups: none here ({backup.skip_reason(node, cluster)})")
+
+
+step = Step("backups", backups, "restic backups: a daily timer with retention; SFTP repository on the storage host")
