@@ -39,9 +39,15 @@ def spec(cluster: Cluster) -> dict[str, dict[str, object]]:
     return {
         n.name: {"settings": asdict(n.settings), "groups": list(n.groups),
                  "cluster_address": n.cluster_address,
-                 "all_nodes": {m.name: m.cluster_address for m in cluster.nodes}}
+                 "all_nodes": {m.name: m.cluster_address for m in cluster.nodes},
+                 "storage_node": _storage_name(cluster)}
         for n in cluster.nodes
     }
+
+
+def _storage_name(cluster: Cluster) -> str | None:
+    storage = cluster.storage_node()
+    return storage.name if storage else None
 
 
 def run(cluster: Cluster, workdir: str | None = None, extra: list[str] | None = None,
