@@ -39,6 +39,7 @@ class NodeRecord:
 class TestbedState:
     """The whole testbed."""
 
+    __test__ = False  # not a pytest test class, despite its name
     image: str  # base image folder (its name carries the recipe hash)
     image_label: str  # the base image's root filesystem label
     accel: str  # "kvm" or "tcg", decided once for this testbed

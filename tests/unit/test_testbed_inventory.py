@@ -1,0 +1,58 @@
+"""The inventory `provision testbed up` writes is a normal pyinfra inventory that
+provision's own loader accepts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from provision import inventory as inventory_lib
+from provision.testbed import inventory_writer, keys
+from provision.testbed.state import NodeRecord
+
+
+def _nodes() -> list[NodeRecord]:
+    return [NodeRecord(f"node{i}", i, 40000 + i, f"10.77.0.{10 + i}", 2048, 2,
+                       [f"NVME-node{i}-1", f"NVME-node{i}-2"]) for i in (1, 2)]
+
+
+def _write(tmp_path: Path) -> Path:
+    key = tmp_path / "keys" / "id_ed25519"
+    key.parent.mkdir()
+    key.write_text("test stand-in: the loader only checks that the key file exists\n")
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text("")
+    return inventory_writer.write(tmp_path / "inv" / "testbed.py", _nodes(), key, known_hosts, tmp_path)
+
+
+def test_written_inventory_loads_with_every_host_and_setting(tmp_path: Path) -> None:
+    cluster = inventory_lib.load(_write(tmp_path))
+    assert [n.name for n in cluster.nodes] == ["node1", "node2"]
+    node2 = cluster.node("node2")
+    assert (node2.ssh.hostname, node2.ssh.port, node2.ssh.user) == ("127.0.0.1", 40002, "root")
+    assert node2.ssh.known_hosts == str(tmp_path / "known_hosts")
+    assert node2.ssh.strict_host_key_checking == "yes"
+    assert node2.cluster_address == "10.77.0.12"
+    assert node2.settings.cluster_cidr == "10.77.0.0/24"
+    assert node2.settings.cluster_interface == "eth1"
+    assert node2.settings.data_disks == ["/dev/disk/by-id/virtio-NVME-node2-1",
+                                         "/dev/disk/by-id/virtio-NVME-node2-2"]
+
+
+def test_first_node_is_the_storage_node(tmp_path: Path) -> None:
+    cluster = inventory_lib.load(_write(tmp_path))
+    assert [n.name for n in cluster.with_role("storage")] == ["node1"]
+    assert cluster.storage_node().name == "node1"  # type: ignore[union-attr]
+
+
+def test_remove_deletes_only_files_the_testbed_wrote(tmp_path: Path) -> None:
+    written = _write(tmp_path)
+    foreign = tmp_path / "example.py"
+    foreign.write_text("nodes = ['a']\n")
+    assert not inventory_writer.remove(foreign) and foreign.exists()
+    assert inventory_writer.remove(written) and not written.exists()
+
+
+def test_known_hosts_entries_use_the_bracketed_port_form(tmp_path: Path) -> None:
+    line = keys.known_hosts_line(40001, "ssh-ed25519 AAAAC3Nza root@node1")
+    assert line == "[127.0.0.1]:40001 ssh-ed25519 AAAAC3Nza"
+    assert keys.known_hosts_line(22, "ssh-ed25519 AAAA x") == "127.0.0.1 ssh-ed25519 AAAA"
