@@ -57,6 +57,8 @@ POWERDOWN_TIMEOUT_S = 60.0
 class Testbed:
     """One testbed, identified by its state dir."""
 
+    __test__ = False  # not a pytest test class, despite its name
+
     def __init__(self, state_dir: str | Path | None = None, *, images_dir: str | Path | None = None,
                  inventory_path: str | Path | None = None, mirror: str | None = None,
                  progress: Progress | None = None):
