@@ -89,6 +89,9 @@ def up(
     from provision import inventory as inventory_lib
 
     tb = _testbed(state_dir, inventory, mirror=mirror)  # imports first: see _testbed
+    from provision.testbed.lifecycle import check_up_args
+
+    check_up_args(nodes, disks, memory, cpus, disk_gb)  # bad input: one line each, no progress
     with _progress(enabled=True) as report:
         tb.progress = report
         records = tb.up(nodes=nodes, disks=disks, memory_mb=memory, cpus=cpus, accel=accel,

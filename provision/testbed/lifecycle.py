@@ -103,7 +103,7 @@ class Testbed:
         inventory is (re)written. Raises InputError for bad arguments (nothing started),
         TestbedError when a tool is missing or a VM does not come up.
         """
-        _check_counts(nodes, disks, memory_mb, cpus, disk_gb)
+        check_up_args(nodes, disks, memory_mb, cpus, disk_gb)
         with self._lock():
             tools.require(*tools.RUN_TOOLS)
             st = self._prepare(accel)
@@ -372,7 +372,8 @@ def _node(st: TestbedState, name: str) -> NodeRecord:
                                  f"known nodes: {names}")) from None
 
 
-def _check_counts(nodes: int, disks: int, memory_mb: int, cpus: int, disk_gb: int) -> None:
+def check_up_args(nodes: int, disks: int, memory_mb: int, cpus: int, disk_gb: int) -> None:
+    """Raise InputError naming every out-of-range argument of up()."""
     limits = {"--nodes": (nodes, 1, 200), "--disks": (disks, 0, 8),
               "--memory": (memory_mb, 256, 1 << 20), "--cpus": (cpus, 1, 64),
               "--disk-gb": (disk_gb, 1, 1024)}

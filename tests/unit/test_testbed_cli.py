@@ -1,0 +1,51 @@
+"""`provision testbed` as a user meets it, without starting any VM."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PROVISION = [sys.executable, "-m", "provision", "testbed"]
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*PROVISION, *args], capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("command", ["up", "status", "ssh", "down"])
+def test_every_command_has_help_with_an_example(command: str) -> None:
+    done = _run(command, "--help")
+    assert done.returncode == 0
+    assert "Example: provision testbed " + command in done.stdout
+
+
+def test_bad_counts_are_bad_input_and_nothing_is_created(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    done = _run("up", "--nodes", "0", "--disks", "9", "--state-dir", str(state))
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == ["error: --nodes: 0 is outside 1..200",
+                                        "error: --disks: 9 is outside 0..8"]
+    assert not state.exists()
+
+
+def test_status_without_a_testbed_says_so(tmp_path: Path) -> None:
+    done = _run("status", "--state-dir", str(tmp_path / "none"))
+    assert done.returncode == 0 and "no testbed" in done.stdout
+    as_json = _run("status", "--json", "--state-dir", str(tmp_path / "none"))
+    assert json.loads(as_json.stdout)["nodes"] == []
+
+
+def test_ssh_without_a_testbed_is_one_error_line(tmp_path: Path) -> None:
+    done = _run("ssh", "node1", "--state-dir", str(tmp_path / "none"))
+    assert done.returncode == 1
+    assert done.stderr.strip().startswith("error: no testbed in ")
+
+
+def test_down_without_a_testbed_stops_nothing(tmp_path: Path) -> None:
+    done = _run("down", "--state-dir", str(tmp_path / "none"))
+    assert done.returncode == 0 and "stopped 0 processes" in done.stdout
+    assert not (tmp_path / "none").exists()
