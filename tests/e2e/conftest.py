@@ -39,3 +39,42 @@ def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedTestbed]
         yield SharedTestbed(tb, tb.inventory_path, nodes)
     finally:
         tb.down()
+
+
+# --- provisioning (owner: `provision up`) ----------------------------------------------
+
+WHEELHOUSE_CACHE = Path.home() / ".cache" / "provision" / "wheelhouse-torch-2.13.0-cp311"
+
+
+def cpu_wheelhouse() -> Path:
+    """torch==2.13.0 (the CPU build), numpy and nvidia-ml-py as wheels for the guests'
+    Python 3.11 (Debian 12); downloaded once and cached beside the testbed image."""
+    import subprocess
+    import sys
+
+    torch = list(WHEELHOUSE_CACHE.glob("torch-2.13.0*.whl"))
+    if torch and "+cpu" in torch[0].name and list(WHEELHOUSE_CACHE.glob("numpy-*.whl")):
+        return WHEELHOUSE_CACHE
+    WHEELHOUSE_CACHE.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "pip", "download", "torch==2.13.0", "numpy", "nvidia-ml-py",
+                    "-d", str(WHEELHOUSE_CACHE), "--only-binary=:all:", "--python-version", "3.11",
+                    "--platform", "manylinux_2_28_x86_64"], check=True, timeout=900, capture_output=True)
+    torch = list(WHEELHOUSE_CACHE.glob("torch-2.13.0*.whl"))
+    assert torch and "+cpu" in torch[0].name, f"not the CPU torch wheel: {torch}"  # never a CUDA build
+    return WHEELHOUSE_CACHE
+
+
+@pytest.fixture(scope="session")
+def provisioned(testbed: SharedTestbed):
+    """`provision up` once on the shared testbed, all steps (nvidia skips itself: no GPU),
+    frameworks from a CPU-torch wheelhouse. Returns the RunReport; tests assert on it."""
+    from provision import inventory, pipeline
+
+    group_data = Path(testbed.inventory_path).parent / "group_data"
+    group_data.mkdir(exist_ok=True)
+    all_py = group_data / "all.py"
+    existing = all_py.read_text() if all_py.is_file() else ""
+    all_py.write_text(existing + f"\nwheelhouse = {str(cpu_wheelhouse())!r}\n"
+                      "min_root_free_gb = 1  # the testbed's root disk is 3 GB\n")
+    cluster = inventory.load(testbed.inventory_path)
+    return pipeline.up(cluster, pipeline.select())

@@ -85,7 +85,7 @@ def driver_release(version: str) -> list[Package]:
         Package("nvidia-kernel-open-dkms", version, postinst="touch /var/run/reboot-required"),
         Package("nvidia-kernel-dkms", version, postinst="touch /var/run/reboot-required"),
         Package("nvidia-persistenced", version, [], {
-            "usr/bin/nvidia-persistenced": "#!/bin/sh\n# TEST STAND-IN: stays up like the daemon.\nexec sleep infinity\n",
+            "usr/bin/nvidia-persistenced": "#!/bin/sh\n# TEST STAND-IN: stays up.\nexec sleep infinity\n",
             "lib/systemd/system/nvidia-persistenced.service": PERSISTENCED_UNIT,
         }, ("usr/bin/nvidia-persistenced",)),
         Package("nvidia-fabricmanager", version, [], {"lib/systemd/system/nvidia-fabricmanager.service":

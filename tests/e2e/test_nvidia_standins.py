@@ -1,0 +1,130 @@
+"""The real nvidia deploy against the TEST STAND-IN CUDA repository (tests/standins):
+signed local apt repo served over HTTP, reached by the VMs at 10.0.2.2 (qemu user
+networking). `nvidia: force` because the VMs have no GPU.
+
+Checks the sources file, the pinned versions (580, never the 590 also in the repo), the
+holds, the nouveau blacklist, the persistenced override, exactly one reboot per host on
+the first run and none on the second. Afterwards the stand-ins are purged, so the shared
+testbed is as before for the other tests.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from provision import inventory, pipeline, remote
+from tests.standins import nvidia_repo
+
+pytestmark = pytest.mark.e2e
+
+BOOT_ID = "cat /proc/sys/kernel/random/boot_id"
+CLEANUP = ("apt-mark unhold $(apt-mark showhold) >/dev/null 2>&1; "
+           "DEBIAN_FRONTEND=noninteractive apt-get purge -y 'nvidia-*' 'libnvidia-*' 'cuda-*' >/dev/null; "
+           "rm -f /etc/apt/sources.list.d/cuda-*.sources /etc/apt/preferences.d/90-provision-nvidia "
+           "/etc/apt/keyrings/cuda-archive-keyring.gpg /etc/modprobe.d/blacklist-nouveau.conf; "
+           "rm -rf /etc/systemd/system/nvidia-persistenced.service.d; systemctl daemon-reload; "
+           "apt-get update -qq")
+
+
+@pytest.fixture(scope="module")
+def standin_inventory(testbed, tmp_path_factory):
+    """The testbed inventory with nvidia forced and the stand-in repository as source."""
+    work = tmp_path_factory.mktemp("nvidia-standins")
+    served = nvidia_repo.serve(nvidia_repo.build(work / "repo"))
+    inv = work / "inventory.py"
+    shutil.copy(testbed.inventory_path, inv)
+    (work / "group_data").mkdir()
+    source = Path(testbed.inventory_path).parent / "group_data" / "all.py"
+    lines = source.read_text() if source.is_file() else ""
+    url = served.url_for_vms()
+    (work / "group_data" / "all.py").write_text(lines + "\n".join([
+        "", "nvidia = 'force'", f"nvidia_repo_url = '{url}'",
+        f"nvidia_keyring_url = '{url}{nvidia_repo.KEYRING}'",
+        "fabric_manager = 'force'",
+        "nvidia_kernel_headers = False  # TCG: unpacking headers costs minutes and proves nothing here",
+        "min_root_free_gb = 1", "",
+    ]))
+    yield inv
+    cluster = inventory.load(inv)
+    remote.on_all(cluster.nodes, lambda n: remote.run(n, CLEANUP, timeout=600))
+    served.stop()
+
+
+@pytest.fixture(scope="module")
+def first_and_second(standin_inventory):
+    cluster = inventory.load(standin_inventory)
+    boots = {n.name: remote.run(n, BOOT_ID).stdout.strip() for n in cluster.nodes}
+    first = pipeline.up(cluster, pipeline.select(only="nvidia"))
+    boots_after = {n.name: remote.run(n, BOOT_ID).stdout.strip() for n in cluster.nodes}
+    second = pipeline.up(cluster, pipeline.select(only="nvidia"))
+    boots_final = {n.name: remote.run(n, BOOT_ID).stdout.strip() for n in cluster.nodes}
+    return cluster, first, second, (boots, boots_after, boots_final)
+
+
+def sh(node, command: str) -> str:
+    result = remote.run(node, command, timeout=120)
+    assert result.ok, result.stderr
+    return result.stdout.strip()
+
+
+def test_first_run_succeeds_and_reboots_every_host_once(first_and_second) -> None:
+    _, first, _, (before, after, _) = first_and_second
+    assert first.exit_code == 0, first.as_json()
+    for name, host in first.hosts.items():
+        assert host.rebooted is True
+        assert before[name] != after[name]  # the kernel's boot id changed: it did reboot
+
+
+def test_second_run_changes_nothing_and_reboots_nothing(first_and_second) -> None:
+    _, _, second, (_, after, final) = first_and_second
+    assert second.exit_code == 0, second.as_json()
+    for name, host in second.hosts.items():
+        assert host.changed == 0 and host.rebooted is False
+        assert after[name] == final[name]
+
+
+def test_repository_is_deb822_signed(first_and_second) -> None:
+    cluster, *_ = first_and_second
+    for node in cluster.nodes:
+        text = sh(node, "cat /etc/apt/sources.list.d/cuda-debian12.sources")
+        assert "Types: deb\n" in text and "Suites: /\n" in text
+        assert "Signed-By: /etc/apt/keyrings/cuda-archive-keyring.gpg" in text
+
+
+def test_pinned_branch_not_the_newer_one(first_and_second) -> None:
+    cluster, *_ = first_and_second
+    for node in cluster.nodes:
+        versions = sh(node, "dpkg-query -W -f='${Package}=${Version}\\n' nvidia-open nvidia-open-580 "
+                            "nvidia-driver-cuda nvidia-fabricmanager cuda-toolkit-12-8")
+        assert versions.split() == ["cuda-toolkit-12-8=12.8.1-1", "nvidia-driver-cuda=580.95.05-1",
+                                    "nvidia-fabricmanager=580.95.05-1", "nvidia-open=580.95.05-1",
+                                    "nvidia-open-580=580.95.05-1"]
+        assert sh(node, "nvidia-smi --query-gpu=driver_version --format=csv,noheader") == "580.95.05"
+        # the 590 release is in the repository, yet apt would not move to it
+        assert "590" in sh(node, "apt-cache policy nvidia-open")
+        assert "nvidia-open" not in sh(node, "apt-get -s upgrade | grep ^Inst || true")
+
+
+def test_driver_packages_are_held(first_and_second) -> None:
+    cluster, *_ = first_and_second
+    for node in cluster.nodes:
+        held = set(sh(node, "apt-mark showhold").split())
+        assert {"nvidia-open-580", "nvidia-open", "nvidia-driver-cuda", "nvidia-kernel-open-dkms",
+                "nvidia-persistenced", "libnvidia-compute", "nvidia-fabricmanager"} <= held
+
+
+def test_nouveau_blacklisted_and_persistenced_in_persistence_mode(first_and_second) -> None:
+    cluster, *_ = first_and_second
+    for node in cluster.nodes:
+        assert "blacklist nouveau" in sh(node, "cat /etc/modprobe.d/blacklist-nouveau.conf")
+        dropin = sh(node, "cat /etc/systemd/system/nvidia-persistenced.service.d/provision.conf")
+        assert "ExecStart=/usr/bin/nvidia-persistenced --persistence-mode" in dropin
+        assert sh(node, "systemctl is-enabled nvidia-persistenced") == "enabled"
+        # started by the reboot, with the override applied
+        assert "--persistence-mode" in sh(node, "systemctl show -p ExecStart nvidia-persistenced")
+        assert sh(node, "systemctl is-active nvidia-persistenced") == "active"
+
+
