@@ -91,7 +91,7 @@ def plan(nodes: list[Node], probes: dict[str, RebootState], gpus: dict[str, Gpus
     return RebootPlan(reboot, refused)
 
 
-def _reboot_deploy() -> Callable[[], None]:
+def _reboot_deploy() -> Callable[..., object]:
     @deploy("Reboot")
     def reboot() -> None:
         node = runner.current_node()

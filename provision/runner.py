@@ -512,7 +512,7 @@ def plan_with_facts(step: Step, node: Node, facts: Callable[[type, dict[str, Any
 
     global _cluster
     state = _new_state([node], parallel=1)
-    _cluster = cluster or Cluster(node.name and _fake_path(), (node,))
+    _cluster = cluster or Cluster(_fake_path(), (node,))
 
     def get_fact(self: Any, cls: type, *args: Any, **kwargs: Any) -> Any:
         return facts(cls, kwargs)

@@ -11,6 +11,7 @@ After the install, torch is imported with the venv's python; on GPU hosts
 from __future__ import annotations
 
 import shlex
+from collections.abc import Sequence
 from pathlib import Path
 
 from pyinfra import host
@@ -26,7 +27,7 @@ from provision.settings import Settings
 REMOTE_WHEELHOUSE = "/opt/provision/wheelhouse"
 
 
-def requirements(settings: Settings, wheel_names: list[str] = ()) -> list[str]:  # type: ignore[assignment]
+def requirements(settings: Settings, wheel_names: Sequence[str] = ()) -> list[str]:
     """pip requirement strings: torch pinned, numpy pinned when asked, nvidia-ml-py.
 
     A CPU or CUDA build from PyTorch's own index carries a local version label
@@ -37,7 +38,7 @@ def requirements(settings: Settings, wheel_names: list[str] = ()) -> list[str]: 
     return [f"torch=={torch_version(settings.torch_version, wheel_names)}", numpy, "nvidia-ml-py"]
 
 
-def torch_version(pinned: str, wheel_names: list[str]) -> str:
+def torch_version(pinned: str, wheel_names: Sequence[str]) -> str:
     """The pinned torch version, with the local label of a matching wheelhouse wheel."""
     for name in wheel_names:
         parts = name.split("-")
@@ -117,8 +118,8 @@ def frameworks() -> None:
     if settings.wheelhouse:
         wheels = [w.name for w in wheel_files(settings.wheelhouse)]
         upload_wheelhouse(settings.wheelhouse)
-    venv_kwargs = {"venv": True, "python": "python3"}
-    pip.virtualenv(name=f"venv {venv}", path=venv, **venv_kwargs)
+    venv_kwargs: dict[str, object] = {"venv": True, "python": "python3"}
+    pip.virtualenv(name=f"venv {venv}", path=venv, venv=True, python="python3")
     pip.packages(name="torch, numpy, nvidia-ml-py", packages=requirements(settings, wheels),
                  virtualenv=venv, virtualenv_kwargs=venv_kwargs,
                  extra_install_args=pip_source_args(settings))
