@@ -1,0 +1,73 @@
+"""`provision status` on the provisioned testbed: no drift after `up`; a pinned package
+changed by hand on one VM is named with its host and both versions."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from provision import inventory, remote
+from provision.deploys.frameworks import REMOTE_WHEELHOUSE
+from tests.e2e.storage_helpers import cli, sh
+
+pytestmark = pytest.mark.e2e
+
+OTHER_NUMPY = "1.26.4"  # any release other than the wheelhouse's; a real wheel from PyPI
+
+
+def pinned_inventory(source: Path, dest: Path, numpy_version: str) -> Path:
+    """The testbed inventory with numpy pinned at what `up` installed."""
+    dest.write_text(source.read_text() + f"\n# pinned by the status test\nfor _name, _data in nodes:\n"
+                    f"    _data['numpy_version'] = {numpy_version!r}\n")
+    return dest
+
+
+def venv_numpy(node) -> str:
+    python = f"{node.settings.venv_path}/bin/python"
+    return sh(node, f"{python} -c 'import numpy; print(numpy.__version__)'").strip()
+
+
+def test_status_after_up_is_clean_then_names_a_hand_changed_package(provisioned, testbed, tmp_path):
+    cluster = inventory.load(testbed.inventory_path)
+    victim = cluster.nodes[-1]
+    installed = venv_numpy(victim)
+    assert installed != OTHER_NUMPY
+    inv = pinned_inventory(Path(testbed.inventory_path), tmp_path / "pinned.py", installed)
+
+    clean = cli("status", str(inv), "--json", timeout_s=300)
+    report = clean.json()
+    assert clean.exit_code == 0, report
+    assert all(h["reachable"] and h["drift"] == [] for h in report["hosts"])
+    assert all(h["versions"]["torch"].startswith("2.13.0") for h in report["hosts"])
+
+    wheels = tmp_path / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "download", f"numpy=={OTHER_NUMPY}", "--no-deps",
+                    "--only-binary=:all:", "--python-version", "3.11", "--platform", "manylinux_2_17_x86_64",
+                    "-d", str(wheels)], check=True, capture_output=True, timeout=600)
+    (wheel,) = wheels.glob("numpy-*.whl")
+    conn = remote.connection(victim)
+    try:
+        conn.put(str(wheel), f"/tmp/{wheel.name}")
+    finally:
+        conn.close()
+    pip = f"{victim.settings.venv_path}/bin/pip"
+    sh(victim, f"{pip} install -q --no-deps --no-index /tmp/{wheel.name}")
+    try:
+        drifted = cli("status", str(inv), "--json", timeout_s=300)
+        hosts = {h["name"]: h for h in drifted.json()["hosts"]}
+        assert drifted.exit_code == 1
+        assert [(d["item"], d["expected"], d["actual"]) for d in hosts[victim.name]["drift"]] == [
+            ("numpy", installed, OTHER_NUMPY)]
+        assert all(h["drift"] == [] for name, h in hosts.items() if name != victim.name)
+        table = cli("status", str(inv), timeout_s=300)
+        flat = " ".join(table.stdout.split())
+        assert table.exit_code == 1 and victim.name in flat and "numpy" in flat
+        assert installed in flat and OTHER_NUMPY in flat
+    finally:
+        sh(victim, f"{pip} install -q --no-deps --no-index --force-reinstall "
+                   f"--find-links {REMOTE_WHEELHOUSE} numpy=={installed}")
+    assert venv_numpy(victim) == installed
+
