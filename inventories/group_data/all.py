@@ -1,8 +1,0 @@
-# Settings for every host. See `provision inventory knobs` for the full list.
-
-ssh_user = "ubuntu"
-_sudo = True  # pyinfra global argument: run operations through sudo
-
-cluster_cidr = "10.10.0.0/24"  # NFS exports go to this network only
-nvidia_driver_branch = "580"
-torch_version = "2.13.0"
