@@ -3,6 +3,7 @@ found when provision is installed from a wheel (non-editable)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import venv
@@ -39,7 +40,9 @@ def test_non_editable_install_finds_resources_outside_the_source_tree(wheel, tmp
     probe = ("from provision.resources import inventories_dir, templates_dir; "
              "d = inventories_dir(); print(d); assert (d / 'example.py').is_file(); "
              "assert (templates_dir() / 'README.md').is_file()")
-    result = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # only the installed copy
+    result = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, cwd=tmp_path,
+                            timeout=60, env=env)
     assert result.returncode == 0, result.stderr
     inventories = Path(result.stdout.splitlines()[0])
     assert str(env_dir) in str(inventories), "resources must come from the installed wheel"
