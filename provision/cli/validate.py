@@ -1,0 +1,167 @@
+"""`provision validate`: benchmark every node and give each a verdict (the acceptance gate)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from provision.console import err, host_progress, out, print_json
+from provision.errors import EXIT_BAD_INPUT, InputError, Problem
+
+VERDICT_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "not_run": "dim"}
+
+
+def validate(
+    inventory: Path | None = typer.Argument(None, help="pyinfra inventory file, e.g. inventories/testbed.py"),
+    quick: bool = typer.Option(
+        True,
+        "--quick/--full",
+        help="quick: seconds per benchmark, ring of links; full: GEMM shape sweep, longer runs, every pair of links",
+    ),
+    only: str = typer.Option(
+        "cpu,ram,disk,net,gpu,allreduce", "--only", help="comma-separated groups: cpu,ram,disk,net,gpu,allreduce"
+    ),
+    expect: Path | None = typer.Option(
+        None, "--expect", help='JSON thresholds, e.g. {"disk_seq_read_mibs": 2000, "gpu_bf16_tflops.fraction": 0.8}'
+    ),
+    json_out: str | None = typer.Option(None, "--json", help="write the JSON report here ('-': stdout)"),
+    html_out: Path | None = typer.Option(None, "--html", help="write the HTML report with charts here"),
+    junit_out: Path | None = typer.Option(None, "--junit", help="write JUnit XML here"),
+    history_host: str | None = typer.Option(None, "--history", help="show the trend of HOST's past results and exit"),
+    warn_ok: bool = typer.Option(False, "--warn-ok", help="exit 0 when nodes only warned"),
+) -> None:
+    """Benchmark every node (CPU, RAM, disk, NICs, GPUs, all-reduce) and judge it: pass,
+    warn or fail, with reasons. Results are kept per host (see --history).
+
+    Exit code: 0 every node passed; 1 a node warned (unless --warn-ok) or failed, or was
+    unreachable; 2 bad input (nothing contacted).
+
+    Example: provision validate inventories/testbed.py --quick --html report.html --junit v.xml
+    """
+    from provision.validate import history
+
+    if history_host:
+        _print_history(history_host, history.read(history_host), json_out)
+        return
+    if inventory is None:
+        raise InputError(
+            Problem("provision validate", "missing INVENTORY", "e.g. provision validate inventories/testbed.py")
+        )
+    code = _run(inventory, "quick" if quick else "full", only, expect, json_out, html_out, junit_out, warn_ok)
+    raise typer.Exit(code)
+
+
+def _groups(only: str) -> frozenset[str]:
+    from provision.validate.metrics import GROUPS
+
+    groups = frozenset(g.strip() for g in only.split(",") if g.strip())
+    unknown = sorted(groups - set(GROUPS))
+    if unknown or not groups:
+        raise InputError(
+            Problem(
+                f"--only {only}", f"unknown group {', '.join(unknown) or '(none)'}", "choose from " + ",".join(GROUPS)
+            )
+        )
+    return groups
+
+
+def _run(
+    inventory: Path,
+    mode: str,
+    only: str,
+    expect: Path | None,
+    json_out: str | None,
+    html_out: Path | None,
+    junit_out: Path | None,
+    warn_ok: bool,
+) -> int:
+    from provision import inventory as inventory_lib
+    from provision.validate import controller, history, judge, report_html, report_json, report_junit
+    from provision.validate.expectations import Overrides, load_expect_file, parse_flat
+
+    # Every input is checked before the first host is contacted.
+    groups = _groups(only)
+    overrides = load_expect_file(expect) if expect else Overrides()
+    cluster = inventory_lib.load(inventory)
+    for node in cluster.nodes:
+        parse_flat(node.settings.validate_expect, f"{inventory}: host {node.name}: validate_expect")
+    plan = controller.Plan(mode, groups, overrides)
+    with host_progress([n.name for n in cluster.nodes], enabled=json_out != "-") as progress:
+        outcome = controller.run(cluster, plan, progress)
+    code = judge.exit_code(outcome.results, warn_ok)
+    info = report_json.RunInfo(str(inventory), mode, sorted(groups), code, network=outcome.network)
+    history.append(outcome.results, info.created, mode)
+    if json_out == "-":
+        print_json(report_json.document(outcome.results, info))
+    else:
+        _print_table(outcome.results)
+        if json_out:
+            report_json.write(json_out, outcome.results, info)
+    if html_out:
+        report_html.write(html_out, outcome.results, f"provision validate: {inventory}")
+    if junit_out:
+        report_junit.write(junit_out, outcome.results, warn_ok)
+    return code
+
+
+def _print_table(results: list) -> None:
+    table = Table(title="validate")
+    for column in ("node", "metric", "value", "expect", "verdict", "reason"):
+        table.add_column(column, overflow="fold")
+    for r in results:
+        for e in r.errors:
+            table.add_row(r.node, "-", "-", "-", "[bold red]FAIL[/]", e)
+        for f in r.findings:
+            name = f"{f.metric}[{f.device}]" if f.device else f.metric
+            value = "-" if f.value is None else f"{f.value:.4g} {f.unit}"
+            exp = "-" if f.expectation is None else f"{f.expectation:.4g}"
+            style = VERDICT_STYLE.get(f.verdict, "")
+            table.add_row(r.node, name, value, exp, f"[{style}]{f.verdict.upper()}[/]", f.reason)
+    out.print(table)
+    summary = Table(title="verdict per node")
+    for column in ("node", "verdict", "GPU SKU"):
+        summary.add_column(column)
+    for r in results:
+        style = VERDICT_STYLE.get(r.verdict, "")
+        summary.add_row(r.node, f"[{style}]{r.verdict.upper()}[/]", r.sku or "-")
+    out.print(summary)
+
+
+def _print_history(host: str, lines: list[dict], json_out: str | None) -> None:
+    from provision.validate.history import trend
+
+    rows = trend(lines)
+    if json_out == "-":
+        print_json({"host": host, "runs": lines})
+        return
+    if json_out:
+        raise typer.Exit(_bad("--history writes JSON to stdout only: use --json -"))
+    out.print(
+        f"[bold]{host}[/]: {len(lines)} runs, verdicts " + " ".join(line.get("verdict", "?") for line in lines[-10:])
+    )
+    table = Table(title=f"trend for {host}")
+    for column in ("metric", "runs", "first", "previous", "latest", "change"):
+        table.add_column(column)
+    for row in rows:
+        change = "-" if row.change is None else f"{row.change:+.1%}"
+        style = "red" if row.change is not None and row.change < -0.1 else ""
+        table.add_row(
+            row.key,
+            str(row.runs),
+            f"{row.first:.4g}",
+            "-" if row.previous is None else f"{row.previous:.4g}",
+            f"{row.latest:.4g}",
+            f"[{style}]{change}[/]" if style else change,
+        )
+    out.print(table)
+
+
+def _bad(message: str) -> int:
+    err.print(f"[bold red]error:[/] {message}")
+    return EXIT_BAD_INPUT
+
+
+def register(app: typer.Typer) -> None:
+    app.command("validate")(validate)

@@ -1,0 +1,170 @@
+"""Run validate on a cluster: agents on every node, then network rounds, then the
+multi-node all-reduce, then the judge.
+
+Steps run one after another so that no benchmark disturbs another: the agents run on all
+nodes at once (each node measures only itself), the link tests run round by round, the
+all-reduce runs last. Every remote command goes through ``provision.remote`` and is
+bounded by ``timeout`` on the node; nothing here opens a connection of its own.
+"""
+
+from __future__ import annotations
+
+import base64
+import shlex
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from provision import remote
+from provision.inventory import Cluster, Node
+from provision.validate import judge, netrun, parsers
+from provision.validate.expectations import Overrides, parse_flat
+from provision.validate.metrics import GROUPS
+from provision.validate.records import Measurement, NodeResult
+
+AGENT_PATH = Path(__file__).with_name("agent.py")
+AGENT_TIMEOUT_S = {"quick": 300, "full": 1800}  # whole agent run on one node
+
+Progress = Callable[[str, str], None]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to run."""
+
+    mode: str = "quick"  # quick or full
+    groups: frozenset[str] = frozenset(GROUPS)  # --only
+    expect: Overrides = field(default_factory=Overrides)  # --expect file
+    iperf_seconds: int = 0  # per link test; 0: 3 s quick, 10 s full
+
+
+@dataclass
+class Outcome:
+    """Everything a run produced."""
+
+    results: list[NodeResult]  # judged, in inventory order
+    network: dict = field(default_factory=dict)  # pairs, bisect blame, all-reduce detail
+
+
+def agent_command(node: Node, agent_path: str, plan: Plan) -> str:
+    """The shell line that runs the agent with the node's venv python (else python3)."""
+    venv_python = shlex.quote(f"{node.settings.venv_path}/bin/python")
+    only = ",".join(sorted(plan.groups & {"cpu", "ram", "disk", "gpu", "allreduce"})) or "none"
+    args = (
+        f"{shlex.quote(agent_path)} --mode {plan.mode} --only {only} --data-dir {shlex.quote(node.settings.data_mount)}"
+    )
+    return f'P={venv_python}; [ -x "$P" ] || P=python3; timeout {AGENT_TIMEOUT_S[plan.mode]} "$P" {args}'
+
+
+def upload_command(agent_path: str) -> str:
+    """Write the agent file on the node from the command line itself (base64, no SFTP):
+    one round trip, and nothing but a shell needed on the node."""
+    blob = base64.b64encode(AGENT_PATH.read_bytes()).decode()
+    return f"umask 077; printf %s {blob} | base64 -d > {shlex.quote(agent_path)}"
+
+
+def _agent(node: Node, plan: Plan, agent_path: str, progress: Progress) -> parsers.AgentReport | str:
+    """Upload and run the agent; the parsed report, or why it could not run."""
+    progress(node.name, "uploading agent")
+    upload = remote.run(node, upload_command(agent_path), timeout=60)
+    if not upload.ok:
+        return f"cannot upload the agent: {(upload.stderr or upload.stdout).strip()[-300:]}"
+    progress(node.name, f"agent running ({plan.mode})")
+    r = remote.run(node, agent_command(node, agent_path, plan),
+                   timeout=AGENT_TIMEOUT_S[plan.mode] + 30)
+    if not r.ok:
+        return f"agent exited {r.exited}: {(r.stderr or r.stdout).strip()[-300:]}"
+    try:
+        return parsers.agent_output(r.stdout, node.name)
+    except parsers.ParseError as e:
+        return f"agent output unreadable: {e}"
+
+
+def _overrides(node: Node, plan: Plan) -> Overrides:
+    where = f"host {node.name}: validate_expect"
+    return parse_flat(node.settings.validate_expect, where).merged(plan.expect)
+
+
+def run(cluster: Cluster, plan: Plan, progress: Progress | None = None) -> Outcome:
+    """Validate every node of the cluster and judge it. One node failing never stops the rest."""
+    say = progress or (lambda host, text: None)
+    nodes = list(cluster.nodes)
+    token = uuid.uuid4().hex[:8]
+    paths = {n.name: f"/tmp/provision-validate-{n.name}-{token}.py" for n in nodes}
+    reports = remote.on_all(nodes, lambda n: _agent(n, plan, paths[n.name], say))
+    inputs = {n.name: _input(n, reports[n.name], plan) for n in nodes}
+    network: dict = {}
+    reachable = [n for n in nodes if not inputs[n.name].errors]
+    try:
+        if "net" in plan.groups:
+            network["links"] = _links(reachable, nodes, inputs, plan, say)
+        if "allreduce" in plan.groups:
+            network["allreduce"] = _allreduce(reachable, nodes, inputs, reports, paths, say)
+    finally:
+        remote.on_all(reachable, lambda n: remote.run(n, f"rm -f {shlex.quote(paths[n.name])}", timeout=30))
+    for n in nodes:
+        say(n.name, "judging")
+    return Outcome(judge.judge([inputs[n.name] for n in nodes]), network)
+
+
+def _input(node: Node, report: parsers.AgentReport | str, plan: Plan) -> judge.NodeInput:
+    overrides = _overrides(node, plan)
+    wants_gpu = node.has_role("gpu_nodes") and "gpu" in plan.groups
+    if isinstance(report, str):
+        return judge.NodeInput(node.name, [], wants_gpu=wants_gpu, overrides=overrides, errors=[report])
+    # Agent errors already show as not-run metrics with their reason; keep them as notes.
+    inventory = {
+        **report.inventory,
+        "hostname": report.hostname,
+        "gpus": [g.name for g in report.gpus],
+        "agent_errors": list(report.errors),
+    }
+    gpus = list(report.gpus) if "gpu" in plan.groups else []
+    return judge.NodeInput(node.name, list(report.measurements), gpus, wants_gpu, overrides, [], inventory)
+
+
+def _links(
+    reachable: list[Node], nodes: list[Node], inputs: dict[str, judge.NodeInput], plan: Plan, say: Progress
+) -> dict:
+    seconds = plan.iperf_seconds or (3 if plan.mode == "quick" else 10)
+    values, detail = netrun.links(reachable, plan.mode, seconds, say)
+    for n in nodes:
+        value, why, text = values.get(n.name, (None, "not run: node unreachable", ""))
+        if len(nodes) < 2:
+            value, why = None, "not run: one node"
+        inputs[n.name].measurements.append(Measurement(n.name, "net_gbits", value, "", why, text))
+    return detail
+
+
+def _allreduce(
+    reachable: list[Node],
+    nodes: list[Node],
+    inputs: dict[str, judge.NodeInput],
+    reports: dict,
+    paths: dict[str, str],
+    say: Progress,
+) -> dict:
+    detail: dict = {}
+    value: float | None = None
+    if len(nodes) < 2:
+        why = "not run: one node"
+    elif len(reachable) < len(nodes):
+        why = "not run: a node is unreachable"
+    else:
+        gpus = {n.name: len(r.gpus) if not isinstance(r, str) else 0 for n, r in ((n, reports[n.name]) for n in nodes)}
+        value, why, detail = netrun.allreduce(nodes, paths, gpus, say)
+    for n in nodes:
+        inputs[n.name].measurements.append(
+            Measurement(
+                n.name,
+                "allreduce_nodes_busbw_gbs",
+                value,
+                "",
+                why,
+                f"{detail.get('world', '?')} ranks, {detail.get('backend', '?')}, {detail.get('mb', '?')} MiB"
+                if value is not None
+                else "",
+            )
+        )
+    return detail

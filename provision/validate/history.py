@@ -1,0 +1,89 @@
+"""Validate results kept per host, so a slow decline shows before it becomes a failure.
+
+One JSON line per run and host in ``<state>/provision/validate/<host>.jsonl``, where
+``<state>`` is $XDG_STATE_HOME or ~/.local/state. ``trend()`` turns a host's lines into
+rows: first, previous and latest value per metric, and the change since the previous run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from provision.errors import InputError, Problem
+from provision.validate.records import NodeResult
+
+
+def state_dir() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    return Path(base) / "provision" / "validate"
+
+
+def _file(host: str, base: Path) -> Path:
+    if not re.fullmatch(r"[A-Za-z0-9_.@-]+", host) or host.startswith("."):
+        raise InputError(Problem(f"--history {host}", "not a host name", "use the inventory name"))
+    return base / f"{host}.jsonl"
+
+
+def entry(result: NodeResult, created: str, mode: str) -> dict:
+    """One history line: verdict and every measured value, keyed metric or metric[device]."""
+    values = {
+        (f"{f.metric}[{f.device}]" if f.device else f.metric): f.value for f in result.findings if f.value is not None
+    }
+    return {"created": created, "mode": mode, "verdict": result.verdict, "sku": result.sku, "values": values}
+
+
+def append(results: list[NodeResult], created: str, mode: str, base: Path | None = None) -> None:
+    base = base or state_dir()
+    base.mkdir(parents=True, exist_ok=True)
+    for r in results:
+        with open(_file(r.node, base), "a") as f:
+            f.write(json.dumps(entry(r, created, mode)) + "\n")
+
+
+def read(host: str, base: Path | None = None) -> list[dict]:
+    path = _file(host, base or state_dir())
+    if not path.is_file():
+        raise InputError(
+            Problem(
+                str(path),
+                f"no validate history for {host}",
+                "run `provision validate` on an inventory with this host first",
+            )
+        )
+    lines = []
+    for line in path.read_text().splitlines():
+        try:
+            lines.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line cut short by a crash; the rest still counts
+    return lines
+
+
+@dataclass(frozen=True)
+class TrendRow:
+    """One metric across a host's runs."""
+
+    key: str  # metric or metric[device]
+    runs: int  # runs that measured it
+    first: float  # oldest value
+    previous: float | None  # the run before the latest
+    latest: float  # newest value
+    change: float | None  # latest / previous - 1
+
+
+def trend(lines: list[dict]) -> list[TrendRow]:
+    series: dict[str, list[float]] = {}
+    for line in lines:
+        for key, value in line.get("values", {}).items():
+            series.setdefault(key, []).append(float(value))
+    rows = []
+    for key in sorted(series):
+        v = series[key]
+        prev = v[-2] if len(v) > 1 else None
+        change = (v[-1] / prev - 1) if prev else None
+        rows.append(TrendRow(key, len(v), v[0], prev, v[-1], change))
+    return rows
