@@ -149,3 +149,25 @@ def ssh_config(nodes: Iterable[Node]) -> str:
             lines += [f"  IdentityFile {ssh.key}", "  IdentitiesOnly yes"]
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks) + "\n"
+
+
+def run_beside(conn: Any, host: str, command: str, timeout: float = 30) -> CommandResult:
+    """Run a short command on an open connection over a channel of its own.
+
+    For work beside a long ``conn.run`` on the same connection (a log stream): invoke's
+    runner blocks a second run on that connection until the first ends, a bare channel
+    does not. Output is read whole; keep commands short.
+    """
+    try:
+        if not conn.is_connected:
+            conn.open()
+        channel = conn.client.get_transport().open_session(timeout=timeout)
+        channel.settimeout(timeout)
+        channel.exec_command(command)
+        stdout, stderr = channel.makefile("rb").read(), channel.makefile_stderr("rb").read()
+        exited = channel.recv_exit_status()
+        channel.close()
+        return CommandResult(host, exited, stdout.decode(errors="replace"),
+                             stderr.decode(errors="replace"))
+    except Exception as e:  # paramiko/socket errors all mean "could not run"
+        return CommandResult(host, -1, "", f"{type(e).__name__}: {e}")

@@ -179,6 +179,11 @@ class Settings:
 
     # --- train ---
     train_master_port: int = knob(29500, "c10d rendezvous port on the first node", _positive)
+    train_dir: str = knob(
+        "/var/tmp/provision-train",
+        "node directory for the trainer: runs/<run-id>/ (script, pid file), data/, checkpoints/",
+        _absolute,
+    )
 
 
 def knob_docs() -> list[tuple[str, Any, str]]:

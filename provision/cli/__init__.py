@@ -47,6 +47,9 @@ def _register() -> None:
     from provision.cli import validate
 
     validate.register(app)
+    from provision.cli import train
+
+    app.command("train")(train.train)
 
 
 def main() -> None:

@@ -1,0 +1,141 @@
+"""`provision train`: run the reference DDP trainer on every node and report throughput."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from provision import inventory as inventory_lib
+from provision.console import err, out, print_json
+from provision.errors import EXIT_FAILED, InputError, Problem, ProvisionError
+
+InventoryArg = typer.Argument(..., help="pyinfra inventory file, e.g. inventories/testbed.py")
+
+
+class TrainFailed(ProvisionError):
+    """A node could not be prepared; nothing was started."""
+
+
+def train(
+    inventory: Path = InventoryArg,
+    extra: list[str] | None = typer.Argument(
+        None, help="more train_ddp.py flags, after `--`, e.g. -- --lr 3e-4 --compile"),
+    nproc_per_node: str = typer.Option(
+        "auto", "--nproc-per-node", help="ranks per node; auto: one per GPU, 1 without GPUs"),
+    steps: int = typer.Option(100, "--steps", min=1, help="optimizer steps in total"),
+    model: str = typer.Option("tiny", "--model", help="trainer size preset: tiny, small, medium, gpt2"),
+    batch_per_rank: int = typer.Option(8, "--batch-per-rank", min=1,
+                                       help="sequences per rank per step (global batch grows with ranks)"),
+    resume: bool = typer.Option(False, "--resume", help="continue from the checkpoint's step"),
+    limit: str | None = typer.Option(None, "--limit", help="comma-separated hosts to train on"),
+    python: str | None = typer.Option(None, "--python",
+                                      help="interpreter on the nodes; default: <venv_path>/bin/python"),
+    runs_dir: Path = typer.Option(Path("runs"), "--runs-dir",
+                                  help="controller directory for logs, reports and plots"),
+    monitor_interval: float = typer.Option(5.0, "--monitor-interval", min=0.5,
+                                           help="seconds between node utilisation samples"),
+    timeout: float | None = typer.Option(None, "--timeout", min=1,
+                                         help="stop the run (exit 1) after this many seconds"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="do not echo the nodes' logs"),
+    as_json: bool = typer.Option(False, "--json", help="print the report as JSON on stdout"),
+) -> None:
+    """Train the bundled GPT on every host together (torchrun, c10d rendezvous on the first
+    host's cluster address) and report per-node throughput, scaling efficiency against a
+    recorded single-node run, resource use and stragglers.
+
+    Logs stream live as "host rankN | ..." and are saved to runs/<run-id>/<host>.log,
+    with report.json and train.png beside them. If any host fails, loses its SSH
+    connection, or on Ctrl-C, the run is stopped on every host (by process group, never
+    by name) and the exit code is 1.
+
+    Example: provision train inventories/testbed.py --steps 200 --model small -- --lr 3e-4
+    """
+    from provision import launch
+
+    opts = _options(nproc_per_node, steps, model, batch_per_rank, resume, tuple(extra or ()),
+                    python, runs_dir, monitor_interval, timeout, inventory)
+    cluster = inventory_lib.load(inventory)
+    nodes = launch.select(cluster, [h for h in (limit or "").split(",") if h] or None)
+    try:
+        result = launch.train(cluster, nodes, opts, on_line=_echo(quiet), say=_say)
+    except launch.LaunchError as e:
+        raise TrainFailed(f"nothing started: {e}") from None
+    if as_json:
+        print_json(asdict(result))
+    else:
+        _print(result)
+    if not result.ok:
+        raise typer.Exit(EXIT_FAILED)
+
+
+def _options(nproc: str, steps: int, model: str, batch: int, resume: bool, extra: tuple[str, ...],
+             python: str | None, runs_dir: Path, interval: float, timeout: float | None,
+             inventory: Path):
+    from provision.launch import Options, plan
+
+    problems = []
+    try:
+        nproc_value = plan.parse_nproc(nproc)
+    except ValueError:
+        nproc_value = None
+        problems.append(Problem("--nproc-per-node", f"{nproc!r} is not 'auto' or a positive integer"))
+    sizes = plan.model_sizes()
+    if model not in sizes:
+        problems.append(Problem("--model", f"unknown size {model!r}", f"one of {', '.join(sizes)}"))
+    if python is not None and not python.startswith("/"):
+        problems.append(Problem("--python", f"{python!r} must be an absolute path on the nodes"))
+    if problems:
+        raise InputError(problems)
+    return Options(steps, model, nproc_value, batch, resume, extra, python, runs_dir, interval,
+                   timeout, f"{inventory.stem}-{model}")
+
+
+def _echo(quiet: bool):
+    def on_line(host: str, who: str, text: str) -> None:
+        if not quiet:
+            err.print(f"[dim]{host} {who} |[/] {escape(text)}", soft_wrap=True)
+
+    return on_line
+
+
+def _say(host: str, text: str) -> None:
+    err.print(f"[bold]{host}[/]: {escape(text)}")
+
+
+def _print(r) -> None:
+    table = Table(title=f"{r.run_id}: {'ok' if r.ok else 'FAILED'}")
+    for column in ("host", "ranks", "tokens/s", "fwd ms", "CPU mean/peak %", "RAM peak %",
+                   "GPU mean/peak %", "exit", "clean"):
+        table.add_column(column)
+    for n in r.nodes:
+        u = n.usage
+        table.add_row(
+            n.name, ",".join(map(str, n.ranks)) or "-", _num(n.tokens_per_s), _num(n.forward_ms, 1),
+            f"{u.cpu_mean:.0f}/{u.cpu_peak:.0f}" if u else "-", f"{u.mem_peak:.0f}" if u else "-",
+            f"{u.gpu_util_mean:.0f}/{u.gpu_util_peak:.0f}" if u and u.gpu_util_mean is not None else "-",
+            "-" if n.exited is None else str(n.exited),
+            {True: "yes", False: "NO", None: "?"}[n.clean])
+    out.print(table)
+    out.print(f"throughput: {_num(r.tokens_per_s)} tokens/s over {r.world_size} ranks"
+              + (f"; MFU {r.mfu:.1%}" if r.mfu else ""))
+    if r.scaling_efficiency is not None:
+        out.print(f"scaling efficiency: {r.scaling_efficiency:.2f} (against single-node run "
+                  f"{r.scaling_reference})")
+    if r.final_val_loss is not None:
+        out.print(f"loss: train {r.final_train_loss:.4f}, validation {r.final_val_loss:.4f}")
+    out.print(f"stragglers: {', '.join(r.stragglers) or 'none'}")
+    if r.failure:
+        out.print(f"[bold red]failed:[/] {escape(r.failure)}")
+        if r.teardown_s is not None:
+            out.print(f"stopped on every host in {r.teardown_s:.1f}s")
+    for note in r.notes:
+        out.print(f"note: {escape(note)}")
+    out.print(f"logs, report.json and train.png: {r.out_dir}")
+
+
+def _num(value: float | None, digits: int = 0) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"

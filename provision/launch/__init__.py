@@ -1,0 +1,71 @@
+"""Launch the reference trainer on every node: torchrun with a c10d rendezvous on the first
+node's cluster address, started over SSH, logs streamed and saved, the whole run torn
+down on the first failure, and a report with throughput, scaling and resource use.
+
+    report = launch.train(cluster, Options(...), on_line=print_line, say=progress)
+
+Modules: ``plan`` (pure: commands, run id), ``session`` (SSH: prepare, stream, teardown),
+``reaper`` (runs on the node: stop a run by pgid/pid), ``logs`` and ``monitor`` (pure
+parsers), ``report`` (verdicts, records), ``plots`` (PNG).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from provision import remote
+from provision.errors import InputError, Problem
+from provision.inventory import Cluster, Node
+from provision.launch import plan, report, session
+from provision.launch.session import LaunchError, Options
+
+__all__ = ["LaunchError", "Options", "select", "train"]
+
+
+def select(cluster: Cluster, limit: list[str] | None) -> list[Node]:
+    """The nodes to train on, in inventory order; ``limit`` names a subset."""
+    if not limit:
+        return list(cluster.nodes)
+    names = {n.name for n in cluster.nodes}
+    unknown = [h for h in limit if h not in names]
+    if unknown:
+        raise InputError([Problem(f"--limit {h}", "not a host of the inventory",
+                                  f"hosts: {', '.join(sorted(names))}") for h in unknown])
+    return [n for n in cluster.nodes if n.name in limit]
+
+
+def train(cluster: Cluster, nodes: list[Node], opts: Options,
+          on_line: Callable[[str, str, str], None],
+          say: Callable[[str, str], None]) -> report.TrainReport:
+    """Run the trainer on ``nodes``; raises LaunchError when a node cannot be prepared
+    (nothing was started then). A failed run is a report with ok=False, never an
+    exception: the report says who failed first and how the run was stopped."""
+    run_id = plan.new_run_id()
+    conns = {n.name: remote.connection(n) for n in nodes}
+    try:
+        run_plan = session.prepare(nodes, conns, opts, run_id, say)
+        for p in run_plan.nodes:
+            say(p.name, f"starting {p.nproc} rank(s) on {p.interface}")
+        outcome = session.Supervisor(nodes, conns, run_plan, opts, on_line).run()
+    finally:
+        for c in conns.values():
+            c.close()
+    records = opts.runs_dir / "records" / f"{cluster.path.stem}.json"
+    records.parent.mkdir(parents=True, exist_ok=True)
+    result = report.build(outcome, records, report.signature(run_plan, opts))
+    _write(outcome, result)
+    return result
+
+
+def _write(outcome: session.Outcome, result: report.TrainReport) -> None:
+    from provision.launch import plots
+
+    out_dir = Path(outcome.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        result.plot = str(plots.plot(outcome, result, out_dir / "train.png"))
+    except Exception as e:  # a plot must never hide the run's result
+        result.notes.append(f"plot failed: {type(e).__name__}: {e}")
+    (out_dir / "report.json").write_text(json.dumps(report.to_json(result), indent=1, default=str))

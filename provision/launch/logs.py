@@ -1,0 +1,124 @@
+"""Trainer and torchrun output: split into prefixed lines, and parse what the report needs.
+
+Every parser here is a pure function of text, tested on real captured output.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+_RANK = re.compile(r"^\[rank(\d+)\]:(.*)$")
+_STEP = re.compile(r"^step (\d+)/\d+ \| train loss ([\d.]+) .*\| (\d+) tok/s")
+_VAL = re.compile(r"^step (\d+)/\d+ \| val loss ([\d.]+)")
+
+
+def split_rank(line: str) -> tuple[str, str]:
+    """('rank3', text) for a worker line (torchrun's --tee prefix), ('torchrun', line) else."""
+    m = _RANK.match(line)
+    return (f"rank{m.group(1)}", m.group(2)) if m else ("torchrun", line)
+
+
+@dataclass
+class Curves:
+    """Loss and throughput curves from rank 0's lines."""
+
+    train: list[tuple[int, float]] = field(default_factory=list)  # (step, train loss)
+    val: list[tuple[int, float]] = field(default_factory=list)  # (step, validation loss)
+    tokens_per_s: list[tuple[int, float]] = field(default_factory=list)  # (step, global tok/s)
+    summary: dict | None = None  # the trainer's closing "summary {...}" line
+
+    def feed(self, text: str) -> None:
+        if m := _STEP.match(text):
+            step = int(m.group(1))
+            self.train.append((step, float(m.group(2))))
+            self.tokens_per_s.append((step, float(m.group(3))))
+        elif m := _VAL.match(text):
+            self.val.append((int(m.group(1)), float(m.group(2))))
+        elif text.startswith("summary {"):
+            with contextlib.suppress(json.JSONDecodeError):  # a line cut short: keep going
+                self.summary = json.loads(text[len("summary ") :])
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """One "Root Cause" entry of torchrun's failure report."""
+
+    rank: int  # global rank
+    exitcode: int  # negative: killed by that signal
+    time: str  # torchrun's time stamp, YYYY-mm-dd_HH:MM:SS
+
+    @property
+    def by_signal(self) -> bool:
+        return self.exitcode < 0
+
+
+_FIELD = re.compile(r"^\s*(time|rank|exitcode)\s*:\s*(\S+)")
+
+
+def rank_failures(torchrun_output: str) -> list[RankFailure]:
+    """Every failed rank torchrun reports (Root Cause and Failures sections)."""
+    out, cur = [], {}
+    for line in torchrun_output.splitlines():
+        m = _FIELD.match(line)
+        if not m:
+            continue
+        cur[m.group(1)] = m.group(2)
+        if m.group(1) == "exitcode" and {"time", "rank"} <= cur.keys():
+            with contextlib.suppress(ValueError):  # "<N/A>" fields
+                out.append(RankFailure(int(cur["rank"]), int(cur["exitcode"]), cur["time"]))
+            cur = {}
+    return out
+
+
+def first_failure(by_host: dict[str, list[RankFailure]]) -> tuple[str, RankFailure] | None:
+    """The failure that started it: a rank killed by a signal (nothing else kills a rank
+    with a signal during a run) before one that raised, then the earliest time stamp.
+    The ranks that lost a peer fail afterwards with errors, so they sort later."""
+    every = [(host, f) for host, fs in by_host.items() for f in fs]
+    if not every:
+        return None
+    return min(every, key=lambda hf: (not hf[1].by_signal, hf[1].time))
+
+
+class LineSink:
+    """A file-like that invoke writes remote output into: cuts it into lines, saves each
+    to the host's log file and hands it to a callback (console, parsers)."""
+
+    def __init__(self, host: str, log: IO[str], on_line: Callable[[str, str, str], None]):
+        self.host, self._log, self._on_line = host, log, on_line
+        self._buf = ""
+        self._lock = threading.Lock()
+
+    def write(self, data: str) -> int:
+        with self._lock:
+            self._buf += data
+            *lines, self._buf = self._buf.split("\n")
+        for line in lines:
+            self._emit(line.rstrip("\r"))
+        return len(data)
+
+    def _emit(self, line: str) -> None:
+        self._log.write(line + "\n")
+        who, text = split_rank(line)
+        self._on_line(self.host, who, text)
+
+    def flush(self) -> None:
+        self._log.flush()
+
+    def close(self) -> None:
+        if self._buf:
+            self._emit(self._buf)
+            self._buf = ""
+        self._log.flush()
+
+
+def open_log(runs_dir: Path, host: str) -> IO[str]:
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    return open(runs_dir / f"{host}.log", "w", buffering=1)

@@ -1,0 +1,144 @@
+"""What runs where: the run id, each node's torchrun command line, and the pure helpers
+that build them. Nothing here touches a host, so all of it is tested directly."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import secrets
+import shlex
+import time
+from dataclasses import dataclass
+
+from provision.resources import training_script
+
+RUN_FILE = "torchrun.pid"  # in the node's run dir: torchrun's pid, which is also its pgid
+LOG_PREFIX_TEMPLATE = "[rank${rank}]:"  # torchrun --tee prefixes each worker line with it
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """One node's part of a run."""
+
+    name: str  # inventory name; the trainer reports per-node figures under it
+    address: str  # cluster address: rendezvous endpoint (first node) and --local-addr
+    interface: str  # cluster NIC: NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME
+    python: str  # interpreter of the frameworks venv on the node
+    nproc: int  # worker processes (one per GPU; 1 on a CPU node)
+    run_dir: str  # node directory of this run: trainer copy, pid file, torchrun logs
+    work_dir: str  # the trainer's working directory: ./data and ./checkpoints live here
+    is_host: bool  # hosts the c10d rendezvous store (the first node)
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """The whole run: the same rendezvous for every node."""
+
+    run_id: str  # unique; the c10d rendezvous id and the marker of every process
+    master: str  # first node's cluster address
+    port: int  # rendezvous port (settings.train_master_port of the first node)
+    nodes: tuple[NodePlan, ...]  # in inventory order
+    trainer_args: tuple[str, ...]  # arguments of train_ddp.py, the same on every node
+
+    @property
+    def world_size(self) -> int:
+        return sum(n.nproc for n in self.nodes)
+
+
+def new_run_id(now: float | None = None) -> str:
+    """train-YYYYmmdd-HHMMSS-xxxx: sortable, and unique enough to scan /proc for."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    return f"train-{stamp}-{secrets.token_hex(3)}"
+
+
+def model_sizes() -> dict[str, tuple[int, int, int, int]]:
+    """The trainer's MODEL_SIZES, read from its source (importing it would import torch)."""
+    tree = ast.parse(training_script().read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "MODEL_SIZES":
+            return ast.literal_eval(node.value)
+    raise RuntimeError("MODEL_SIZES not found in train_ddp.py")
+
+
+def trainer_args(*, steps: int, model: str, world: int, batch_per_rank: int, resume: bool,
+                 run_id: str, ckpt_name: str, summary: str, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """train_ddp.py arguments. The global batch grows with the world (weak scaling), so a
+    rank does the same work on 1 node or on N, which is what scaling efficiency compares.
+    ``extra`` comes last, so the user's own flags win."""
+    args = ["--steps", str(steps), "--model", model, "--global-batch", str(batch_per_rank * world),
+            "--micro-batch", str(batch_per_rank), "--run-id", run_id, "--ckpt-name", ckpt_name,
+            "--summary", summary]
+    if resume:
+        args.append("--resume")
+    return (*args, *extra)
+
+
+def node_env(plan: RunPlan, node: NodePlan) -> dict[str, str]:
+    """Environment of torchrun and its workers on one node."""
+    return {
+        "NCCL_SOCKET_IFNAME": node.interface,
+        "GLOO_SOCKET_IFNAME": node.interface,
+        "PROVISION_RUN_ID": plan.run_id,  # with PROVISION_NODE: how the reaper finds strays
+        "PROVISION_NODE": node.name,
+        "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": LOG_PREFIX_TEMPLATE,
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def torchrun_argv(plan: RunPlan, node: NodePlan) -> list[str]:
+    return [
+        node.python, "-m", "torch.distributed.run",
+        "--nnodes", str(len(plan.nodes)), "--nproc-per-node", str(node.nproc),
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{plan.master}:{plan.port}",
+        "--rdzv-id", plan.run_id,
+        # Explicit: namespace hosts (and some clusters) share one host name, so torch's
+        # guess of "is this my address" cannot be trusted.
+        "--rdzv-conf", f"is_host={int(node.is_host)}",
+        "--local-addr", node.address,
+        "--max-restarts", "0", "--tee", "3", "--log-dir", f"{node.run_dir}/torchrun-logs",
+        f"{node.run_dir}/train_ddp.py", *plan.trainer_args,
+    ]
+
+
+def node_command(plan: RunPlan, node: NodePlan) -> str:
+    """The shell command that starts torchrun on a node.
+
+    torchrun runs under ``setsid`` in a session and process group of its own, whose id
+    (torchrun's pid) goes to the run file before torchrun starts; teardown kills that
+    group and its workers' groups by id, never by name. ``--wait`` keeps the SSH command
+    open until torchrun exits, with its exit status.
+    """
+    env = [f"{k}={v}" for k, v in node_env(plan, node).items()]
+    record = f'echo $$ > {shlex.quote(node.run_dir)}/{RUN_FILE} && exec "$@"'
+    inner = ["setsid", "--wait", "sh", "-c", record, "provision-train", "env", *env,
+             *torchrun_argv(plan, node)]
+    return (f"mkdir -p {shlex.quote(node.run_dir)} {shlex.quote(node.work_dir)} && "
+            f"cd {shlex.quote(node.work_dir)} && exec {shlex.join(inner)} 2>&1")
+
+
+def interface_for(address: str, ip_json: str) -> str | None:
+    """The interface holding ``address``, from ``ip -j addr`` output."""
+    for link in json.loads(ip_json or "[]"):
+        for info in link.get("addr_info", []):
+            if info.get("local") == address:
+                return link.get("ifname")
+    return None
+
+
+_GPU_LINE = re.compile(r"^GPU \d+:", re.M)
+
+
+def gpu_count(nvidia_smi_l: str) -> int:
+    """GPUs listed by ``nvidia-smi -L``; 0 when the tool is missing or lists none."""
+    return len(_GPU_LINE.findall(nvidia_smi_l))
+
+
+def parse_nproc(value: str) -> int | None:
+    """'auto' -> None (one per GPU, else 1); a positive integer -> itself; else ValueError."""
+    if value == "auto":
+        return None
+    n = int(value)
+    if n < 1:
+        raise ValueError(value)
+    return n

@@ -1,0 +1,122 @@
+"""Stop one training run on this node, by process group and pid, never by name.
+
+Runs ON THE NODE (uploaded beside the trainer; standard library only):
+
+    python reaper.py RUN_DIR RUN_ID NODE [--grace S] [--check]
+
+Targets, found from /proc before any signal is sent (a killed parent's children are
+re-parented and their ancestry is lost):
+  - torchrun's pid from RUN_DIR/torchrun.pid, which is also its process group and session
+    (it was started under setsid), and every process in that group;
+  - every descendant of it, and their process groups (torchrun starts each worker in a
+    session of its own);
+  - any process whose environment carries PROVISION_RUN_ID=RUN_ID and PROVISION_NODE=NODE
+    (a worker whose torchrun is already gone).
+SIGTERM to all of them, SIGKILL to what is left after the grace period. Prints a JSON
+line {"pgid", "signalled", "left"}; exit 0 when nothing of the run is left.
+``--check`` only reports what would be targeted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+
+
+def processes() -> dict[int, tuple[int, int]]:
+    """pid -> (ppid, pgid) for every process visible in /proc."""
+    out = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
+        if fields[0] != "Z":  # a zombie is already dead; its parent reaps it
+            out[int(entry)] = (int(fields[1]), int(fields[2]))
+    return out
+
+
+def marked(pid: int, run_id: str, node: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = set(f.read().split(b"\0"))
+    except OSError:
+        return False
+    return f"PROVISION_RUN_ID={run_id}".encode() in env and f"PROVISION_NODE={node}".encode() in env
+
+
+def targets(root: int | None, run_id: str, node: str) -> set[int]:
+    procs = processes()
+    found = {p for p in procs if marked(p, run_id, node)}
+    if root is not None and root in procs:
+        found.add(root)
+    groups = {root} if root is not None else set()
+    changed = True
+    while changed:  # close over children and process groups
+        changed = False
+        for pid, (ppid, pgid) in procs.items():
+            if pid not in found and (ppid in found or pgid in groups):
+                found.add(pid)
+                changed = True
+        new_groups = {procs[p][1] for p in found if p in procs} - groups
+        if new_groups:
+            groups |= new_groups
+            changed = True
+    mine = {os.getpid(), os.getppid()}
+    return {p for p in found if p not in mine}
+
+
+def signal_all(pids: set[int], sig: int) -> None:
+    own_group = os.getpgrp()
+    for pid in pids:
+        _quiet(os.kill, pid, sig)
+        if pid != own_group:
+            _quiet(os.killpg, pid, sig)  # the group this pid leads, if it leads one
+
+
+def _quiet(kill, pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):  # gone already, or not ours
+        kill(pid, sig)
+
+
+def alive(pids: set[int]) -> set[int]:
+    live = processes()
+    return {p for p in pids if p in live}
+
+
+def main(argv: list[str]) -> int:
+    run_dir, run_id, node = argv[:3]
+    grace = float(argv[argv.index("--grace") + 1]) if "--grace" in argv else 5.0
+    try:
+        with open(os.path.join(run_dir, "torchrun.pid")) as f:
+            root: int | None = int(f.read().strip())
+    except (OSError, ValueError):
+        root = None
+    found = targets(root, run_id, node)
+    if "--check" in argv:
+        print(json.dumps({"pgid": root, "signalled": [], "left": sorted(found)}))
+        return 1 if found else 0
+    signal_all(found, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while alive(found) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if alive(found):
+        signal_all(alive(found), signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while alive(found) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    left = alive(found) | targets(root, run_id, node)
+    print(json.dumps({"pgid": root, "signalled": sorted(found), "left": sorted(left)}))
+    return 1 if left else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

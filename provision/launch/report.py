@@ -1,0 +1,148 @@
+"""The run's summary: per-node throughput, scaling efficiency against a recorded
+single-node run, resource use, stragglers, and how a failed run was torn down.
+
+Verdicts are pure functions; records live in runs/records.json on the controller.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from provision.launch import monitor
+from provision.launch.session import Outcome
+
+STRAGGLER_RATIO = 1.2  # a node whose forward passes take this much longer than the median
+
+
+@dataclass
+class NodeReport:
+    name: str  # inventory name
+    ranks: list[int]  # global ranks it ran
+    tokens_per_s: float | None  # its ranks' throughput together
+    forward_ms: float | None  # mean forward time of its ranks (the straggler signal)
+    usage: monitor.Usage | None  # CPU/RAM/GPU mean and peak over the run
+    exited: int | None  # torchrun's exit status; None when it was stopped before it ended
+    clean: bool | None  # nothing of the run left on the node afterwards
+
+
+@dataclass
+class TrainReport:
+    run_id: str  # the run's id, also runs/<run-id>
+    ok: bool  # trained to the end on every node, and every node is clean
+    nodes: list[NodeReport]  # in inventory order
+    world_size: int  # ranks in the run
+    tokens_per_s: float | None  # whole-cluster throughput
+    scaling_efficiency: float | None  # tokens/s / (nodes x single-node tokens/s)
+    scaling_reference: str | None  # run id of the single-node record compared against
+    stragglers: list[str]  # nodes slower than STRAGGLER_RATIO x the median
+    final_train_loss: float | None  # rank 0's last train loss
+    final_val_loss: float | None  # last validation loss
+    failure: str | None  # who failed first and how; None when ok
+    failed_host: str | None  # host of the first failure
+    failed_rank: int | None  # rank of the first failure, when torchrun named one
+    teardown_s: float | None  # first failure seen -> every host clean
+    out_dir: str  # controller directory with logs, report and plot
+    plot: str | None = None  # PNG with loss curves and throughput
+    mfu: float | None = None  # model FLOPs utilisation (GPU runs)
+    notes: list[str] = field(default_factory=list)  # anything else worth saying
+
+
+def stragglers(forward_ms: dict[str, float], ratio: float = STRAGGLER_RATIO) -> list[str]:
+    """Nodes whose ranks spend ``ratio`` x the median time in forward passes. In DDP every
+    rank waits for the slowest at each all-reduce, so step time cannot show who is slow;
+    compute time before the wait can."""
+    if len(forward_ms) < 2:
+        return []
+    median = statistics.median(forward_ms.values())
+    return sorted(n for n, ms in forward_ms.items() if median > 0 and ms > ratio * median)
+
+
+def scaling_efficiency(tokens_per_s: float, nodes: int, single_node_tps: float) -> float:
+    return tokens_per_s / (nodes * single_node_tps)
+
+
+@dataclass(frozen=True)
+class Record:
+    """One successful run, for later scaling comparisons."""
+
+    run_id: str  # its id
+    signature: str  # what must match to compare: model, ranks per node, batch, extra args
+    nodes: int  # how many nodes it ran on
+    tokens_per_s: float  # whole-cluster throughput
+    at: float  # unix time
+
+
+def signature(run_plan, opts) -> str:
+    nproc = sorted({n.nproc for n in run_plan.nodes})
+    return json.dumps({"model": opts.model, "nproc": nproc, "batch_per_rank": opts.batch_per_rank,
+                       "extra": list(opts.extra_args)}, sort_keys=True)
+
+
+def load_records(path: Path) -> list[Record]:
+    try:
+        return [Record(**r) for r in json.loads(path.read_text())]
+    except (OSError, ValueError, TypeError):
+        return []
+
+
+def save_record(path: Path, record: Record) -> None:
+    records = load_records(path) + [record]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps([asdict(r) for r in records], indent=1))
+    tmp.replace(path)
+
+
+def reference(records: list[Record], sig: str) -> Record | None:
+    """The latest single-node record with the same signature."""
+    same = [r for r in records if r.signature == sig and r.nodes == 1]
+    return max(same, key=lambda r: r.at) if same else None
+
+
+def build(out: Outcome, records_path: Path, sig: str) -> TrainReport:
+    summary = out.curves.summary or {}
+    ranks_by_node: dict[str, list[dict]] = {}
+    for r in summary.get("ranks", []):
+        ranks_by_node.setdefault(r["node"], []).append(r)
+    nodes = [_node_report(out, p.name, ranks_by_node.get(p.name, [])) for p in out.plan.nodes]
+    ok = out.failure is None and bool(summary) and all(n.clean for n in nodes)
+    tps = summary.get("tokens_per_s")
+    report = TrainReport(
+        out.run_id, ok, nodes, out.plan.world_size, tps, None, None,
+        stragglers({n.name: n.forward_ms for n in nodes if n.forward_ms is not None}),
+        summary.get("final_train_loss"), summary.get("final_val_loss"), out.failure,
+        out.failed_host, out.failed_rank, out.teardown_s, str(out.out_dir), mfu=summary.get("mfu"))
+    if out.failure is None and not summary:
+        report.notes.append("the trainer ended without its summary line")
+    if ok and tps:
+        _compare(report, records_path, sig, len(nodes), tps)
+    return report
+
+
+def _compare(report: TrainReport, path: Path, sig: str, n_nodes: int, tps: float) -> None:
+    ref = reference(load_records(path), sig)
+    if n_nodes > 1 and ref:
+        report.scaling_efficiency = scaling_efficiency(tps, n_nodes, ref.tokens_per_s)
+        report.scaling_reference = ref.run_id
+    elif n_nodes > 1:
+        report.notes.append("no single-node run recorded with these settings; run with "
+                            "--limit FIRST_HOST once to get scaling efficiency")
+    save_record(path, Record(report.run_id, sig, n_nodes, tps, time.time()))
+
+
+def _node_report(out: Outcome, name: str, ranks: list[dict]) -> NodeReport:
+    end = out.ends.get(name)
+    td = out.teardown.get(name)
+    clean = None if td is None else (td.get("left") == [])
+    return NodeReport(
+        name, sorted(r["rank"] for r in ranks),
+        sum(r["tokens_per_s"] for r in ranks) if ranks else None,
+        statistics.mean(r["forward_ms"] for r in ranks) if ranks else None,
+        monitor.usage(out.samples.get(name, [])), end.exited if end else None, clean)
+
+
+def to_json(report: TrainReport) -> dict:
+    return asdict(report)

@@ -1,0 +1,270 @@
+"""One training run across the cluster: prepare every node, start torchrun everywhere,
+stream the logs, watch for the first failure, and tear the whole run down.
+
+All SSH goes through ``provision.remote.connection()``: one connection per node carries
+the log stream, the monitor's samples and the teardown.
+"""
+
+from __future__ import annotations
+
+import queue
+import shlex
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from provision import remote
+from provision.inventory import Node
+from provision.launch import logs, monitor, plan
+from provision.resources import training_script
+
+REAPER = Path(__file__).with_name("reaper.py")
+STREAM_JOIN_S = 30  # how long to wait for log streams to end after teardown
+TEARDOWN_TIMEOUT_S = 40  # per host: reaper grace (5 s) + SIGKILL wait + SSH slack
+
+
+class LaunchError(Exception):
+    """A node could not be prepared (no python, no interface, upload failed)."""
+
+
+@dataclass
+class Options:
+    """What `provision train` was asked to do."""
+
+    steps: int  # optimizer steps
+    model: str  # size preset of train_ddp.py
+    nproc_per_node: int | None  # None: one per GPU, 1 without GPUs
+    batch_per_rank: int  # sequences per rank per step
+    resume: bool  # continue from the checkpoint
+    extra_args: tuple[str, ...]  # more train_ddp.py flags, after `--`
+    python: str | None  # interpreter on every node; default <venv_path>/bin/python
+    runs_dir: Path  # controller directory; this run's files go to runs_dir/<run-id>/
+    monitor_interval: float  # seconds between node samples
+    timeout_s: float | None  # stop the run after this long; None: no limit
+    ckpt_name: str  # checkpoint file name on the nodes
+
+
+@dataclass
+class HostEnd:
+    """How one node's torchrun command ended."""
+
+    exited: int  # exit status; -1: the SSH command did not finish (connection lost)
+    at: float  # controller monotonic clock
+    reason: str  # "" or why it could not run
+
+
+@dataclass
+class Outcome:
+    """Everything the report is built from."""
+
+    run_id: str  # the run's id
+    plan: plan.RunPlan  # what ran where
+    out_dir: Path  # runs/<run-id>
+    ends: dict[str, HostEnd] = field(default_factory=dict)  # per host, when it ended
+    failure: str | None = None  # first failure, said for people; None when all went well
+    failed_host: str | None = None  # host of the first failure
+    failed_rank: int | None = None  # rank of the first failure, when torchrun named it
+    teardown: dict[str, dict] = field(default_factory=dict)  # per host: reaper's JSON
+    teardown_s: float | None = None  # failure seen -> every host clean
+    curves: logs.Curves = field(default_factory=logs.Curves)  # rank 0's loss and speed
+    samples: dict[str, list[monitor.Sample]] = field(default_factory=dict)  # per host
+
+
+def prepare(nodes: list[Node], conns: dict[str, Any], opts: Options, run_id: str,
+            say: Callable[[str, str], None]) -> plan.RunPlan:
+    """Check every node, find its interface and GPU count, upload trainer and reaper."""
+    first = nodes[0]
+
+    def one(node: Node) -> plan.NodePlan:
+        return _prepare_node(node, conns[node.name], opts, run_id, node is first, say)
+
+    results: dict[str, Any] = {}
+    for name, value in remote.on_all(nodes, lambda n: _capture(one, n)).items():
+        results[name] = value
+    problems = [f"{name}: {v}" for name, v in results.items() if isinstance(v, Exception)]
+    if problems:
+        raise LaunchError("; ".join(problems))
+    node_plans = tuple(results[n.name] for n in nodes)
+    world = sum(p.nproc for p in node_plans)
+    args = plan.trainer_args(
+        steps=opts.steps, model=opts.model, world=world, batch_per_rank=opts.batch_per_rank,
+        resume=opts.resume, run_id=run_id, ckpt_name=opts.ckpt_name,
+        summary="summary.json", extra=opts.extra_args)
+    return plan.RunPlan(run_id, first.cluster_address, first.settings.train_master_port,
+                        node_plans, args)
+
+
+def _capture(func: Callable[[Node], plan.NodePlan], node: Node) -> plan.NodePlan | Exception:
+    try:
+        return func(node)
+    except Exception as e:  # reported per host, all together
+        return e
+
+
+def _prepare_node(node: Node, conn: Any, opts: Options, run_id: str, is_first: bool,
+                  say: Callable[[str, str], None]) -> plan.NodePlan:
+    s = node.settings
+    python = opts.python or f"{s.venv_path}/bin/python"
+    run_dir = f"{s.train_dir}/runs/{run_id}/{node.name}"
+    say(node.name, "checking python, interface and GPUs")
+    probe = remote.run(node, (
+        f"{shlex.quote(python)} -c 'import torch' && echo PY_OK; ip -j addr; echo '--gpus--'; "
+        f"nvidia-smi -L 2>/dev/null; mkdir -p {shlex.quote(run_dir)}"), timeout=60, conn=conn)
+    if probe.exited == -1:
+        raise LaunchError(f"unreachable: {probe.stderr}")
+    head, _, gpus = probe.stdout.partition("--gpus--")
+    if "PY_OK" not in head:
+        raise LaunchError(f"{python} cannot import torch; run `provision up` (frameworks) "
+                          "or set venv_path / --python")
+    ip_json = head.split("PY_OK", 1)[1].strip()
+    interface = s.cluster_interface or plan.interface_for(node.cluster_address, ip_json)
+    if not interface:
+        raise LaunchError(f"no interface holds cluster address {node.cluster_address}; "
+                          "set cluster_address or cluster_interface")
+    nproc = opts.nproc_per_node or max(1, plan.gpu_count(gpus))
+    say(node.name, "uploading trainer")
+    conn.put(str(training_script()), f"{run_dir}/train_ddp.py")
+    conn.put(str(REAPER), f"{run_dir}/reaper.py")
+    return plan.NodePlan(node.name, node.cluster_address, interface, python, nproc, run_dir,
+                         s.train_dir, is_first)
+
+
+class Supervisor:
+    """Runs the plan: a log stream per node, the monitor, and teardown on first failure."""
+
+    def __init__(self, nodes: list[Node], conns: dict[str, Any], run: plan.RunPlan,
+                 opts: Options, on_line: Callable[[str, str, str], None]):
+        self.nodes = {n.name: n for n in nodes}
+        self.conns, self.plan, self.opts = conns, run, opts
+        self.out = Outcome(run.run_id, run, opts.runs_dir / run.run_id)
+        self._on_line = on_line
+        self._ended: queue.Queue[tuple[str, HostEnd]] = queue.Queue()
+        self._texts: dict[str, list[str]] = {n: [] for n in self.nodes}
+        self._failed_at = 0.0  # controller clock when the first failure was seen
+
+    def run(self) -> Outcome:
+        mon = monitor.Monitor(self._sample, list(self.nodes), self.opts.monitor_interval)
+        streams = [threading.Thread(target=self._stream, args=(p,), daemon=True)
+                   for p in self.plan.nodes]
+        for t in streams:
+            t.start()
+        mon.start()
+        try:
+            self._watch()
+        except KeyboardInterrupt:
+            self._fail(None, "interrupted (Ctrl-C)")
+        finally:
+            mon.stop()
+        if self.out.failure:
+            self._teardown_all()
+        for t in streams:
+            t.join(timeout=STREAM_JOIN_S)
+        while not self._ended.empty():  # hosts that ended during or after teardown
+            host, end = self._ended.get()
+            self.out.ends.setdefault(host, end)
+        if not self.out.failure:
+            self._check_clean()
+        self._blame()
+        self.out.samples = mon.series
+        return self.out
+
+    # -- the watch loop ------------------------------------------------------------
+
+    def _watch(self) -> None:
+        pending = set(self.nodes)
+        deadline = time.monotonic() + self.opts.timeout_s if self.opts.timeout_s else None
+        while pending:
+            try:
+                host, end = self._ended.get(timeout=0.2)
+            except queue.Empty:
+                if deadline and time.monotonic() > deadline:
+                    self._fail(None, f"timed out after {self.opts.timeout_s:.0f}s")
+                    return
+                continue
+            self.out.ends[host] = end
+            pending.discard(host)
+            if end.exited != 0:
+                why = end.reason or f"torchrun exited {end.exited}"
+                self._fail(host, f"{host}: {why}")
+                return
+
+    def _fail(self, host: str | None, why: str) -> None:
+        if self.out.failure is None:
+            self.out.failure, self.out.failed_host = why, host
+            self._failed_at = time.monotonic()
+
+    # -- per-node work ---------------------------------------------------------------
+
+    def _stream(self, node_plan: plan.NodePlan) -> None:
+        name = node_plan.name
+        log = logs.open_log(self.out.out_dir, name)
+        sink = logs.LineSink(name, log, self._line)
+        try:
+            result = self.conns[name].run(plan.node_command(self.plan, node_plan), hide=True,
+                                          warn=True, pty=False, in_stream=False,
+                                          out_stream=sink, err_stream=sink)
+            end = HostEnd(result.exited if result.exited is not None else -1, time.monotonic(), "")
+            if end.exited == -1:
+                end.reason = "SSH connection lost"
+        except Exception as e:  # the connection died under the command
+            end = HostEnd(-1, time.monotonic(), f"SSH connection lost ({type(e).__name__}: {e})")
+        finally:
+            sink.close()
+            log.close()
+        self._ended.put((name, end))
+
+    def _line(self, host: str, who: str, text: str) -> None:
+        if who == "torchrun":  # torchrun's own lines hold its failure report
+            self._texts[host].append(text)
+        if who == "rank0":
+            self.out.curves.feed(text)
+        self._on_line(host, who, text)
+
+    def _sample(self, host: str) -> str | None:
+        r = remote.run_beside(self.conns[host], host, monitor.SAMPLE_COMMAND, timeout=15)
+        return r.stdout if r.ok else None
+
+    def _reaper(self, name: str, check: bool) -> dict:
+        p = next(n for n in self.plan.nodes if n.name == name)
+        cmd = shlex.join([p.python, f"{p.run_dir}/reaper.py", p.run_dir, self.plan.run_id, name,
+                          *(["--check"] if check else [])])
+        r = remote.run_beside(self.conns[name], name, cmd, timeout=TEARDOWN_TIMEOUT_S)
+        if r.exited == -1:  # the run's connection is gone: a fresh one
+            r = remote.run(self.nodes[name], cmd, timeout=TEARDOWN_TIMEOUT_S)
+        return _reaper_json(r)
+
+    def _teardown_all(self) -> None:
+        results = remote.on_all(list(self.nodes.values()), lambda n: self._reaper(n.name, False))
+        self.out.teardown = results
+        self.out.teardown_s = time.monotonic() - self._failed_at
+
+    def _check_clean(self) -> None:
+        self.out.teardown = remote.on_all(list(self.nodes.values()),
+                                          lambda n: self._reaper(n.name, True))
+
+    def _blame(self) -> None:
+        """Name the rank that failed first, from torchrun's reports on every host."""
+        if not self.out.failure:
+            return
+        reports = {h: logs.rank_failures("\n".join(t)) for h, t in self._texts.items()}
+        first = logs.first_failure(reports)
+        if first:
+            host, f = first
+            self.out.failed_host, self.out.failed_rank = host, f.rank
+            how = f"killed by signal {-f.exitcode}" if f.by_signal else f"exit code {f.exitcode}"
+            self.out.failure = f"{host} rank {f.rank} failed first ({how}); {self.out.failure}"
+
+
+def _reaper_json(r: remote.CommandResult) -> dict:
+    import json
+
+    for line in reversed(r.stdout.splitlines()):
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except json.JSONDecodeError:
+                break
+    return {"error": (r.stderr or r.stdout or f"exit {r.exited}").strip()[-300:], "left": None}
