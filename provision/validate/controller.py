@@ -71,8 +71,7 @@ def _agent(node: Node, plan: Plan, agent_path: str, progress: Progress) -> parse
     if not upload.ok:
         return f"cannot upload the agent: {(upload.stderr or upload.stdout).strip()[-300:]}"
     progress(node.name, f"agent running ({plan.mode})")
-    r = remote.run(node, agent_command(node, agent_path, plan),
-                   timeout=AGENT_TIMEOUT_S[plan.mode] + 30)
+    r = remote.run(node, agent_command(node, agent_path, plan), timeout=AGENT_TIMEOUT_S[plan.mode] + 30)
     if not r.ok:
         return f"agent exited {r.exited}: {(r.stderr or r.stdout).strip()[-300:]}"
     try:

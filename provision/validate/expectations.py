@@ -239,11 +239,20 @@ def find_sku(name: str, pci_device_id: int | None) -> GpuSpec | None:
 
 @dataclass(frozen=True)
 class FleetRule:
-    """How far below the fleet median a node may fall (see judge.fleet_findings)."""
+    """How far below the fleet median a node may fall (see judge._fleet_check)."""
 
     warn_drop: float = 0.10  # warn when > 10% below the median and outside the MAD band
     fail_drop: float = 0.25  # fail when > 25% below the median and outside the MAD band
     mad_k: float = 3.0  # band half-width in scaled MADs (1.4826 x MAD ~ one sigma)
+
+
+# Links, disks and collectives vary more run to run than compute and memory do (shared
+# switches, SSD garbage collection, TCP), so their fleet rule is wider by default.
+GROUP_FLEET_RULES: dict[str, FleetRule] = {
+    "net": FleetRule(0.20, 0.50),
+    "disk": FleetRule(0.20, 0.50),
+    "allreduce": FleetRule(0.20, 0.50),
+}
 
 
 @dataclass(frozen=True)
@@ -253,7 +262,7 @@ class Overrides:
     floors: dict[str, float] = field(default_factory=dict)  # metric -> minimum value
     fractions: dict[str, float] = field(default_factory=dict)  # metric -> share of spec
     ceilings: dict[str, float] = field(default_factory=dict)  # counter metric -> maximum
-    fleet: FleetRule = FleetRule()  # outlier rule
+    fleet: FleetRule | None = None  # outlier rule for every metric; None: per-group defaults
 
     def fraction(self, metric: str) -> float | None:
         return self.fractions.get(metric, DEFAULT_FRACTIONS.get(metric))
@@ -264,13 +273,18 @@ class Overrides:
     def ceiling(self, metric: str) -> float | None:
         return self.ceilings.get(metric, DEFAULT_CEILINGS.get(metric))
 
+    def fleet_rule(self, metric: str) -> FleetRule:
+        if self.fleet is not None:
+            return self.fleet
+        return GROUP_FLEET_RULES.get(METRICS[metric].group, FleetRule())
+
     def merged(self, other: Overrides) -> Overrides:
         """``other`` wins key by key (a --expect file over the settings)."""
         return Overrides(
             {**self.floors, **other.floors},
             {**self.fractions, **other.fractions},
             {**self.ceilings, **other.ceilings},
-            other.fleet if other.fleet != FleetRule() else self.fleet,
+            other.fleet if other.fleet is not None else self.fleet,
         )
 
 
@@ -307,7 +321,7 @@ def parse_flat(values: dict[str, Any], where: str) -> Overrides:
             problems.append(Problem(f"{where}: {key}", "suffix must be .fraction (<= 1.5) or .max"))
     if problems:
         raise InputError(problems)
-    return Overrides(floors, fractions, ceilings, replace(FleetRule(), **fleet))
+    return Overrides(floors, fractions, ceilings, replace(FleetRule(), **fleet) if fleet else None)
 
 
 def check_flat(values: dict[str, float]) -> str | None:

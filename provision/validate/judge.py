@@ -162,7 +162,7 @@ def _fleet_check(m: Metric, value: float, b: Band | None, ov: Overrides) -> tupl
     if not m.fleet or not m.higher_is_better or b is None or b.median <= 0:
         return "pass", ""
     drop = 1 - value / b.median
-    rule = ov.fleet
+    rule = ov.fleet_rule(m.name)
     if value >= b.low or drop <= rule.warn_drop:
         return "pass", f"fleet median {b.median:.4g} over {b.size}"
     verdict = "fail" if drop > rule.fail_drop else "warn"
@@ -245,12 +245,14 @@ def _finding(i: NodeInput, m: Measurement, ctx: _Context, pools: dict[str, list[
     ]
     # A node's own value stays in its pool: the median resists one outlier by design.
     fleet_verdict, fleet_reason = _fleet_check(
-        metric, m.value, band(pools.get(ctx.pool, []), i.overrides.fleet.mad_k), i.overrides
+        metric, m.value, band(pools.get(ctx.pool, []), i.overrides.fleet_rule(m.metric).mad_k), i.overrides
     )
     verdict = worst([v for v, _, _ in checks] + [fleet_verdict])
     expectation = next((e for _, e, _ in checks if e is not None), None)
     reasons = [r for _, _, r in checks if r] + ([fleet_reason] if fleet_reason else [])
     verdict, reasons = _unjudged(metric, m, ctx, expectation, pools, verdict, reasons)
+    if verdict in ("warn", "fail") and m.detail:
+        reasons.append(m.detail)  # how it was measured (for links: the bisection) helps the fix
     return Finding(i.node, m.metric, m.device, m.value, metric.unit, expectation, verdict, "; ".join(reasons))
 
 

@@ -254,3 +254,19 @@ def test_merged_overrides_prefer_the_run_file():
     merged = base.merged(run)
     assert merged.floor("ram_triad_gbs") == 30 and merged.floor("disk_seq_read_mibs") == 5
     assert Overrides().merged(run).floor("ram_triad_gbs") == 30
+
+
+def test_links_and_disks_get_a_wider_fleet_band_than_memory():
+    nodes = [cpu_node(f"n{i}", net_gbits=30.0, ram_triad_gbs=20.0) for i in range(3)]
+    nodes.append(cpu_node("x", net_gbits=25.5, ram_triad_gbs=17.0))  # both 15% below
+    (x,) = [r for r in judge.judge(nodes) if r.node == "x"]
+    assert findings(x, "net_gbits")[0].verdict == "pass"
+    assert findings(x, "ram_triad_gbs")[0].verdict == "warn"
+
+
+def test_user_fleet_rule_applies_to_every_metric():
+    ov = parse_flat({"fleet.warn_drop": 0.05, "fleet.fail_drop": 0.1}, "expect")
+    nodes = [cpu_node(f"n{i}", net_gbits=30.0) for i in range(3)]
+    nodes.append(judge.NodeInput("x", [Measurement("x", "net_gbits", 25.5)], overrides=ov))
+    (x,) = [r for r in judge.judge(nodes) if r.node == "x"]
+    assert x.verdict == "fail"
