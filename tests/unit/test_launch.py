@@ -1,0 +1,262 @@
+"""The launcher's pure parts: commands, parsers of captured output, verdicts, and the
+node-side reaper against real local processes."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from provision.launch import logs, monitor, plan, reaper, report
+from provision.launch.session import Outcome
+
+FIXTURES = Path(__file__).parent.parent / "fixtures"
+
+
+def two_node_plan(extra: tuple[str, ...] = ()) -> plan.RunPlan:
+    nodes = tuple(
+        plan.NodePlan(f"n{i}", f"10.9.0.{i + 1}", "eth1", "/opt/provision/venv/bin/python", 2,
+                      f"/var/tmp/pt/runs/r1/n{i}", "/var/tmp/pt", i == 0)
+        for i in range(2))
+    args = plan.trainer_args(steps=5, model="tiny", world=4, batch_per_rank=8, resume=False,
+                             run_id="r1", ckpt_name="inv-tiny", summary="summary.json", extra=extra)
+    return plan.RunPlan("r1", "10.9.0.1", 29500, nodes, args)
+
+
+# ---------------------------------------------------------------- plan
+
+
+def test_every_node_meets_at_the_first_nodes_address_and_only_it_hosts_the_store():
+    p = two_node_plan()
+    argvs = [plan.torchrun_argv(p, n) for n in p.nodes]
+    for n, argv in zip(p.nodes, argvs, strict=True):
+        assert argv[argv.index("--rdzv-endpoint") + 1] == "10.9.0.1:29500"
+        assert argv[argv.index("--rdzv-id") + 1] == "r1"
+        assert argv[argv.index("--nnodes") + 1] == "2"
+        assert argv[argv.index("--local-addr") + 1] == n.address
+        assert argv[argv.index("--max-restarts") + 1] == "0"
+    assert [a[a.index("--rdzv-conf") + 1] for a in argvs] == ["is_host=1", "is_host=0"]
+
+
+def test_node_command_records_the_pgid_before_torchrun_starts_under_setsid():
+    p = two_node_plan()
+    cmd = plan.node_command(p, p.nodes[1])
+    words = shlex.split(cmd)
+    start = words.index("setsid")
+    assert words[start : start + 3] == ["setsid", "--wait", "sh"]
+    record = words[start + 4]
+    assert record.startswith("echo $$ > /var/tmp/pt/runs/r1/n1/torchrun.pid && exec")
+    env = words[words.index("env") + 1 : words.index("/opt/provision/venv/bin/python")]
+    assert "NCCL_SOCKET_IFNAME=eth1" in env and "GLOO_SOCKET_IFNAME=eth1" in env
+    assert "PROVISION_RUN_ID=r1" in env and "PROVISION_NODE=n1" in env
+    assert "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE=[rank${rank}]:" in env
+    assert cmd.startswith("mkdir -p /var/tmp/pt/runs/r1/n1 /var/tmp/pt && cd /var/tmp/pt && exec ")
+
+
+def test_global_batch_grows_with_the_world_and_user_flags_come_last():
+    p = two_node_plan(extra=("--lr", "3e-4"))
+    args = list(p.trainer_args)
+    assert args[args.index("--global-batch") + 1] == "32"  # 8 per rank x 4 ranks
+    assert args[args.index("--micro-batch") + 1] == "8"
+    assert args[-2:] == ["--lr", "3e-4"]
+    assert "--resume" not in args
+
+
+def test_interface_is_found_by_the_address_it_holds():
+    ip_json = (FIXTURES / "ip-d-j-addr_ubuntu-laptop_netplan-test.json").read_text()
+    links = json.loads(ip_json)
+    named = {i["local"]: link["ifname"] for link in links for i in link.get("addr_info", [])}
+    address, ifname = next((a, n) for a, n in named.items() if n not in ("lo",))
+    assert plan.interface_for(address, ip_json) == ifname
+    assert plan.interface_for("203.0.113.77", ip_json) is None
+
+
+def test_gpu_count_reads_nvidia_smi_list_and_zero_without_it():
+    listing = ("GPU 0: NVIDIA H200 (UUID: GPU-00000000-0000-0000-0000-000000000000)\n"
+               "GPU 1: NVIDIA H200 (UUID: GPU-00000000-0000-0000-0000-000000000001)\n")
+    assert plan.gpu_count(listing) == 2
+    assert plan.gpu_count("") == 0
+
+
+def test_nproc_accepts_auto_or_a_positive_integer():
+    assert plan.parse_nproc("auto") is None
+    assert plan.parse_nproc("4") == 4
+    for bad in ("0", "-1", "many"):
+        with pytest.raises(ValueError):
+            plan.parse_nproc(bad)
+
+
+def test_model_sizes_are_read_from_the_trainer_source():
+    sizes = plan.model_sizes()
+    assert sizes["tiny"] == (2, 2, 64, 64) and "gpt2" in sizes
+
+
+# ---------------------------------------------------------------- logs
+
+
+def test_rank0_lines_give_loss_curves_throughput_and_the_summary():
+    curves = logs.Curves()
+    for line in (FIXTURES / "train-ddp-log_rank0_2-node-cpu.log").read_text().splitlines():
+        who, text = logs.split_rank(line)
+        if who == "rank0":
+            curves.feed(text)
+    assert [s for s, _ in curves.train] == list(range(1, 31))
+    assert [s for s, _ in curves.val] == [10, 20, 30]
+    assert all(tps > 0 for _, tps in curves.tokens_per_s)
+    assert curves.summary["world_size"] == 2 and set(curves.summary["nodes"]) == {"ns0", "ns1"}
+    assert curves.train[-1][1] == pytest.approx(curves.summary["final_train_loss"], abs=1e-4)
+
+
+def test_torchrun_lines_without_a_rank_prefix_are_torchruns_own():
+    assert logs.split_rank("[rank12]:step 1/2 | x") == ("rank12", "step 1/2 | x")
+    assert logs.split_rank("Root Cause (first observed failure):") == (
+        "torchrun", "Root Cause (first observed failure):")
+
+
+def test_the_rank_killed_by_a_signal_is_named_first_not_the_peer_that_lost_it():
+    killed = logs.rank_failures(
+        (FIXTURES / "torchrun-failure_sigkill_2-agent-loopback_torch-2.13.log").read_text())
+    peer = logs.rank_failures(
+        (FIXTURES / "torchrun-failure_peer-exit1_2-agent-loopback_torch-2.13.log").read_text())
+    assert killed == [logs.RankFailure(1, -9, "2026-11-29_23:11:42")]
+    assert peer == [logs.RankFailure(0, 1, "2026-11-29_23:11:44")]
+    host, failure = logs.first_failure({"a": peer, "b": killed})
+    assert (host, failure.rank) == ("b", 1)
+    assert logs.first_failure({"a": [], "b": []}) is None
+
+
+def test_a_torchrun_stopped_by_the_launcher_reports_no_rank_failure():
+    text = (FIXTURES / "torchrun-failure_peer-lost_gloo-cpu_torch-2.13.log").read_text()
+    assert logs.rank_failures(text) == []
+    killed = (FIXTURES / "torchrun-failure_sigkilled-rank_gloo-cpu_torch-2.13.log").read_text()
+    assert [(f.rank, f.exitcode) for f in logs.rank_failures(killed)] == [(1, -9)]
+
+
+def test_line_sink_reassembles_lines_split_across_chunks(tmp_path):
+    seen = []
+    with open(tmp_path / "h.log", "w") as log:
+        sink = logs.LineSink("h", log, lambda h, who, text: seen.append((h, who, text)))
+        for chunk in ("[rank0]:step 1/2 | tra", "in loss 5.0\n[rank1]:x\r\nno newline"):
+            sink.write(chunk)
+        sink.close()
+    assert seen == [("h", "rank0", "step 1/2 | train loss 5.0"), ("h", "rank1", "x"),
+                    ("h", "torchrun", "no newline")]
+    assert (tmp_path / "h.log").read_text().splitlines()[0] == "[rank0]:step 1/2 | train loss 5.0"
+
+
+# ---------------------------------------------------------------- monitor
+
+
+def test_cpu_and_ram_use_come_from_two_proc_readings():
+    a = monitor.parse_sample((FIXTURES / "monitor-sample_dev-vm-no-gpu.txt").read_text(), 0.0)
+    b = monitor.parse_sample((FIXTURES / "monitor-sample_dev-vm-no-gpu_2s-later.txt").read_text(), 2.0)
+    # cpu  358615 0 18827 150642 1151 0 1983 2988 -> cpu  358965 0 18878 150642 1151 0 1983 2988
+    busy = (358965 - 358615) + (18878 - 18827)
+    s = monitor.difference(a, b)
+    assert s.cpu_pct == pytest.approx(100.0 * busy / busy)  # idle did not move: 100 % busy
+    assert s.mem_pct == pytest.approx(100 * (1 - 14314524 / 24683656))
+    assert s.gpu_util is None and b.gpus == ()
+
+
+def test_gpu_utilisation_and_memory_are_parsed_from_nvidia_smi_csv():
+    """The H200 capture's own values for the four fields the monitor asks for, written the
+    way `--format=csv,noheader,nounits` prints them."""
+    with open(FIXTURES / "nvidia-smi-query-gpu-csv_h200_590.48.01.csv") as f:
+        header, row = [[c.strip() for c in r] for r in csv.reader(f)][:2]
+    col = {name: row[i] for i, name in enumerate(header)}
+    fields = [col["index"], col["utilization.gpu [%]"], col["memory.used [MiB]"],
+              col["memory.total [MiB]"]]
+    line = ", ".join(v.split()[0] for v in fields)
+    proc = (FIXTURES / "monitor-sample_dev-vm-no-gpu.txt").read_text()
+    raw = monitor.parse_sample(proc + line + "\n[N/A], bad line\n", 0.0)
+    assert raw.gpus == ((0.0, 0.0, 143771.0),)
+
+
+def test_usage_gives_mean_and_peak():
+    samples = [monitor.Sample(t, cpu, mem, gpu, 10.0) for t, cpu, mem, gpu in
+               [(1, 50, 20, 90), (2, 100, 30, 70)]]
+    u = monitor.usage(samples)
+    assert (u.cpu_mean, u.cpu_peak, u.mem_peak, u.gpu_util_mean, u.gpu_util_peak) == (75, 100, 30, 80, 90)
+    assert monitor.usage([]) is None
+
+
+# ---------------------------------------------------------------- report
+
+
+def test_a_node_with_slow_forward_passes_is_named_a_straggler():
+    assert report.stragglers({"a": 10.0, "b": 10.5, "c": 14.0}) == ["c"]
+    assert report.stragglers({"a": 10.0, "b": 11.0, "c": 11.5}) == []
+    assert report.stragglers({"a": 10.0}) == []
+
+
+def test_scaling_efficiency_compares_with_the_latest_matching_single_node_record(tmp_path):
+    path = tmp_path / "records.json"
+    report.save_record(path, report.Record("old", "sig", 1, 100.0, 1.0))
+    report.save_record(path, report.Record("new", "sig", 1, 120.0, 2.0))
+    report.save_record(path, report.Record("other", "other-sig", 1, 50.0, 3.0))
+    report.save_record(path, report.Record("two", "sig", 2, 200.0, 4.0))
+    ref = report.reference(report.load_records(path), "sig")
+    assert ref.run_id == "new"
+    assert report.scaling_efficiency(216.0, 2, ref.tokens_per_s) == pytest.approx(0.9)
+    assert report.reference(report.load_records(path), "unseen") is None
+
+
+def test_a_run_that_failed_is_not_ok_and_names_who_failed(tmp_path):
+    p = two_node_plan()
+    out = Outcome("r1", p, tmp_path, failure="n1 rank 3 failed first (killed by signal 9)",
+                  failed_host="n1", failed_rank=3, teardown={"n0": {"left": []}, "n1": {"left": []}})
+    r = report.build(out, tmp_path / "rec.json", "sig")
+    assert not r.ok and r.failed_host == "n1" and r.failed_rank == 3
+    assert [n.clean for n in r.nodes] == [True, True]
+    assert not (tmp_path / "rec.json").exists()  # failed runs are not references
+
+
+# ---------------------------------------------------------------- reaper (real processes)
+
+
+def spawn_fake_run(tmp_path: Path, run_id: str, node: str) -> tuple[subprocess.Popen, Path]:
+    """A stand-in for torchrun's process tree: a session leader (pid recorded in the run
+    file) with a child in a session of its own (as torchrun starts workers)."""
+    run_dir = tmp_path / node
+    run_dir.mkdir()
+    child = f"{sys.executable} -c 'import os,time; os.setsid(); time.sleep(300)'"
+    script = f"echo $$ > {run_dir}/torchrun.pid; {child} & sleep 300"
+    env = {**os.environ, "PROVISION_RUN_ID": run_id, "PROVISION_NODE": node}
+    proc = subprocess.Popen(["setsid", "sh", "-c", script], env=env)
+    for _ in range(100):
+        if (run_dir / "torchrun.pid").exists() and len(reaper.targets(
+                int((run_dir / "torchrun.pid").read_text()), run_id, node)) >= 3:
+            break
+        time.sleep(0.05)
+    return proc, run_dir
+
+
+def test_reaper_stops_the_group_and_workers_in_their_own_sessions(tmp_path, capsys):
+    proc, run_dir = spawn_fake_run(tmp_path, "run-x", "n0")
+    root = int((run_dir / "torchrun.pid").read_text())
+    found = reaper.targets(root, "run-x", "n0")
+    assert root in found and len(found) >= 3  # sh, sleep, the setsid'd python
+    assert reaper.main([str(run_dir), "run-x", "n0", "--grace", "2"]) == 0
+    proc.wait(timeout=10)
+    result = json.loads(capsys.readouterr().out)
+    assert result["left"] == [] and set(result["signalled"]) >= found
+    assert not reaper.alive(found)
+
+
+def test_reaper_finds_strays_by_run_marker_when_the_run_file_is_gone(tmp_path, capsys):
+    proc, run_dir = spawn_fake_run(tmp_path, "run-y", "n1")
+    (run_dir / "torchrun.pid").unlink()
+    os.kill(int(proc.pid), signal.SIGKILL)  # torchrun gone: its children are orphans now
+    proc.wait(timeout=10)
+    assert reaper.targets(None, "run-y", "n1"), "orphans carry the run marker"
+    assert reaper.targets(None, "run-y", "other-node") == set()
+    assert reaper.main([str(run_dir), "run-y", "n1", "--grace", "2"]) == 0
+    assert reaper.targets(None, "run-y", "n1") == set()
