@@ -29,7 +29,7 @@ figure{margin:0;border:1px solid #ddd;padding:8px}figcaption{font-weight:600;fon
 .sw{display:inline-block;width:10px;height:10px;margin-right:4px;vertical-align:middle}
 """
 
-W, H, PAD_L, PAD_B, PAD_T = 520, 260, 56, 70, 16
+W, H, PAD_L, PAD_B, PAD_T = 520, 270, 56, 70, 26
 
 
 def _e(text: object) -> str:
@@ -45,7 +45,7 @@ def chart(metric: str, findings: list[Finding]) -> str:
     m = METRICS[metric]
     values = [f.value for f in findings if f.value is not None]
     expectations = [f.expectation for f in findings if f.expectation is not None]
-    top = max(values + expectations + [1e-9]) * 1.15
+    top = (max(values + expectations) or 1.0) * 1.15  # all-zero counters still get an axis
     plot_w, plot_h = W - PAD_L - 8, H - PAD_B - PAD_T
     step = plot_w / max(len(findings), 1)
 
@@ -90,7 +90,7 @@ def _axes(top: float, y: Callable[[float], float], unit: str) -> list[str]:
     parts = [
         f'<line x1="{PAD_L}" x2="{PAD_L}" y1="{PAD_T}" y2="{H - PAD_B}" stroke="#424242"/>',
         f'<line x1="{PAD_L}" x2="{W - 8}" y1="{H - PAD_B}" y2="{H - PAD_B}" stroke="#424242"/>',
-        f'<text x="4" y="{PAD_T + 8}" font-size="10">{_e(unit)}</text>',
+        f'<text x="4" y="{PAD_T - 12}" font-size="10">{_e(unit)}</text>',
     ]
     for k in range(5):
         v = top * k / 4
