@@ -1,0 +1,71 @@
+"""Storage end to end on the shared testbed, after `provision up` (the `provisioned`
+fixture): the RAID0 data volume, an idempotent re-run, and NFS between real VMs."""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+import pytest
+
+from provision import inventory
+from provision.inventory import Cluster
+from tests.e2e.storage_helpers import cli, sh
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def cluster(testbed, provisioned) -> Cluster:
+    return inventory.load(Path(testbed.inventory_path))
+
+
+def test_data_volume_is_raid0_xfs_of_two_disks_mounted_by_uuid(cluster):
+    node = cluster.node("node1")
+    source, fstype, uuid = sh(node, "findmnt -n -o SOURCE,FSTYPE,UUID /data").split()
+    assert source.startswith("/dev/md") and fstype == "xfs"
+    md = sh(node, f"basename $(readlink -f {source})").strip()
+    assert sh(node, f"cat /sys/block/{md}/md/level").strip() == "raid0"
+    assert sh(node, f"cat /sys/block/{md}/md/raid_disks").strip() == "2"
+    members = sh(node, f"ls /sys/block/{md}/slaves").split()
+    by_id = sh(node, "ls -l /dev/disk/by-id/ | grep virtio-NVME-node1-")
+    assert sorted(members) == sorted(line.rsplit("/", 1)[-1] for line in by_id.splitlines())
+    fstab = [line.split() for line in sh(node, "cat /etc/fstab").splitlines() if " /data " in line]
+    assert fstab == [[f"UUID={uuid}", "/data", "xfs", "defaults,noatime,nofail,x-systemd.device-timeout=30s",
+                      "0", "0"]]
+    assert "name=provision:data" in sh(node, "cat /etc/mdadm/mdadm.conf")
+
+
+def test_rerun_changes_nothing_and_data_on_the_volume_survives(cluster, testbed):
+    node = cluster.node("node1")
+    token = secrets.token_hex(16)
+    sh(node, f"echo {token} > /data/e2e-survives && sync")
+    run = cli("up", str(testbed.inventory_path), "--only", "volumes,nfs,backups", "--json")
+    assert run.exit_code == 0, run.stderr
+    report = run.json()
+    assert {h["name"]: h["changed"] for h in report["hosts"]} == {n.name: 0 for n in cluster.nodes}
+    assert sh(node, "cat /data/e2e-survives").strip() == token
+
+
+def test_a_file_written_on_a_client_is_seen_on_the_server(cluster, provisioned):
+    client, server = cluster.node("node2"), cluster.node("node1")
+    user = client.settings.training_user
+    name, token = f"e2e-{secrets.token_hex(4)}", secrets.token_hex(16)
+    sh(client, f"su -s /bin/sh {user} -c 'echo {token} > /shared/scratch/{name}' && sync")
+    assert sh(server, f"cat /data/shared/scratch/{name}").strip() == token
+    assert sh(server, f"stat -c %U /data/shared/scratch/{name}").strip() == user
+
+
+def test_root_on_a_client_is_squashed(cluster, provisioned):
+    client = cluster.node("node2")
+    result = sh(client, "touch /shared/scratch/e2e-root 2>&1; echo rc=$?")
+    assert "rc=0" not in result and "Permission denied" in result
+
+
+def test_client_mounts_are_nfs_4_2_over_the_cluster_network(cluster, provisioned):
+    client, server = cluster.node("node2"), cluster.node("node1")
+    sh(client, "ls /shared/checkpoints >/dev/null")  # the automount mounts on first access
+    mounts = sh(client, "findmnt -n -t nfs4 -o SOURCE,OPTIONS /shared/checkpoints")
+    source, options = mounts.split()
+    assert source == f"{server.cluster_address}:/data/shared/checkpoints"
+    assert "vers=4.2" in options and "hard" in options

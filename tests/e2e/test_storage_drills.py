@@ -1,0 +1,91 @@
+"""Destructive storage drills on the shared testbed (run last): a disk that holds data is
+refused and kept intact, --force-format rebuilds; an NFS client reboots while the server
+is down, and its shares work again once the server is back."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from pathlib import Path
+
+import pytest
+
+from provision import inventory
+from tests.e2e.storage_helpers import cli, derived_inventory, sh
+
+pytestmark = [pytest.mark.e2e, pytest.mark.destructive]
+
+DISK = "/dev/disk/by-id/virtio-NVME-node2-{}"
+
+
+def _load(testbed):
+    return inventory.load(Path(testbed.inventory_path))
+
+
+def _hand_made_filesystem(node, token: str) -> None:
+    """Take node2's volume apart and put someone else's ext4, with a file, on its 2nd disk."""
+    sh(node, "umount /data; mdadm --stop /dev/md/data 2>/dev/null || mdadm --stop --scan; "
+             f"wipefs -a {DISK.format(1)} {DISK.format(2)} >/dev/null")
+    sh(node, f"mkfs.ext4 -q -L mine {DISK.format(2)} && mkdir -p /mnt/mine && mount {DISK.format(2)} /mnt/mine "
+             f"&& echo {token} > /mnt/mine/precious && umount /mnt/mine", timeout_s=600)
+
+
+def test_disk_holding_data_is_refused_and_stays_intact_until_force_format(testbed, provisioned, tmp_path):
+    node = _load(testbed).node("node2")
+    token = secrets.token_hex(16)
+    _hand_made_filesystem(node, token)
+    source = Path(testbed.inventory_path)
+    plain = derived_inventory(source, source.with_name(f"e2e-node2-{token[:6]}.py"), ["node2"], {})
+    forced = derived_inventory(source, source.with_name(f"e2e-node2-forced-{token[:6]}.py"), ["node2"],
+                               {"force_format": [DISK.format(2)]})
+    try:
+        refused = cli("up", str(plain), "--only", "volumes", "--json")
+        said = refused.stdout + refused.stderr
+        assert refused.exit_code == 1
+        assert "node2" in said and DISK.format(2) in said and "ext4 filesystem" in said
+        assert sh(node, f"blkid -o value -s LABEL {DISK.format(2)}").strip() == "mine"
+        assert sh(node, f"mount -o ro {DISK.format(2)} /mnt/mine && cat /mnt/mine/precious; "
+                        "umount /mnt/mine").strip() == token
+
+        rebuilt = cli("up", str(forced), "--only", "volumes", "--json")
+        assert rebuilt.exit_code == 0, rebuilt.stdout + rebuilt.stderr
+        source_dev, fstype = sh(node, "findmnt -n -o SOURCE,FSTYPE /data").split()
+        assert source_dev.startswith("/dev/md") and fstype == "xfs"
+    finally:
+        plain.unlink(missing_ok=True)
+        forced.unlink(missing_ok=True)
+
+
+def _wait_for(node, command: str, timeout_s: float) -> str:
+    deadline = time.monotonic() + timeout_s
+    last = ""
+    while time.monotonic() < deadline:
+        from provision import remote
+
+        result = remote.run(node, command, timeout=60)
+        if result.ok:
+            return result.stdout
+        last = result.stderr or result.stdout
+        time.sleep(5)
+    raise AssertionError(f"{node.name}: {command} did not succeed in {timeout_s:.0f}s: {last}")
+
+
+def test_client_boots_while_the_server_is_down_and_mounts_when_it_is_back(testbed, provisioned):
+    testbed.stop_node("node1", hard=True)
+    try:
+        testbed.stop_node("node2", hard=False)
+        testbed.start_node("node2")  # returns once SSH answers: the boot did not hang on NFS
+        client = _load(testbed).node("node2")
+        assert sh(client, "systemctl is-active multi-user.target").strip() == "active"
+        assert "autofs" in sh(client, "findmnt -n -o FSTYPE /shared/scratch")
+        assert sh(client, "touch /var/tmp/still-works && echo ok").strip() == "ok"
+    finally:
+        testbed.start_node("node1")
+    cluster = _load(testbed)
+    server, client = cluster.node("node1"), cluster.node("node2")
+    assert _wait_for(server, "findmnt -n -o FSTYPE /data", 300).strip() == "xfs"  # array assembled at boot
+    _wait_for(server, "systemctl is-active nfs-server", 300)
+    token = secrets.token_hex(8)
+    user = client.settings.training_user
+    _wait_for(client, f"timeout 50 su -s /bin/sh {user} -c 'echo {token} > /shared/scratch/after-reboot'", 600)
+    assert sh(server, "cat /data/shared/scratch/after-reboot").strip() == token
