@@ -43,25 +43,11 @@ def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedTestbed]
 
 # --- provisioning (owner: `provision up`) ----------------------------------------------
 
-WHEELHOUSE_CACHE = Path.home() / ".cache" / "provision" / "wheelhouse-torch-2.13.0-cp311"
-
-
 def cpu_wheelhouse() -> Path:
-    """torch==2.13.0 (the CPU build), numpy and nvidia-ml-py as wheels for the guests'
-    Python 3.11 (Debian 12); downloaded once and cached beside the testbed image."""
-    import subprocess
-    import sys
+    """torch==2.13.0 (the CPU build), numpy and nvidia-ml-py for the guests' Python 3.11."""
+    from provision.testbed import wheelhouse
 
-    torch = list(WHEELHOUSE_CACHE.glob("torch-2.13.0*.whl"))
-    if torch and "+cpu" in torch[0].name and list(WHEELHOUSE_CACHE.glob("numpy-*.whl")):
-        return WHEELHOUSE_CACHE
-    WHEELHOUSE_CACHE.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "pip", "download", "torch==2.13.0", "numpy", "nvidia-ml-py",
-                    "-d", str(WHEELHOUSE_CACHE), "--only-binary=:all:", "--python-version", "3.11",
-                    "--platform", "manylinux_2_28_x86_64"], check=True, timeout=900, capture_output=True)
-    torch = list(WHEELHOUSE_CACHE.glob("torch-2.13.0*.whl"))
-    assert torch and "+cpu" in torch[0].name, f"not the CPU torch wheel: {torch}"  # never a CUDA build
-    return WHEELHOUSE_CACHE
+    return wheelhouse.ensure()
 
 
 @pytest.fixture(scope="session")
