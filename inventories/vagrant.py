@@ -1,7 +1,10 @@
 # The two VMs of the repository's Vagrantfile: pyinfra's own inventory format.
 #
 #   vagrant up --provider=libvirt          (or --provider=virtualbox)
-#   PROVISION_VAGRANT_PROVIDER=libvirt provision up inventories/vagrant.py
+#   provision up inventories/vagrant.py
+#
+# The provider is taken from PROVISION_VAGRANT_PROVIDER or VAGRANT_DEFAULT_PROVIDER, else
+# from the keys `vagrant up` left under .vagrant/machines/, else libvirt.
 #
 # SSH goes to the fixed forwarded ports on 127.0.0.1 with the key Vagrant made for each
 # VM; cluster traffic (NFS, iperf3, torchrun) uses the private network 10.78.0.0/24.
@@ -12,9 +15,11 @@ import os
 from pathlib import Path
 
 _root = Path(__file__).resolve().parent.parent  # the directory holding the Vagrantfile
-_provider = os.environ.get("PROVISION_VAGRANT_PROVIDER") or os.environ.get(
-    "VAGRANT_DEFAULT_PROVIDER", "libvirt"
-)
+# The provider: as set in the environment, else the one `vagrant up` made keys for.
+_made = [p for p in ("libvirt", "virtualbox")
+         if (_root / ".vagrant" / "machines" / "vagrant1" / p / "private_key").is_file()]
+_provider = (os.environ.get("PROVISION_VAGRANT_PROVIDER") or os.environ.get("VAGRANT_DEFAULT_PROVIDER")
+             or (_made[0] if _made else "libvirt"))
 # Data disks by stable id: virtio serials under libvirt, SATA serials under VirtualBox.
 _disk_prefix = "ata-VBOX_HARDDISK_" if _provider == "virtualbox" else "virtio-"
 

@@ -8,6 +8,7 @@ sparse file; nodes boot it by label with the image's own kernel and initrd.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -48,7 +49,8 @@ class Recipe:
 
     def digest(self) -> str:
         files = guest_files.image_files("LABEL", self.apt_sources)
-        blob = json.dumps([asdict(self), sorted(files.items()), guest_files.MASKED_UNITS])
+        blob = json.dumps([asdict(self), sorted(files.items()), guest_files.MASKED_UNITS,
+                           guest_files.ENABLED_UNITS])
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
     @property
@@ -97,37 +99,72 @@ def ensure(recipe: Recipe, images_dir: Path, progress: Progress = lambda _: None
     if os.geteuid() != 0:
         raise TestbedError("building the testbed image needs root (debootstrap, ownership in "
                            "mkfs.ext4 -d): run `sudo provision testbed up` once")
-    return build(recipe, images_dir, progress)
+    images_dir.mkdir(parents=True, exist_ok=True)
+    with open(images_dir / ".build.lock", "w") as lock:
+        # Two testbeds coming up at once build the image once: the second waits here,
+        # then finds it in the cache.
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            progress("waiting for another image build to finish")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        return cached(recipe, images_dir) or build(recipe, images_dir, progress)
 
 
 def build(recipe: Recipe, images_dir: Path, progress: Progress) -> BaseImage:
     """debootstrap, configure, write the ext4 image; the folder appears only when complete."""
     images_dir.mkdir(parents=True, exist_ok=True)
+    _remove_stale_builds(images_dir)
     work = images_dir / f".build-{recipe.name}-{os.getpid()}"
-    shutil.rmtree(work, ignore_errors=True)
+    _remove_tree(work)
     rootfs = work / "rootfs"
     try:
         started = time.monotonic()
         _debootstrap(recipe, rootfs, progress)
         progress("configuring the root filesystem")
         configure_rootfs(rootfs, recipe)
+        progress("rebuilding the initrd (virtio and ext4 only)")
+        _run(["chroot", str(rootfs), "update-initramfs", "-u", "-k", "all"], "update-initramfs",
+             timeout=600)
         shutil.copyfile(_only(rootfs, "boot/vmlinuz-*"), work / "vmlinuz")
         shutil.copyfile(_only(rootfs, "boot/initrd.img-*"), work / "initrd.img")
         progress(f"writing the {recipe.size} root filesystem (mkfs.ext4 -d)")
         _run(["mkfs.ext4", "-q", "-F", "-d", str(rootfs), "-L", recipe.label,
               str(work / "root.img"), recipe.size], "mkfs.ext4", timeout=900)
-        shutil.rmtree(rootfs)
+        _remove_tree(rootfs)
         meta = {"recipe": asdict(recipe), "build_seconds": round(time.monotonic() - started, 1)}
         (work / "recipe.json").write_text(json.dumps(meta, indent=2) + "\n")
-        final = images_dir / recipe.name
-        shutil.rmtree(final, ignore_errors=True)
-        work.rename(final)
+        work.rename(images_dir / recipe.name)  # the build lock guarantees it is not there yet
     except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
+        _remove_tree(work)
         raise
     image = cached(recipe, images_dir)
     assert image is not None
     return image
+
+
+def _remove_stale_builds(images_dir: Path) -> None:
+    """Remove build folders left by a build that was killed (its pid is gone)."""
+    for stale in images_dir.glob(".build-*"):
+        pid = stale.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            _remove_tree(stale)
+
+
+def _remove_tree(path: Path) -> None:
+    """rmtree that first unmounts what debootstrap mounted inside (proc, sys, and in a
+    container bind mounts of the host's /dev): deleting through a bind mount would
+    delete the host's files."""
+    if not path.exists():
+        return
+    prefix = f"{path.resolve()}/"
+    mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
+    for mountpoint in sorted((m for m in mounts if m.startswith(prefix)), key=len, reverse=True):
+        subprocess.run(["umount", "-l", mountpoint], capture_output=True, timeout=30)
+    still = [m for m in Path("/proc/self/mounts").read_text().split() if m.startswith(prefix)]
+    if still:
+        raise TestbedError(f"{path} still has mounts ({', '.join(still)}); unmount them and delete it")
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def _debootstrap(recipe: Recipe, rootfs: Path, progress: Progress) -> None:
@@ -166,9 +203,10 @@ def configure_rootfs(rootfs: Path, recipe: Recipe) -> None:
                   rootfs / "var/lib/dbus/machine-id", *rootfs.glob("etc/ssh/ssh_host_*")]:
         stale.unlink(missing_ok=True)
     units = rootfs / "etc/systemd/system"
-    wants = units / "multi-user.target.wants"
-    wants.mkdir(parents=True, exist_ok=True)
-    _symlink(wants / "provision-seed.service", "/etc/systemd/system/provision-seed.service")
+    for target, unit_path in guest_files.ENABLED_UNITS:
+        wants = units / f"{target}.wants"
+        wants.mkdir(parents=True, exist_ok=True)
+        _symlink(wants / Path(unit_path).name, unit_path)
     for unit in guest_files.MASKED_UNITS:
         _symlink(units / unit, "/dev/null")
     for deb in rootfs.glob("var/cache/apt/archives/*.deb"):

@@ -72,8 +72,9 @@ def write_seed(f: NodeFiles, record: NodeRecord, client_public_key: str,
                peers: dict[str, str]) -> None:
     """(Re)write the node's seed disk: host key, root's key, network, /etc/hosts."""
     keys.generate(f.host_key, f"root@{record.name}")
-    interfaces = guest_files.node_interfaces(record.cluster_address, network.cluster_prefix())
-    seed.write_tree(f.seed_dir, f.host_key, client_public_key, interfaces,
+    networks = guest_files.node_networks(network.mac(0, record.index), network.mac(1, record.index),
+                                         record.cluster_address, network.cluster_prefix())
+    seed.write_tree(f.seed_dir, f.host_key, client_public_key, networks,
                     guest_files.node_hosts(peers))
     seed.make_image(f.seed_dir, f.seed_image)
 

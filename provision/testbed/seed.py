@@ -1,6 +1,7 @@
-"""The per-node seed disk: a 16 MiB ext4 filesystem (label PVSEED) with the node's own
-host key, root's authorized_keys, its static network and /etc/hosts. The image's
-provision-seed unit copies them into place before networking and sshd start."""
+"""The per-node seed disk: a 16 MiB ext4 filesystem (label and virtio serial PVSEED)
+holding a tree that the image's provision-seed unit copies over / before networking
+and sshd start: the node's own host key, root's authorized_keys, its networkd files
+and /etc/hosts. Modes and ownership in the tree are the ones the guest gets."""
 
 from __future__ import annotations
 
@@ -12,18 +13,26 @@ from provision.errors import TestbedError
 from provision.testbed.guest_files import SEED_LABEL
 
 
-def write_tree(seed_dir: Path, host_key: Path, authorized_keys: str, interfaces: str,
-               hosts: str) -> None:
-    """Lay out the seed's files in seed_dir (replacing what was there)."""
+def write_tree(seed_dir: Path, host_key: Path, authorized_keys: str,
+               networks: dict[str, str], hosts: str) -> None:
+    """Lay out the seed's files in seed_dir/tree (replacing what was there)."""
     shutil.rmtree(seed_dir, ignore_errors=True)
-    for sub in ("ssh", "root", "network"):
-        (seed_dir / sub).mkdir(parents=True)
-    shutil.copyfile(host_key, seed_dir / "ssh/ssh_host_ed25519_key")
-    (seed_dir / "ssh/ssh_host_ed25519_key").chmod(0o600)
-    shutil.copyfile(f"{host_key}.pub", seed_dir / "ssh/ssh_host_ed25519_key.pub")
-    (seed_dir / "root/authorized_keys").write_text(authorized_keys.strip() + "\n")
-    (seed_dir / "network/interfaces").write_text(interfaces)
-    (seed_dir / "hosts").write_text(hosts)
+    tree = seed_dir / "tree"
+    for sub, mode in (("etc", 0o755), ("etc/ssh", 0o755), ("etc/systemd", 0o755),
+                      ("etc/systemd/network", 0o755), ("root", 0o700), ("root/.ssh", 0o700)):
+        (tree / sub).mkdir(parents=True, exist_ok=True)
+        (tree / sub).chmod(mode)
+    _file(tree / "etc/ssh/ssh_host_ed25519_key", host_key.read_text(), 0o600)
+    _file(tree / "etc/ssh/ssh_host_ed25519_key.pub", Path(f"{host_key}.pub").read_text(), 0o644)
+    _file(tree / "root/.ssh/authorized_keys", authorized_keys.strip() + "\n", 0o600)
+    for name, text in networks.items():
+        _file(tree / "etc/systemd/network" / name, text, 0o644)
+    _file(tree / "etc/hosts", hosts, 0o644)
+
+
+def _file(path: Path, text: str, mode: int) -> None:
+    path.write_text(text)
+    path.chmod(mode)
 
 
 def make_image(seed_dir: Path, image: Path, size: str = "16M") -> Path:

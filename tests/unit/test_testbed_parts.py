@@ -55,19 +55,38 @@ def test_baked_rootfs_has_no_host_key_and_the_seed_unit_enabled(tmp_path: Path) 
     image.configure_rootfs(tmp_path, _recipe())
     assert not list((tmp_path / "etc/ssh").glob("ssh_host_*"))
     assert not (tmp_path / "etc/hostname").exists()
-    wants = tmp_path / "etc/systemd/system/multi-user.target.wants/provision-seed.service"
-    assert wants.is_symlink()
+    wants = tmp_path / "etc/systemd/system/multi-user.target.wants"
+    assert (wants / "provision-seed.service").is_symlink()
+    assert (wants / "systemd-networkd.service").is_symlink()
+    assert (tmp_path / "etc/systemd/system/networking.service").readlink() == Path("/dev/null")
     assert (tmp_path / "etc/systemd/system/apt-daily.timer").readlink() == Path("/dev/null")
     assert "URIs: http://mirror.test/debian" in (tmp_path / "etc/apt/sources.list.d/debian.sources").read_text()
     assert (tmp_path / "etc/fstab").read_text().startswith(f"LABEL={_recipe().label} / ext4")
     assert (tmp_path / "etc/machine-id").read_text() == ""
 
 
-def test_node_network_config_pins_eth0_to_user_net_and_eth1_to_the_cluster() -> None:
-    text = guest_files.node_interfaces("10.77.0.12", 24)
-    assert "iface eth0 inet static\n    address 10.0.2.15/24\n    gateway 10.0.2.2" in text
-    assert "iface eth1 inet static\n    address 10.77.0.12/24\n" in text
-    assert "gateway" not in text.split("eth1", 1)[1]  # no route off the cluster network
+def test_node_networks_are_matched_by_mac_with_the_route_on_eth0_only() -> None:
+    files = guest_files.node_networks("52:54:00:77:00:02", "52:54:00:77:01:02", "10.77.0.12", 24)
+    eth0, eth1 = files["10-eth0.network"], files["20-eth1.network"]
+    assert "MACAddress=52:54:00:77:00:02\n" in eth0 and "Address=10.0.2.15/24\n" in eth0
+    assert "Gateway=10.0.2.2\n" in eth0
+    assert "MACAddress=52:54:00:77:01:02\n" in eth1 and "Address=10.77.0.12/24\n" in eth1
+    assert "Gateway" not in eth1  # no route off the cluster network
+
+
+def test_seed_tree_carries_identity_with_guest_modes(tmp_path: Path) -> None:
+    from provision.testbed import keys, seed
+
+    host_key = keys.generate(tmp_path / "ssh_host_ed25519_key", "root@node1")
+    seed.write_tree(tmp_path / "seed", host_key, "ssh-ed25519 AAAA test", {"20-eth1.network": "x"},
+                    "127.0.0.1 localhost\n")
+    tree = tmp_path / "seed" / "tree"
+    assert (tree / "etc/ssh/ssh_host_ed25519_key").stat().st_mode & 0o777 == 0o600
+    assert (tree / "root").stat().st_mode & 0o777 == 0o700
+    assert (tree / "root/.ssh/authorized_keys").read_text() == "ssh-ed25519 AAAA test\n"
+    assert (tree / "etc/systemd/network/20-eth1.network").read_text() == "x"
+    image_file = seed.make_image(tmp_path / "seed", tmp_path / "seed.img")
+    assert image_file.stat().st_size == 16 << 20
 
 
 def test_hosts_file_names_every_node_by_cluster_address() -> None:
@@ -111,3 +130,31 @@ def test_missing_tool_names_the_package_to_install(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(errors.TestbedError, match="qemu-system-x86_64 not found: apt-get install qemu-system-x86"):
         tools.require("qemu-system-x86_64")
+
+
+def test_build_folders_of_killed_builds_are_removed_and_live_ones_kept(tmp_path: Path) -> None:
+    import os
+
+    dead = tmp_path / ".build-debian-bookworm-abc-999999999"
+    live = tmp_path / f".build-debian-bookworm-abc-{os.getpid()}"
+    for folder in (dead, live):
+        (folder / "rootfs" / "etc").mkdir(parents=True)
+    image._remove_stale_builds(tmp_path)
+    assert not dead.exists() and live.exists()
+
+
+def test_initrd_is_limited_to_what_a_virtio_ext4_root_needs(tmp_path: Path) -> None:
+    image.configure_rootfs(tmp_path, _recipe())
+    assert (tmp_path / "etc/initramfs-tools/conf.d/provision-testbed.conf").read_text() == "MODULES=list\n"
+    assert (tmp_path / "etc/initramfs-tools/modules").read_text().split() == ["virtio_pci", "virtio_blk", "ext4"]
+
+
+def test_seed_script_finds_its_disk_by_serial_even_without_a_final_newline(tmp_path: Path) -> None:
+    for disk, serial in (("vda", ""), ("vdb", "NVME-node1-1"), ("vdc", guest_files.SEED_SERIAL)):
+        (tmp_path / disk).mkdir()
+        (tmp_path / disk / "serial").write_text(serial)  # sysfs gives no trailing newline
+    discovery = guest_files.SEED_SCRIPT.split("mnt=")[0].replace("/sys/block", str(tmp_path))
+    done = subprocess.run(["sh", "-c", discovery + 'echo "$dev"'], capture_output=True, text=True,
+                          timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "/dev/vdc"

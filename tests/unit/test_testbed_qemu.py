@@ -30,7 +30,7 @@ def _after(argv: list[str], flag: str) -> list[str]:
 def test_kernel_boots_root_by_label_with_serial_console_and_hostname() -> None:
     append = _after(qemu.argv(_spec()), "-append")
     assert append == ["root=LABEL=pvroot-abcdef12 rw console=ttyS0 net.ifnames=0 "
-                      "systemd.hostname=node1 panic=-1"]
+                      "systemd.hostname=node1 panic=-1 mitigations=off"]
 
 
 def test_tcg_uses_cpu_max_and_kvm_never_cpu_host() -> None:
@@ -64,6 +64,7 @@ def test_data_disk_serials_are_on_the_device_not_the_drive() -> None:
     assert "virtio-blk-pci,drive=data1,id=dev-data1,serial=NVME-node1-1" in _after(argv, "-device")
     assert all("serial=" not in d for d in _after(argv, "-drive"))
     assert "file=/s/seed.img,format=raw,if=none,id=seed,readonly=on" in _after(argv, "-drive")
+    assert "virtio-blk-pci,drive=seed,id=dev-seed,serial=PVSEED" in _after(argv, "-device")
     assert "file=/s/root.qcow2,format=qcow2,if=none,id=root" in _after(argv, "-drive")
 
 

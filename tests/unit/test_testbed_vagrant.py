@@ -61,3 +61,12 @@ def test_vagrantfile_declares_the_inventorys_addresses_ports_and_serials() -> No
                      'name: "vagrant2", ip: "10.78.0.12", ssh_port: 2200',
                      'serial: "NVME-#{node[:name]}-#{k}"', 'provider "libvirt"', 'provider "virtualbox"'):
         assert expected in text
+
+
+def test_vagrant_inventory_finds_the_provider_from_the_keys_vagrant_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("PROVISION_VAGRANT_PROVIDER", raising=False)
+    monkeypatch.delenv("VAGRANT_DEFAULT_PROVIDER", raising=False)
+    cluster = inventory_lib.load(_checkout(tmp_path, "virtualbox"))
+    assert "/virtualbox/private_key" in (cluster.node("vagrant2").ssh.key or "")
