@@ -88,10 +88,10 @@ def _listed(settings: Settings, devices: list[BlockDevice], hostname: str) -> tu
 
 
 def _auto(settings: Settings, devices: list[BlockDevice]) -> list[BlockDevice]:
-    """Every whole, non-root disk that is blank, ours, or explicitly forced."""
+    """Every whole, non-root disk with a stable id that is blank, ours, or forced."""
     return [
         d for d in sorted(devices, key=lambda d: d.name)
-        if d.type == "disk" and not d.is_root
+        if d.type == "disk" and not d.is_root and d.by_id
         and (d.holds is None or is_ours(d) or is_forced(settings, d))
     ]
 
@@ -160,7 +160,7 @@ def describe_choice(settings: Settings, devices: list[BlockDevice], hostname: st
     if settings.data_disks == "auto":
         for d in devices:
             if d.type == "disk" and d not in disks:
-                why = "root disk" if d.is_root else f"holds {d.holds}"
+                why = "root disk" if d.is_root else (f"holds {d.holds}" if d.holds else "no stable id")
                 lines.append(f"{hostname}: not picked {_name(d)}: {why}")
     if disks and not problems:
         lines.append(f"{hostname}: volume: {layout(settings, disks)} at {settings.data_mount}")

@@ -71,16 +71,16 @@ def _wait_for(node, command: str, timeout_s: float) -> str:
 
 
 def test_client_boots_while_the_server_is_down_and_mounts_when_it_is_back(testbed, provisioned):
-    testbed.stop_node("node1", hard=True)
+    testbed.testbed.stop_node("node1", hard=True)
     try:
-        testbed.stop_node("node2", hard=False)
-        testbed.start_node("node2")  # returns once SSH answers: the boot did not hang on NFS
+        testbed.testbed.stop_node("node2", hard=False)
+        testbed.testbed.start_node("node2")  # returns once SSH answers: the boot did not hang on NFS
         client = _load(testbed).node("node2")
         assert sh(client, "systemctl is-active multi-user.target").strip() == "active"
         assert "autofs" in sh(client, "findmnt -n -o FSTYPE /shared/scratch")
         assert sh(client, "touch /var/tmp/still-works && echo ok").strip() == "ok"
     finally:
-        testbed.start_node("node1")
+        testbed.testbed.start_node("node1")
     cluster = _load(testbed)
     server, client = cluster.node("node1"), cluster.node("node2")
     assert _wait_for(server, "findmnt -n -o FSTYPE /data", 300).strip() == "xfs"  # array assembled at boot

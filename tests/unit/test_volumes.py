@@ -98,6 +98,12 @@ def test_check_disks_reports_the_same_problems_as_the_choice():
     assert len(volumes.check_disks(s, [ROOT, B], "node1")) == 2
 
 
+def test_auto_leaves_out_a_blank_disk_without_a_stable_id():
+    anonymous = disk("vde", by_id=())
+    disks, _ = volumes.choose_disks(settings(data_disks="auto"), [ROOT, B, anonymous], "node1")
+    assert disks == [B]
+
+
 def test_auto_picks_blank_disks_and_excludes_root_and_used_disks():
     used = disk("vdc", fstype="xfs", uuid="u2", label="backup")
     disks, problems = volumes.choose_disks(settings(data_disks="auto"), [ROOT, B, used, D], "node1")
@@ -199,3 +205,19 @@ def test_blkid_export_is_parsed():
 def test_step_skips_hosts_without_data_disks():
     node = Node("n", SshTarget("n", 22, None, None, None, "yes"), (), Settings())
     assert volumes.step.applies(node) == "no data_disks set"
+
+
+def _captured(name: str) -> list[BlockDevice]:
+    from provision.facts.blockdevices import BlockDevices
+
+    lines = (Path(__file__).parent.parent / "fixtures" / name).read_text().splitlines()
+    return BlockDevices().process(lines)
+
+
+def test_auto_on_a_captured_testbed_node_picks_both_blank_data_disks_not_root_or_seed():
+    devices = _captured("blockdevices_debian12-testbed_2-blank-virtio-disks.txt")
+    disks, problems = volumes.choose_disks(settings(data_disks="auto"), devices, "node1")
+    assert problems == []
+    # vda holds / and vdb the testbed's ext4 seed filesystem
+    assert [d.by_id for d in disks] == [("/dev/disk/by-id/virtio-NVME-node1-1",),
+                                        ("/dev/disk/by-id/virtio-NVME-node1-2",)]
