@@ -650,7 +650,8 @@ def _host_copies(torch, cfg: dict, i: int, gpu: dict, res: Results) -> None:
     if gpu.get("numa_node") is not None and cpus:
         os.sched_setaffinity(0, _cpulist(cpus))  # first touch puts the pages on that node
     try:
-        host = torch.empty(n, dtype=torch.uint8).pin_memory()
+        # Pinned pages are allocated and locked here, while this thread runs on the node.
+        host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
         host.fill_(1)
     finally:
         os.sched_setaffinity(0, old)

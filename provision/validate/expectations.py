@@ -201,6 +201,8 @@ DEFAULT_CEILINGS: dict[str, float] = {
     "gpu_ecc_uncorrected": 0,
     "gpu_retired_pages": 0,
     "gpu_burn_mismatches": 0,
+    # Hardware slowdown (thermal, power brake, HW slowdown) active: DCGM treats it as a fault.
+    "gpu_hw_slowdown": 0,
 }
 
 # Floors that hold on any hardware, so that a single node is still judged.

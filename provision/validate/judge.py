@@ -59,7 +59,9 @@ def gpu_health(node: str, gpus: list[GpuInfo], measured: set[tuple[str, str]]) -
         retired = g.retired_pages
         if g.remap_failure:
             retired = max(retired or 0, 1_000_000)  # out of spare rows: fails any ceiling
+        hw = [r for r in g.throttle_active if r.startswith("hw_")]
         values = {
+            "gpu_hw_slowdown": (len(hw), "active: " + (", ".join(hw) or "none")),
             "gpu_pcie_gen": (g.pcie_gen_max, "max link generation the GPU and slot agree on"),
             "gpu_pcie_width": (g.pcie_width_max, "max link width"),
             "gpu_ecc_uncorrected": (g.ecc_uncorrected, "aggregate uncorrectable ECC errors"),

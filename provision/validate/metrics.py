@@ -51,6 +51,7 @@ METRICS: dict[str, Metric] = {
         _m("gpu_pcie_width", "gpu", "lanes", "PCIe width", per_device=True, fleet=False),
         _m("gpu_ecc_uncorrected", "gpu", "count", "ECC uncorrected", False, True, False),
         _m("gpu_retired_pages", "gpu", "count", "retired/remapped", False, True, False),
+        _m("gpu_hw_slowdown", "gpu", "count", "HW slowdown reasons", False, True, False),
         _m("gpu_allreduce_busbw_gbs", "allreduce", "GB/s", "all-reduce in node"),
     )
 }

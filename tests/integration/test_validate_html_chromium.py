@@ -80,8 +80,8 @@ def test_html_report_charts_render_in_headless_chromium(tmp_path):
     report_html.write(html, fleet(), "chromium render test")
     parsed = SvgCount()
     parsed.feed(html.read_text())
-    # disk, RAM, bf16, and the four GPU health metrics from the inventory; a bar per node
-    assert parsed.svgs == 7 and parsed.bars == 7 * 4
+    # disk, RAM, bf16, and the five GPU health metrics from the inventory; a bar per node
+    assert parsed.svgs == 8 and parsed.bars == 8 * 4
 
     png = tmp_path / "shot.png"
     subprocess.run(

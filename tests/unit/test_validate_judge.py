@@ -270,3 +270,11 @@ def test_user_fleet_rule_applies_to_every_metric():
     nodes.append(judge.NodeInput("x", [Measurement("x", "net_gbits", 25.5)], overrides=ov))
     (x,) = [r for r in judge.judge(nodes) if r.node == "x"]
     assert x.verdict == "fail"
+
+
+def test_active_hardware_slowdown_fails_the_gpu():
+    gpus = [h100(0), h100(1, throttle_active=("sw_power_cap", "hw_thermal_slowdown"))]
+    (r,) = judge.judge([gpu_node("n", [800.0, 800.0], gpus)])
+    assert findings(r, "gpu_hw_slowdown", "gpu0")[0].verdict == "pass"
+    bad = findings(r, "gpu_hw_slowdown", "gpu1")[0]
+    assert bad.verdict == "fail" and "hw_thermal_slowdown" in bad.reason
