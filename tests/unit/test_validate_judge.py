@@ -278,3 +278,10 @@ def test_active_hardware_slowdown_fails_the_gpu():
     assert findings(r, "gpu_hw_slowdown", "gpu0")[0].verdict == "pass"
     bad = findings(r, "gpu_hw_slowdown", "gpu1")[0]
     assert bad.verdict == "fail" and "hw_thermal_slowdown" in bad.reason
+
+
+def test_slow_gpu_in_a_single_node_is_caught_against_its_siblings():
+    (r,) = judge.judge([gpu_node("only", [900.0] * 7 + [720.0])])
+    slow = findings(r, "gpu_bf16_tflops", "gpu7")[0]
+    assert slow.verdict == "warn" and "below the fleet median" in slow.reason
+    assert all(findings(r, "gpu_bf16_tflops", f"gpu{i}")[0].verdict == "pass" for i in range(7))
