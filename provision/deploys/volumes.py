@@ -321,11 +321,21 @@ def _array(settings: Settings, disks: list[BlockDevice], where: str) -> str | No
     return _make_filesystem(settings, ARRAY_DEVICE, force)
 
 
+_conf_changes: list = []  # this pass's mdadm.conf operations, for the initramfs update at the end
+
+
 def _record_array(md_uuid: str) -> None:
-    """mdadm.conf names the array, and the initramfs gets the new mdadm.conf."""
-    conf = files.line(name="Record the array in mdadm.conf", path=MDADM_CONF,
-                      line=f"^ARRAY .*name={ARRAY_NAME}", replace=mdadm_conf_line(md_uuid))
-    server.shell(name="Update initramfs", commands=["update-initramfs -u"], _if=conf.did_change)
+    """mdadm.conf names the array (the initramfs gets it at the end of the step)."""
+    _conf_changes.append(files.line(name="Record the array in mdadm.conf", path=MDADM_CONF,
+                                    line=f"^ARRAY .*name={ARRAY_NAME}", replace=mdadm_conf_line(md_uuid)))
+
+
+def _update_initramfs() -> None:
+    """Last, so a slow initramfs rebuild never keeps the volume from being mounted."""
+    if _conf_changes:
+        conf = _conf_changes.pop()
+        server.shell(name="Update initramfs (mdadm.conf changed)", commands=["update-initramfs -u"],
+                     _if=conf.did_change)
 
 
 def _mount(settings: Settings, fs_uuid: str) -> None:
@@ -369,9 +379,11 @@ def data_volume() -> None:
     packages = ["xfsprogs" if settings.filesystem == "xfs" else "e2fsprogs"]
     apt.packages(name="Install volume tools", packages=packages + (["mdadm"] if len(disks) > 1 else []),
                  update=True, cache_time=3600)
+    _conf_changes.clear()
     fs_uuid = _single_disk(settings, disks[0]) if len(disks) == 1 else _array(settings, disks, node.name)
     if fs_uuid:
         _mount(settings, fs_uuid)
+    _update_initramfs()
 
 
 def applies(node: Node) -> str | None:
