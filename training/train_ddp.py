@@ -8,7 +8,7 @@ a few seconds on a CPU, which is its own smoke test.
 Data needs no download: by default the Python standard library's own source files on the
 node (``sysconfig``'s stdlib path), read as bytes (vocabulary 256). ``--data DIR`` takes
 any directory of text files. The prepare step writes ``train.bin``/``val.bin`` (uint8
-memmaps) once, to ``/shared/datasets`` when that NFS share exists, else ``./data``.
+memmaps) once, to ``/shared/datasets`` when that NFS share is writable, else ``./data``.
 
 Launch commands (``provision train`` builds the multi-node one for you):
 
@@ -199,9 +199,14 @@ def all_mean(d: Dist, values: list[float]) -> list[float]:
 # ---------------------------------------------------------------- data
 
 
+def _writable(path: Path) -> bool:
+    """A directory this user may write (over NFS, access() asks the server: root_squash)."""
+    return path.is_dir() and os.access(path, os.W_OK)
+
+
 def default_data_cache() -> Path:
     shared = Path("/shared/datasets")
-    return shared / "train_ddp" if shared.is_dir() else Path("data")
+    return shared / "train_ddp" if _writable(shared) else Path("data")
 
 
 def text_files(src: Path) -> list[Path]:
@@ -383,7 +388,7 @@ def train_step(d, model, opt, sampler, train, cfg, step, args) -> tuple[float, f
 
 def default_ckpt_dir() -> Path:
     shared = Path("/shared/checkpoints")
-    return shared if shared.is_dir() else Path("checkpoints")
+    return shared if _writable(shared) else Path("checkpoints")
 
 
 def save_checkpoint(d: Dist, path: Path, model, opt, step: int, cfg: GPTConfig) -> None:

@@ -87,6 +87,27 @@ def first_failure(by_host: dict[str, list[RankFailure]]) -> tuple[str, RankFailu
     return min(every, key=lambda hf: (not hf[1].by_signal, hf[1].time))
 
 
+def blame(failure: str | None, host: str | None,
+          torchrun_text: dict[str, str]) -> tuple[str | None, str | None, int | None]:
+    """(failure, host, rank) after reading torchrun's reports from every host.
+
+    Not for Ctrl-C or a timeout (host None: the cause is known). SIGTERM deaths are left
+    out: that is what the teardown sends. After a lost connection only a rank killed by a
+    signal outranks it; ranks that exited with an error had lost their peer.
+    """
+    if not failure or host is None:
+        return failure, host, None
+    lost = "connection lost" in failure
+    reports = {h: [f for f in rank_failures(text) if f.exitcode != -15 and (f.by_signal or not lost)]
+               for h, text in torchrun_text.items()}
+    first = first_failure(reports)
+    if not first:
+        return failure, host, None
+    first_host, f = first
+    how = f"killed by signal {-f.exitcode}" if f.by_signal else f"exit code {f.exitcode}"
+    return f"{first_host} rank {f.rank} failed first ({how}); {failure}", first_host, f.rank
+
+
 class LineSink:
     """A file-like that invoke writes remote output into: cuts it into lines, saves each
     to the host's log file and hands it to a callback (console, parsers)."""

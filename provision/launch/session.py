@@ -247,15 +247,9 @@ class Supervisor:
 
     def _blame(self) -> None:
         """Name the rank that failed first, from torchrun's reports on every host."""
-        if not self.out.failure:
-            return
-        reports = {h: logs.rank_failures("\n".join(t)) for h, t in self._texts.items()}
-        first = logs.first_failure(reports)
-        if first:
-            host, f = first
-            self.out.failed_host, self.out.failed_rank = host, f.rank
-            how = f"killed by signal {-f.exitcode}" if f.by_signal else f"exit code {f.exitcode}"
-            self.out.failure = f"{host} rank {f.rank} failed first ({how}); {self.out.failure}"
+        texts = {h: "\n".join(t) for h, t in self._texts.items()}
+        self.out.failure, self.out.failed_host, self.out.failed_rank = logs.blame(
+            self.out.failure, self.out.failed_host, texts)
 
 
 def _reaper_json(r: remote.CommandResult) -> dict:

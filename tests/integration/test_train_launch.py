@@ -183,3 +183,46 @@ def test_resume_continues_from_the_checkpoint_step(hosts, tmp_path):
     steps = [int(line.split("step ")[1].split("/")[0]) for line in text.splitlines()
              if "| train loss" in line]
     assert steps == [5, 6]
+
+
+def sshd_sessions(listener: int) -> list[int]:
+    """The per-connection sshd processes under a host's listening sshd (not what they run)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+    found, todo = [], list(children.get(listener, []))
+    while todo:
+        pid = todo.pop()
+        try:
+            comm = Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:
+            continue
+        if comm == "sshd":
+            found.append(pid)
+            todo += children.get(pid, [])
+    return found
+
+
+def test_a_lost_ssh_connection_stops_every_host_and_exits_1(hosts, tmp_path):
+    """Drop the controller's SSH connection to ns1 (kill its sshd session processes): the
+    trainer there keeps running in its own session, so the launcher must reconnect to
+    stop it, and stop ns0 too."""
+    cluster, node_dir = hosts
+    proc = start(cluster.inventory, tmp_path, "--steps", "100000", *TRAINER)
+    run = run_dir(tmp_path)
+    wait_for_steps(run, 2)
+    sessions = sshd_sessions(cluster.hosts[1].sshd.pid)
+    assert sessions
+    for pid in sessions:
+        os.kill(pid, signal.SIGKILL)
+    left = wait_clean(run.name, time.monotonic())
+    code, report = finish(proc, tmp_path)
+    assert left == {}, f"left after {CLEAN_WITHIN_S}s: {left}"
+    assert code == 1
+    assert report["failed_host"] == "ns1" and "ns1: SSH connection lost" in report["failure"]
+    assert all(n["clean"] for n in report["nodes"])

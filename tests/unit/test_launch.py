@@ -260,3 +260,17 @@ def test_reaper_finds_strays_by_run_marker_when_the_run_file_is_gone(tmp_path, c
     assert reaper.targets(None, "run-y", "other-node") == set()
     assert reaper.main([str(run_dir), "run-y", "n1", "--grace", "2"]) == 0
     assert reaper.targets(None, "run-y", "n1") == set()
+
+
+def test_blame_names_the_killed_rank_but_not_after_ctrl_c_and_not_an_errored_peer_after_a_lost_link():
+    killed = (FIXTURES / "torchrun-failure_sigkill_2-agent-loopback_torch-2.13.log").read_text()
+    peer = (FIXTURES / "torchrun-failure_peer-exit1_2-agent-loopback_torch-2.13.log").read_text()
+    texts = {"a": peer, "b": killed}
+    failure, host, rank = logs.blame("a: torchrun exited 1", "a", texts)
+    assert (host, rank) == ("b", 1)
+    assert failure == "b rank 1 failed first (killed by signal 9); a: torchrun exited 1"
+    assert logs.blame("interrupted (Ctrl-C)", None, texts) == ("interrupted (Ctrl-C)", None, None)
+    assert logs.blame("a: SSH connection lost", "a", {"a": peer}) == (
+        "a: SSH connection lost", "a", None)
+    sigterm = killed.replace("exitcode  : -9", "exitcode  : -15")
+    assert logs.blame("a: torchrun exited 1", "a", {"b": sigterm})[1:] == ("a", None)
