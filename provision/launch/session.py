@@ -7,11 +7,13 @@ the log stream, the monitor's samples and the teardown.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import shlex
+import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -237,7 +239,9 @@ class Supervisor:
         return _reaper_json(r)
 
     def _teardown_all(self) -> None:
-        results = remote.on_all(list(self.nodes.values()), lambda n: self._reaper(n.name, False))
+        with _shielded_from_ctrl_c():
+            results = remote.on_all(list(self.nodes.values()),
+                                    lambda n: self._reaper(n.name, False))
         self.out.teardown = results
         self.out.teardown_s = time.monotonic() - self._failed_at
 
@@ -250,6 +254,19 @@ class Supervisor:
         texts = {h: "\n".join(t) for h, t in self._texts.items()}
         self.out.failure, self.out.failed_host, self.out.failed_rank = logs.blame(
             self.out.failure, self.out.failed_host, texts)
+
+
+@contextlib.contextmanager
+def _shielded_from_ctrl_c() -> Iterator[None]:
+    """A second Ctrl-C must not abandon a teardown half done (it is bounded in time)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _reaper_json(r: remote.CommandResult) -> dict:
