@@ -314,9 +314,11 @@ class Testbed:
         self.progress(rec.name, f"booting ({st.accel}), pid {rec.pid}, ssh port {rec.ssh_port}")
 
     def _wait(self, rec: NodeRecord, timeout_s: float) -> float:
+        """Wait for the guest's sshd banner, then for a real login with the pinned key."""
         try:
-            took = wait_for_ssh(self.ssh_target(rec), timeout_s)
-        except RemoteError as e:
+            banner = network.wait_for_banner(rec.ssh_port, timeout_s)
+            took = banner + wait_for_ssh(self.ssh_target(rec), max(30.0, timeout_s - banner))
+        except (RemoteError, TimeoutError) as e:
             tail = node.console_tail(node.files(self.state_dir, rec.name))
             raise TestbedError(f"{rec.name} did not come up: {e}; console: {tail}") from None
         self.progress(rec.name, f"SSH answered after {took:.0f}s")

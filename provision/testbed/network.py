@@ -53,6 +53,27 @@ def free_port(taken: set[int]) -> int:
     raise TestbedError("could not find a free loopback port for an SSH forward")
 
 
+def wait_for_banner(port: int, timeout_s: float, host: str = "127.0.0.1") -> float:
+    """Wait until the guest's sshd sends its "SSH-" banner through the forward; return the
+    seconds it took. Raises TimeoutError.
+
+    Only a cheap first stage: the forward accepts TCP before the guest listens, and SSH
+    clients that connect that early leave half-open sessions behind. The caller still
+    waits for a real SSH login (provision.remote.wait_for_ssh) afterwards.
+    """
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        try:
+            with socket.create_connection((host, port), timeout=5) as s:
+                s.settimeout(10)
+                if s.recv(64).startswith(b"SSH-"):
+                    return time.monotonic() - start
+        except OSError:
+            pass
+        time.sleep(1)
+    raise TimeoutError(f"{host}:{port}: no SSH banner within {timeout_s:.0f}s")
+
+
 def start_switch(run_dir: Path, marker: str) -> int:
     """Start the cluster network's vde_switch (daemonized); return its pid."""
     run_dir.mkdir(parents=True, exist_ok=True)
