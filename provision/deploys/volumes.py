@@ -306,7 +306,7 @@ def _array(settings: Settings, disks: list[BlockDevice], where: str) -> str | No
             return None
         md_device = f"/dev/{running.pop()}"
         _record_array(disks[0].uuid)
-        fs = host.get_fact(DeviceFilesystem, device=md_device)
+        fs = host.get_fact(DeviceFilesystem, device=md_device) or Filesystem(None, None, None)
         if fs.type is None:
             return _make_filesystem(settings, md_device, force=False)
         if fs.label == LABEL and fs.type in OURS_FILESYSTEMS and fs.uuid:
