@@ -24,7 +24,7 @@ from provision.validate.metrics import GROUPS
 from provision.validate.records import Measurement, NodeResult
 
 AGENT_PATH = Path(__file__).with_name("agent.py")
-AGENT_TIMEOUT_S = {"quick": 300, "full": 1800}  # whole agent run on one node
+AGENT_TIMEOUT_S = {"quick": 600, "full": 2400}  # whole agent run on one node (slow VMs too)
 
 Progress = Callable[[str, str], None]
 
