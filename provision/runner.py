@@ -442,10 +442,14 @@ def _plan_step(step: Step, nodes: list[Node], plans: dict[str, HostPlan],
 def _changing_ops(state: Any, host: Any) -> list[PlannedOp]:
     from pyinfra.context import ctx_host, ctx_state
 
-    planned = []
+    planned: list[PlannedOp] = []
     for op_hash in state.get_op_order():
         op_data = state.ops[host].get(op_hash)
         if op_data is None or not op_data.operation_meta.will_change:
+            continue
+        # An operation guarded by _if (restart after a config change) runs only when the
+        # change it follows happens; with no other change planned, it will not run.
+        if op_data.global_arguments.get("_if") and not planned:
             continue
         with ctx_state.use(state), ctx_host.use(host):
             commands = list(op_data.command_generator())

@@ -10,6 +10,7 @@ After the install, torch is imported with the venv's python; on GPU hosts
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
@@ -70,6 +71,56 @@ def check_script(need_cuda: bool) -> str:
     return f"import torch, numpy, pynvml; {cuda}print('torch-ok', torch.__version__)"
 
 
+def normalize(name: str) -> str:
+    """PEP 503 name: nvidia_ml_py and nvidia-ml-py are one package."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def parse_freeze(lines: list[str]) -> dict[str, str]:
+    """`pip freeze` lines into name -> version. Unlike pyinfra's PipPackages this keeps
+    local version labels (torch==2.13.0+cpu), so a pinned CPU build is seen as installed."""
+    out = {}
+    for line in lines:
+        name, sep, version = line.strip().partition("==")
+        if sep:
+            out[normalize(name)] = version
+    return out
+
+
+def missing(requirements: Sequence[str], installed: dict[str, str]) -> list[str]:
+    """Requirements not satisfied: absent, or pinned to another version. As in PEP 440, a
+    pin without a local label (2.13.0) is met by a local build of it (2.13.0+cpu)."""
+    todo = []
+    for req in requirements:
+        name, _, version = req.partition("==")
+        have = installed.get(normalize(name))
+        if have is not None and "+" not in version:
+            have = have.split("+")[0]
+        if have is None or (version and have != version):
+            todo.append(req)
+    return todo
+
+
+class VenvPackages(FactBase):
+    """Installed packages of a venv, from its own pip."""
+
+    default = dict
+
+    def command(self, pip: str) -> str:
+        return f"{pip} freeze --all 2>/dev/null || true"
+
+    def process(self, output: list[str]) -> dict[str, str]:
+        return parse_freeze(output)
+
+
+@operation()
+def venv_packages(pip: str, requirements: list[str], source_args: str | None):
+    """pip install what the venv lacks (pinned versions compared exactly)."""
+    todo = missing(requirements, host.get_fact(VenvPackages, pip=pip))
+    if todo:
+        yield " ".join([pip, "install", *([source_args] if source_args else []), *todo])
+
+
 class TorchCheck(FactBase):
     """Import torch with the venv's python; the output says what failed."""
 
@@ -118,11 +169,9 @@ def frameworks() -> None:
     if settings.wheelhouse:
         wheels = [w.name for w in wheel_files(settings.wheelhouse)]
         upload_wheelhouse(settings.wheelhouse)
-    venv_kwargs: dict[str, object] = {"venv": True, "python": "python3"}
     pip.virtualenv(name=f"venv {venv}", path=venv, venv=True, python="python3")
-    pip.packages(name="torch, numpy, nvidia-ml-py", packages=requirements(settings, wheels),
-                 virtualenv=venv, virtualenv_kwargs=venv_kwargs,
-                 extra_install_args=pip_source_args(settings))
+    venv_packages(name="torch, numpy, nvidia-ml-py", pip=f"{venv}/bin/pip",
+                  requirements=requirements(settings, wheels), source_args=pip_source_args(settings))
     need_cuda = bool(host.get_fact(NvidiaDevices).gpus)
     torch_works(name="torch imports" + (" and sees CUDA" if need_cuda else ""),
                 python=f"{venv}/bin/python", version=settings.torch_version, need_cuda=need_cuda)

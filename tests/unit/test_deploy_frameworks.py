@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 from provision import runner
@@ -28,16 +29,28 @@ def test_wheelhouse_is_uploaded_and_installed_without_an_index(tmp_path: Path) -
 def test_index_url_setting_goes_to_pip() -> None:
     ops, _ = runner.plan_with_facts(frameworks.step, node(pip_index_url="http://10.0.0.5/simple"), FakeHost())
     install = {o.name: o for o in ops}["Frameworks | torch, numpy, nvidia-ml-py"].commands
-    assert install == ["python3 -m venv /opt/provision/venv",
-                       "/opt/provision/venv/bin/pip install --index-url http://10.0.0.5/simple "
+    assert install == ["/opt/provision/venv/bin/pip install --index-url http://10.0.0.5/simple "
                        "torch==2.13.0 numpy nvidia-ml-py"]
 
 
-def test_installed_pins_change_nothing() -> None:
-    fake = FakeHost(PipPackages={"torch": ["2.13.0"], "numpy": ["2.3.4"], "nvidia-ml-py": ["13.580.82"]},
-                    Directory={"mode": 755}, File={"mode": 755})
-    ops, _ = runner.plan_with_facts(frameworks.step, node(), fake)
-    assert ops == []
+def test_installed_pins_change_nothing(tmp_path: Path) -> None:
+    (tmp_path / WHEELS[0]).write_bytes(b"wheel")
+    freeze = frameworks.parse_freeze(["torch==2.13.0+cpu", "numpy==2.3.4", "nvidia-ml-py==13.580.82",
+                                      "sympy==1.14.0"])
+    fake = FakeHost(VenvPackages=freeze, Directory={"mode": 755}, File={"mode": 644},
+                    Sha1File=hashlib.sha1(b"wheel").hexdigest())
+    assert runner.plan_with_facts(frameworks.step, node(wheelhouse=str(tmp_path)), fake)[0] == []
+    assert runner.plan_with_facts(frameworks.step, node(), fake)[0] == []
+
+
+def test_local_version_label_counts_as_installed_and_other_versions_do_not() -> None:
+    # pyinfra's own PipPackages regex drops "torch==2.13.0+cpu" entirely: every re-run
+    # would reinstall torch. The venv fact keeps it.
+    installed = frameworks.parse_freeze(["torch==2.13.0+cpu", "nvidia_ml_py==13.580.82"])
+    assert frameworks.missing(["torch==2.13.0+cpu", "numpy", "nvidia-ml-py"], installed) == ["numpy"]
+    assert frameworks.missing(["torch==2.13.0"], installed) == []
+    assert frameworks.missing(["torch==2.12.1", "torch==2.13.0+cu128"], installed) == [
+        "torch==2.12.1", "torch==2.13.0+cu128"]
 
 
 def test_torch_pin_takes_the_wheel_local_label_and_numpy_pin() -> None:
