@@ -13,9 +13,11 @@ MARKER = "# provision-testbed-inventory"  # `down` removes only files that carry
 CLUSTER_INTERFACE = "eth1"
 
 
-def host_data(node: NodeRecord, ssh_key: Path, known_hosts: Path) -> dict[str, object]:
-    """One host's data: pyinfra SSH keys plus provision settings."""
-    return {
+def host_data(node: NodeRecord, ssh_key: Path, known_hosts: Path,
+              wheelhouse: Path | None = None) -> dict[str, object]:
+    """One host's data: pyinfra SSH keys plus provision settings. With a wheelhouse, the
+    frameworks step installs torch from it (the CPU build) instead of asking an index."""
+    data: dict[str, object] = {
         "ssh_hostname": "127.0.0.1",
         "ssh_port": node.ssh_port,
         "ssh_user": "root",
@@ -26,10 +28,16 @@ def host_data(node: NodeRecord, ssh_key: Path, known_hosts: Path) -> dict[str, o
         "cluster_cidr": CLUSTER_CIDR,
         "cluster_interface": CLUSTER_INTERFACE,
         "data_disks": node.data_disks,
+        # The VM's root disk is 8 GiB, most of it free; real servers keep the 20 GB default.
+        "min_root_free_gb": 4,
     }
+    if wheelhouse is not None:
+        data["wheelhouse"] = str(wheelhouse)
+    return data
 
 
-def render(nodes: list[NodeRecord], ssh_key: Path, known_hosts: Path, state_dir: Path) -> str:
+def render(nodes: list[NodeRecord], ssh_key: Path, known_hosts: Path, state_dir: Path,
+           wheelhouse: Path | None = None) -> str:
     """The inventory file's text."""
     lines = [
         MARKER,
@@ -42,7 +50,7 @@ def render(nodes: list[NodeRecord], ssh_key: Path, known_hosts: Path, state_dir:
     ]
     for node in nodes:
         lines.append(f"    ({node.name!r}, {{")
-        for key, value in host_data(node, ssh_key, known_hosts).items():
+        for key, value in host_data(node, ssh_key, known_hosts, wheelhouse).items():
             lines.append(f"        {key!r}: {value!r},")
         lines.append("    }),")
     lines += ["]", "", "# The NFS server and backup target.",
@@ -51,10 +59,10 @@ def render(nodes: list[NodeRecord], ssh_key: Path, known_hosts: Path, state_dir:
 
 
 def write(path: Path, nodes: list[NodeRecord], ssh_key: Path, known_hosts: Path,
-          state_dir: Path) -> Path:
+          state_dir: Path, wheelhouse: Path | None = None) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(render(nodes, ssh_key, known_hosts, state_dir))
+    tmp.write_text(render(nodes, ssh_key, known_hosts, state_dir, wheelhouse))
     tmp.replace(path)
     return path
 

@@ -44,6 +44,7 @@ from provision.testbed import (
     qemu,
     state,
     tools,
+    wheelhouse,
 )
 from provision.testbed.state import NodeRecord, TestbedState
 
@@ -334,7 +335,10 @@ class Testbed:
 
     def _write_inventory(self, st: TestbedState) -> None:
         path = Path(st.inventory_path or self.inventory_path)
-        inventory_writer.write(path, st.nodes, self.ssh_key, self.known_hosts, self.state_dir)
+        if not wheelhouse.ready():
+            self.progress("wheelhouse", "downloading torch==2.13.0 (CPU), numpy, nvidia-ml-py")
+        inventory_writer.write(path, st.nodes, self.ssh_key, self.known_hosts, self.state_dir,
+                               wheelhouse.ensure())
 
     def _powerdown(self, rec: NodeRecord) -> None:
         sock = node.files(self.state_dir, rec.name).dir / "qmp.sock"

@@ -24,6 +24,11 @@ def directory() -> Path:
     return paths.cache_root() / "wheelhouse-torch-2.13.0-cp311"
 
 
+def ready(target: Path | None = None) -> bool:
+    """Whether the wheelhouse is already complete (nothing to download)."""
+    return _complete(target or directory())
+
+
 def ensure(target: Path | None = None) -> Path:
     """The wheelhouse directory, downloading the wheels the first time."""
     target = target or directory()

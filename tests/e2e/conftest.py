@@ -43,24 +43,12 @@ def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedTestbed]
 
 # --- provisioning (owner: `provision up`) ----------------------------------------------
 
-def cpu_wheelhouse() -> Path:
-    """torch==2.13.0 (the CPU build), numpy and nvidia-ml-py for the guests' Python 3.11."""
-    from provision.testbed import wheelhouse
-
-    return wheelhouse.ensure()
-
-
 @pytest.fixture(scope="session")
 def provisioned(testbed: SharedTestbed):
     """`provision up` once on the shared testbed, all steps (nvidia skips itself: no GPU),
-    frameworks from a CPU-torch wheelhouse. Returns the RunReport; tests assert on it."""
+    frameworks from the CPU-torch wheelhouse the testbed inventory names. Returns the
+    RunReport; tests assert on it."""
     from provision import inventory, pipeline
 
-    group_data = Path(testbed.inventory_path).parent / "group_data"
-    group_data.mkdir(exist_ok=True)
-    all_py = group_data / "all.py"
-    existing = all_py.read_text() if all_py.is_file() else ""
-    all_py.write_text(existing + f"\nwheelhouse = {str(cpu_wheelhouse())!r}\n"
-                      "min_root_free_gb = 1  # the testbed's root disk is 3 GB\n")
     cluster = inventory.load(testbed.inventory_path)
     return pipeline.up(cluster, pipeline.select())

@@ -56,3 +56,13 @@ def test_known_hosts_entries_use_the_bracketed_port_form(tmp_path: Path) -> None
     line = keys.known_hosts_line(40001, "ssh-ed25519 AAAAC3Nza root@node1")
     assert line == "[127.0.0.1]:40001 ssh-ed25519 AAAAC3Nza"
     assert keys.known_hosts_line(22, "ssh-ed25519 AAAA x") == "127.0.0.1 ssh-ed25519 AAAA"
+
+
+def test_inventory_points_the_frameworks_step_at_the_cpu_wheelhouse(tmp_path: Path) -> None:
+    key = tmp_path / "id"
+    key.write_text("test stand-in key\n")
+    (tmp_path / "wheels").mkdir()
+    path = inventory_writer.write(tmp_path / "testbed.py", _nodes(), key, tmp_path / "kh", tmp_path,
+                                  wheelhouse=tmp_path / "wheels")
+    cluster = inventory_lib.load(path)
+    assert {n.settings.wheelhouse for n in cluster.nodes} == {str(tmp_path / "wheels")}
