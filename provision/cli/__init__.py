@@ -3,14 +3,13 @@ per problem and the exit codes from DESIGN.md (0 ok, 1 failed, 2 bad input)."""
 
 from __future__ import annotations
 
+import os
+import sys
+
 # pyinfra's CLI package monkey-patches threading with gevent when first imported (the
 # inventory loader imports it). Patched after paramiko was imported, fabric's SSH threads
 # deadlock (seen: `provision validate` hung in remote.run), so it is imported first.
 import pyinfra_cli  # noqa: F401, I001
-
-import os
-import sys
-
 import typer
 
 from provision.console import report_error
