@@ -4,8 +4,6 @@ torch wheelhouse, and a timed `provision up` (in-process, as the CLI runs it).""
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -14,22 +12,12 @@ from provision import inventory, pipeline
 from provision.runner import RunReport
 from provision.testbed import Testbed
 
-WHEELHOUSE = Path.home() / ".cache" / "provision" / "wheelhouse-torch-2.13.0-cp311"
 # The steps `up` runs on the testbed for these figures (storage has its own benchmarks).
 STEPS = "base,nvidia,frameworks"
 
 
-def wheelhouse() -> Path:
-    if not list(WHEELHOUSE.glob("torch-2.13.0+cpu*.whl")):
-        WHEELHOUSE.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "torch==2.13.0", "numpy", "nvidia-ml-py",
-                        "-d", str(WHEELHOUSE), "--only-binary=:all:", "--python-version", "3.11",
-                        "--platform", "manylinux_2_28_x86_64"], check=True, timeout=900)
-    return WHEELHOUSE
-
-
 class FreshTestbed:
-    """A new testbed (fresh overlays of the cached image) with the wheelhouse setting."""
+    """A new testbed (fresh overlays of the cached image); its inventory names the CPU wheelhouse."""
 
     def __init__(self, nodes: int):
         self.root = Path(tempfile.mkdtemp(prefix="bench-up-"))
@@ -37,10 +25,7 @@ class FreshTestbed:
         self.nodes = nodes
 
     def __enter__(self) -> FreshTestbed:
-        self.tb.up(nodes=self.nodes, disks=1, memory_mb=1536)
-        (self.root / "group_data").mkdir()
-        (self.root / "group_data" / "all.py").write_text(
-            f"wheelhouse = {str(wheelhouse())!r}\nmin_root_free_gb = 1\n")
+        self.tb.up(nodes=self.nodes, disks=1, memory_mb=1536)  # its inventory names the wheelhouse
         return self
 
     def __exit__(self, *exc: object) -> None:
