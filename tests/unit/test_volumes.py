@@ -221,3 +221,13 @@ def test_auto_on_a_captured_testbed_node_picks_both_blank_data_disks_not_root_or
     # vda holds / and vdb the testbed's ext4 seed filesystem
     assert [d.by_id for d in disks] == [("/dev/disk/by-id/virtio-NVME-node1-1",),
                                         ("/dev/disk/by-id/virtio-NVME-node1-2",)]
+
+
+def test_captured_members_of_our_raid0_are_recognised_so_a_rerun_keeps_them():
+    devices = _captured("blockdevices_debian12-testbed_raid0-provision-data.txt")
+    members = [d for d in devices if d.fstype == "linux_raid_member"]
+    assert len(members) == 2 and all(volumes.is_ours(d) for d in members)
+    assert {c for d in members for c in d.children} == {"md127"}
+    disks, problems = volumes.choose_disks(
+        settings(data_disks=[f"/dev/disk/by-id/virtio-NVME-node1-{k}" for k in (1, 2)]), devices, "node1")
+    assert problems == [] and disks == members
