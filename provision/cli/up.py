@@ -28,6 +28,10 @@ def up(
     skip: str = SkipOpt,
     reboot_batch: int = typer.Option(None, "--reboot-batch", min=1,
                                      help="most hosts rebooting at once (default: a quarter, at least 1)"),
+    force_format: list[str] = typer.Option(
+        [], "--force-format", metavar="HOST:DISK",
+        help="allow the volumes step to erase this disk although it holds data (repeatable; "
+             "DISK as in data_disks: a /dev/disk/by-id path or a serial)"),
     as_json: bool = JsonOpt,
 ) -> None:
     """Bring every host to the desired state: preflight, base, nvidia, frameworks, then
@@ -39,7 +43,9 @@ def up(
 
     Example: provision up inventories/testbed.py --skip nvidia
     """
-    cluster = inventory_lib.load(inventory)
+    from provision.deploys.volumes import apply_force_format
+
+    cluster = apply_force_format(inventory_lib.load(inventory), force_format)
     steps = pipeline.select(only, skip)
     with host_progress([n.name for n in cluster.nodes], enabled=not as_json) as progress:
         report = pipeline.up(cluster, steps, on_event=progress, reboot_batch=reboot_batch)
