@@ -148,6 +148,7 @@ class Settings:
     wheelhouse: str | None = knob(
         None, "controller directory of wheels to upload and install from (air-gapped clusters)"
     )
+    pip_compile: bool = knob(True, "byte-compile installed packages; false saves minutes on emulated VMs")
 
     # --- volumes ---
     data_disks: list[str] | str = knob([], "data disks by /dev/disk/by-id path or serial, or 'auto'", _data_disks)

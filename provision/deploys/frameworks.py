@@ -49,12 +49,14 @@ def torch_version(pinned: str, wheel_names: Sequence[str]) -> str:
 
 
 def pip_source_args(settings: Settings) -> str | None:
-    """Where pip looks: the uploaded wheelhouse only, or the index URL."""
+    """Where pip looks (the uploaded wheelhouse only, or the index URL), and whether it
+    byte-compiles what it installs."""
+    args = [] if settings.pip_compile else ["--no-compile"]
     if settings.wheelhouse:
-        return f"--no-index --find-links {REMOTE_WHEELHOUSE}"
-    if settings.pip_index_url:
-        return f"--index-url {shlex.quote(settings.pip_index_url)}"
-    return None
+        args.append(f"--no-index --find-links {REMOTE_WHEELHOUSE}")
+    elif settings.pip_index_url:
+        args.append(f"--index-url {shlex.quote(settings.pip_index_url)}")
+    return " ".join(args) or None
 
 
 def wheel_files(directory: str) -> list[Path]:

@@ -30,6 +30,9 @@ def host_data(node: NodeRecord, ssh_key: Path, known_hosts: Path,
         "data_disks": node.data_disks,
         # The VM's root disk is 8 GiB, most of it free; real servers keep the 20 GB default.
         "min_root_free_gb": 4,
+        # Byte-compiling torch's thousands of files costs minutes per VM under emulation;
+        # Python compiles what it imports on first use instead.
+        "pip_compile": False,
     }
     if wheelhouse is not None:
         data["wheelhouse"] = str(wheelhouse)

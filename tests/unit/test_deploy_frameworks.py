@@ -67,3 +67,12 @@ def test_torch_check_verdicts() -> None:
         "AssertionError: torch.cuda.is_available() is False"
     assert "torch.cuda.is_available()" in frameworks.check_script(need_cuda=True)
     assert "cuda" not in frameworks.check_script(need_cuda=False)
+
+
+def test_pip_compile_false_installs_without_byte_compiling(tmp_path: Path) -> None:
+    for name in WHEELS:
+        (tmp_path / name).write_bytes(b"wheel")
+    ops, _ = runner.plan_with_facts(frameworks.step, node(wheelhouse=str(tmp_path), pip_compile=False), FakeHost())
+    install = {o.name: o for o in ops}["Frameworks | torch, numpy, nvidia-ml-py"].commands
+    assert install[-1] == ("/opt/provision/venv/bin/pip install --no-compile --no-index --find-links "
+                           "/opt/provision/wheelhouse torch==2.13.0+cpu numpy nvidia-ml-py")

@@ -66,3 +66,7 @@ def test_inventory_points_the_frameworks_step_at_the_cpu_wheelhouse(tmp_path: Pa
                                   wheelhouse=tmp_path / "wheels")
     cluster = inventory_lib.load(path)
     assert {n.settings.wheelhouse for n in cluster.nodes} == {str(tmp_path / "wheels")}
+
+
+def test_testbed_skips_byte_compiling_the_venv(tmp_path: Path) -> None:
+    assert {n.settings.pip_compile for n in inventory_lib.load(_write(tmp_path)).nodes} == {False}
