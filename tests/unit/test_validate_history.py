@@ -10,9 +10,17 @@ from provision.validate.records import Measurement
 
 
 def results(triad: float):
-    return judge.judge([judge.NodeInput("node1", [Measurement("node1", "ram_triad_gbs", triad),
-                                                  Measurement("node1", "gpu_bf16_tflops", None,
-                                                              not_run=judge.NO_GPU)])])
+    return judge.judge(
+        [
+            judge.NodeInput(
+                "node1",
+                [
+                    Measurement("node1", "ram_triad_gbs", triad),
+                    Measurement("node1", "gpu_bf16_tflops", None, not_run=judge.NO_GPU),
+                ],
+            )
+        ]
+    )
 
 
 def test_runs_append_and_trend_shows_change_since_previous(tmp_path):
