@@ -10,10 +10,11 @@ from io import StringIO
 
 from pyinfra.api import deploy
 from pyinfra.context import ctx_state
-from pyinfra.operations import apt, files, server, systemd
+from pyinfra.operations import files, server, systemd
 
 from provision import backup
 from provision.deploys.probes import HostKeys
+from provision.deploys.volumes import install
 from provision.errors import InputError
 from provision.inventory import Cluster, Node
 from provision.resources import render_template
@@ -120,8 +121,7 @@ def _backups(node: Node, cluster: Cluster) -> None:
     serves = storage is not None and storage.name == node.name and any(
         backup.uses_default_repository(n) and backup.skip_reason(n, cluster) is None for n in cluster.nodes)
     if runs_here:
-        apt.packages(name="Install restic", packages=["restic", "openssh-client"], update=True,
-                     cache_time=3600)
+        install("Install restic", ["restic", "openssh-client"])
     if serves:
         sftp_account(node, cluster)
     if runs_here:

@@ -26,8 +26,9 @@ from io import StringIO
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.facts.server import Mounts
-from pyinfra.operations import apt, files, server, systemd
+from pyinfra.operations import files, server, systemd
 
+from provision.deploys.volumes import install
 from provision.inventory import Cluster, Node
 from provision.resources import render_template
 from provision.runner import Step, current_cluster, current_node, note, refuse
@@ -112,8 +113,7 @@ def _mount_now(path: str) -> None:
 
 def nfs_server(settings: Settings) -> None:
     """Export the shares to the cluster network and bind them at nfs_mount_root."""
-    apt.packages(name="Install nfs-kernel-server", packages=["nfs-kernel-server"], update=True,
-                 cache_time=3600)
+    install("Install nfs-kernel-server", ["nfs-kernel-server"])
     _training_user(settings)
     user = settings.training_user
     for path in export_paths(settings):
@@ -137,7 +137,7 @@ def nfs_server(settings: Settings) -> None:
 
 def nfs_client(settings: Settings, address: str) -> None:
     """Mount every share from the server on first access (systemd automount)."""
-    apt.packages(name="Install nfs-common", packages=["nfs-common"], update=True, cache_time=3600)
+    install("Install nfs-common", ["nfs-common"])
     _training_user(settings)
     changes = []
     for share, path in zip(settings.nfs_exports, mount_paths(settings), strict=True):

@@ -31,6 +31,7 @@ from io import StringIO
 
 from pyinfra import host
 from pyinfra.api import FactBase, deploy
+from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.server import Mounts
 from pyinfra.operations import apt, files, server
 
@@ -267,6 +268,16 @@ class DeviceFilesystem(FactBase):
         return parse_blkid_export(output)
 
 
+def install(name: str, packages: list[str]) -> None:
+    """Install what is missing. The apt cache is refreshed only then, so a re-run with
+    everything in place changes nothing (apt.packages(update=True) would refresh it hourly).
+    The nfs and backups steps use this too."""
+    installed = host.get_fact(DebPackages) or {}
+    missing = [p for p in packages if p not in installed]
+    if missing:
+        apt.packages(name=name, packages=missing, update=True, cache_time=3600)
+
+
 def _stable(device: BlockDevice) -> str:
     return device.by_id[0] if device.by_id else device.path
 
@@ -377,8 +388,7 @@ def data_volume() -> None:
     if not disks:
         return
     packages = ["xfsprogs" if settings.filesystem == "xfs" else "e2fsprogs"]
-    apt.packages(name="Install volume tools", packages=packages + (["mdadm"] if len(disks) > 1 else []),
-                 update=True, cache_time=3600)
+    install("Install volume tools", packages + (["mdadm"] if len(disks) > 1 else []))
     _conf_changes.clear()
     fs_uuid = _single_disk(settings, disks[0]) if len(disks) == 1 else _array(settings, disks, node.name)
     if fs_uuid:
