@@ -109,7 +109,7 @@ def test_rerun_on_our_assembled_array_changes_nothing_on_disk(monkeypatch):
         re.compile(r"grep .*/etc/fstab"): [volumes.fstab_line(fs_uuid, s)],
         re.compile(r"grep .*mdadm\.conf"): [volumes.mdadm_conf_line(md_uuid)],
         "/proc/self/mountinfo": ["40 25 9:127 / /data rw,noatime shared:30 - xfs /dev/md127 rw,attr2"],
-        re.compile(r"^dpkg -l$"): ["ii  mdadm  4.2-5  amd64  Tool to administer Linux MD arrays",
+        "dpkg -l": ["ii  mdadm  4.2-5  amd64  Tool to administer Linux MD arrays",
                                    "ii  xfsprogs  6.1.0-1  amd64  Utilities for managing the XFS filesystem"],
     })
     run = run_fake(volumes.step, [node], monkeypatch)
