@@ -13,6 +13,7 @@ figures are client/server for write and read. Exits 1 when either is under --tar
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 
 import pyinfra_cli  # noqa: F401  (gevent's patches before paramiko's threads, as the CLI does)
@@ -21,18 +22,23 @@ from provision import inventory, remote
 from provision.validate.parsers import fio_jobs
 
 
-def fio_command(directory: str, size_mib: int) -> str:
+def fio_command(directory: str, size_mib: int, user: str | None) -> str:
+    """The job, run as ``user`` (on a client root is squashed and may not write the share)."""
     name = f"{directory}/bench-fio.dat"
     common = (f"--filename={name} --size={size_mib}M --bs=1M --direct=1 --ioengine=psync "
               "--numjobs=1 --output-format=json")
-    return (f"fio --name=write --rw=write --end_fsync=1 {common} && "
+
+    def as_user(command: str) -> str:
+        return f"su -s /bin/sh {user} -c {shlex.quote(command)}" if user else command
+
+    return (f"{as_user(f'fio --name=write --rw=write --end_fsync=1 {common}')} && "
             f"sync && echo 3 > /proc/sys/vm/drop_caches && "
-            f"fio --name=read --rw=read {common}; rc=$?; rm -f {name}; exit $rc")
+            f"{as_user(f'fio --name=read --rw=read {common}')}; rc=$?; {as_user(f'rm -f {name}')}; exit $rc")
 
 
-def measure(node: inventory.Node, directory: str, size_mib: int) -> tuple[float, float]:
+def measure(node: inventory.Node, directory: str, size_mib: int, user: str | None = None) -> tuple[float, float]:
     """(write, read) bytes/s of the job in directory on node."""
-    result = remote.run(node, fio_command(directory, size_mib), timeout=1800)
+    result = remote.run(node, fio_command(directory, size_mib, user), timeout=1800)
     if not result.ok:
         raise SystemExit(f"{node.name}: fio failed: {result.stderr.strip() or result.stdout[-500:]}")
     # two JSON reports back to back: split where the second one starts
@@ -55,7 +61,7 @@ def main() -> int:
         raise SystemExit("needs a storage host and at least one other node")
     s = server.settings
     local_w, local_r = measure(server, s.data_mount, args.size_mib)
-    nfs_w, nfs_r = measure(clients[0], f"{s.nfs_mount_root}/scratch", args.size_mib)
+    nfs_w, nfs_r = measure(clients[0], f"{s.nfs_mount_root}/scratch", args.size_mib, s.training_user)
     mib = 2**20
     print(f"server local {s.data_mount}: write {local_w / mib:.1f} MiB/s, read {local_r / mib:.1f} MiB/s")
     print(f"client {clients[0].name} over NFS: write {nfs_w / mib:.1f} MiB/s, read {nfs_r / mib:.1f} MiB/s")
