@@ -71,8 +71,10 @@ def stages(paths: DemoPaths, nodes: int) -> list[Stage]:
     return [
         Stage("up", "provision every node (NVIDIA skipped: the VMs have no GPU)", ["up", inv]),
         Stage("verify", "check the promised state with testinfra", ["verify", inv]),
+        # Emulated VMs reach a fraction of their CPU's ISA peak, which validate rightly
+        # reports as a warning; the demo accepts warnings (the report shows them) but not fails.
         Stage("validate", "quick acceptance gate, with JSON, HTML and JUnit reports",
-              ["validate", inv, "--quick", "--json", str(rep / "validate.json"),
+              ["validate", inv, "--quick", "--warn-ok", "--json", str(rep / "validate.json"),
                "--html", str(rep / "validate.html"), "--junit", str(rep / "validate.xml")],
               [str(rep / "validate.html"), str(rep / "validate.json"), str(rep / "validate.xml")]),
         Stage("train", f"the reference DDP trainer across {nodes} nodes, checkpoints on NFS",
