@@ -37,7 +37,7 @@ def test_disk_holding_data_is_refused_and_stays_intact_until_force_format(testbe
     source = Path(testbed.inventory_path)
     plain = derived_inventory(source, source.with_name(f"e2e-node2-{token[:6]}.py"), ["node2"], {})
     forced = derived_inventory(source, source.with_name(f"e2e-node2-forced-{token[:6]}.py"), ["node2"],
-                               {"force_format": [DISK.format(2)]})
+                               {"node2": {"force_format": [DISK.format(2)]}})
     try:
         refused = cli("up", str(plain), "--only", "volumes", "--json")
         said = refused.stdout + refused.stderr
