@@ -284,6 +284,16 @@ def restore(node: Node, snapshot: str, target: str | None, in_place: bool, stamp
                    {"snapshot": snapshot, "target": where, "paths": restored})
 
 
+def check_verdict(report: dict[str, Any]) -> tuple[bool, str]:
+    """Pass only when files were compared and all matched: a check that compared nothing
+    (an empty snapshot) proves nothing, so it is not a pass."""
+    if report["different"] or report["missing_live"]:
+        return False, f"{len(report['different'])} differ, {len(report['missing_live'])} missing from live data"
+    if report["identical"] == 0:
+        return False, "the snapshot holds no files: nothing was checked"
+    return True, f"{report['identical']} file(s) restored identical to live"
+
+
 def check(node: Node, snapshot: str, stamp: str) -> Outcome:
     """Restore into a scratch directory, compare every file's sha256 with the live file,
     then remove the scratch directory."""
@@ -309,7 +319,5 @@ def check(node: Node, snapshot: str, stamp: str) -> Outcome:
             report["missing_live"] += [f"{path}/{p}" for p in one["missing_live"]]
     finally:
         remote.run(node, as_root(node, f"rm -rf --one-file-system {shlex.quote(scratch)}"), timeout=600)
-    ok = not report["different"] and not report["missing_live"]
-    detail = (f"{report['identical']} file(s) restored identical to live" if ok else
-              f"{len(report['different'])} differ, {len(report['missing_live'])} missing from live data")
+    ok, detail = check_verdict(report)
     return Outcome(node.name, ok, detail, time.monotonic() - start, {"snapshot": snapshot, "check": report})

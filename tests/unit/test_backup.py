@@ -158,3 +158,11 @@ def test_snapshots_json_is_parsed():
     (snap,) = backup.parse_snapshots(text)
     assert (snap.short_id, snap.hostname, snap.paths) == ("4f1b2c3d", "node1", ["/shared/checkpoints"])
     assert backup.parse_snapshots("null") == []
+
+
+def test_restore_check_passes_only_when_files_were_compared_and_matched():
+    assert backup.check_verdict({"identical": 3, "different": [], "missing_live": []}) == (
+        True, "3 file(s) restored identical to live")
+    assert backup.check_verdict({"identical": 0, "different": [], "missing_live": []}) == (
+        False, "the snapshot holds no files: nothing was checked")
+    assert backup.check_verdict({"identical": 2, "different": ["a.pt"], "missing_live": []})[0] is False
