@@ -12,6 +12,7 @@ hosts that could not be reached. The CLI turns them into a summary table and exi
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -137,12 +138,23 @@ class _Collector(_collector_base()):  # type: ignore[misc]
     def __init__(self, results: dict[str, HostResult], step: str, on_event: Callable[[str, str], None]):
         self.results, self.step, self.on_event = results, step, on_event
         self.finished: list[tuple[Any, str, bool]] = []  # (host, op, succeeded), settled after run_ops
+        self.connect_errors: dict[str, str] = {}  # host -> last connection error, settled later
 
     def host_connect_error(self, state: Any, host: Any, error: Any) -> None:
-        result = self.results[host.name]
-        result.reachable = False
-        result.failures.append(f"{self.step}: unreachable: {error}")
-        self.on_event(host.name, "unreachable")
+        # Not final yet: pyinfra's reboot operation reconnects in a loop, and each early try
+        # (the port forward answers before sshd does) lands here. settle_connections decides.
+        self.connect_errors[host.name] = str(error)
+        self.on_event(host.name, f"{self.step}: no SSH connection yet: {error}")
+
+    def settle_connections(self, state: Any) -> None:
+        """A host is unreachable if it is not connected once pyinfra is done trying."""
+        for name, error in self.connect_errors.items():
+            if not state.inventory.get_host(name).connected:
+                result = self.results[name]
+                result.reachable = False
+                result.failures.append(f"{self.step}: unreachable: {error}")
+                self.on_event(name, "unreachable")
+        self.connect_errors.clear()
 
     def operation_host_start(self, state: Any, host: Any, op_hash: str) -> None:
         self.on_event(host.name, f"{self.step}: {_op_name(state, op_hash)}")
@@ -157,6 +169,7 @@ class _Collector(_collector_base()):  # type: ignore[misc]
     def settle(self, state: Any) -> None:
         """Record changes and failures. pyinfra completes an operation's meta (output,
         commands) only after calling these callbacks, so it is read here, after run_ops."""
+        self.settle_connections(state)
         for host, op_hash, success in self.finished:
             meta = state.get_op_data_for_host(host, op_hash).operation_meta
             if not success:
@@ -290,7 +303,8 @@ def gather_facts(
 
     state = _new_state(nodes, parallel=0)
     results = {n.name: HostResult(n.name) for n in nodes}
-    state.add_callback_handler(_Collector(results, "connect", on_event))
+    collector = _Collector(results, "connect", on_event)
+    state.add_callback_handler(collector)
     out: dict[str, dict[str, Any]] = {}
 
     def one(host: Any) -> None:
@@ -306,7 +320,9 @@ def gather_facts(
             try:
                 connect_all(state)
             except PyinfraError:
+                collector.settle_connections(state)
                 return _unreachable_only(results)  # "No hosts remaining!": none answered
+            collector.settle_connections(state)
             greenlets = [state.pool.spawn(one, h) for h in state.active_hosts]
             gevent.joinall(greenlets, raise_error=True)
         finally:
@@ -415,9 +431,14 @@ def _plan_step(step: Step, nodes: list[Node], plans: dict[str, HostPlan],
         return
     results = {n.name: HostResult(n.name) for n in targets}
     state = _new_state(targets, parallel=0)
-    state.add_callback_handler(_Collector(results, step.name, on_event))
+    collector = _Collector(results, step.name, on_event)
+    state.add_callback_handler(collector)
     try:
-        connect_all(state)
+        from pyinfra.api.exceptions import PyinfraError
+
+        with contextlib.suppress(PyinfraError):  # "No hosts remaining!": each is marked below
+            connect_all(state)
+        collector.settle_connections(state)
         for node in targets:
             if not results[node.name].reachable:
                 plans[node.name].reachable = False
