@@ -106,8 +106,11 @@ def fabricmanager(package: str, driver_package: str, version: str | None):
     """
     installed, _ = host.get_fact(AptHolds)
     want = pkgs.apt_version(version) if version else installed.get(driver_package)
-    if want is None:  # planning: the driver is not installed yet
-        yield f"apt-get install -y {package}=<driver version>"
+    if want is None:
+        if host.state.is_executing:  # the driver step ran before this, so this is a real error
+            yield (f"echo 'fabric manager: no installed version of {driver_package} to match' >&2; exit 1")
+        else:  # planning: the driver is not installed yet, so its version is not known
+            yield f"apt-get install -y {package}=<driver version>"
         return
     if installed.get(package) != want:
         yield (f"DEBIAN_FRONTEND=noninteractive apt-get install -y --allow-change-held-packages "

@@ -184,7 +184,9 @@ def parse_holds(lines: list[str]) -> tuple[dict[str, str], set[str]]:
     held: set[str] = set()
     for line in lines:
         parts = line.split()
-        if len(parts) >= 4 and parts[0] == "pkg" and parts[3].startswith("ii"):
+        # Status abbreviation: desired state then status; "ii" installed, "hi" installed and
+        # held. The second letter says installed, whatever the first one wants.
+        if len(parts) >= 4 and parts[0] == "pkg" and parts[3][1:2] == "i":
             installed[parts[1]] = parts[2]
         elif len(parts) == 2 and parts[0] == "hold":
             held.add(parts[1])

@@ -73,7 +73,7 @@ def parse_stack(lines: list[str]) -> InstalledStack:
     for line in lines:
         if line.startswith("pkg "):
             parts = line.split()
-            if len(parts) >= 4 and parts[3].startswith("ii"):  # installed, not just known
+            if len(parts) >= 4 and parts[3][1:2] == "i":  # installed ("ii", or "hi" when held)
                 packages[parts[1]] = parts[2]
         elif line.startswith("mount "):
             _, path, mounted, healthy, fstype = (line.split() + ["-"] * 5)[:5]

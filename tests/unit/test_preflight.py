@@ -140,3 +140,14 @@ def test_deploy_asks_ubuntu_for_signed_module_candidates() -> None:
     asked = dict(fake.asked)["Probe"]
     assert asked == {"packages": ("linux-modules-nvidia-580-server-open-6.8.0-45-generic",
                                   "linux-modules-nvidia-580-server-6.8.0-45-generic")}
+
+
+def test_held_packages_count_as_installed():
+    # After the first run the driver is held: dpkg reports "hi", and the fabric manager step
+    # must still find the driver's version to match (a second run failed on exactly this).
+    from provision.deploys.probes import parse_holds
+
+    installed, held = parse_holds(["pkg nvidia-open-580 580.95.05-1 hi ", "pkg fio 3.33-3 ii ",
+                                   "pkg old 1.0 rc ", "hold nvidia-open-580"])
+    assert installed == {"nvidia-open-580": "580.95.05-1", "fio": "3.33-3"}
+    assert held == {"nvidia-open-580"}

@@ -104,3 +104,8 @@ def test_stack_parser_reads_packages_venv_mounts_and_backup():
 def test_stack_command_quotes_paths():
     command = stack_command("/opt/my venv", ["/data", "/shared/x y"])
     assert "'/opt/my venv/bin/python'" in command and "'/shared/x y'" in command
+
+
+def test_held_driver_package_is_still_installed():
+    stack = parse_stack(["pkg nvidia-driver-580-open 580.95.05-0ubuntu1 hi "])
+    assert stack.packages == {"nvidia-driver-580-open": "580.95.05-0ubuntu1"}
