@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -213,13 +213,7 @@ def run_step(
     from pyinfra.api.exceptions import PyinfraError
     from pyinfra.api.operations import run_ops
 
-    targets = []
-    for node in nodes:
-        reason = step.applies(node)
-        if reason:
-            results[node.name].notes.append(f"{step.name}: skipped ({reason})")
-        else:
-            targets.append(node)
+    targets = _targets(step, nodes, results)
     if not targets:
         return
     state = _new_state(targets, parallel)
@@ -247,6 +241,19 @@ def run_step(
         if result.ok and not any(f.startswith(f"{step.name}:") for f in result.failures):
             result.steps.append(step.name)
             on_event(node.name, f"{step.name}: done")
+
+
+def _targets(step: Step, nodes: list[Node], rows: Mapping[str, Any]) -> list[Node]:
+    """The nodes a step applies to; each one it skips gets a note in its row (a HostResult
+    when running, a HostPlan when planning) saying why."""
+    targets = []
+    for node in nodes:
+        reason = step.applies(node)
+        if reason:
+            rows[node.name].notes.append(f"{step.name}: skipped ({reason})")
+        else:
+            targets.append(node)
+    return targets
 
 
 def _record_unexplained(state: Any, targets: list[Node], results: dict[str, HostResult], step: str, why: str) -> None:
@@ -420,13 +427,7 @@ def _plan_step(step: Step, nodes: list[Node], plans: dict[str, HostPlan],
     from pyinfra.api.connect import connect_all, disconnect_all
     from pyinfra.api.deploy import add_deploy
 
-    targets = []
-    for node in nodes:
-        reason = step.applies(node)
-        if reason:
-            plans[node.name].notes.append(f"{step.name}: skipped ({reason})")
-        else:
-            targets.append(node)
+    targets = _targets(step, nodes, plans)
     if not targets:
         return
     results = {n.name: HostResult(n.name) for n in targets}
