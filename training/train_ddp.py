@@ -552,6 +552,10 @@ def main(argv: list[str] | None = None) -> dict:
     rate = throughput(d, history, args, cfg, _raw(model))
     summary = finish(d, args, history, rate, params)
     if d.world > 1:
+        # Every rank waits here until rank 0 has written the summary. Without it a rank that
+        # tears its gloo group down while its peer is still busy can be aborted by gloo
+        # ("connection closed by peer" -> SIGABRT), failing a run that had finished.
+        barrier(d)
         dist.destroy_process_group()
     return summary
 

@@ -18,8 +18,9 @@ USER_NET_DNS = "10.0.2.3"  # ... its DNS forwarder
 
 # The seed script runs before networking and sshd on every boot. The seed disk holds a
 # tree (its own host key, root's authorized_keys, networkd files, /etc/hosts) that is
-# copied over / as it is; the shared base image carries no host key at all. The disk is
-# found by its serial in sysfs with shell builtins only, so nothing waits for udev.
+# copied over / as it is (/etc/hosts on the first boot only); the shared base image
+# carries no host key at all. The disk is found by its serial in sysfs with shell
+# builtins only, so nothing waits for udev.
 SEED_SCRIPT = f"""#!/bin/sh
 # provision testbed: copy this node's identity from the seed disk into place.
 set -eu
@@ -43,7 +44,13 @@ done
 mnt=/run/provision-seed
 mkdir -p "$mnt"
 mount -o ro -t ext4 "$dev" "$mnt"
+# /etc/hosts is seeded on the first boot only: after that it belongs to the node (the base
+# step adds a block to it), as on a bare-metal server. Copying it on every boot would undo
+# that block and make each `up` after a reboot report a change.
+if [ -e /var/lib/provision-seed.done ]; then cp -a /etc/hosts /run/provision-seed.hosts; fi
 cp -a "$mnt/tree/." /
+if [ -e /run/provision-seed.hosts ]; then cp -a /run/provision-seed.hosts /etc/hosts; fi
+: > /var/lib/provision-seed.done
 umount "$mnt"
 """
 

@@ -98,8 +98,10 @@ def test_nfs_server_reboot_while_a_client_reads(provisioned, testbed):
     assert server is not None
     client = next(n for n in cluster.nodes if n.name != server.name)
     share = f"{client.settings.nfs_mount_root}/datasets"
+    # The exports squash root, so the shares are written as the training user (who owns them).
+    user = client.settings.training_user
     # 64 MiB of random data, written through the client so both sides see the same file.
-    sh(client, f"head -c 67108864 /dev/urandom > {share}/drill.bin && sync")
+    sh(client, f"runuser -u {user} -- sh -c 'head -c 67108864 /dev/urandom > {share}/drill.bin' && sync")
     expected = sh(server, f"sha256sum {server.settings.nfs_export_root}/datasets/drill.bin").split()[0]
     # A slow reader: 1 MiB every 0.2 s (about 13 s of reading), so the reboot lands mid-read.
     reader = (
@@ -122,6 +124,6 @@ def test_nfs_server_reboot_while_a_client_reads(provisioned, testbed):
         time.sleep(5)
     assert digest == expected, remote.run(client, "cat /root/drill.log").stdout
     # After the server came back, the share works for new writes too.
-    sh(client, f"echo after > {share}/drill-after.txt")
+    sh(client, f"runuser -u {user} -- sh -c 'echo after > {share}/drill-after.txt'")
     assert sh(server, f"cat {server.settings.nfs_export_root}/datasets/drill-after.txt").strip() == "after"
-    sh(client, f"rm -f {share}/drill.bin {share}/drill-after.txt")
+    sh(client, f"runuser -u {user} -- rm -f {share}/drill.bin {share}/drill-after.txt")

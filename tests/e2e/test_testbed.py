@@ -122,12 +122,19 @@ def test_lifecycle_up_is_idempotent_restarts_killed_nodes_and_down_leaves_nothin
         first = tb.up(nodes=1, disks=1, memory_mb=1024)
         again = tb.up(nodes=1, disks=1, memory_mb=1024)
         assert again[0].pid == first[0].pid  # running nodes stay as they are
+        # /etc/hosts is seeded once; what the node adds to it must survive a restart.
+        node = inventory_lib.load(inventory).nodes[0]
+        # sync: a hard stop is a power cut, and an unsynced write would be lost with it.
+        assert _run(node, "echo '10.77.0.99 added-by-test' >> /etc/hosts && sync").ok
         assert tb.stop_node("node1", hard=True)
         assert not procs.alive(first[0].pid)
         assert [r.running for r in tb.status()] == [False]
         restarted = tb.up(nodes=1, disks=1, memory_mb=1024)
         assert restarted[0].running and restarted[0].pid != first[0].pid
-        assert inventory_lib.load(inventory).nodes[0].ssh.port == restarted[0].ssh_port
+        node = inventory_lib.load(inventory).nodes[0]
+        assert node.ssh.port == restarted[0].ssh_port
+        hosts = _run(node, "cat /etc/hosts").stdout
+        assert "added-by-test" in hosts and "node1" in hosts, hosts
         recorded = [restarted[0].pid, json.loads((state_dir / "state.json").read_text())["vde_pid"]]
     finally:
         stopped = tb.down()

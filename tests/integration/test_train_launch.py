@@ -44,6 +44,12 @@ def finish(proc: subprocess.Popen, cwd: Path) -> tuple[int, dict]:
     return code, json.loads((run / "report.json").read_text())
 
 
+def why(cwd: Path, report: dict) -> str:
+    """What a failed run said: the launcher's stderr, the report's failure, each host log's tail."""
+    logs = "\n".join(f"--- {p.name}\n{p.read_text()[-1500:]}" for p in Path(report["out_dir"]).glob("*.log"))
+    return f"{(cwd / 'err.txt').read_text()[-2000:]}\nfailure: {report.get('failure')}\n{logs}"
+
+
 def run_dir(cwd: Path, timeout: float = 60) -> Path:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -174,7 +180,7 @@ def test_resume_continues_from_the_checkpoint_step(hosts, tmp_path):
     (tmp_path / "again").mkdir()
     code, first = finish(start(cluster.inventory, tmp_path / "first", "--steps", "4", *TRAINER),
                          tmp_path / "first")
-    assert code == 0
+    assert code == 0, why(tmp_path / "first", first)
     code, again = finish(start(cluster.inventory, tmp_path / "again", "--steps", "6", "--resume",
                                *TRAINER), tmp_path / "again")
     assert code == 0, (tmp_path / "again" / "err.txt").read_text()[-3000:]
