@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,6 +82,9 @@ def current_node() -> Node:
 # The whole inventory of the run in progress, for deploys that write something about every
 # node (/etc/hosts, known_hosts) while pyinfra hands them one host at a time.
 _cluster: Cluster | None = None
+# The names of the steps in the run in progress (preflight checks the volumes step's disks
+# only when that step will run).
+_step_names: tuple[str, ...] = ()
 # Notes deploys leave for the summary ("nvidia: skipped (no NVIDIA GPU)"), by host name.
 _notes: dict[str, list[str]] = {}
 
@@ -91,6 +94,22 @@ def current_cluster() -> Cluster:
     if _cluster is None:
         raise RuntimeError("current_cluster() called outside run_steps/plan_steps")
     return _cluster
+
+
+def current_steps() -> tuple[str, ...]:
+    """Inside a deploy run by run_steps/plan_steps: the names of the steps in this run."""
+    return _step_names
+
+
+@contextlib.contextmanager
+def _running(cluster: Cluster, steps: list[Step]) -> Iterator[None]:
+    """Make the cluster and the step names visible to deploys for the length of a run."""
+    global _cluster, _step_names
+    _cluster, _step_names = cluster, tuple(s.name for s in steps)
+    try:
+        yield
+    finally:
+        _cluster, _step_names = None, ()
 
 
 def note(text: str) -> None:
@@ -272,10 +291,8 @@ def run_steps(
 
     ``after_step`` is called with each step and the results so far (the pipeline
     reboots hosts after the nvidia step there)."""
-    global _cluster
     results = {n.name: HostResult(n.name) for n in cluster.nodes}
-    _cluster = cluster
-    try:
+    with _running(cluster, steps):
         for step in steps:
             alive = [n for n in cluster.nodes if results[n.name].ok]
             if not alive:
@@ -284,8 +301,6 @@ def run_steps(
             _take_notes(results)
             if after_step is not None:
                 after_step(step, results)
-    finally:
-        _cluster = None
     return RunReport(results)
 
 
@@ -408,16 +423,14 @@ def plan_steps(
     what an earlier step would install (the nvidia step's packages appear as new even if
     base would have brought their dependencies).
     """
-    global _cluster
     plans = {n.name: HostPlan(n.name) for n in cluster.nodes}
-    _cluster = cluster
     try:
-        for step in steps:
-            alive = [n for n in cluster.nodes if plans[n.name].reachable and not plans[n.name].refused]
-            if alive:
-                _plan_step(step, alive, plans, on_event)
+        with _running(cluster, steps):
+            for step in steps:
+                alive = [n for n in cluster.nodes if plans[n.name].reachable and not plans[n.name].refused]
+                if alive:
+                    _plan_step(step, alive, plans, on_event)
     finally:
-        _cluster = None
         _notes.clear()
     return plans
 
@@ -524,10 +537,12 @@ def _upload_diff(host: Any, command: Any) -> str | None:
 
 
 def plan_with_facts(step: Step, node: Node, facts: Callable[[type, dict[str, Any]], Any],
-                    cluster: Cluster | None = None) -> tuple[list[PlannedOp], list[str]]:
+                    cluster: Cluster | None = None,
+                    steps: list[Step] | None = None) -> tuple[list[PlannedOp], list[str]]:
     """Prepare one step for one node against given facts instead of a live host: pyinfra's
     "fake state". Returns the operations that would change and the refusals. Nothing is
-    contacted; ``facts(FactClass, kwargs)`` answers every fact the deploy reads.
+    contacted; ``facts(FactClass, kwargs)`` answers every fact the deploy reads. ``steps``
+    are the steps of the run it pretends to be part of (default: this step alone).
 
     This is how deploys are tested on captured facts (an Ubuntu host, a GPU host).
     """
@@ -536,20 +551,18 @@ def plan_with_facts(step: Step, node: Node, facts: Callable[[type, dict[str, Any
     from pyinfra.api.deploy import add_deploy
     from pyinfra.api.host import Host
 
-    global _cluster
     state = _new_state([node], parallel=1)
-    _cluster = cluster or Cluster(_fake_path(), (node,))
 
     def get_fact(self: Any, cls: type, *args: Any, **kwargs: Any) -> Any:
         return facts(cls, kwargs)
 
     try:
-        with mock.patch.object(Host, "get_fact", get_fact):
+        with _running(cluster or Cluster(_fake_path(), (node,)), steps or [step]), \
+                mock.patch.object(Host, "get_fact", get_fact):
             host = state.inventory.get_host(node.name)
             add_deploy(state, step.deploy, host=host)
             planned = _changing_ops(state, host)
     finally:
-        _cluster = None
         _notes.clear()
     return planned, _refusals.pop(node.name, [])
 

@@ -2,8 +2,9 @@
 cannot be provisioned, with the reason and what to do. Changes nothing.
 
 Checks: supported OS; apt/dpkg lock free (waits a bounded time when another apt, usually
-unattended-upgrades, holds it); free space on /; every data disk present and not the
-system disk; and, on hosts the nvidia step will touch: GPU generation (open vs
+unattended-upgrades, holds it); free space on /; when the volumes step runs, the data
+disks it would use (present, not the system disk, no foreign data); and, on hosts the
+nvidia step will touch: GPU generation (open vs
 proprietary modules), Secure Boot vs signed modules, headers for the running kernel.
 A pending reboot is reported, not refused.
 """
@@ -17,12 +18,13 @@ from pyinfra.api import deploy
 from pyinfra.operations import server
 
 from provision.deploys import nvidia as nvidia_deploy
+from provision.deploys import volumes
 from provision.deploys.packages import choose_driver_source, signed_modules_package, use_open_modules
 from provision.deploys.probes import APT_LOCKS, HostProbe, Probe
 from provision.facts.blockdevices import BlockDevice, BlockDevices
 from provision.facts.gpus import Gpus, NvidiaDevices
 from provision.facts.system import SUPPORTED_OS, Os, OsInfo
-from provision.runner import Step, current_node, note, refuse
+from provision.runner import Step, current_node, current_steps, note, refuse
 from provision.settings import Settings
 
 
@@ -36,8 +38,11 @@ class Verdict:
 
 
 def judge(os_info: OsInfo, probe: HostProbe, gpus: Gpus, disks: list[BlockDevice],
-          settings: Settings, nvidia_runs: bool) -> Verdict:
-    """The pure verdict: facts in, problems and notes out."""
+          settings: Settings, nvidia_runs: bool, volumes_runs: bool = False, hostname: str = "host") -> Verdict:
+    """The pure verdict: facts in, problems and notes out.
+
+    When the volumes step is part of this run, its disk checks (missing disk, system disk,
+    someone else's data) are made here, so such a host stops before base changes anything."""
     problems: list[str] = []
     notes: list[str] = []
     if not os_info.supported:
@@ -48,7 +53,8 @@ def judge(os_info: OsInfo, probe: HostProbe, gpus: Gpus, disks: list[BlockDevice
             f"only {probe.root_free_gb:.1f} GB free on /, {settings.min_root_free_gb} GB needed "
             "(free space, or lower min_root_free_gb)"
         )
-    problems += disk_problems(settings.data_disks, disks)
+    if volumes_runs:
+        problems += [p.removeprefix(f"{hostname}: ") for p in volumes.check_disks(settings, disks, hostname)]
     if probe.reboot_pending:
         notes.append("a reboot was already pending before this run (/var/run/reboot-required)")
     if nvidia_runs and os_info.supported:
@@ -56,22 +62,6 @@ def judge(os_info: OsInfo, probe: HostProbe, gpus: Gpus, disks: list[BlockDevice
         problems += nv_problems
         notes += nv_notes
     return Verdict(problems, notes, bool(probe.apt_locks_held))
-
-
-def disk_problems(wanted: list[str] | str, disks: list[BlockDevice]) -> list[str]:
-    """Every data_disks entry must name an existing disk that does not hold the system."""
-    if isinstance(wanted, str):  # "auto": the volumes step picks blank disks itself
-        return []
-    problems = []
-    for entry in wanted:
-        found = [d for d in disks if d.matches(entry)]
-        if not found:
-            known = ", ".join(link for d in disks for link in d.by_id) or "none with a by-id link"
-            problems.append(f"data disk {entry} does not exist on this host (disks by id: {known})")
-        elif any(d.is_root for d in found):
-            problems.append(f"data disk {entry} is the system disk ({found[0].path} holds /); "
-                            "remove it from data_disks")
-    return problems
 
 
 def nvidia_checks(os_info: OsInfo, probe: HostProbe, gpus: Gpus,
@@ -127,7 +117,9 @@ def preflight() -> None:
     branch = settings.nvidia_driver_branch
     checks = (signed_modules_package(branch, True, kernel), signed_modules_package(branch, False, kernel))
     probe = host.get_fact(Probe, packages=checks if os_info.id == "ubuntu" else ())
-    verdict = judge(os_info, probe, gpus, host.get_fact(BlockDevices), settings, runs)
+    volumes_runs = "volumes" in current_steps() and volumes.applies(node) is None
+    verdict = judge(os_info, probe, gpus, host.get_fact(BlockDevices) or [], settings, runs,
+                    volumes_runs=volumes_runs, hostname=node.name)
     for text in verdict.notes:
         note(f"preflight: {text}")
     if verdict.problems:

@@ -39,10 +39,14 @@ def test_disk_holding_data_is_refused_and_stays_intact_until_force_format(testbe
     forced = derived_inventory(source, source.with_name(f"e2e-node2-forced-{token[:6]}.py"), ["node2"],
                                {"node2": {"force_format": [DISK.format(2)]}})
     try:
-        refused = cli("up", str(plain), "--only", "volumes", "--json")
+        # base and volumes: the refusal comes from preflight, before base changes anything.
+        refused = cli("up", str(plain), "--only", "base,volumes", "--json")
         said = refused.stdout + refused.stderr
         assert refused.exit_code == 1
         assert "node2" in said and DISK.format(2) in said and "ext4 filesystem" in said
+        (row,) = refused.json()["hosts"]
+        assert row["steps"] == [] and row["changed"] == 0, row
+        assert row["failures"][0].startswith("preflight:"), row
         assert sh(node, f"blkid -o value -s LABEL {DISK.format(2)}").strip() == "mine"
         assert sh(node, f"mount -o ro {DISK.format(2)} /mnt/mine && cat /mnt/mine/precious; "
                         "umount /mnt/mine").strip() == token

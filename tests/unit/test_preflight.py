@@ -64,7 +64,8 @@ def test_low_root_space_is_refused_with_the_numbers() -> None:
 def test_missing_data_disk_is_an_error_before_anything_changes() -> None:
     disks = [disk("vda", "ROOT", ("/",)), disk("vdb", "NVME-DATA-0001")]
     settings = Settings(data_disks=["NVME-DATA-0001", "/dev/disk/by-id/virtio-NVME-DATA-0009"])
-    verdict = preflight.judge(os_info("debian-12-bookworm"), probe(), NO_GPU, disks, settings, False)
+    verdict = preflight.judge(os_info("debian-12-bookworm"), probe(), NO_GPU, disks, settings, False,
+                              volumes_runs=True, hostname="gpu1")
     assert len(verdict.problems) == 1
     assert verdict.problems[0].startswith("data disk /dev/disk/by-id/virtio-NVME-DATA-0009 does not exist")
 
@@ -72,8 +73,22 @@ def test_missing_data_disk_is_an_error_before_anything_changes() -> None:
 def test_system_disk_as_data_disk_is_refused() -> None:
     disks = [disk("vda", "ROOT", ("/",))]
     verdict = preflight.judge(os_info("debian-12-bookworm"), probe(), NO_GPU, disks,
-                              Settings(data_disks=["ROOT"]), False)
-    assert verdict.problems == ["data disk ROOT is the system disk (/dev/vda holds /); remove it from data_disks"]
+                              Settings(data_disks=["ROOT"]), False, volumes_runs=True, hostname="gpu1")
+    assert verdict.problems == ["data disk ROOT (vda) holds the running system (/); remove it from data_disks"]
+
+
+def test_foreign_data_on_a_data_disk_stops_the_host_in_preflight_only_when_volumes_runs() -> None:
+    ext4 = replace(disk("vdb", "NVME-DATA-0001"), fstype="ext4")
+    disks = [disk("vda", "ROOT", ("/",)), ext4]
+    settings = Settings(data_disks=["NVME-DATA-0001"])
+    bookworm = os_info("debian-12-bookworm")
+    with_volumes = preflight.judge(bookworm, probe(), NO_GPU, disks, settings, False, volumes_runs=True,
+                                   hostname="gpu1")
+    assert len(with_volumes.problems) == 1
+    assert with_volumes.problems[0].startswith("refusing to format /dev/disk/by-id/virtio-NVME-DATA-0001 (vdb)")
+    assert "provision up --force-format gpu1:" in with_volumes.problems[0]
+    # `up --only base`: the disks are not this run's business.
+    assert preflight.judge(bookworm, probe(), NO_GPU, disks, settings, False).problems == []
 
 
 def test_secure_boot_on_debian_gpu_host_stops_with_advice() -> None:
@@ -117,6 +132,16 @@ def test_deploy_refuses_host_with_reason_and_adds_nothing_else() -> None:
     assert [o.name for o in ops] == ["Preflight | preflight checks"]
     assert ops[0].commands == ["echo 'only 1.0 GB free on /, 20 GB needed (free space, or lower "
                                "min_root_free_gb)' >&2; exit 1"]
+
+
+def test_deploy_checks_data_disks_when_the_volumes_step_is_in_the_run() -> None:
+    from provision.deploys import volumes
+
+    fake = FakeHost(Os=os_info("debian-12-bookworm"), BlockDevices=[disk("vda", "ROOT", ("/",))])
+    gpu1 = node("gpu1", data_disks=["NVME-DATA-0009"])
+    _, refusals = runner.plan_with_facts(preflight.step, gpu1, fake, steps=[preflight.step, volumes.step])
+    assert len(refusals) == 1 and refusals[0].startswith("data disk NVME-DATA-0009 does not exist")
+    assert runner.plan_with_facts(preflight.step, gpu1, fake) == ([], [])  # volumes not in this run
 
 
 def test_deploy_on_a_healthy_host_changes_nothing() -> None:
