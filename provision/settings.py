@@ -108,6 +108,9 @@ class Settings:
 
     # --- base ---
     training_user: str = knob("train", "the account that runs training jobs")
+    training_uid: int = knob(
+        2000, "uid and gid of the training user and its group, the same on every node (NFS ownership)", _positive
+    )
     nofile_limit: int = knob(1048576, "open-files limit for training processes", _positive)
     ntp_servers: list[str] = knob([], "chrony servers; empty keeps the distribution's pool")
     apt_cache_valid_s: int = knob(

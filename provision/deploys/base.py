@@ -132,8 +132,11 @@ def training_user() -> None:
     home = f"/home/{user}"
     key = training_key(cluster, user)
     public = Path(f"{key}.pub").read_text().strip()
-    server.user(name=f"training user {user}", user=user, home=home, shell="/bin/bash",
-                create_home=True)
+    # The same uid/gid on every node (preflight refuses an existing account with another).
+    uid = node.settings.training_uid
+    server.group(name=f"training group {user}", group=user, gid=uid)
+    server.user(name=f"training user {user}", user=user, uid=uid, group=user, home=home,
+                shell="/bin/bash", create_home=True)
     files.directory(name=f"{home}/.ssh", path=f"{home}/.ssh", user=user, group=user, mode="700")
     files.put(name="training user: private key", src=str(key), dest=f"{home}/.ssh/id_ed25519",
               user=user, group=user, mode="600")

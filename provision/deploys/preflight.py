@@ -3,9 +3,10 @@ cannot be provisioned, with the reason and what to do. Changes nothing.
 
 Checks: supported OS; apt/dpkg lock free (waits a bounded time when another apt, usually
 unattended-upgrades, holds it); free space on /; when the volumes step runs, the data
-disks it would use (present, not the system disk, no foreign data); and, on hosts the
-nvidia step will touch: GPU generation (open vs
-proprietary modules), Secure Boot vs signed modules, headers for the running kernel.
+disks it would use (present, not the system disk, no foreign data); training_uid free
+or already the training user's; and, on hosts the nvidia step will touch: GPU
+generation (open vs proprietary modules), Secure Boot vs signed modules, headers for
+the running kernel.
 A pending reboot is reported, not refused.
 """
 
@@ -55,6 +56,7 @@ def judge(os_info: OsInfo, probe: HostProbe, gpus: Gpus, disks: list[BlockDevice
         )
     if volumes_runs:
         problems += [p.removeprefix(f"{hostname}: ") for p in volumes.check_disks(settings, disks, hostname)]
+    problems += account_problems(probe, settings)
     if probe.reboot_pending:
         notes.append("a reboot was already pending before this run (/var/run/reboot-required)")
     if nvidia_runs and os_info.supported:
@@ -62,6 +64,25 @@ def judge(os_info: OsInfo, probe: HostProbe, gpus: Gpus, disks: list[BlockDevice
         problems += nv_problems
         notes += nv_notes
     return Verdict(problems, notes, bool(probe.apt_locks_held))
+
+
+def account_problems(probe: HostProbe, settings: Settings) -> list[str]:
+    """The training user and its group must get training_uid on every node: files on the
+    NFS shares carry numeric ids, so a user with another uid on one node could not write
+    its own checkpoints there. An existing account is never renumbered behind its back."""
+    user, uid = settings.training_user, settings.training_uid
+    problems = []
+    if probe.user_uid is not None and probe.user_uid != uid:
+        problems.append(f"user {user} exists with uid {probe.user_uid}, training_uid is {uid} "
+                        f"(set training_uid: {probe.user_uid} for every node, or renumber {user} by hand)")
+    elif probe.user_uid is None and probe.uid_owner:
+        problems.append(f"uid {uid} (training_uid) belongs to user {probe.uid_owner}; choose a free training_uid")
+    if probe.group_gid is not None and probe.group_gid != uid:
+        problems.append(f"group {user} exists with gid {probe.group_gid}, training_uid is {uid} "
+                        f"(set training_uid to match on every node, or renumber the group by hand)")
+    elif probe.group_gid is None and probe.gid_owner:
+        problems.append(f"gid {uid} (training_uid) belongs to group {probe.gid_owner}; choose a free training_uid")
+    return problems
 
 
 def nvidia_checks(os_info: OsInfo, probe: HostProbe, gpus: Gpus,
@@ -116,7 +137,8 @@ def preflight() -> None:
     kernel = os_info.kernel
     branch = settings.nvidia_driver_branch
     checks = (signed_modules_package(branch, True, kernel), signed_modules_package(branch, False, kernel))
-    probe = host.get_fact(Probe, packages=checks if os_info.id == "ubuntu" else ())
+    probe = host.get_fact(Probe, packages=checks if os_info.id == "ubuntu" else (),
+                          user=settings.training_user, uid=settings.training_uid)
     volumes_runs = "volumes" in current_steps() and volumes.applies(node) is None
     verdict = judge(os_info, probe, gpus, host.get_fact(BlockDevices) or [], settings, runs,
                     volumes_runs=volumes_runs, hostname=node.name)

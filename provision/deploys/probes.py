@@ -6,6 +6,7 @@ Each is a shell command plus a pure parser of ``key=value`` lines, tested on cap
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 
 from pyinfra.api import FactBase
@@ -79,16 +80,26 @@ class HostProbe:
     machine_id: str  # /etc/machine-id: tells the controller apart from its targets
     headers_candidate: str | None  # apt candidate of linux-headers-$(uname -r)
     signed_modules_candidate: dict[str, str | None]  # package -> candidate version
+    user_uid: int | None = None  # uid of the account named like the training user, if it exists
+    uid_owner: str = ""  # the account that has the training uid now, if any
+    group_gid: int | None = None  # gid of the group named like the training user, if it exists
+    gid_owner: str = ""  # the group that has the training gid now, if any
 
 
 class Probe(FactBase):
     """One round trip for every preflight input. ``packages``: extra apt names whose
     candidates to report (Canonical's signed module packages for the running kernel)."""
 
-    def command(self, packages: tuple[str, ...] = ()) -> str:
+    def command(self, packages: tuple[str, ...] = (), user: str = "", uid: int = 0) -> str:
         locks = " ".join(APT_LOCKS)
         checks = " ".join(packages)
-        return (
+        account = (
+            f"echo user_uid=$(getent passwd {shlex.quote(user)} | cut -d: -f3); "
+            f"echo uid_owner=$(getent passwd {uid} | cut -d: -f1); "
+            f"echo group_gid=$(getent group {shlex.quote(user)} | cut -d: -f3); "
+            f"echo gid_owner=$(getent group {uid} | cut -d: -f1); "
+        ) if user else ""
+        return account + (
             "echo root_free_kb=$(df -Pk / | awk 'NR==2 {print $4}'); "
             "echo efi=$([ -d /sys/firmware/efi ] && echo 1 || echo 0); "
             "echo sb=$(mokutil --sb-state 2>&1 | head -n1); "
@@ -126,7 +137,15 @@ def parse_probe(lines: list[str]) -> HostProbe:
         signed_modules_candidate={
             key[4:]: _candidate(value) for key, value in values.items() if key.startswith("pkg:")
         },
+        user_uid=_number(values.get("user_uid")),
+        uid_owner=values.get("uid_owner", ""),
+        group_gid=_number(values.get("group_gid")),
+        gid_owner=values.get("gid_owner", ""),
     )
+
+
+def _number(value: str | None) -> int | None:
+    return int(value) if value and value.isdigit() else None
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,8 @@ def test_training_user_has_the_cluster_key(host: Any, settings: dict[str, Any]) 
     user = settings["training_user"]
     home = f"/home/{user}"
     assert host.user(user).exists
+    # One uid/gid on every node, so files on the NFS shares belong to the same account.
+    assert host.user(user).uid == settings["training_uid"] and host.user(user).gid == settings["training_uid"]
     key = host.file(f"{home}/.ssh/id_ed25519")
     assert key.user == user and key.mode == 0o600
     assert host.file(f"{home}/.ssh/authorized_keys").contains("ssh-ed25519")

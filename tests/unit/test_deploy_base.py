@@ -60,7 +60,10 @@ def test_training_user_key_is_generated_once_and_shared(state_dir: Path) -> None
     ops, _ = runner.plan_with_facts(base.step, cluster().nodes[1], FakeHost(Os=os_info("debian-12-bookworm")),
                                     cluster())
     assert f"upload {first} -> /home/train/.ssh/id_ed25519" in by_name(ops)["training user: private key"].commands
-    assert by_name(ops)["training user train"].commands[0] == "useradd -d /home/train -s /bin/bash -m train"
+    # The pinned uid/gid (training_uid), group first: NFS files carry numeric ids.
+    assert by_name(ops)["training group train"].commands == ["groupadd train --gid 2000"]
+    assert by_name(ops)["training user train"].commands[0] == (
+        "useradd -d /home/train -s /bin/bash -g train --uid 2000 -m train")
 
 
 def test_known_hosts_name_each_node_by_name_and_cluster_address() -> None:

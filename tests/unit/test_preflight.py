@@ -164,7 +164,8 @@ def test_deploy_asks_ubuntu_for_signed_module_candidates() -> None:
     runner.plan_with_facts(preflight.step, node(), fake)
     asked = dict(fake.asked)["Probe"]
     assert asked == {"packages": ("linux-modules-nvidia-580-server-open-6.8.0-45-generic",
-                                  "linux-modules-nvidia-580-server-6.8.0-45-generic")}
+                                  "linux-modules-nvidia-580-server-6.8.0-45-generic"),
+                     "user": "train", "uid": 2000}
 
 
 def test_held_packages_count_as_installed():
@@ -176,3 +177,24 @@ def test_held_packages_count_as_installed():
                                    "pkg old 1.0 rc ", "hold nvidia-open-580"])
     assert installed == {"nvidia-open-580": "580.95.05-1", "fio": "3.33-3"}
     assert held == {"nvidia-open-580"}
+
+
+def test_training_account_with_another_uid_is_refused_and_a_taken_uid_named() -> None:
+    bookworm = os_info("debian-12-bookworm")
+    other = preflight.judge(bookworm, probe(user_uid=1000, group_gid=1000), NO_GPU, [], Settings(), False)
+    assert other.problems == [
+        "user train exists with uid 1000, training_uid is 2000 (set training_uid: 1000 for every node, "
+        "or renumber train by hand)",
+        "group train exists with gid 1000, training_uid is 2000 (set training_uid to match on every node, "
+        "or renumber the group by hand)",
+    ]
+    taken = preflight.judge(bookworm, probe(uid_owner="alice", gid_owner="alice"), NO_GPU, [], Settings(), False)
+    assert taken.problems == ["uid 2000 (training_uid) belongs to user alice; choose a free training_uid",
+                              "gid 2000 (training_uid) belongs to group alice; choose a free training_uid"]
+    ours = probe(user_uid=2000, uid_owner="train", group_gid=2000, gid_owner="train")
+    assert preflight.judge(bookworm, ours, NO_GPU, [], Settings(), False).problems == []
+
+
+def test_probe_reads_the_training_account_lines() -> None:
+    p = parse_probe(["user_uid=2000", "uid_owner=train", "group_gid=", "gid_owner="])
+    assert (p.user_uid, p.uid_owner, p.group_gid, p.gid_owner) == (2000, "train", None, "")
