@@ -18,15 +18,18 @@ VICTIM = "node2"
 def test_killed_vm_fails_alone_and_rerun_converges(provisioned, testbed) -> None:
     cluster = inventory.load(testbed.inventory_path)
     killed = threading.Event()
+    seen: list[str] = []  # the victim's events, shown if it was never killed
 
     def on_event(host: str, text: str) -> None:
+        if host == VICTIM:
+            seen.append(text)
         # Kill the VM once its base step is under way: the run is past preflight.
         if host == VICTIM and text.startswith("base:") and not killed.is_set():
             killed.set()
             testbed.testbed.stop_node(VICTIM, hard=True)
 
     report = pipeline.up(cluster, pipeline.select(only="base,frameworks"), on_event=on_event)
-    assert killed.is_set()
+    assert killed.is_set(), (seen, report.as_json())
     assert report.exit_code == 1
     assert report.hosts[VICTIM].ok is False
     assert report.hosts[VICTIM].failures, "the dead host's row must say why"
