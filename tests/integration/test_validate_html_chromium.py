@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from provision.validate import judge, report_html
-from provision.validate.records import GpuInfo, Measurement
+from provision.validate.records import Measurement
+from tests.helpers.validate_records import h100
 
 pytestmark = pytest.mark.integration
 
@@ -21,23 +22,6 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
 def fleet():
-    gpu = dict(
-        name="NVIDIA H100 80GB HBM3",
-        pci_device_id=0x2330,
-        memory_mib=81559,
-        driver_version="565",
-        cuda_version="12.7",
-        pcie_gen_current=5,
-        pcie_gen_max=5,
-        pcie_gen_device_max=5,
-        pcie_width_current=16,
-        pcie_width_max=16,
-        ecc_uncorrected=0,
-        ecc_corrected=0,
-        retired_pages=0,
-        remap_failure=False,
-        remap_pending=False,
-    )
     nodes = []
     for i, (disk, bf16) in enumerate([(900, 800), (910, 805), (100, 790), (905, 500)]):
         name = f"node{i}"
@@ -49,7 +33,7 @@ def fleet():
                     Measurement(name, "ram_triad_gbs", 20.0 + i),
                     Measurement(name, "gpu_bf16_tflops", float(bf16), "gpu0"),
                 ],
-                [GpuInfo(index=0, **gpu)],
+                [h100(0)],
             )
         )
     return judge.judge(nodes)

@@ -10,29 +10,7 @@ from provision.errors import InputError
 from provision.validate import expectations, judge
 from provision.validate.expectations import Overrides, find_sku, load_expect_file, parse_flat
 from provision.validate.records import GpuInfo, Measurement
-
-
-def h100(index: int, **kw) -> GpuInfo:
-    base = dict(
-        index=index,
-        name="NVIDIA H100 80GB HBM3",
-        pci_device_id=0x2330,
-        memory_mib=81559,
-        driver_version="565.57.01",
-        cuda_version="12.7",
-        pcie_gen_current=5,
-        pcie_gen_max=5,
-        pcie_gen_device_max=5,
-        pcie_width_current=16,
-        pcie_width_max=16,
-        ecc_uncorrected=0,
-        ecc_corrected=0,
-        retired_pages=0,
-        remap_failure=False,
-        remap_pending=False,
-    )
-    base.update(kw)
-    return GpuInfo(**base)
+from tests.helpers.validate_records import h100
 
 
 def gpu_node(name: str, bf16: list[float], gpus: list[GpuInfo] | None = None, **kw) -> judge.NodeInput:

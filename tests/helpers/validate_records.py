@@ -1,0 +1,30 @@
+"""Validator records shared by the validate tests: a healthy H100 as NVML would describe it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from provision.validate.records import GpuInfo
+
+
+def h100(index: int, **changes: Any) -> GpuInfo:
+    """An H100 80GB HBM3 at full PCIe Gen5 x16 with clean ECC; ``changes`` override fields."""
+    fields: dict[str, Any] = dict(
+        index=index,
+        name="NVIDIA H100 80GB HBM3",
+        pci_device_id=0x2330,
+        memory_mib=81559,
+        driver_version="565.57.01",
+        cuda_version="12.7",
+        pcie_gen_current=5,
+        pcie_gen_max=5,
+        pcie_gen_device_max=5,
+        pcie_width_current=16,
+        pcie_width_max=16,
+        ecc_uncorrected=0,
+        ecc_corrected=0,
+        retired_pages=0,
+        remap_failure=False,
+        remap_pending=False,
+    )
+    return GpuInfo(**(fields | changes))
