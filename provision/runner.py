@@ -214,7 +214,11 @@ def _error_text(meta: Any) -> str:
 
 def _new_state(nodes: list[Node], parallel: int) -> Any:
     from pyinfra.api import Config, State
+    from pyinfra.connectors.sshuserclient import client
 
+    # pyinfra memoizes every known_hosts file it reads for the life of the process. Each run
+    # must see the file as it is now: a testbed VM restarted on a new port has a new entry.
+    client.get_host_keys.cache.clear()
     config = Config(PARALLEL=parallel, CONNECT_TIMEOUT=15)
     return State(pyinfra_inventory(nodes), config)
 

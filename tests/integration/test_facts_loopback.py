@@ -91,3 +91,22 @@ def test_status_names_host_package_and_both_versions_on_drift(sshd, tmp_path):
     flat = " ".join(result.stdout.split())
     assert "drift" in flat and "local" in flat and "torch" in flat
     assert "2.0.1" in flat and torch.__version__ in flat
+
+
+def test_a_rewritten_known_hosts_file_is_read_again_in_the_same_process(sshd, tmp_path):
+    # pyinfra memoizes known_hosts files per process; a testbed VM restarted on a new port
+    # gets a new entry, and the next run in the same process (the e2e drills) must see it.
+    from pyinfra.facts.server import Hostname
+
+    from provision import inventory, runner
+
+    known = tmp_path / "known_hosts"
+    known.write_text("")
+    inv = write_inventory(tmp_path / "inv.py", [("local", dict(sshd.host_data(), ssh_known_hosts_file=str(known)))])
+    wanted = {"hostname": (Hostname, {})}
+    before = runner.gather_facts(list(inventory.load(inv).nodes), wanted)
+    assert "local" in before.unreachable
+    known.write_text(sshd.known_hosts.read_text())
+    after = runner.gather_facts(list(inventory.load(inv).nodes), wanted)
+    assert after.unreachable == {}
+    assert after.facts["local"]["hostname"] == subprocess.check_output(["hostname"], text=True).strip()
