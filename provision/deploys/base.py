@@ -13,15 +13,16 @@ import subprocess
 from io import StringIO
 from pathlib import Path
 
+from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.context import ctx_state
 from pyinfra.operations import apt, files, server, systemd
 
 from provision.deploys.packages import BASE_PACKAGES, UNATTENDED_BLACKLIST
-from provision.deploys.probes import HostKeys
+from provision.deploys.probes import DpkgInterrupted, HostKeys
 from provision.inventory import Cluster, Node
 from provision.resources import templates_dir
-from provision.runner import Step, current_cluster, current_node
+from provision.runner import Step, current_cluster, current_node, note
 
 SYSCTL_FILE = "/etc/sysctl.d/90-provision-network.conf"
 LIMITS_FILE = "/etc/security/limits.d/90-provision.conf"
@@ -82,6 +83,12 @@ def cluster_host_keys() -> dict[str, list[str]]:
 
 def packages(node: Node) -> None:
     settings = node.settings
+    if host.get_fact(DpkgInterrupted):
+        # A host that lost power mid-install (or a killed VM) comes back with dpkg's run
+        # unfinished, and apt refuses every install until it is finished.
+        note("base: finished a dpkg run that had been interrupted (dpkg --configure -a)")
+        server.shell(name="Finish an interrupted dpkg run",
+                     commands=["DEBIAN_FRONTEND=noninteractive dpkg --force-confdef --force-confold --configure -a"])
     apt.packages(
         name="Install base packages",
         packages=BASE_PACKAGES,

@@ -220,3 +220,19 @@ class HostKeys(FactBase):
 
     def process(self, output: list[str]) -> list[str]:
         return [" ".join(line.split()[:2]) for line in output if len(line.split()) >= 2]
+
+
+class DpkgInterrupted(FactBase):
+    """True when a dpkg run was cut off (power loss or a crash mid-install): files left in
+    /var/lib/dpkg/updates, or packages `dpkg --audit` finds half-installed. apt refuses to
+    install anything until `dpkg --configure -a` has finished that run."""
+
+    def command(self) -> str:
+        return "ls -A /var/lib/dpkg/updates 2>/dev/null | wc -l; dpkg --audit 2>/dev/null | wc -l"
+
+    def process(self, output: list[str]) -> bool:
+        return parse_dpkg_interrupted(output)
+
+
+def parse_dpkg_interrupted(lines: list[str]) -> bool:
+    return any(line.strip().isdigit() and int(line) > 0 for line in lines)

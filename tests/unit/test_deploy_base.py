@@ -111,3 +111,20 @@ def test_packages_and_cache_already_current_change_nothing() -> None:
                     Date=datetime.datetime.now())
     ops, _ = runner.plan_with_facts(base.step, cluster().nodes[0], fake, cluster())
     assert "Install base packages" not in by_name(ops)
+
+
+def test_an_interrupted_dpkg_run_is_finished_before_installing(state_dir: Path) -> None:
+    from provision.deploys.probes import parse_dpkg_interrupted
+
+    assert parse_dpkg_interrupted(["3", "0"]) and parse_dpkg_interrupted(["0", "12"])
+    assert not parse_dpkg_interrupted(["0", "0"])
+    fake = FakeHost(Os=os_info("debian-12-bookworm"), DpkgInterrupted=True)
+    ops, _ = runner.plan_with_facts(base.step, cluster().nodes[0], fake, cluster())
+    names = [o.name for o in ops]
+    finish = "Base | Finish an interrupted dpkg run"
+    assert by_name(ops)["Finish an interrupted dpkg run"].commands == [
+        "DEBIAN_FRONTEND=noninteractive dpkg --force-confdef --force-confold --configure -a"]
+    assert names.index(finish) < names.index("Base | Install base packages")
+    clean = FakeHost(Os=os_info("debian-12-bookworm"))
+    assert "Finish an interrupted dpkg run" not in by_name(runner.plan_with_facts(base.step, cluster().nodes[0],
+                                                                                   clean, cluster())[0])
