@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import gc
 import hashlib
 import json
 import math
@@ -552,10 +553,13 @@ def main(argv: list[str] | None = None) -> dict:
     rate = throughput(d, history, args, cfg, _raw(model))
     summary = finish(d, args, history, rate, params)
     if d.world > 1:
-        # Every rank waits here until rank 0 has written the summary. Without it a rank that
-        # tears its gloo group down while its peer is still busy can be aborted by gloo
-        # ("connection closed by peer" -> SIGABRT), failing a run that had finished.
-        barrier(d)
+        barrier(d)  # every rank waits until rank 0 has written the summary
+        # The DDP wrapper holds the process group. Left alive, the group (and gloo's worker
+        # threads) would be destroyed during interpreter shutdown, which aborts the process
+        # ("terminate called without an active exception", SIGABRT) now and then, failing
+        # a run that had finished. Free it here, while the interpreter is whole.
+        del model, opt
+        gc.collect()
         dist.destroy_process_group()
     return summary
 
