@@ -160,6 +160,12 @@ def band(values: list[float], k: float) -> Band | None:
     return Band(med, low, len(values))
 
 
+# With two values there is no spread to tell noise from a fault, and no third value to say
+# which of the two is off: a pair fails only when the slower is under a third of the faster
+# (more than 50% below their midpoint); a smaller gap warns.
+PAIR_FAIL_DROP = 0.50
+
+
 def _fleet_check(m: Metric, value: float, b: Band | None, ov: Overrides) -> tuple[str, str]:
     if not m.fleet or not m.higher_is_better or b is None or b.median <= 0:
         return "pass", ""
@@ -168,7 +174,11 @@ def _fleet_check(m: Metric, value: float, b: Band | None, ov: Overrides) -> tupl
     if value >= b.low or drop <= rule.warn_drop:
         return "pass", f"fleet median {b.median:.4g} over {b.size}"
     verdict = "fail" if drop > rule.fail_drop else "warn"
-    return verdict, f"{drop:.0%} below the fleet median {b.median:.4g} ({b.size} values)"
+    reason = f"{drop:.0%} below the fleet median {b.median:.4g} ({b.size} values)"
+    if b.size == 2 and verdict == "fail" and drop <= PAIR_FAIL_DROP:
+        verdict = "warn"
+        reason += "; only 2 values: a gap under 3x warns, since either node may be the odd one"
+    return verdict, reason
 
 
 # --- the whole fleet ------------------------------------------------------------------------

@@ -263,3 +263,17 @@ def test_slow_gpu_in_a_single_node_is_caught_against_its_siblings():
     slow = findings(r, "gpu_bf16_tflops", "gpu7")[0]
     assert slow.verdict == "warn" and "below the fleet median" in slow.reason
     assert all(findings(r, "gpu_bf16_tflops", f"gpu{i}")[0].verdict == "pass" for i in range(7))
+
+
+def test_a_two_node_fleet_fails_only_a_gap_beyond_3x():
+    # Two values: no spread to judge noise by, and either node may be the odd one.
+    pair = [cpu_node("a", ram_triad_gbs=2.7), cpu_node("b", ram_triad_gbs=5.4)]  # 2x apart
+    (f,) = findings(by_node(judge.judge(pair))["a"], "ram_triad_gbs", "")
+    assert f.verdict == "warn" and "only 2 values" in f.reason
+    far = [cpu_node("a", ram_triad_gbs=1.0), cpu_node("b", ram_triad_gbs=5.4)]  # 5.4x apart
+    (f,) = findings(by_node(judge.judge(far))["a"], "ram_triad_gbs", "")
+    assert f.verdict == "fail"
+    # Three values: the usual rule (25% below the median fails) applies as before.
+    three = [cpu_node("a", ram_triad_gbs=2.7), cpu_node("b", ram_triad_gbs=5.4), cpu_node("c", ram_triad_gbs=5.5)]
+    (f,) = findings(by_node(judge.judge(three))["a"], "ram_triad_gbs", "")
+    assert f.verdict == "fail"
