@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from provision.facts.stack import StackFact
 from provision.facts.system import Os
 from provision.inventory import Cluster
-from provision.status import HostStatus, expected_mounts, judge_host
+from provision.status import HostStatus, expected_mounts, format_age, judge_host
+from provision.validate import history
 
 
 def gather_status(cluster: Cluster, on_event: Callable[[str, str], None] = lambda h, t: None) -> list[HostStatus]:
@@ -29,7 +32,6 @@ def gather_status(cluster: Cluster, on_event: Callable[[str, str], None] = lambd
         result = gather_facts(nodes, wanted, on_event=on_event)
         found.update(result.facts)
         unreachable.update(result.unreachable)
-    history = _validate_history()
     for node in cluster.nodes:
         facts = found.get(node.name)
         if facts is None:
@@ -37,18 +39,20 @@ def gather_status(cluster: Cluster, on_event: Callable[[str, str], None] = lambd
             continue
         os_info = facts["os"]
         status = judge_host(node, cluster, facts["stack"], os_info.pretty_name, os_info.kernel)
-        status.last_validate = history(node.name)
+        status.last_validate = last_validate(node.name, time.time())
         statuses.append(status)
     return statuses
 
 
-def _validate_history() -> Callable[[str], str | None]:
-    """The last validate verdict per host, from validate's history when it is recorded."""
-    import importlib
-
+def last_validate(host: str, now: float) -> str | None:
+    """The host's last validate verdict and its age, from validate's history on this
+    controller (validate records every run there); None when it was never validated."""
+    last = history.last_run(host)
+    if last is None:
+        return None
+    verdict, created = last
     try:
-        history = importlib.import_module("provision.validate.history")
-    except ImportError:
-        return lambda name: None
-    last_verdict: Callable[[str], str | None] = getattr(history, "last_verdict", lambda name: None)
-    return last_verdict
+        age = now - datetime.fromisoformat(created).timestamp()
+    except ValueError:
+        return f"{verdict} ({created})"
+    return f"{verdict}, {format_age(age)} ago"

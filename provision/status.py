@@ -160,11 +160,12 @@ def judge_host(node: Node, cluster: Cluster, stack: InstalledStack, os_name: str
         stack.loaded_driver and installed and stack.loaded_driver != installed)
     if stack.backup_finished_epoch:
         status.last_backup_age_s = now - stack.backup_finished_epoch
-        status.last_backup = f"{_age(status.last_backup_age_s)} ago ({stack.backup_result or 'unknown'})"
+        status.last_backup = f"{format_age(status.last_backup_age_s)} ago ({stack.backup_result or 'unknown'})"
     return status
 
 
-def _age(seconds: float) -> str:
+def format_age(seconds: float) -> str:
+    """A duration as people read it: 45s, 12m, 3h, 2d."""
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size:
             return f"{seconds / size:.0f}{unit}"

@@ -63,6 +63,18 @@ def read(host: str, base: Path | None = None) -> list[dict]:
     return lines
 
 
+def last_run(host: str, base: Path | None = None) -> tuple[str, str] | None:
+    """(verdict, created) of the host's latest recorded run; None when it has none."""
+    try:
+        path = _file(host, base or state_dir())
+    except InputError:  # a name validate could never have recorded under
+        return None
+    if not path.is_file():
+        return None
+    lines = read(host, base)
+    return (lines[-1]["verdict"], lines[-1]["created"]) if lines else None
+
+
 @dataclass(frozen=True)
 class TrendRow:
     """One metric across a host's runs."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import Path
 
 from provision import inventory
@@ -109,3 +110,18 @@ def test_stack_command_quotes_paths():
 def test_held_driver_package_is_still_installed():
     stack = parse_stack(["pkg nvidia-driver-580-open 580.95.05-0ubuntu1 hi "])
     assert stack.packages == {"nvidia-driver-580-open": "580.95.05-0ubuntu1"}
+
+
+def test_last_validate_verdict_and_age_come_from_validates_history(tmp_path, monkeypatch):
+    from provision.fleet_status import last_validate
+    from provision.validate import history
+    from provision.validate.records import NodeResult
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    assert last_validate("node1", 0.0) is None  # never validated
+    history.append([NodeResult("node1", "pass", [])], "2026-11-30T03:00:00+00:00", "quick")
+    history.append([NodeResult("node1", "warn", [])], "2026-11-30T03:51:06+00:00", "quick")
+    now = datetime.fromisoformat("2026-11-30T04:01:06+00:00").timestamp()
+    assert last_validate("node1", now) == "warn, 10m ago"
+    assert last_validate("node2", now) is None
+    assert last_validate("odd name", now) is None  # a name validate never records under
