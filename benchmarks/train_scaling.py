@@ -7,8 +7,9 @@ Needs root (ip netns, sshd). Creates two namespace hosts with their own sshd
 (tests/helpers/netns.py), then runs `provision train` three times with the same
 per-rank work (weak scaling): ns0 alone, both hosts, ns0 alone again. The reference is
 the mean of the two single-host runs, so drift from other load on the machine during
-the measurement is split evenly. One rank per host with OMP_NUM_THREADS=1: on a 2-core
-machine each host then has a core of its own, and the figure shows what the launcher,
+the measurement is split evenly. One rank per host with one CPU thread (`--threads 1`:
+OMP_NUM_THREADS does not cross SSH, so it is a trainer flag): on a 2-core machine each
+host then has a core of its own, and the figure shows what the launcher,
 the rendezvous and gloo's all-reduce over the veth cost, not thread contention.
 The "small" model (~0.8M parameters, 128-byte context, 8 sequences per rank) makes each
 step mostly compute (~100s of ms) against a 3 MB gradient all-reduce.
@@ -35,7 +36,7 @@ def train(inventory: Path, runs: Path, steps: int, model: str, limit: str | None
     cmd = [sys.executable, "-m", "provision", "train", str(inventory), "--steps", str(steps),
            "--model", model, "--runs-dir", str(runs), "--quiet", "--json",
            *(["--limit", limit] if limit else []), "--", "--eval-interval", str(steps),
-           "--data-max-mb", "2"]
+           "--data-max-mb", "2", "--threads", "1"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=env)
     if proc.returncode != 0:

@@ -465,7 +465,7 @@ def finish(d: Dist, args, history: dict, rate: dict, params: int) -> dict:
                "params": params, "tokens_per_s": rate["tps"], "mfu": rate["mfu"],
                "final_train_loss": history["train"][-1][1] if history["train"] else None,
                "final_val_loss": history["val"][-1][1] if history["val"] else None,
-               "nodes": nodes, "ranks": ranks, "device": d.device.type,
+               "nodes": nodes, "ranks": ranks, "device": d.device.type, "threads": torch.get_num_threads(),
                "train_losses": history["train"], "val_losses": history["val"]}
     if d.rank == 0:
         short = {k: v for k, v in summary.items() if k not in ("train_losses", "val_losses")}
@@ -506,6 +506,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     arg("--data-cache", help="where token files go (default /shared/datasets, else ./data)")
     arg("--data-max-mb", type=int, default=DATA_MAX_MB, help="text to read, in MiB")
     arg("--val-fraction", type=float, default=VAL_FRACTION, help="held-out tail of the text")
+    arg("--threads", type=int, help="CPU threads per rank (default: torch's, all cores); set it "
+        "when several ranks share one machine's cores")
     arg("--compile", action="store_true", help="torch.compile the model")
     arg("--peak-tflops", type=float, help="peak FLOP/s (in TFLOP/s) for MFU; default by GPU name")
     arg("--summary", help="write the JSON summary here (rank 0)")
@@ -521,6 +523,8 @@ def model_config(args) -> GPTConfig:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     d = setup_distributed()
     per_rank, rest = divmod(args.global_batch, d.world)
     if rest or per_rank % args.micro_batch:

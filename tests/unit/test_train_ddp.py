@@ -171,3 +171,12 @@ def test_learning_rate_warms_up_then_decays_to_the_floor():
     assert trainer.lr_at(0, args) == pytest.approx(0.1)
     assert trainer.lr_at(9, args) == pytest.approx(1.0)
     assert trainer.lr_at(99, args) == pytest.approx(0.1, abs=1e-3)
+
+
+def test_threads_option_sets_the_ranks_cpu_threads(tmp_path, cache):
+    # OMP_NUM_THREADS does not cross SSH, so ranks sharing a machine's cores need a flag.
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    common = [*BASE, "--steps", "2", "--data-cache", str(cache)]
+    assert single([*common, "--ckpt-dir", str(tmp_path / "a")], tmp_path / "a")["threads"] == 1  # OMP env
+    assert single([*common, "--threads", "2", "--ckpt-dir", str(tmp_path / "b")], tmp_path / "b")["threads"] == 2
