@@ -155,9 +155,12 @@ class Supervisor:
             t.start()
         mon.start()
         try:
-            self._watch()
+            with _stop_signals():
+                self._watch()
         except KeyboardInterrupt:
             self._fail(None, "interrupted (Ctrl-C)")
+        except _Stopped as e:
+            self._fail(None, e.why)
         finally:
             mon.stop()
         if self.out.failure:
@@ -254,6 +257,38 @@ class Supervisor:
         texts = {h: "\n".join(t) for h, t in self._texts.items()}
         self.out.failure, self.out.failed_host, self.out.failed_rank = logs.blame(
             self.out.failure, self.out.failed_host, texts)
+
+
+class _Stopped(Exception):
+    """Ctrl-C or SIGTERM arrived while the run was being watched."""
+
+    def __init__(self, why: str):
+        super().__init__(why)
+        self.why = why
+
+
+@contextlib.contextmanager
+def _stop_signals() -> Iterator[None]:
+    """While the run is watched, Ctrl-C (SIGINT) and SIGTERM stop it on every host.
+
+    Installed here rather than inherited: a shell that starts a command in the background
+    hands it SIGINT ignored (Python then never raises KeyboardInterrupt), and a scheduler or
+    `kill` stops a job with SIGTERM, which would otherwise end this process and leave the
+    ranks running under their own sessions on the nodes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        raise _Stopped("interrupted (Ctrl-C)" if signum == signal.SIGINT
+                       else f"stopped by {signal.Signals(signum).name}")
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 @contextlib.contextmanager

@@ -30,12 +30,12 @@ def hosts(netns_hosts, tmp_path_factory):
     return netns_hosts(2, venv_path=sys.prefix, train_dir=str(node_dir)), node_dir
 
 
-def start(inventory: Path, cwd: Path, *args: str) -> subprocess.Popen:
+def start(inventory: Path, cwd: Path, *args: str, preexec_fn=None) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "provision", "train", str(inventory), "--runs-dir",
            str(cwd / "runs"), "--monitor-interval", "1", *args]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=open(cwd / "out.txt", "w"),
-                            stderr=open(cwd / "err.txt", "w"))
+                            stderr=open(cwd / "err.txt", "w"), preexec_fn=preexec_fn)
 
 
 def finish(proc: subprocess.Popen, cwd: Path) -> tuple[int, dict]:
@@ -156,21 +156,29 @@ def test_a_killed_rank_stops_every_host_and_exits_1(hosts, tmp_path):
     assert f"ns1 rank {rank} failed first" in out
 
 
-def test_ctrl_c_stops_every_host_and_exits_1(hosts, tmp_path):
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+# SIGINT with SIGINT ignored at start, as a shell's background job gets it (the launcher must
+# install its own handler), and SIGTERM, as a scheduler or `kill` sends it.
+@pytest.mark.parametrize(("sig", "said"), [(signal.SIGINT, "interrupted (Ctrl-C)"),
+                                           (signal.SIGTERM, "stopped by SIGTERM")], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_or_sigterm_stops_every_host_and_exits_1(hosts, tmp_path, sig, said):
     cluster, node_dir = hosts
-    proc = start(cluster.inventory, tmp_path, "--steps", "100000", *TRAINER)
+    proc = start(cluster.inventory, tmp_path, "--steps", "100000", *TRAINER, preexec_fn=_ignore_sigint)
     run = run_dir(tmp_path)
     wait_for_steps(run, 2)
     pgids = recorded_pids(node_dir, run.name)
     assert len(pgids) == 2 and all(alive(p) for p in pgids)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     sent_at = time.monotonic()
     left = wait_clean(run.name, sent_at)
     code, report = finish(proc, tmp_path)
     assert left == {}, f"left after {CLEAN_WITHIN_S}s: {left}"
     assert not any(alive(p) for p in pgids)
     assert code == 1
-    assert "interrupted" in report["failure"]
+    assert said in report["failure"]
     assert all(n["clean"] for n in report["nodes"])
 
 
