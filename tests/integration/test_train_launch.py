@@ -6,6 +6,7 @@ all-reduce over its own veth; teardown is checked by the recorded pids and by sc
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -28,6 +29,18 @@ TRAINER = ["--", "--data-max-mb", "1", "--eval-interval", "3", "--eval-samples",
 def hosts(netns_hosts, tmp_path_factory):
     node_dir = tmp_path_factory.mktemp("node-train-dir")
     return netns_hosts(2, venv_path=sys.prefix, train_dir=str(node_dir)), node_dir
+
+
+@pytest.fixture(autouse=True)
+def no_run_outlives_its_test(hosts):
+    """A test that failed may leave its run going; it would hold the rendezvous port and
+    fail every later test. Stop what is left, by the process groups the runs recorded."""
+    yield
+    for pidfile in (hosts[1] / "runs").glob("*/*/torchrun.pid"):
+        pgid = int(pidfile.read_text())
+        if alive(pgid):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
 
 
 def start(inventory: Path, cwd: Path, *args: str, preexec_fn=None) -> subprocess.Popen:
