@@ -443,6 +443,7 @@ def _plan_step(step: Step, nodes: list[Node], plans: dict[str, HostPlan],
                on_event: Callable[[str, str], None]) -> None:
     from pyinfra.api.connect import connect_all, disconnect_all
     from pyinfra.api.deploy import add_deploy
+    from pyinfra.api.exceptions import PyinfraError
 
     targets = _targets(step, nodes, plans)
     if not targets:
@@ -452,8 +453,6 @@ def _plan_step(step: Step, nodes: list[Node], plans: dict[str, HostPlan],
     collector = _Collector(results, step.name, on_event)
     state.add_callback_handler(collector)
     try:
-        from pyinfra.api.exceptions import PyinfraError
-
         with contextlib.suppress(PyinfraError):  # "No hosts remaining!": each is marked below
             connect_all(state)
         collector.settle_connections(state)

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 from pyinfra.api import FactBase
 
+from provision.facts.dpkg import LIST_COMMAND, installed_package
+
 # dpkg and apt take fcntl (POSIX) locks on these files; flock(1) cannot see those, so the
 # probe looks the files' inodes up in /proc/locks instead.
 APT_LOCKS = ("/var/lib/dpkg/lock-frontend", "/var/lib/dpkg/lock", "/var/lib/apt/lists/lock")
@@ -190,7 +192,7 @@ class AptHolds(FactBase):
 
     def command(self) -> str:
         return (
-            "dpkg-query -W -f='pkg ${Package} ${Version} ${db:Status-Abbrev}\\n' 2>/dev/null; "
+            f"{LIST_COMMAND}; "
             "apt-mark showhold 2>/dev/null | sed 's/^/hold /'"
         )
 
@@ -203,10 +205,9 @@ def parse_holds(lines: list[str]) -> tuple[dict[str, str], set[str]]:
     held: set[str] = set()
     for line in lines:
         parts = line.split()
-        # Status abbreviation: desired state then status; "ii" installed, "hi" installed and
-        # held. The second letter says installed, whatever the first one wants.
-        if len(parts) >= 4 and parts[0] == "pkg" and parts[3][1:2] == "i":
-            installed[parts[1]] = parts[2]
+        found = installed_package(line)
+        if found:
+            installed[found[0]] = found[1]
         elif len(parts) == 2 and parts[0] == "hold":
             held.add(parts[1])
     return installed, held

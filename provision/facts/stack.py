@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 from pyinfra.api import FactBase
 
+from provision.facts.dpkg import LIST_COMMAND, installed_package
+
 # dpkg names whose versions status reports; the driver's own packages vary by branch and
 # by who packaged them (NVIDIA's repository or Canonical's), so match by prefix.
 PACKAGE_PATTERN = r"^(nvidia-|libnvidia-|cuda-|libnccl|datacenter-gpu-manager)"
@@ -72,9 +74,9 @@ def parse_stack(lines: list[str]) -> InstalledStack:
     mounts = []
     for line in lines:
         if line.startswith("pkg "):
-            parts = line.split()
-            if len(parts) >= 4 and parts[3][1:2] == "i":  # installed ("ii", or "hi" when held)
-                packages[parts[1]] = parts[2]
+            found = installed_package(line)
+            if found:
+                packages[found[0]] = found[1]
         elif line.startswith("mount "):
             _, path, mounted, healthy, fstype = (line.split() + ["-"] * 5)[:5]
             mounts.append(MountState(path, mounted == "yes", healthy == "yes", None if fstype == "-" else fstype))
@@ -103,8 +105,7 @@ def stack_command(venv_path: str, mount_points: list[str]) -> str:
         "echo \"loaded_driver=$(cat /sys/module/nvidia/version 2>/dev/null)\"",
         "echo \"nvidia_gpus=$(lspci -nn 2>/dev/null | grep -cE '\\[03(00|02)\\]: .*\\[10de:')\"",
         "echo \"nvswitches=$(lspci -nn 2>/dev/null | grep -cE '\\[0680\\]: .*\\[10de:')\"",
-        "dpkg-query -W -f='pkg ${Package} ${Version} ${db:Status-Abbrev}\\n' 2>/dev/null"
-        f" | awk '$2 ~ /{PACKAGE_PATTERN}/'",
+        f"{LIST_COMMAND} | awk '$2 ~ /{PACKAGE_PATTERN}/'",
         f"if [ -x {python} ]; then {python} -c {shlex.quote(_VENV_PROBE)} 2>/dev/null; fi",
         "if [ -f /var/run/reboot-required ]; then echo reboot_required=yes; else echo reboot_required=no; fi",
         # stat first: on an automount point it triggers the mount; a dead server times out.

@@ -13,20 +13,22 @@ def state_with(connected: dict[str, bool]):
     return SimpleNamespace(inventory=SimpleNamespace(get_host=hosts.__getitem__)), hosts
 
 
-def test_host_that_reconnected_after_early_errors_stays_reachable():
-    results = {"node1": HostResult("node1")}
-    collector = _Collector(results, "reboot", lambda host, text: None)
-    state, hosts = state_with({"node1": True})
-    collector.host_connect_error(state, hosts["node1"], "Error reading SSH protocol banner")
+def settled(name: str, step: str, connected: bool, error: str) -> HostResult:
+    """A host's row after one connection error and pyinfra's final connected state."""
+    results = {name: HostResult(name)}
+    collector = _Collector(results, step, lambda host, text: None)
+    state, hosts = state_with({name: connected})
+    collector.host_connect_error(state, hosts[name], error)
     collector.settle_connections(state)
-    assert results["node1"].reachable and results["node1"].failures == []
+    return results[name]
+
+
+def test_host_that_reconnected_after_early_errors_stays_reachable():
+    row = settled("node1", "reboot", True, "Error reading SSH protocol banner")
+    assert row.reachable and row.failures == []
 
 
 def test_host_never_connected_is_unreachable_with_the_last_error():
-    results = {"node2": HostResult("node2")}
-    collector = _Collector(results, "base", lambda host, text: None)
-    state, hosts = state_with({"node2": False})
-    collector.host_connect_error(state, hosts["node2"], "Connection refused")
-    collector.settle_connections(state)
-    assert not results["node2"].reachable
-    assert results["node2"].failures == ["base: unreachable: Connection refused"]
+    row = settled("node2", "base", False, "Connection refused")
+    assert not row.reachable
+    assert row.failures == ["base: unreachable: Connection refused"]
