@@ -31,7 +31,7 @@ def gather_status(cluster: Cluster, on_event: Callable[[str, str], None] = lambd
         wanted: dict[str, tuple[type, dict[str, Any]]] = {"os": (Os, {}), "stack": (StackFact, stack_args)}
         result = gather_facts(nodes, wanted, on_event=on_event)
         found.update(result.facts)
-        unreachable.update(result.unreachable)
+        unreachable.update(result.failed)
     for node in cluster.nodes:
         facts = found.get(node.name)
         if facts is None:

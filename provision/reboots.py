@@ -116,6 +116,11 @@ def reboot_where_needed(
     if not alive:
         return
     facts = runner.gather_facts(alive, {"probe": (RebootProbe, {}), "gpus": (NvidiaDevices, {})})
+    # A host that cannot be asked whether it needs a reboot has not converged: it fails here
+    # rather than passing as "no reboot needed".
+    for name, why in facts.failed.items():
+        results[name].failures.append(f"reboot check: {why}")
+    alive = [n for n in alive if n.name in facts.facts]
     probes = {h: v["probe"] for h, v in facts.facts.items()}
     gpus = {h: v["gpus"] for h, v in facts.facts.items()}
     decision = plan(alive, probes, gpus, changed, controller_machine_id())
@@ -141,7 +146,7 @@ def verify_driver(nodes: list[Node], results: dict[str, runner.HostResult]) -> N
         settings = node.settings
         pinned = settings.nvidia_driver_version or f"{settings.nvidia_driver_branch}.*"
         if probe is None:
-            results[node.name].failures.append(f"reboot: {facts.unreachable.get(node.name, 'no answer')}")
+            results[node.name].failures.append(f"reboot: {facts.failed.get(node.name, 'no answer')}")
         elif not probe.smi_version:
             results[node.name].failures.append(
                 f"reboot: nvidia-smi does not answer after the reboot (driver {pinned} expected)")

@@ -312,8 +312,8 @@ def run_steps(
 class FactsResult:
     """Facts gathered from each host; hosts that could not be reached carry the reason."""
 
-    facts: dict[str, dict[str, Any]]  # host -> fact name -> processed value
-    unreachable: dict[str, str]  # host -> why
+    facts: dict[str, dict[str, Any]]  # host -> fact name -> processed value (every fact answered)
+    failed: dict[str, str]  # host -> why it has no facts: unreachable, or a fact that failed
 
 
 def gather_facts(
@@ -321,7 +321,11 @@ def gather_facts(
     wanted: dict[str, tuple[type, dict[str, Any]]],
     on_event: Callable[[str, str], None] = lambda host, text: None,
 ) -> FactsResult:
-    """Gather pyinfra facts (name -> (FactClass, kwargs)) from every node in parallel."""
+    """Gather pyinfra facts (name -> (FactClass, kwargs)) from every node in parallel.
+
+    A host either answers every fact or lands in `failed` with the reason; one host's
+    failure (a dropped connection, a missing command) never costs the others their facts.
+    """
     import gevent
     from pyinfra.api.connect import connect_all, disconnect_all
     from pyinfra.api.exceptions import PyinfraError
@@ -332,12 +336,24 @@ def gather_facts(
     collector = _Collector(results, "connect", on_event)
     state.add_callback_handler(collector)
     out: dict[str, dict[str, Any]] = {}
+    fact_errors: dict[str, str] = {}
 
     def one(host: Any) -> None:
         values = {}
         for name, (fact, kwargs) in wanted.items():
             on_event(host.name, f"fact {name}")
-            values[name] = host.get_fact(fact, **kwargs)
+            try:
+                values[name] = host.get_fact(fact, **kwargs)
+            except Exception as e:  # noqa: BLE001 -- any error is this host's alone
+                fact_errors[host.name] = f"fact {name}: {type(e).__name__}: {e}".rstrip(": ")
+                on_event(host.name, "failed")
+                return
+            # pyinfra answers a failed fact command with the fact's default (None) and
+            # drops the host from the run; a half-gathered host is reported, not summarised.
+            if values[name] is None or host not in state.active_hosts:
+                fact_errors[host.name] = f"fact {name}: the command failed on the host"
+                on_event(host.name, "failed")
+                return
         out[host.name] = values
         on_event(host.name, "done")
 
@@ -349,12 +365,14 @@ def gather_facts(
                 collector.settle_connections(state)
                 return _unreachable_only(results)  # "No hosts remaining!": none answered
             collector.settle_connections(state)
-            greenlets = [state.pool.spawn(one, h) for h in state.active_hosts]
-            gevent.joinall(greenlets, raise_error=True)
+            greenlets = [state.pool.spawn(one, h) for h in list(state.active_hosts)]
+            gevent.joinall(greenlets)
         finally:
             disconnect_all(state)
     result = _unreachable_only(results)
     result.facts.update(out)
+    for name, why in fact_errors.items():
+        result.failed.setdefault(name, why)
     return result
 
 

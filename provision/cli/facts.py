@@ -32,13 +32,13 @@ def facts(
     cluster = inventory_lib.load(inventory)
     with host_progress([n.name for n in cluster.nodes], enabled=not as_json) as progress:
         result = gather_facts(list(cluster.nodes), HOST_FACTS, on_event=progress)
-    hosts = [summarize(n.name, result.facts.get(n.name), result.unreachable.get(n.name))
+    hosts = [summarize(n.name, result.facts.get(n.name), result.failed.get(n.name))
              for n in cluster.nodes]
     if as_json:
         print_json({"schema": "provision.facts/1", "hosts": [asdict(h) for h in hosts]})
     else:
         _print_tables(hosts)
-    if result.unreachable:
+    if result.failed:
         raise typer.Exit(EXIT_FAILED)
 
 
@@ -48,7 +48,7 @@ def _print_tables(hosts: list) -> None:
         table.add_column(column)
     for h in hosts:
         if not h.reachable:
-            table.add_row(h.name, f"[red]unreachable: {h.error}[/]", "", "", "", "")
+            table.add_row(h.name, f"[red]no facts: {h.error}[/]", "", "", "", "")
             continue
         nics = "\n".join(f"{n['name']} {','.join(n['addresses']) or '-'} "
                          f"{n['speed_mbps'] or '?'}" for n in h.nics)

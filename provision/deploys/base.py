@@ -22,7 +22,7 @@ from provision.deploys.packages import BASE_PACKAGES, UNATTENDED_BLACKLIST
 from provision.deploys.probes import DpkgInterrupted, HostKeys
 from provision.inventory import Cluster, Node
 from provision.resources import templates_dir
-from provision.runner import Step, current_cluster, current_node, note
+from provision.runner import Step, current_cluster, current_node, note, secret_upload
 
 SYSCTL_FILE = "/etc/sysctl.d/90-provision-network.conf"
 LIMITS_FILE = "/etc/security/limits.d/90-provision.conf"
@@ -145,7 +145,8 @@ def training_user() -> None:
     server.user(name=f"training user {user}", user=user, uid=uid, group=user, home=home,
                 shell="/bin/bash", create_home=True)
     files.directory(name=f"{home}/.ssh", path=f"{home}/.ssh", user=user, group=user, mode="700")
-    files.put(name="training user: private key", src=str(key), dest=f"{home}/.ssh/id_ed25519",
+    # secret_upload: `provision plan` would otherwise print the private key as a diff.
+    files.put(name="training user: private key", src=str(key), dest=secret_upload(f"{home}/.ssh/id_ed25519"),
               user=user, group=user, mode="600")
     files.put(name="training user: authorized key", src=StringIO(public + "\n"),
               dest=f"{home}/.ssh/authorized_keys", user=user, group=user, mode="600")

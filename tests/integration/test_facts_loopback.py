@@ -105,8 +105,38 @@ def test_a_rewritten_known_hosts_file_is_read_again_in_the_same_process(sshd, tm
     inv = write_inventory(tmp_path / "inv.py", [("local", dict(sshd.host_data(), ssh_known_hosts_file=str(known)))])
     wanted = {"hostname": (Hostname, {})}
     before = runner.gather_facts(list(inventory.load(inv).nodes), wanted)
-    assert "local" in before.unreachable
+    assert "local" in before.failed
     known.write_text(sshd.known_hosts.read_text())
     after = runner.gather_facts(list(inventory.load(inv).nodes), wanted)
-    assert after.unreachable == {}
+    assert after.failed == {}
     assert after.facts["local"]["hostname"] == subprocess.check_output(["hostname"], text=True).strip()
+
+
+def test_a_fact_failing_on_one_host_leaves_the_others_their_facts(sshd, tmp_path):
+    # A host that answers SSH but fails a fact (a missing tool, a dropped connection) is
+    # reported as failed; the other host still gets every fact. Both hosts are this sshd;
+    # host data's _env makes the stand-in fact's command fail on "broken" only.
+    from pyinfra.api import FactBase
+    from pyinfra.facts.server import Hostname
+
+    from provision import inventory, runner
+
+    class TestStandInFailsWhenAsked(FactBase):
+        def command(self) -> str:
+            return 'test -z "$PROVISION_TEST_FAIL" && echo fine'
+
+        def process(self, output):
+            return output[0]
+
+    # The second host reaches the same sshd as "localhost" (every host needs its own address).
+    known = tmp_path / "known_hosts"
+    lines = sshd.known_hosts.read_text()
+    known.write_text(lines + lines.replace("127.0.0.1", "localhost"))
+    broken = dict(sshd.host_data(), ssh_hostname="localhost", ssh_known_hosts_file=str(known),
+                  cluster_address="127.0.0.2", _env={"PROVISION_TEST_FAIL": "1"})
+    inv = write_inventory(tmp_path / "inv.py", [("local", sshd.host_data()), ("broken", broken)])
+    wanted = {"hostname": (Hostname, {}), "probe": (TestStandInFailsWhenAsked, {})}
+    result = runner.gather_facts(list(inventory.load(inv).nodes), wanted)
+    assert result.facts["local"]["probe"] == "fine"
+    assert "broken" not in result.facts
+    assert result.failed["broken"].startswith("fact probe")

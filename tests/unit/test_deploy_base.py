@@ -60,6 +60,9 @@ def test_training_user_key_is_generated_once_and_shared(state_dir: Path) -> None
     ops, _ = runner.plan_with_facts(base.step, cluster().nodes[1], FakeHost(Os=os_info("debian-12-bookworm")),
                                     cluster())
     assert f"upload {first} -> /home/train/.ssh/id_ed25519" in by_name(ops)["training user: private key"].commands
+    # The plan shows that the key is uploaded, never the key itself.
+    everything = "\n".join(c for o in ops for c in (*o.commands, *o.diffs))
+    assert "PRIVATE KEY" not in everything and first.read_text().splitlines()[1] not in everything
     # The pinned uid/gid (training_uid), group first: NFS files carry numeric ids.
     assert by_name(ops)["training group train"].commands == ["groupadd train --gid 2000"]
     assert by_name(ops)["training user train"].commands[0] == (
