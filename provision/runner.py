@@ -250,6 +250,12 @@ def run_step(
             except PyinfraError as e:  # an operation rejected its facts or arguments while prepared
                 results[host.name].failures.append(f"{step.name}: {type(e).__name__}: {e}")
                 state.fail_hosts({host})
+            except Exception as e:  # noqa: BLE001
+                # Anything else raised while preparing this host's operations (a controller
+                # file that cannot be written, a fact shape a deploy did not expect) is this
+                # host's failure: the other hosts go on, and the summary names the error.
+                results[host.name].failures.append(f"{step.name}: internal error: {type(e).__name__}: {e}")
+                state.fail_hosts({host})
         if state.active_hosts:
             run_ops(state, no_wait=True)
     except PyinfraError as e:
