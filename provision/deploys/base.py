@@ -23,6 +23,7 @@ from provision.deploys.probes import DpkgInterrupted, HostKeys
 from provision.inventory import Cluster, Node
 from provision.resources import templates_dir
 from provision.runner import Step, current_cluster, current_node, note, secret_upload
+from provision.settings import Settings
 
 SYSCTL_FILE = "/etc/sysctl.d/90-provision-network.conf"
 LIMITS_FILE = "/etc/security/limits.d/90-provision.conf"
@@ -132,6 +133,16 @@ def cluster_names() -> None:
                 content=hosts_block(list(cluster.nodes)), marker=HOSTS_MARKER)
 
 
+def training_account(settings: Settings) -> None:
+    """The training user and its group, with the pinned uid/gid. The one place that makes
+    the account: the nfs step calls it too, so `up --only nfs` on a fresh host gives the
+    same ids (NFS maps owners by number; preflight refuses an account with other ids)."""
+    user, uid = settings.training_user, settings.training_uid
+    server.group(name=f"training group {user}", group=user, gid=uid)
+    server.user(name=f"training user {user}", user=user, uid=uid, group=user, home=f"/home/{user}",
+                shell="/bin/bash", create_home=True)
+
+
 def training_user() -> None:
     node = current_node()
     cluster = current_cluster()
@@ -139,11 +150,7 @@ def training_user() -> None:
     home = f"/home/{user}"
     key = training_key(cluster, user)
     public = Path(f"{key}.pub").read_text().strip()
-    # The same uid/gid on every node (preflight refuses an existing account with another).
-    uid = node.settings.training_uid
-    server.group(name=f"training group {user}", group=user, gid=uid)
-    server.user(name=f"training user {user}", user=user, uid=uid, group=user, home=home,
-                shell="/bin/bash", create_home=True)
+    training_account(node.settings)
     files.directory(name=f"{home}/.ssh", path=f"{home}/.ssh", user=user, group=user, mode="700")
     # secret_upload: `provision plan` would otherwise print the private key as a diff.
     files.put(name="training user: private key", src=str(key), dest=secret_upload(f"{home}/.ssh/id_ed25519"),

@@ -11,9 +11,9 @@ silently lost), and ``_netdev,nofail,x-systemd.automount``: the mount happens on
 access, so a node boots and works while the server is down, and the share appears when
 the server is back. Both sides use cluster addresses.
 
-The shared directories belong to the training user (created here if the base step has
-not, so this step stands alone). NFS maps owners by number: the user must have the same
-uid on every node, which holds when the base step creates it in the same order everywhere.
+The shared directories belong to the training user (created here, with base's pinned
+uid/gid, if the base step has not run, so this step stands alone). NFS maps owners by
+number, so the account has the same ids on every node.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from pyinfra.api import deploy
 from pyinfra.facts.server import Mounts
 from pyinfra.operations import files, server, systemd
 
+from provision.deploys.base import training_account
 from provision.deploys.volumes import install
 from provision.inventory import Cluster, Node
 from provision.resources import render_template
@@ -100,12 +101,6 @@ def server_address(cluster: Cluster) -> str | None:
     return storage.cluster_address if storage else None
 
 
-def _training_user(settings: Settings) -> None:
-    user = settings.training_user
-    server.user(name=f"training user {user}", user=user, home=f"/home/{user}", shell="/bin/bash",
-                create_home=True)
-
-
 def _mount_now(path: str) -> None:
     if path not in (host.get_fact(Mounts) or {}):
         server.shell(name=f"Mount {path}", commands=[f"mount {shlex.quote(path)}"])
@@ -114,7 +109,7 @@ def _mount_now(path: str) -> None:
 def nfs_server(settings: Settings) -> None:
     """Export the shares to the cluster network and bind them at nfs_mount_root."""
     install("Install nfs-kernel-server", ["nfs-kernel-server"])
-    _training_user(settings)
+    training_account(settings)
     user = settings.training_user
     for path in export_paths(settings):
         files.directory(name=f"Share {path}", path=path, user=user, group=user, mode="2775")
@@ -138,7 +133,7 @@ def nfs_server(settings: Settings) -> None:
 def nfs_client(settings: Settings, address: str) -> None:
     """Mount every share from the server on first access (systemd automount)."""
     install("Install nfs-common", ["nfs-common"])
-    _training_user(settings)
+    training_account(settings)
     changes = []
     for share, path in zip(settings.nfs_exports, mount_paths(settings), strict=True):
         files.directory(name=f"Mount point {path}", path=path)
