@@ -7,31 +7,41 @@ Run: .venv/bin/python benchmarks/up_overhead.py
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 from up_common import FreshTestbed, verdict
 
-from provision import inventory, remote
+from provision import inventory
 from provision.deploys.frameworks import REMOTE_WHEELHOUSE
 from provision.deploys.packages import BASE_PACKAGES
 
 
 def by_hand(tb: FreshTestbed) -> float:
+    """The same work as a person would type it: scp the wheels, then apt and pip over ssh.
+    (OpenSSH's own clients, not fabric: this process has pyinfra's gevent patching, under
+    which a fabric SFTP upload hung here.)"""
     node = inventory.load(tb.tb.inventory_path).nodes[0]
-    conn = remote.connection(node)
+    ssh = node.ssh
+    opts = ["-o", "BatchMode=yes", "-o", f"UserKnownHostsFile={ssh.known_hosts}", "-i", str(ssh.key)]
+    target = f"{ssh.user}@{ssh.hostname}"
+
+    def remote(command: str) -> None:
+        subprocess.run(["ssh", *opts, "-p", str(ssh.port), target, command], check=True,
+                       stdout=subprocess.DEVNULL, timeout=3600)
+
+    wheels = sorted(str(w) for w in Path(str(node.settings.wheelhouse)).glob("*.whl"))
     start = time.monotonic()
-    conn.run(f"mkdir -p {REMOTE_WHEELHOUSE}", hide=True)
-    for wheel in sorted(Path(str(node.settings.wheelhouse)).glob("*.whl")):
-        conn.put(str(wheel), f"{REMOTE_WHEELHOUSE}/{wheel.name}")
-    conn.run("apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "
-             + " ".join(BASE_PACKAGES), hide=True)
-    conn.run(f"python3 -m venv /opt/provision/venv && /opt/provision/venv/bin/pip install -q --no-index "
-             f"--find-links {REMOTE_WHEELHOUSE} torch==2.13.0 numpy nvidia-ml-py", hide=True)
-    seconds = time.monotonic() - start
-    conn.close()
-    return seconds
+    remote(f"mkdir -p {REMOTE_WHEELHOUSE}")
+    subprocess.run(["scp", "-q", *opts, "-P", str(ssh.port), *wheels, f"{target}:{REMOTE_WHEELHOUSE}/"],
+                   check=True, timeout=3600)
+    remote("apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "
+           + " ".join(BASE_PACKAGES))
+    remote(f"python3 -m venv /opt/provision/venv && /opt/provision/venv/bin/pip install -q --no-index "
+           f"--find-links {REMOTE_WHEELHOUSE} torch==2.13.0 numpy nvidia-ml-py")
+    return time.monotonic() - start
 
 
 def main() -> int:
