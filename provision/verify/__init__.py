@@ -18,6 +18,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from provision.errors import ProvisionError
 from provision.inventory import Cluster
 from provision.remote import ssh_config
 
@@ -53,6 +54,11 @@ def _storage_name(cluster: Cluster) -> str | None:
 def run(cluster: Cluster, workdir: str | None = None, extra: list[str] | None = None,
         timeout_s: int = 1800) -> VerifyResult:
     """Run the suite against every host; returns pytest's exit code and its output."""
+    import importlib.util
+
+    if importlib.util.find_spec("testinfra") is None:  # a hand-trimmed install: say so, not "No module"
+        raise ProvisionError("provision verify needs pytest-testinfra on this controller: "
+                             "pip install 'pytest-testinfra>=10' (a normal install of provision brings it)")
     work = Path(workdir or tempfile.mkdtemp(prefix="provision-verify-"))
     work.mkdir(parents=True, exist_ok=True)
     (work / "ssh_config").write_text(ssh_config(cluster.nodes))
