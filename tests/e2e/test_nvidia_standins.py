@@ -57,11 +57,17 @@ def standin_inventory(testbed, tmp_path_factory):
 def first_and_second(standin_inventory):
     cluster = inventory.load(standin_inventory)
     boots = {n.name: remote.run(n, BOOT_ID).stdout.strip() for n in cluster.nodes}
-    first = pipeline.up(cluster, pipeline.select(only="nvidia"))
+    reboots: dict[str, int] = {}  # host -> times the reboot operation started on it
+
+    def count(host: str, text: str) -> None:
+        if text.startswith("reboot: ") and text.endswith("reboot and wait for SSH"):
+            reboots[host] = reboots.get(host, 0) + 1
+
+    first = pipeline.up(cluster, pipeline.select(only="nvidia"), on_event=count)
     boots_after = {n.name: remote.run(n, BOOT_ID).stdout.strip() for n in cluster.nodes}
     second = pipeline.up(cluster, pipeline.select(only="nvidia"))
     boots_final = {n.name: remote.run(n, BOOT_ID).stdout.strip() for n in cluster.nodes}
-    return cluster, first, second, (boots, boots_after, boots_final)
+    return cluster, first, second, (boots, boots_after, boots_final), reboots
 
 
 def sh(node, command: str) -> str:
@@ -71,15 +77,16 @@ def sh(node, command: str) -> str:
 
 
 def test_first_run_succeeds_and_reboots_every_host_once(first_and_second) -> None:
-    _, first, _, (before, after, _) = first_and_second
+    _, first, _, (before, after, _), reboots = first_and_second
     assert first.exit_code == 0, first.as_json()
     for name, host in first.hosts.items():
         assert host.rebooted is True
         assert before[name] != after[name]  # the kernel's boot id changed: it did reboot
+    assert reboots == {name: 1 for name in first.hosts}  # exactly one reboot per host
 
 
 def test_second_run_changes_nothing_and_reboots_nothing(first_and_second) -> None:
-    _, _, second, (_, after, final) = first_and_second
+    _, _, second, (_, after, final), _ = first_and_second
     assert second.exit_code == 0, second.as_json()
     for name, host in second.hosts.items():
         assert host.changed == 0 and host.rebooted is False

@@ -1,6 +1,6 @@
 """Failure drill: a VM dies (SIGKILL) while `provision up` runs. The other host
 finishes, the run exits 1 and names the dead host; after the VM is started again, a
-re-run converges."""
+re-run converges, and the run after it changes nothing."""
 
 from __future__ import annotations
 
@@ -39,3 +39,7 @@ def test_killed_vm_fails_alone_and_rerun_converges(provisioned, testbed) -> None
     testbed.testbed.start_node(VICTIM)
     again = pipeline.up(inventory.load(testbed.inventory_path), pipeline.select(only="base,frameworks"))
     assert again.exit_code == 0, again.as_json()
+    # Converged: one more run finds nothing left to change on any host.
+    settled = pipeline.up(inventory.load(testbed.inventory_path), pipeline.select(only="base,frameworks"))
+    assert settled.exit_code == 0, settled.as_json()
+    assert {name: h.changed for name, h in settled.hosts.items()} == {name: 0 for name in settled.hosts}
