@@ -153,9 +153,42 @@ def _check_layers(inv: Any, host: Any, inventory_path: Path, problems: list[Prob
         where = f"{source}" if source.is_file() else f"{inventory_path}: group {group}"
         layers.append((where, data))
     for where, data in layers:
-        for problem in parse_settings(data, where)[1]:
+        for problem in parse_settings(data, where)[1] + pyinfra_key_problems(data, where):
             if problem not in problems:
                 problems.append(problem)
+
+
+# Values of ssh_strict_host_key_checking that provision honours the same way in pyinfra
+# (up, plan, facts) and in fabric/OpenSSH (validate, train, backup, verify). pyinfra's
+# "ask" needs a terminal per host, which a parallel run cannot give.
+HOST_KEY_POLICIES = ("yes", "accept-new", "no", "off")
+
+
+def pyinfra_key_problems(data: dict[str, Any], where: str) -> list[Problem]:
+    """pyinfra's own keys (``ssh_*`` connection data, ``_*`` global arguments) pass through
+    to pyinfra untyped, so a typo would silently fall back to a default (a mistyped
+    ``ssh_hostnme`` connects to the host's name). Check names against pyinfra's lists and
+    the values provision itself reads."""
+    import difflib
+
+    from pyinfra.api.arguments import all_argument_meta
+    from pyinfra.connectors.ssh import connector_data_meta
+
+    known = {*connector_data_meta, *all_argument_meta}
+    problems = []
+    for key, value in data.items():
+        if not is_pyinfra_key(key) or key in {"winrm_username", "winrm_password"}:
+            continue
+        if key not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=1)
+            hint = f"did you mean {close[0]}?" if close else "see pyinfra's connector and global arguments"
+            problems.append(Problem(f"{where}: key {key}", "unknown pyinfra key", hint))
+        elif key in ("ssh_hostname", "ssh_user", "ssh_key", "ssh_known_hosts_file") and not isinstance(value, str):
+            problems.append(Problem(f"{where}: key {key}", f"{value!r} is not a string"))
+        elif key == "ssh_strict_host_key_checking" and value not in HOST_KEY_POLICIES:
+            problems.append(Problem(f"{where}: key {key}", f"{value!r} is not one of {', '.join(HOST_KEY_POLICIES)}",
+                                    "'yes' (the default) refuses unknown and changed host keys"))
+    return problems
 
 
 def _ssh_target(name: str, data: dict[str, Any], where: str, problems: list[Problem]) -> SshTarget:

@@ -53,13 +53,32 @@ def connection(target: SshTarget | Node, connect_timeout: int = CONNECT_TIMEOUT_
     known_hosts = ssh.known_hosts or os.path.expanduser("~/.ssh/known_hosts")
     if os.path.isfile(known_hosts):
         conn.client.load_host_keys(known_hosts)
-    policy = (
-        paramiko.RejectPolicy()
-        if ssh.strict_host_key_checking in ("yes", "true", "True")
-        else paramiko.AutoAddPolicy()
-    )
+    # The inventory allows yes, accept-new, no and off (checked when it loads). A changed
+    # key of a host in known_hosts is refused under every policy: paramiko checks loaded
+    # keys before it asks the policy, which is only consulted for a host it has never seen.
+    policy: Any  # a paramiko MissingHostKeyPolicy (paramiko is imported lazily, see cli/__init__)
+    if ssh.strict_host_key_checking == "yes":
+        policy = paramiko.RejectPolicy()
+    elif ssh.strict_host_key_checking == "accept-new":
+        policy = _AcceptNewPolicy(known_hosts)
+    else:
+        policy = paramiko.AutoAddPolicy()
     conn.client.set_missing_host_key_policy(policy)
     return conn
+
+
+class _AcceptNewPolicy:
+    """OpenSSH's StrictHostKeyChecking=accept-new for paramiko: a host never seen is trusted
+    and its key saved to known_hosts, so the next connection pins it."""
+
+    def __init__(self, known_hosts: str):
+        self.known_hosts = known_hosts
+
+    def missing_host_key(self, client: Any, hostname: str, key: Any) -> None:
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        os.makedirs(os.path.dirname(self.known_hosts) or ".", exist_ok=True)
+        with open(self.known_hosts, "a") as f:
+            f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
 
 
 @dataclass(frozen=True)
@@ -138,8 +157,7 @@ def ssh_config(nodes: Iterable[Node]) -> str:
     for node in nodes:
         ssh = node.ssh
         known_hosts = ssh.known_hosts or os.path.expanduser("~/.ssh/known_hosts")
-        strict = "yes" if ssh.strict_host_key_checking in ("yes", "true", "True") else (
-            "accept-new" if ssh.strict_host_key_checking == "accept-new" else "no")
+        strict = ssh.strict_host_key_checking if ssh.strict_host_key_checking in ("yes", "accept-new") else "no"
         lines = [f"Host {node.name}", f"  HostName {ssh.hostname}", f"  Port {ssh.port}",
                  f"  UserKnownHostsFile {known_hosts}", f"  StrictHostKeyChecking {strict}",
                  "  BatchMode yes", f"  ConnectTimeout {CONNECT_TIMEOUT_S}"]

@@ -140,3 +140,26 @@ def test_a_fact_failing_on_one_host_leaves_the_others_their_facts(sshd, tmp_path
     assert result.facts["local"]["probe"] == "fine"
     assert "broken" not in result.facts
     assert result.failed["broken"].startswith("fact probe")
+
+
+def test_accept_new_trusts_a_new_host_once_and_refuses_a_changed_key(sshd, tmp_path):
+    # StrictHostKeyChecking=accept-new, as OpenSSH means it, for the fabric side (validate,
+    # train, backup): the first key is saved and pinned; a different key later is refused.
+    from provision import inventory, remote
+
+    known = tmp_path / "known_hosts"
+    inv = write_inventory(tmp_path / "inv.py", [("local", dict(
+        sshd.host_data(), ssh_known_hosts_file=str(known), ssh_strict_host_key_checking="accept-new"))])
+    node = inventory.load(inv).node("local")
+    assert remote.run(node, "echo first").stdout.strip() == "first"
+    saved = known.read_text()
+    name, key_type, _ = saved.split()[:3]
+    assert name == f"[127.0.0.1]:{sshd.port}"
+    assert remote.run(node, "echo again").stdout.strip() == "again" and known.read_text() == saved
+    # Another key of the same type for the same host: a man in the middle, or a reinstalled server.
+    kind = {"ssh-ed25519": "ed25519", "ecdsa-sha2-nistp256": "ecdsa", "ssh-rsa": "rsa"}[key_type]
+    subprocess.run(["ssh-keygen", "-q", "-t", kind, "-N", "", "-f", str(tmp_path / "forged")], check=True)
+    forged = (tmp_path / "forged.pub").read_text().split()[1]
+    known.write_text(f"{name} {key_type} {forged}\n")
+    refused = remote.run(node, "echo should-not-run")
+    assert refused.exited == -1 and "should-not-run" not in refused.stdout
