@@ -101,11 +101,12 @@ def held(explicit: list[str], branch: str):
 def fabricmanager(package: str, driver_package: str, version: str | None):
     """Install fabric manager at exactly the driver's version (it refuses to run otherwise).
 
-    Without an exact version setting, the driver's version is read at execution time,
-    after the driver was installed, from the installed metapackage.
+    ``version`` is the exact apt version when known up front; otherwise the driver's
+    version is read at execution time, after the driver was installed, from the
+    installed metapackage.
     """
     installed, _ = host.get_fact(AptHolds)
-    want = pkgs.apt_version(version) if version else installed.get(driver_package)
+    want = version or installed.get(driver_package)
     if want is None:
         if host.state.is_executing:  # the driver step ran before this, so this is a real error
             yield (f"echo 'fabric manager: no installed version of {driver_package} to match' >&2; exit 1")
@@ -147,6 +148,13 @@ def kernel_side(settings: Settings, os_info: OsInfo) -> None:
                      no_recommends=True)
 
 
+def extra_packages(settings: Settings) -> list[str]:
+    """The CUDA toolkit, NCCL and container toolkit packages the settings ask for."""
+    toolkit = pkgs.cuda_toolkit_package(settings.cuda_toolkit_version)
+    extras = ([toolkit] if toolkit else []) + (pkgs.nccl_packages() if settings.install_nccl else [])
+    return extras + (["nvidia-container-toolkit"] if settings.install_container_toolkit else [])
+
+
 def driver(settings: Settings, choice: pkgs.DriverChoice, gpus: Gpus) -> list[str]:
     """Install the driver (and fabric manager, toolkit, extras); return the names to hold."""
     apt.packages(name=f"NVIDIA driver {settings.nvidia_driver_branch} "
@@ -154,13 +162,12 @@ def driver(settings: Settings, choice: pkgs.DriverChoice, gpus: Gpus) -> list[st
                  packages=choice.install, extra_install_args="--allow-change-held-packages")
     hold = list(choice.hold)
     if wants_fabricmanager(settings, gpus):
-        arg, name = pkgs.fabricmanager_package(settings.nvidia_driver_branch, settings.nvidia_driver_version)
+        version = settings.nvidia_driver_version
+        arg, name = pkgs.fabricmanager_package(settings.nvidia_driver_branch, version, choice.source)
         fabricmanager(name=f"fabric manager {arg}", package=name, driver_package=choice.hold[0],
-                      version=settings.nvidia_driver_version)
+                      version=pkgs.exact_apt_version(version, choice.source))
         hold.append(name)
-    toolkit = pkgs.cuda_toolkit_package(settings.cuda_toolkit_version)
-    extras = ([toolkit] if toolkit else []) + (pkgs.nccl_packages() if settings.install_nccl else [])
-    extras += ["nvidia-container-toolkit"] if settings.install_container_toolkit else []
+    extras = extra_packages(settings)
     if extras:
         apt.packages(name="CUDA toolkit and extras", packages=extras, no_recommends=True)
     return hold
@@ -198,7 +205,10 @@ def nvidia() -> None:
     probe = host.get_fact(Probe, packages=(signed,) if os_info.id == "ubuntu" else ())
     choice = driver_choice(settings, os_info, gpus, probe.secure_boot.enabled,
                            probe.signed_modules_candidate.get(signed) is not None)
-    if choice.source == "cuda-repo":
+    # The driver comes from NVIDIA's repository, or (Secure Boot on Ubuntu) from Canonical's
+    # signed packages; the CUDA toolkit, NCCL and the container toolkit come only from
+    # NVIDIA's repository, so it is configured whenever one of them is wanted.
+    if choice.source == "cuda-repo" or extra_packages(settings):
         repository(settings, os_info)
     kernel_side(settings, os_info)
     hold = driver(settings, choice, gpus)

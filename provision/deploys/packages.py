@@ -62,6 +62,17 @@ def apt_version(version: str) -> str:
     return version if "-" in version else f"{version}-1"
 
 
+def exact_apt_version(version: str | None, source: DriverSource) -> str | None:
+    """The exact apt version of a driver version setting, or None when it cannot be known
+    before the driver is installed: Canonical's revisions (0ubuntu0.24.04.1) are not NVIDIA's
+    "-1", so a version without its revision names no exact package there."""
+    if not version:
+        return None
+    if source == "cuda-repo":
+        return apt_version(version)
+    return version if "-" in version else None
+
+
 def use_open_modules(setting: str, device_ids: list[str]) -> bool:
     """Open vs proprietary kernel modules. ``auto`` takes open modules when every GPU is
     Turing or newer (the open modules refuse older GPUs), and when there are no GPUs at all
@@ -139,13 +150,19 @@ def secure_boot_advice(os_info: OsInfo, signed_modules_available: bool) -> str:
             f"in the firmware, or {kernel_hint}")
 
 
-def fabricmanager_package(branch: str, version: str | None) -> tuple[str, str]:
+def fabricmanager_package(branch: str, version: str | None, source: DriverSource = "cuda-repo") -> tuple[str, str]:
     """(apt argument, name to hold) for fabric manager, version-matched to the driver.
 
     Fabric manager refuses to start unless its version equals the driver's, so it is
     always pinned: to the exact driver version when one is set, else to the branch
-    (``=<branch>.*`` is an apt version glob).
+    (``=<branch>.*`` is an apt version glob). NVIDIA's repository drops the branch suffix
+    from 580 on; Canonical's archive (the signed ``-server`` drivers) keeps it and has its
+    own revisions, so there an exact version needs the revision written out.
     """
+    if source == "ubuntu-server":
+        name = f"nvidia-fabricmanager-{branch}"
+        pinned = version if version and "-" in version else f"{branch}.*"
+        return f"{name}={pinned}", name
     name = (
         "nvidia-fabricmanager" if int(branch) >= FABRICMANAGER_UNSUFFIXED_FROM
         else f"nvidia-fabricmanager-{branch}"

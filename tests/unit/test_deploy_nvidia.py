@@ -56,11 +56,23 @@ def test_sources_file_is_deb822_with_signed_by() -> None:
 def test_ubuntu_2404_secure_boot_uses_canonical_signed_server_packages() -> None:
     sb = probe(secure_boot=SecureBoot(True, "SecureBoot enabled"),
                signed_modules_candidate={"linux-modules-nvidia-580-server-open-6.8.0-45-generic": "580.95.05-1"})
-    ops = plan("ubuntu-24.04.3-noble", Gpus((H100,), ()), probe=sb)
-    assert "CUDA repository keyring" not in ops
+    ops = plan("ubuntu-24.04.3-noble", Gpus((H100, NVSWITCH), ()), probe=sb)
     assert ops["NVIDIA driver 580 (open modules, ubuntu-server)"].commands == [
         f"{INSTALL} --allow-change-held-packages nvidia-driver-580-server-open "
         "linux-modules-nvidia-580-server-open-6.8.0-45-generic"]
+    # Fabric manager from the same archive as the signed driver (Canonical keeps the branch
+    # suffix), matched at run time to the installed driver's version.
+    assert "fabric manager nvidia-fabricmanager-580=580.*" in ops
+    # The toolkit exists only in NVIDIA's repository, so it is configured for it.
+    assert "CUDA repository (deb822, Signed-By)" in ops
+    assert ops["CUDA toolkit and extras"].commands == [f"{INSTALL} --no-install-recommends cuda-toolkit-12-8"]
+
+
+def test_ubuntu_secure_boot_without_toolkit_or_extras_needs_no_nvidia_repository() -> None:
+    sb = probe(secure_boot=SecureBoot(True, "SecureBoot enabled"),
+               signed_modules_candidate={"linux-modules-nvidia-580-server-open-6.8.0-45-generic": "580.95.05-1"})
+    ops = plan("ubuntu-24.04.3-noble", Gpus((H100,), ()), probe=sb, cuda_toolkit_version=None)
+    assert "CUDA repository keyring" not in ops and "CUDA toolkit and extras" not in ops
 
 
 def test_debian_pascal_host_gets_proprietary_cuda_drivers_pinned_exactly() -> None:
