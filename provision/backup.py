@@ -1,5 +1,5 @@
 """Backups with restic: where things live, the controller's secrets, and the imperative
-commands behind `provision backup run|list|restore` (through provision.remote).
+commands behind `provision backup run|list|restore|check` (through provision.remote).
 
 Which hosts back up: a host with ``backup_paths`` set backs those up; the storage host
 backs up the checkpoints share by default (it holds the data; the other nodes only mount
@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import secrets
 import shlex
 import subprocess
@@ -63,21 +64,77 @@ def cluster_dir(cluster: Cluster) -> Path:
     return path
 
 
+def password_problem(node: Node, cluster: Cluster) -> Problem | None:
+    """What is wrong with this host's backup_password_file, or None (unset, or usable).
+    restic refuses an empty password, so an empty file is as bad as a missing one."""
+    configured = node.settings.backup_password_file
+    if not configured:
+        return None
+    path = Path(configured).expanduser()
+    where = f"{cluster.path}: host {node.name}: key backup_password_file"
+    try:
+        empty = not path.read_bytes().strip()
+    except OSError as e:
+        what = f"{path} does not exist" if not path.exists() else f"{path} cannot be read ({e.strerror})"
+        return Problem(where, what, "create it, or unset the key to generate one")
+    return Problem(where, f"{path} is empty", "restic refuses an empty password") if empty else None
+
+
+def generated_password_file(cluster: Cluster) -> Path:
+    """Where the generated password lives (or would): keyed by the inventory's path."""
+    return cluster_dir(cluster) / "backup-password"
+
+
 def password_file(cluster: Cluster, node: Node) -> Path:
     """The controller file holding the restic password; generated (0600) when not set."""
-    configured = node.settings.backup_password_file
-    if configured:
-        path = Path(configured).expanduser()
-        if not path.is_file():
-            raise InputError(Problem(f"host {node.name}: key backup_password_file",
-                                     f"{path} does not exist", "create it, or unset the key to generate one"))
-        return path
-    path = cluster_dir(cluster) / "backup-password"
+    problem = password_problem(node, cluster)
+    if problem:
+        raise InputError(problem)
+    if node.settings.backup_password_file:
+        return Path(node.settings.backup_password_file).expanduser()
+    path = generated_password_file(cluster)
     if not path.exists():
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(secrets.token_urlsafe(32) + "\n")
     return path
+
+
+def sha1_of(path: Path) -> str:
+    """The digest pyinfra's Sha1File fact reports for the same bytes on a host."""
+    return hashlib.sha1(path.read_bytes()).hexdigest()
+
+
+def password_conflict(node: Node, cluster: Cluster, on_host_sha1: str | None) -> str | None:
+    """Why uploading the controller's password would replace a different one that the host
+    already holds, or None (the host has none yet, or the same one).
+
+    restic encrypts the repository's key with this password, so a host given a new one can
+    no longer open the repository its backups went to: backups, restores and checks all
+    fail. Keying the generated password by something "stable" cannot prevent that (paths,
+    names and addresses all change, and a second controller has no state at all), so the
+    deploy compares with what the host holds and refuses rather than replaces.
+    """
+    if on_host_sha1 is None:
+        return None
+    problem = password_problem(node, cluster)
+    if problem:  # a missing file is that problem, not a different password
+        raise InputError(problem)
+    configured = node.settings.backup_password_file
+    local = Path(configured).expanduser() if configured else generated_password_file(cluster)
+    on_host_sha1 = on_host_sha1.lower()
+    if local.is_file() and sha1_of(local) == on_host_sha1:
+        return None
+    if configured:
+        ours = f"backup_password_file {local}"
+    else:
+        ours = f"the password generated at {local}" if local.exists() else f"a new password for {local}"
+    # The usual cause is a moved or renamed inventory: its old state dir holds the original.
+    found = [p for p in sorted(state_dir().glob("*/backup-password")) if p != local and sha1_of(p) == on_host_sha1]
+    fix = (f"{found[0]} holds the host's password: set backup_password_file = \"{found[0]}\"" if found else
+           "set backup_password_file to the original password file, or to a 0600 copy of the host's")
+    return (f"{node.name}:{PASSWORD_FILE} holds a different restic password than {ours}; replacing it "
+            f"would lock this host out of its backup repository ({fix})")
 
 
 def key_file(cluster: Cluster) -> Path:
@@ -172,6 +229,43 @@ def restore_command(snapshot: str, target: str, hostname: str) -> str:
     and tag filters pick "latest" among this host's snapshots in a shared repository."""
     return (f"{WRAPPER} restore {shlex.quote(snapshot)} --target {shlex.quote(target)} --verify "
             f"--host {shlex.quote(hostname)} --tag provision")
+
+
+# restic's own limits for --read-data-subset. Sizes ("5G") are left out: restic 0.12 on
+# Ubuntu 22.04 does not know them, and the check would fail on the host instead of here.
+_SUBSET_PART = re.compile(r"(\d+)/(\d+)")  # part n of t
+_SUBSET_PERCENT = re.compile(r"(\d+(?:\.\d+)?)%")  # a random share of the packs
+_SUBSET_MAX_PARTS = 256
+
+
+def read_data_subset(value: str) -> str:
+    """Validate restic check's --read-data-subset: "n/t" (1 <= n <= t <= 256) or "x%"
+    (0 < x <= 100). Raises InputError, so bad input stops before any host is contacted."""
+    where = f"--read-data-subset {value}"
+    if part := _SUBSET_PART.fullmatch(value.strip()):
+        if 1 <= int(part[1]) <= int(part[2]) <= _SUBSET_MAX_PARTS:
+            return value.strip()
+        raise InputError(Problem(where, f"n/t needs 1 <= n <= t <= {_SUBSET_MAX_PARTS}", "e.g. 1/5"))
+    if percent := _SUBSET_PERCENT.fullmatch(value.strip()):
+        if 0 < float(percent[1]) <= 100:
+            return value.strip()
+        raise InputError(Problem(where, "a percentage must be above 0% and at most 100%", "e.g. 10%"))
+    raise InputError(Problem(where, "not a subset restic understands",
+                             "give a percentage such as 10% or a part n/t such as 1/5"))
+
+
+def check_command(subset: str | None = None) -> str:
+    """restic check of the host's repository; with a subset, that share of the data is also
+    read back and verified (the structure check alone cannot see rotten pack files)."""
+    command = f"{WRAPPER} check"
+    return f"{command} --read-data-subset {shlex.quote(subset)}" if subset else command
+
+
+def repository_checkers(nodes: list[Node], cluster: Cluster) -> dict[str, str]:
+    """host -> the host that checks its repository: the first of the hosts that share one.
+    restic check locks a repository exclusively, so checking it twice at once would fail."""
+    first: dict[str, str] = {}
+    return {n.name: first.setdefault(repository(n, cluster), n.name) for n in nodes}
 
 
 def checksum_command(root: str) -> str:
@@ -321,3 +415,31 @@ def check(node: Node, snapshot: str, stamp: str) -> Outcome:
         remote.run(node, as_root(node, f"rm -rf --one-file-system {shlex.quote(scratch)}"), timeout=600)
     ok, detail = check_verdict(report)
     return Outcome(node.name, ok, detail, time.monotonic() - start, {"snapshot": snapshot, "check": report})
+
+
+CHECK_TIMEOUT_S = 6 * 3600  # reading data back over SFTP takes hours on a big repository
+
+
+def check_repository(node: Node, subset: str | None = None, timeout_s: float = CHECK_TIMEOUT_S) -> Outcome:
+    """restic check on this host's repository: passes only when restic exits 0."""
+    import time
+
+    from provision import remote
+
+    start = time.monotonic()
+    result = remote.run(node, as_root(node, check_command(subset)), timeout=timeout_s)
+    if not result.ok:
+        return _failed(node, "check failed", result, time.monotonic() - start)
+    read = f", {subset} of the data read back" if subset else ""
+    return Outcome(node.name, True, f"no errors found{read}", time.monotonic() - start,
+                   {"read_data_subset": subset})
+
+
+def shared_outcomes(checkers: dict[str, str], checked: dict[str, Outcome]) -> dict[str, Outcome]:
+    """Every host's result: its own check, or the check of the repository it shares."""
+    out = {}
+    for name, by in checkers.items():
+        own = checked[by]
+        out[name] = own if by == name else Outcome(name, own.ok, f"same repository as {by}: {own.detail}",
+                                                   0.0, {**own.data, "checked_by": by})
+    return out

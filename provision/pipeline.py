@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from provision import reboots, runner
+from provision import backup, reboots, runner
 from provision.deploys import backups, base, frameworks, nfs, nvidia, preflight, volumes
 from provision.errors import InputError, Problem
 from provision.inventory import Cluster
@@ -59,8 +59,26 @@ def check_inputs(cluster: Cluster, steps: list[Step]) -> None:
                 problems.append(Problem(f"{cluster.path}: host {node.name}: key wheelhouse",
                                         f"{house} holds no .whl files",
                                         "build it with pip download/pip wheel, or unset wheelhouse"))
+    if any(s.name == "backups" for s in steps):
+        problems += _backup_problems(cluster)
     if problems:
         raise InputError(problems)
+
+
+def _backup_problems(cluster: Cluster) -> list[Problem]:
+    """The backups step's controller-side inputs on each host that backs up: the password
+    file and a repository, found here rather than after other steps changed the hosts."""
+    problems = []
+    for node in cluster.nodes:
+        if backup.skip_reason(node, cluster) is not None:
+            continue
+        problem = backup.password_problem(node, cluster)
+        problems += [problem] if problem else []
+        try:
+            backup.repository(node, cluster)
+        except InputError as e:
+            problems += e.problems
+    return problems
 
 
 def up(

@@ -1,8 +1,9 @@
-"""`provision backup run|list|restore`: back up now, list snapshots, restore (over SSH).
+"""`provision backup run|list|restore|check`: back up now, list snapshots, restore, check
+the repositories (over SSH).
 
 Exit codes: 0 every host did it, 1 a host failed, 2 bad input (unknown host, a host that
-has no backups), nothing touched. The restic password never appears: hosts read it from
-their own 0600 file.
+has no backups, a --read-data-subset restic would refuse), nothing touched. The restic
+password never appears: hosts read it from their own 0600 file.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def _hosts(cluster: Cluster, host: str | None) -> list[Node]:
     return nodes
 
 
-def _finish(outcomes: dict[str, backup.Outcome], as_json: bool, title: str) -> None:
+def _finish(outcomes: dict[str, backup.Outcome], as_json: bool, title: str, passed: str = "ok") -> None:
     if as_json:
         print_json({"schema": "provision.backup/1", "ok": all(o.ok for o in outcomes.values()),
                     "hosts": [asdict(o) for o in outcomes.values()]})
@@ -56,7 +57,7 @@ def _finish(outcomes: dict[str, backup.Outcome], as_json: bool, title: str) -> N
         for column in ("host", "result", "seconds", "detail"):
             table.add_column(column)
         for o in outcomes.values():
-            table.add_row(o.host, "ok" if o.ok else "[red]FAILED[/]", f"{o.seconds:.1f}", o.detail)
+            table.add_row(o.host, passed if o.ok else "[red]FAILED[/]", f"{o.seconds:.1f}", o.detail)
         out.print(table)
     if not all(o.ok for o in outcomes.values()):
         raise typer.Exit(EXIT_FAILED)
@@ -143,3 +144,29 @@ def restore(
         return backup.restore(node, snapshot, target, in_place, stamp)
 
     _finish(_each(nodes, "restoring", one, as_json), as_json, "backup restore")
+
+
+@app.command("check")
+def check_repositories(
+    inventory: Path = InventoryArg,
+    host: str | None = typer.Option(None, "--host", help="only this host's repository"),
+    read_data_subset: str | None = typer.Option(
+        None, "--read-data-subset", help="also read back and verify this share of the data: "
+        "a percentage such as 10%, or part n/t such as 1/5 (check a different part each run)"),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Check each backing-up host's restic repository for errors (restic check, run on the
+    host with its own password file). A repository that hosts share is checked once.
+
+    Exit 0 when every check passed, 1 when one failed or a host could not be reached, 2
+    for bad input.
+
+    Example: provision backup check inventories/testbed.py --read-data-subset 10%
+    """
+    subset = backup.read_data_subset(read_data_subset) if read_data_subset is not None else None
+    cluster = inventory_lib.load(inventory)
+    nodes = _hosts(cluster, host)
+    checkers = backup.repository_checkers(nodes, cluster)
+    checked = _each([n for n in nodes if checkers[n.name] == n.name], "checking",
+                    lambda node: backup.check_repository(node, subset), as_json)
+    _finish(backup.shared_outcomes(checkers, checked), as_json, "backup check", passed="passed")

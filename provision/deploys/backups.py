@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from io import StringIO
 
+from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.context import ctx_state
+from pyinfra.facts.files import Sha1File
 from pyinfra.operations import files, server, systemd
 
 from provision import backup
@@ -118,6 +120,13 @@ def backups() -> None:
 def _backups(node: Node, cluster: Cluster) -> None:
     storage = cluster.storage_node()
     runs_here = backup.skip_reason(node, cluster) is None
+    # Before anything changes: a different password already on the host means its
+    # repository was made with that one, and uploading ours would lock the host out of it.
+    on_host = host.get_fact(Sha1File, path=backup.PASSWORD_FILE) if runs_here else None
+    conflict = backup.password_conflict(node, cluster, on_host)
+    if conflict:
+        refuse("backups", conflict)
+        return
     serves = storage is not None and storage.name == node.name and any(
         backup.uses_default_repository(n) and backup.skip_reason(n, cluster) is None for n in cluster.nodes)
     if runs_here:

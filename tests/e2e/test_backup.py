@@ -1,5 +1,5 @@
 """Backups end to end on the shared testbed: write, back up, delete, restore, compare;
-the password stays in 0600 files and out of every log the run produced."""
+check the repository; the password stays in 0600 files and out of every log the run produced."""
 
 from __future__ import annotations
 
@@ -78,6 +78,25 @@ def test_restore_check_compares_against_live_data(cluster, testbed):
     run = cli("backup", "restore", str(testbed.inventory_path), "--check", "--json")
     assert run.exit_code == 0, run.stdout + run.stderr
     assert run.json()["hosts"][0]["data"]["check"]["identical"] > 0
+
+
+def test_check_passes_on_every_backing_up_host_after_a_backup(cluster, testbed):
+    inv = str(testbed.inventory_path)
+    assert cli("backup", "run", inv).exit_code == 0  # a snapshot to check, whatever ran before
+    expected = [n.name for n in cluster.nodes if backup.skip_reason(n, cluster) is None]
+    outputs = [cli("backup", "check", inv, "--json")]
+    assert outputs[-1].exit_code == 0, outputs[-1].stdout + outputs[-1].stderr
+    hosts = outputs[-1].json()["hosts"]
+    assert [(h["host"], h["ok"], h["detail"]) for h in hosts] == [(n, True, "no errors found") for n in expected]
+
+    # Reading every pack back, as a person sees it: one "passed" row per host.
+    outputs.append(cli("backup", "check", inv, "--read-data-subset", "100%"))
+    assert outputs[-1].exit_code == 0, outputs[-1].stdout + outputs[-1].stderr
+    for name in expected:
+        row = next(line for line in outputs[-1].stdout.splitlines() if name in line)
+        assert "passed" in row and "FAILED" not in row
+    password = backup.password_file(cluster, cluster.node(expected[0])).read_text().strip()
+    assert all(password not in o.stdout + o.stderr for o in outputs)
 
 
 def test_secrets_on_the_host_are_root_only(cluster):

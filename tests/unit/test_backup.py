@@ -3,6 +3,9 @@ the deploy's commands on pyinfra's @fake connector, and the pure restore helpers
 
 from __future__ import annotations
 
+import hashlib
+import json
+import re
 import stat
 from dataclasses import replace
 from pathlib import Path
@@ -166,3 +169,149 @@ def test_restore_check_passes_only_when_files_were_compared_and_matched():
     assert backup.check_verdict({"identical": 0, "different": [], "missing_live": []}) == (
         False, "the snapshot holds no files: nothing was checked")
     assert backup.check_verdict({"identical": 2, "different": ["a.pt"], "missing_live": []})[0] is False
+
+
+# --- provision backup check -------------------------------------------------------------
+
+
+def test_check_command_runs_restic_check_through_the_wrapper_with_an_optional_subset(tmp_path):
+    assert backup.check_command() == f"{backup.WRAPPER} check"
+    assert backup.check_command("10%") == f"{backup.WRAPPER} check --read-data-subset 10%"
+    ops = replace(_node("node1"), ssh=replace(_node("node1").ssh, user="ops"))
+    assert backup.as_root(ops, backup.check_command("1/5")) == (
+        f"sudo -n sh -c '{backup.WRAPPER} check --read-data-subset 1/5'")
+
+
+@pytest.mark.parametrize("value", ["10%", "2.5%", "100%", "1/5", "5/5", "256/256"])
+def test_read_data_subset_accepts_what_every_supported_restic_accepts(value):
+    assert backup.read_data_subset(f" {value} ") == value
+
+
+@pytest.mark.parametrize(("value", "why"), [
+    ("0%", "above 0%"), ("101%", "at most 100%"), ("0/5", "1 <= n <= t"), ("6/5", "1 <= n <= t"),
+    ("1/257", "t <= 256"), ("10", "not a subset"), ("5G", "not a subset"), ("", "not a subset"),
+])
+def test_read_data_subset_refuses_what_restic_would_refuse(value, why):
+    with pytest.raises(InputError, match=re.escape(why)):
+        backup.read_data_subset(value)
+
+
+def _inventory(tmp_path: Path, text: str) -> Path:
+    inv = tmp_path / "inv.py"
+    inv.write_text(text)
+    return inv
+
+
+TWO_BACKING_UP = ("nodes = [('node1', {'ssh_hostname': '192.0.2.1', 'ssh_user': 'root'}), "
+                  "('node2', {'ssh_hostname': '192.0.2.2', 'ssh_user': 'root', 'backup_paths': ['/home']})]\n"
+                  "storage = ['node1']\n")
+
+
+def _remote_run_stand_in(monkeypatch, answers: dict[str, tuple[int, str, str]]) -> dict[str, list[str]]:
+    """A test stand-in for remote.run: answers per host, records each command sent."""
+    from provision import remote
+
+    sent: dict[str, list[str]] = {}
+
+    def remote_run_stand_in(node, command, timeout=None, conn=None):
+        sent.setdefault(node.name, []).append(command)
+        return remote.CommandResult(node.name, *answers[node.name])
+
+    monkeypatch.setattr(remote, "run", remote_run_stand_in)
+    return sent
+
+
+def test_cli_check_bad_subset_exits_2_with_one_line_and_contacts_no_host(cli, tmp_path, monkeypatch):
+    sent = _remote_run_stand_in(monkeypatch, {})
+    result = cli("backup", "check", str(_inventory(tmp_path, TWO_BACKING_UP)), "--read-data-subset", "5G")
+    assert result.code == 2
+    assert result.err.strip().splitlines() == [
+        "error: --read-data-subset 5G: not a subset restic understands "
+        "(give a percentage such as 10% or a part n/t such as 1/5)"]
+    assert sent == {}
+
+
+def test_cli_check_reports_pass_and_fail_per_host_and_exits_1_when_one_fails(cli, tmp_path, monkeypatch):
+    sent = _remote_run_stand_in(monkeypatch, {
+        "node1": (0, "no errors were found\n", ""),
+        "node2": (1, "", "Fatal: wrong password or no key found\n")})
+    result = cli("backup", "check", str(_inventory(tmp_path, TWO_BACKING_UP)), "--read-data-subset", "1/5",
+                 "--json")
+    assert result.code == 1
+    hosts = {h["host"]: (h["ok"], h["detail"]) for h in json.loads(result.out)["hosts"]}
+    assert hosts == {"node1": (True, "no errors found, 1/5 of the data read back"),
+                     "node2": (False, "check failed: Fatal: wrong password or no key found")}
+    assert sent == {n: [f"{backup.WRAPPER} check --read-data-subset 1/5"] for n in ("node1", "node2")}
+
+
+def test_cli_check_exits_0_and_says_passed_for_every_host_when_all_pass(cli, tmp_path, monkeypatch):
+    _remote_run_stand_in(monkeypatch, {n: (0, "no errors were found\n", "") for n in ("node1", "node2")})
+    result = cli("backup", "check", str(_inventory(tmp_path, TWO_BACKING_UP)))
+    assert result.code == 0, result.err
+    rows = [line for line in result.out.splitlines() if "node" in line]
+    assert len(rows) == 2 and all("passed" in row and "no errors found" in row for row in rows)
+
+
+def test_a_repository_that_hosts_share_is_checked_once(cli, tmp_path, monkeypatch):
+    # restic check locks the repository exclusively: a second check at once would fail.
+    shared = TWO_BACKING_UP.replace("'ssh_user': 'root'", "'ssh_user': 'root', 'backup_repository': 's3:x/all'")
+    sent = _remote_run_stand_in(monkeypatch, {"node1": (0, "no errors were found\n", "")})
+    result = cli("backup", "check", str(_inventory(tmp_path, shared)), "--json")
+    assert result.code == 0, result.err
+    assert list(sent) == ["node1"]
+    hosts = {h["host"]: (h["ok"], h["detail"]) for h in json.loads(result.out)["hosts"]}
+    assert hosts == {"node1": (True, "no errors found"), "node2": (True, "same repository as node1: no errors found")}
+
+
+# --- the password already on a host is never replaced by a different one ----------------
+
+HOST_PASSWORD = "/etc/provision/backup/password"
+
+
+def test_a_moved_inventory_is_refused_and_pointed_at_its_original_password(tmp_path):
+    node = _node("node1", ("storage",))
+    original = backup.password_file(Cluster(tmp_path / "old" / "inv.py", (node,)), node)
+    on_host = hashlib.sha1(original.read_bytes()).hexdigest()
+    moved = Cluster(tmp_path / "new" / "inv.py", (node,))
+    conflict = backup.password_conflict(node, moved, on_host)
+    assert conflict is not None and conflict.startswith(f"node1:{HOST_PASSWORD} holds a different restic password")
+    assert f'set backup_password_file = "{original}"' in conflict
+    assert not backup.generated_password_file(moved).exists()  # nothing new generated
+    assert backup.password_conflict(node, moved, None) is None  # a host with no password yet
+    at_original = replace(node, settings=replace(node.settings, backup_password_file=str(original)))
+    assert backup.password_conflict(at_original, moved, on_host.upper()) is None
+
+
+def test_a_configured_password_file_that_differs_from_the_hosts_is_named(tmp_path):
+    mine = tmp_path / "pw"
+    mine.write_text("not-the-hosts\n")
+    node = _node("node1", ("storage",), backup_password_file=str(mine))
+    conflict = backup.password_conflict(node, _cluster(tmp_path, node), "0" * 40)
+    assert conflict is not None and f"than backup_password_file {mine};" in conflict
+    assert "set backup_password_file to the original password file" in conflict
+
+
+def _deploy_with_host_password(tmp_path, monkeypatch, sha1: str):
+    server = fake_node("node1", Settings(cluster_address="10.77.0.1", cluster_cidr="10.77.0.0/24"),
+                       {f"sha1sum {HOST_PASSWORD}": [f"{sha1}  {HOST_PASSWORD}"]}, groups=("storage",))
+    monkeypatch.setattr(runner, "run_steps", _run_steps_with_path(runner.run_steps, tmp_path / "inv.py"))
+    return server, run_fake(backups.step, [server], monkeypatch)
+
+
+def test_deploy_refuses_to_replace_a_different_password_on_the_host(tmp_path, monkeypatch):
+    server, run = _deploy_with_host_password(tmp_path, monkeypatch, "0" * 40)
+    s = server.name
+    assert not run.results[s].ok
+    (failure,) = run.results[s].failures
+    assert "backups checks" in failure
+    (refusal,) = run.ran(s, "exit 1$")  # the reason the summary shows, as the host prints it
+    assert f"{s}:{HOST_PASSWORD} holds a different restic password" in refusal
+    assert not run.ran(s, r"apt-get|useradd|mkdir|chmod")  # refused before any change
+
+
+def test_deploy_goes_on_when_the_host_holds_the_same_password(tmp_path, monkeypatch):
+    cluster = Cluster(tmp_path / "inv.py", ())
+    password = backup.password_file(cluster, _node("node1", ("storage",)))
+    server, run = _deploy_with_host_password(tmp_path, monkeypatch, hashlib.sha1(password.read_bytes()).hexdigest())
+    assert run.results[server.name].ok, run.results[server.name].failures
+    assert run.ran(server.name, r"systemctl enable provision-backup\.timer")
