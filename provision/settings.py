@@ -69,16 +69,35 @@ def _positive(value: int | float) -> str | None:
     return None if value > 0 else f"{value!r} must be greater than 0"
 
 
+BY_ID = "/dev/disk/by-id/"  # the only /dev path a disk may be named by (see disk_id_problem)
+
+
+def disk_id_problem(disk: str) -> str | None:
+    """Why ``disk`` cannot name a data disk, or None. Only a /dev/disk/by-id path or a
+    serial will do: kernel names (/dev/sdb) change between boots, so naming a disk by one
+    could format the wrong disk, and the volumes step matches disks by id and serial only,
+    so by-uuid, by-path or by-label would name nothing it can find."""
+    if disk.startswith(BY_ID) and "/" not in disk.removeprefix(BY_ID) and disk != BY_ID:
+        return None
+    if disk.startswith("/dev/disk/"):
+        return f"{disk!r} is not a /dev/disk/by-id path; use /dev/disk/by-id/... or the disk's serial"
+    if disk.startswith("/dev/"):
+        return (f"{disk!r} is a kernel name that can change between boots; "
+                "use /dev/disk/by-id/... or the disk's serial")
+    if not disk.strip():
+        return f"{disk!r} is neither a /dev/disk/by-id path nor a serial"
+    return None
+
+
+def _disk_ids(value: list[str]) -> str | None:
+    found = [p for p in (disk_id_problem(d) for d in value) if p]
+    return "; ".join(found) or None
+
+
 def _data_disks(value: list[str] | str) -> str | None:
     if isinstance(value, str):
         return None if value == "auto" else f"{value!r} must be 'auto' or a list of disk ids"
-    for disk in value:
-        if disk.startswith("/dev/") and not disk.startswith("/dev/disk/by-"):
-            return (
-                f"{disk!r} is a kernel name that can change between boots; "
-                "use /dev/disk/by-id/... or the disk's serial"
-            )
-    return None
+    return _disk_ids(value)
 
 
 def _validate_expect(value: dict[str, float]) -> str | None:
@@ -158,7 +177,8 @@ class Settings:
     raid_level: Literal[0, 1, 5, 6, 10] = knob(0, "mdadm RAID level when there are several disks")
     filesystem: Literal["xfs", "ext4"] = knob("xfs", "filesystem for the data volume")
     data_mount: str = knob("/data", "where the data volume is mounted", _absolute)
-    force_format: list[str] = knob([], "disks that may be formatted even though they hold data")
+    force_format: list[str] = knob(
+        [], "disks (by-id path or serial) that may be formatted even though they hold data", _disk_ids)
 
     # --- nfs ---
     nfs_server: str | None = knob(None, "host name of the NFS server; default: first storage host")

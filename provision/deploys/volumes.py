@@ -8,14 +8,20 @@ timeout, so a missing disk never hangs boot.
 Never destroy data. A disk holding a filesystem, partition table or RAID superblock that
 provision did not make is refused, naming the host, the disk and what it holds, unless
 that disk is listed in the host's ``force_format`` (``provision up --force-format
-HOST:DISK`` adds it for one run; see ``apply_force_format``). Our own volume is
-recognised by its filesystem label ``PVDATA`` or its md array name ``provision:data``,
-so a re-run changes nothing and never reformats, even when the disk is in force_format.
+HOST:DISK`` adds it for one run; see ``apply_force_format``). Disks are named only by
+/dev/disk/by-id path or serial, never by kernel name (/dev/sdb), which can point at
+another disk after a reboot. Our own volume is recognised by its filesystem label
+``PVDATA`` or its md array name ``provision:data``, so a re-run changes nothing and never
+reformats, even when the disk is in force_format. A raid_level the disks cannot make is
+refused before anything is erased. On the host, every mkfs and mdadm --create of a disk
+that was not force-erased first checks with ``blkid -p`` that it is still blank, and
+refuses otherwise (or when blkid fails): see ``blank_guard``.
 
 For the other steps and commands (pure functions, no host contacted):
 
 - ``choose_disks(settings, devices, hostname)`` -> (disks, problems): which disks the volume
-  is built from. ``provision plan`` prints it; ``describe_choice`` gives the lines.
+  is built from. The step leaves notes saying which disks it took and which it left out,
+  so ``provision plan`` and ``provision up`` show them; ``describe_choice`` gives the lines.
 - ``check_disks(settings, devices, hostname)`` -> problems: what preflight refuses before
   anything changes (missing disks, root disks, disks holding someone else's data).
 - ``apply_force_format(cluster, ["node1:/dev/disk/by-id/..."])`` -> cluster with each
@@ -38,8 +44,8 @@ from pyinfra.operations import apt, files, server
 from provision.errors import InputError, Problem
 from provision.facts.blockdevices import BlockDevice, BlockDevices
 from provision.inventory import Cluster, Node
-from provision.runner import Step, current_node, refuse
-from provision.settings import Settings
+from provision.runner import Step, current_node, note, refuse
+from provision.settings import Settings, disk_id_problem
 
 LABEL = "PVDATA"  # filesystem label that marks our data volume (xfs allows 12 characters)
 ARRAY_NAME = "provision:data"  # md array name written into each member's superblock
@@ -48,6 +54,7 @@ MARKER = ".provision-volume"  # file at the volume's root saying who made it
 DEVICE_TIMEOUT = "30s"  # how long boot waits for a missing data disk before going on
 MDADM_CONF = "/etc/mdadm/mdadm.conf"
 OURS_FILESYSTEMS = ("xfs", "ext4")
+RAID_MIN_DISKS = {0: 2, 1: 2, 5: 3, 6: 4, 10: 4}  # fewest members per raid_level (settings allow these)
 
 
 def is_ours(device: BlockDevice) -> bool:
@@ -141,8 +148,19 @@ def choose_disks(
         disks, problems = _listed(settings, devices, hostname)
     problems += _refusals(settings, disks, hostname)
     if not problems:
-        problems += _layout_problems(disks, hostname)
+        problems += _raid_problems(settings, disks, hostname) or _layout_problems(disks, hostname)
     return disks, problems
+
+
+def _raid_problems(settings: Settings, disks: list[BlockDevice], hostname: str) -> list[str]:
+    """A raid_level the disks cannot make, refused here so that mdadm --create never fails
+    after forced disks were already wiped. RAID0 of one disk is a plain filesystem."""
+    level, need = settings.raid_level, RAID_MIN_DISKS[settings.raid_level]
+    if not disks or level == 0 or len(disks) >= need:
+        return []
+    how = "data_disks: auto picked" if settings.data_disks == "auto" else "data_disks gives"
+    return [f"{hostname}: raid_level {level} needs at least {need} disks but {how} {len(disks)} "
+            f"({', '.join(_name(d) for d in disks)}); add disks or choose another raid_level"]
 
 
 def check_disks(settings: Settings, devices: list[BlockDevice], hostname: str = "host") -> list[str]:
@@ -153,18 +171,27 @@ def check_disks(settings: Settings, devices: list[BlockDevice], hostname: str = 
 def describe_choice(settings: Settings, devices: list[BlockDevice], hostname: str = "host") -> list[str]:
     """Lines for `provision plan`: each disk picked (and why), each disk left out."""
     disks, problems = choose_disks(settings, devices, hostname)
-    lines = [f"{hostname}: problem: {p.removeprefix(hostname + ': ')}" for p in problems]
+    lines = [f"problem: {p.removeprefix(hostname + ': ')}" for p in problems]
+    return [f"{hostname}: {line}" for line in lines + _choice_lines(settings, devices, disks, problems)]
+
+
+def _choice_lines(settings: Settings, devices: list[BlockDevice], disks: list[BlockDevice],
+                  problems: list[str]) -> list[str]:
+    lines = []
     for d in disks:
         state = "our data volume, kept" if is_ours(d) else (
-            "blank, will be formatted" if d.holds is None else f"FORCED: {d.holds} will be erased")
-        lines.append(f"{hostname}: data disk {_name(d)} {d.size_bytes / 2**30:.0f} GiB: {state}")
+            "blank, will be formatted" if d.holds is None else
+            f"FORCED: {d.holds} will be erased" if is_forced(settings, d) else f"holds {d.holds}: refused")
+        lines.append(f"data disk {_name(d)} {d.size_bytes / 2**30:.0f} GiB: {state}")
     if settings.data_disks == "auto":
         for d in devices:
             if d.type == "disk" and d not in disks:
                 why = "root disk" if d.is_root else (f"holds {d.holds}" if d.holds else "no stable id")
-                lines.append(f"{hostname}: not picked {_name(d)}: {why}")
+                lines.append(f"not picked {_name(d)}: {why}")
+        if not disks:
+            lines.append("no disk picked: no data volume is built")
     if disks and not problems:
-        lines.append(f"{hostname}: volume: {layout(settings, disks)} at {settings.data_mount}")
+        lines.append(f"volume: {layout(settings, disks)} at {settings.data_mount}")
     return lines
 
 
@@ -181,9 +208,11 @@ def apply_force_format(cluster: Cluster, specs: list[str]) -> Cluster:
     names = {n.name for n in cluster.nodes}
     for spec in specs:
         name, _, disk = spec.partition(":")
-        if not disk or name not in names:
-            problems.append(Problem(f"--force-format {spec}",
-                                    f"{name!r} is not a host of this inventory" if disk else "no disk given",
+        bad_disk = disk_id_problem(disk) if disk else None
+        if not disk or name not in names or bad_disk:
+            what = "no disk given" if not disk else (
+                f"{name!r} is not a host of this inventory" if name not in names else str(bad_disk))
+            problems.append(Problem(f"--force-format {spec}", what,
                                     "write HOST:DISK, e.g. node1:/dev/disk/by-id/nvme-XYZ"))
         else:
             extra.setdefault(name, []).append(disk)
@@ -219,17 +248,39 @@ def mdadm_conf_line(md_uuid: str) -> str:
     return f"ARRAY {ARRAY_DEVICE} metadata=1.2 UUID={mdadm_uuid(md_uuid)} name={ARRAY_NAME}"
 
 
+def blank_guard(device: str) -> str:
+    """Shell that exits 1 unless ``device`` is a block device on which ``blkid -p`` finds
+    nothing (its exit status 2). Found (0), ambivalent (8) or any blkid error refuses too.
+
+    This is the second guard, on the host at the moment of formatting, behind the facts
+    the step decided on: mke2fs asks before overwriting a signature only on a terminal,
+    and over SSH without one it goes ahead; mdadm --create --run never asks. A missing
+    path is refused as well, since mke2fs would create a regular file there."""
+    dev = shlex.quote(device)
+    say = shlex.quote(f"refusing to format {device}")
+    return (f"if [ ! -b {dev} ]; then echo {say}': not a block device' >&2; exit 1; fi; "
+            f"blkid -p {dev} >/dev/null; rc=$?; "
+            f"if [ $rc -eq 0 ]; then echo {say}': blkid -p finds a signature on it' >&2; exit 1; fi; "
+            f"if [ $rc -ne 2 ]; then echo {say}\": blkid -p failed (exit $rc)\" >&2; exit 1; fi")
+
+
 def mkfs_command(settings: Settings, device: str, fs_uuid: str, force: bool) -> str:
     """mkfs with our label and a UUID chosen up front, so fstab is known before it runs.
-    Without ``force`` mkfs itself refuses a device that has a signature: a second guard."""
+    Without ``force`` the command first refuses a device holding any signature (blank_guard)."""
     if settings.filesystem == "xfs":
-        return f"mkfs.xfs -q {'-f ' if force else ''}-L {LABEL} -m uuid={fs_uuid} {shlex.quote(device)}"
-    return f"mkfs.ext4 -q {'-F ' if force else ''}-L {LABEL} -U {fs_uuid} {shlex.quote(device)}"
+        mkfs = f"mkfs.xfs -q {'-f ' if force else ''}-L {LABEL} -m uuid={fs_uuid} {shlex.quote(device)}"
+    else:
+        mkfs = f"mkfs.ext4 -q {'-F ' if force else ''}-L {LABEL} -U {fs_uuid} {shlex.quote(device)}"
+    return mkfs if force else f"{blank_guard(device)}; {mkfs}"
 
 
-def mdadm_create_command(settings: Settings, disks: list[BlockDevice], md_uuid: str) -> str:
-    members = " ".join(shlex.quote(d.by_id[0] if d.by_id else d.path) for d in disks)
-    return (f"mdadm --create {ARRAY_DEVICE} --run --metadata=1.2 --name={ARRAY_NAME} "
+def mdadm_create_command(settings: Settings, disks: list[BlockDevice], md_uuid: str,
+                         wiped: list[BlockDevice] | None = None) -> str:
+    """mdadm --create of our array, guarded by blank_guard on each member not in ``wiped``
+    (the forced disks whose signatures wipefs erased just before)."""
+    members = " ".join(shlex.quote(_stable(d)) for d in disks)
+    guards = "".join(f"{blank_guard(_stable(d))}; " for d in disks if d not in (wiped or []))
+    return (f"{guards}mdadm --create {ARRAY_DEVICE} --run --metadata=1.2 --name={ARRAY_NAME} "
             f"--uuid={mdadm_uuid(md_uuid)} --level={settings.raid_level} "
             f"--raid-devices={len(disks)} {members}")
 
@@ -245,11 +296,15 @@ def fstab_match(mount: str) -> str:
 
 @dataclass(frozen=True)
 class Filesystem:
-    """What blkid finds on a device (all None when it holds nothing)."""
+    """What blkid finds on a device (uuid, type and label all None when it holds nothing)."""
 
     uuid: str | None  # filesystem UUID
     type: str | None  # xfs, ext4, ...
     label: str | None  # filesystem label
+    error: str | None = None  # why blkid could not tell; the device is then never formatted
+
+
+BLKID_STATUS = "provision-blkid-exit="  # the line after blkid's output giving its exit status
 
 
 def parse_blkid_export(lines: list[str]) -> Filesystem:
@@ -258,14 +313,28 @@ def parse_blkid_export(lines: list[str]) -> Filesystem:
     return Filesystem(values.get("UUID"), values.get("TYPE"), values.get("LABEL"))
 
 
+def parse_blkid_probe(lines: list[str]) -> Filesystem:
+    """Parse DeviceFilesystem's output: blkid's, then its exit status (0 found, 2 nothing
+    found). Any other status, or none, is an error rather than a blank device."""
+    status = [line.removeprefix(BLKID_STATUS) for line in lines if line.startswith(BLKID_STATUS)]
+    if status == ["0"]:
+        return parse_blkid_export([line for line in lines if not line.startswith(BLKID_STATUS)])
+    if status == ["2"]:
+        return Filesystem(None, None, None)
+    why = f"blkid -p failed (exit {status[-1]})" if status else "blkid -p gave no exit status"
+    return Filesystem(None, None, None, error=why)
+
+
 class DeviceFilesystem(FactBase):
     """The filesystem on one device, probed directly (no blkid cache)."""
 
     def command(self, device: str) -> str:
-        return f"blkid -p -o export {shlex.quote(device)} 2>/dev/null || true"
+        # The status is printed rather than returned: blkid exits 2 on a blank device,
+        # which pyinfra would take for a failed fact.
+        return f"blkid -p -o export {shlex.quote(device)}; echo {BLKID_STATUS}$?"
 
     def process(self, output: list[str]) -> Filesystem:
-        return parse_blkid_export(output)
+        return parse_blkid_probe(output)
 
 
 def install(name: str, packages: list[str]) -> None:
@@ -286,12 +355,13 @@ def _refuse(problems: list[str]) -> None:
     refuse("volumes", "; ".join(problems))
 
 
-def _wipe_forced(settings: Settings, disks: list[BlockDevice]) -> bool:
-    """Erase signatures on forced disks (only those; blank ones need nothing)."""
+def _wipe_forced(settings: Settings, disks: list[BlockDevice]) -> list[BlockDevice]:
+    """Erase signatures on forced disks (only those; blank ones need nothing). choose_disks
+    let a disk holding data through only when it is forced, so these are the forced ones."""
     forced = [d for d in disks if d.holds is not None and not is_ours(d)]
     for d in forced:
         server.shell(name=f"Erase {_name(d)} (force_format)", commands=[f"wipefs -a {shlex.quote(_stable(d))}"])
-    return bool(forced)
+    return forced
 
 
 def _make_filesystem(settings: Settings, device: str, force: bool) -> str:
@@ -304,7 +374,7 @@ def _make_filesystem(settings: Settings, device: str, force: bool) -> str:
 def _single_disk(settings: Settings, disk: BlockDevice) -> str:
     if is_ours(disk) and disk.uuid:
         return disk.uuid
-    return _make_filesystem(settings, _stable(disk), _wipe_forced(settings, [disk]))
+    return _make_filesystem(settings, _stable(disk), bool(_wipe_forced(settings, [disk])))
 
 
 def _array(settings: Settings, disks: list[BlockDevice], where: str) -> str | None:
@@ -317,19 +387,24 @@ def _array(settings: Settings, disks: list[BlockDevice], where: str) -> str | No
             return None
         md_device = f"/dev/{running.pop()}"
         _record_array(disks[0].uuid)
-        fs = host.get_fact(DeviceFilesystem, device=md_device) or Filesystem(None, None, None)
+        fs = host.get_fact(DeviceFilesystem, device=md_device) or Filesystem(None, None, None, "no answer")
+        if fs.error:
+            _refuse([f"{where}: cannot tell what our array {md_device} holds ({fs.error}); "
+                     "refusing to format it"])
+            return None
         if fs.type is None:
             return _make_filesystem(settings, md_device, force=False)
         if fs.label == LABEL and fs.type in OURS_FILESYSTEMS and fs.uuid:
             return fs.uuid
         _refuse([f"{where}: our array {md_device} holds a {fs.type} filesystem not made by provision"])
         return None
-    force = _wipe_forced(settings, disks)
+    wiped = _wipe_forced(settings, disks)
     md_uuid = new_uuid()
     server.shell(name=f"Create RAID{settings.raid_level} {ARRAY_DEVICE}",
-                 commands=[mdadm_create_command(settings, disks, md_uuid), "udevadm settle"])
+                 commands=[mdadm_create_command(settings, disks, md_uuid, wiped), "udevadm settle"])
     _record_array(md_uuid)
-    return _make_filesystem(settings, ARRAY_DEVICE, force)
+    # Stale signatures from an earlier array on wiped members can show through the new one.
+    return _make_filesystem(settings, ARRAY_DEVICE, force=bool(wiped))
 
 
 _conf_changes: list = []  # this pass's mdadm.conf operations, for the initramfs update at the end
@@ -380,7 +455,10 @@ def data_volume() -> None:
     """Build (or adopt) the data volume and mount it; refuse anything that risks data."""
     node = current_node()
     settings = node.settings
-    disks, problems = choose_disks(settings, host.get_fact(BlockDevices) or [], node.name)
+    devices = host.get_fact(BlockDevices) or []
+    disks, problems = choose_disks(settings, devices, node.name)
+    for line in _choice_lines(settings, devices, disks, problems):
+        note(f"volumes: {line}")  # plan and the up summary show exactly which disks were taken
     problems = problems or _mount_conflict(settings, disks, node.name)
     if problems:
         _refuse(problems)

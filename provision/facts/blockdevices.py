@@ -57,9 +57,11 @@ class BlockDevice:
         return None
 
     def matches(self, wanted: str) -> bool:
-        """Does a data_disks entry (a by-id path, or a bare serial) name this device?"""
+        """Does a data_disks or force_format entry (a by-id path, or a bare serial) name
+        this device? Never by kernel name (/dev/sdb): that can name another disk after a
+        reboot, and a forced format would then erase the wrong one."""
         if wanted.startswith("/dev/"):
-            return wanted in self.by_id or wanted == self.path
+            return wanted in self.by_id
         return wanted == self.serial or any(link.endswith(f"-{wanted}") for link in self.by_id)
 
 

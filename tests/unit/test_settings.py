@@ -38,3 +38,31 @@ def test_int_setting_refuses_bool_and_float_setting_takes_int():
 def test_data_disks_accepts_auto_by_id_and_serial():
     for value in ("auto", ["/dev/disk/by-id/nvme-X_1"], ["S6EXAMPLE0001"]):
         assert parse_settings({"data_disks": value}, "x")[1] == []
+
+
+@pytest.mark.parametrize("key", ["data_disks", "force_format"])
+@pytest.mark.parametrize("disk, expected", [
+    ("/dev/sdb", "kernel name that can change between boots"),
+    ("/dev/nvme0n1", "kernel name that can change between boots"),
+    ("/dev/disk/by-uuid/1b4e28ba-2fa1-11d2-883f-0016d3cca427", "not a /dev/disk/by-id path"),
+    ("/dev/disk/by-path/pci-0000:00:04.0", "not a /dev/disk/by-id path"),
+    ("/dev/disk/by-label/scratch", "not a /dev/disk/by-id path"),
+    ("", "neither a /dev/disk/by-id path nor a serial"),
+])
+def test_disk_keys_refuse_anything_but_a_by_id_path_or_a_serial_naming_host_and_key(key, disk, expected):
+    _, problems = parse_settings({key: [disk]}, "inv.py: host node1")
+    assert len(problems) == 1
+    assert str(problems[0]).startswith(f"inv.py: host node1: key {key}: ")
+    assert expected in str(problems[0]) and "\n" not in str(problems[0])
+
+
+def test_force_format_accepts_by_id_paths_and_serials():
+    settings, problems = parse_settings({"force_format": ["/dev/disk/by-id/nvme-X_1", "S6EXAMPLE0001"]}, "x")
+    assert problems == [] and settings.force_format == ["/dev/disk/by-id/nvme-X_1", "S6EXAMPLE0001"]
+
+
+def test_every_wrong_disk_of_a_key_is_named_in_its_one_line():
+    _, problems = parse_settings({"data_disks": ["/dev/sdb", "S6EXAMPLE0001", "/dev/disk/by-uuid/u"]}, "x")
+    (problem,) = problems
+    assert "'/dev/sdb'" in str(problem) and "'/dev/disk/by-uuid/u'" in str(problem)
+    assert "S6EXAMPLE0001" not in str(problem)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -146,6 +149,14 @@ def test_describe_choice_lists_picked_and_left_out_disks():
     assert "node1: volume: xfs on RAID0 of 2 disks at /data" in lines
 
 
+def test_describe_choice_says_a_listed_disk_holding_data_is_refused_and_a_forced_one_erased():
+    used, other = disk("vdb", fstype="ext4", uuid="u1"), disk("vdc", pttype="gpt")
+    lines = volumes.describe_choice(settings(data_disks=[ID_B, ID_C], force_format=[ID_C]), [ROOT, used, other],
+                                    "node1")
+    assert f"node1: data disk {ID_B} (vdb) 10 GiB: holds a ext4 filesystem: refused" in lines
+    assert f"node1: data disk {ID_C} (vdc) 10 GiB: FORCED: a gpt partition table will be erased" in lines
+
+
 def _cluster() -> Cluster:
     nodes = tuple(Node(n, SshTarget(n, 22, None, None, None, "yes"), (), Settings(force_format=["X"]))
                   for n in ("node1", "node2"))
@@ -162,6 +173,75 @@ def test_force_format_flag_for_an_unknown_host_is_bad_input():
     with pytest.raises(InputError) as e:
         volumes.apply_force_format(_cluster(), [f"node9:{ID_B}", "node1"])
     assert len(e.value.problems) == 2 and "'node9' is not a host" in str(e.value)
+
+
+def test_force_format_flag_refuses_kernel_names_and_other_by_paths():
+    with pytest.raises(InputError) as e:
+        volumes.apply_force_format(_cluster(), ["node1:/dev/sdb", "node2:/dev/disk/by-uuid/u1", f"node2:{ID_B}"])
+    assert [str(p) for p in e.value.problems] == [
+        "--force-format node1:/dev/sdb: '/dev/sdb' is a kernel name that can change between boots; "
+        "use /dev/disk/by-id/... or the disk's serial (write HOST:DISK, e.g. node1:/dev/disk/by-id/nvme-XYZ)",
+        "--force-format node2:/dev/disk/by-uuid/u1: '/dev/disk/by-uuid/u1' is not a /dev/disk/by-id path; "
+        "use /dev/disk/by-id/... or the disk's serial (write HOST:DISK, e.g. node1:/dev/disk/by-id/nvme-XYZ)",
+    ]
+
+
+def test_up_with_force_format_of_a_kernel_name_is_bad_input_before_any_host_is_contacted(cli, monkeypatch):
+    from provision import pipeline
+    from provision.resources import inventories_dir
+
+    def test_stand_in_for_pipeline_up(*args: object, **kwargs: object) -> None:
+        raise AssertionError("provision up went on to contact hosts")
+
+    monkeypatch.setattr(pipeline, "up", test_stand_in_for_pipeline_up)
+    result = cli("up", str(inventories_dir() / "example.py"), "--force-format", "gpu01:/dev/sdb")
+    assert result.code == 2
+    assert "--force-format gpu01:/dev/sdb: '/dev/sdb' is a kernel name" in " ".join(result.err.split())
+
+
+def test_a_kernel_path_never_names_a_disk_so_forcing_it_erases_nothing():
+    used = disk("vdb", fstype="ext4", uuid="u1")
+    assert not used.matches("/dev/vdb")
+    # Settings() skips parse_settings' validation: this is the second line of defence
+    disks, problems = volumes.choose_disks(
+        settings(data_disks=[ID_B], force_format=["/dev/vdb"]), [ROOT, used], "node1")
+    assert len(problems) == 1 and "refusing to format" in problems[0]
+    assert volumes.choose_disks(settings(data_disks=["/dev/vdb"]), [ROOT, used], "node1")[1] == [
+        "node1: data disk /dev/vdb does not exist (disks on the host: /dev/disk/by-id/virtio-ROOT (vda), "
+        f"{ID_B} (vdb))"]
+
+
+def test_every_raid_level_the_settings_allow_has_a_minimum_disk_count():
+    import typing
+
+    levels = typing.get_args(typing.get_type_hints(Settings)["raid_level"])
+    assert set(levels) == set(volumes.RAID_MIN_DISKS)
+
+
+@pytest.mark.parametrize("level, count", [(1, 1), (5, 2), (6, 3), (10, 2), (10, 3)])
+def test_a_raid_level_the_listed_disks_cannot_make_is_refused_naming_host_level_and_count(level, count):
+    listed = [B, C, D][:count]
+    used = replace(listed[0], fstype="ext4", uuid="u1")  # forced: it must not be erased for nothing
+    s = settings(data_disks=[d.by_id[0] for d in listed], raid_level=level, force_format=[ID_B])
+    _, problems = volumes.choose_disks(s, [ROOT, used, *listed[1:]], "node1")
+    need = volumes.RAID_MIN_DISKS[level]
+    (problem,) = problems
+    assert problem.startswith(f"node1: raid_level {level} needs at least {need} disks but data_disks gives {count} (")
+
+
+def test_auto_picking_too_few_disks_for_the_raid_level_is_refused():
+    used = disk("vdc", fstype="xfs", uuid="u2")
+    _, problems = volumes.choose_disks(settings(data_disks="auto", raid_level=5), [ROOT, B, used, D], "node1")
+    assert problems == [f"node1: raid_level 5 needs at least 3 disks but data_disks: auto picked 2 "
+                        f"({ID_B} (vdb), /dev/disk/by-id/virtio-NVME-node1-d (vdd)); "
+                        "add disks or choose another raid_level"]
+
+
+@pytest.mark.parametrize("level, count", [(0, 1), (0, 2), (1, 2), (5, 3), (6, 4), (10, 4)])
+def test_a_raid_level_the_disks_can_make_is_accepted(level, count):
+    listed = [B, C, D, disk("vde")][:count]
+    s = settings(data_disks=[d.by_id[0] for d in listed], raid_level=level)
+    assert volumes.choose_disks(s, [ROOT, *listed], "node1") == (listed, [])
 
 
 def test_fstab_line_mounts_by_uuid_with_noatime_nofail_and_a_device_timeout():
@@ -182,17 +262,79 @@ def test_mdadm_conf_line_names_our_array_by_uuid():
                     "name=provision:data")
 
 
-def test_mdadm_create_uses_stable_ids_level_and_our_name():
+def test_mdadm_create_uses_stable_ids_level_and_our_name_after_checking_each_member_is_blank():
     command = volumes.mdadm_create_command(settings(raid_level=1), [B, C], "1b4e28ba-2fa1-11d2-883f-0016d3cca427")
-    assert command == (f"mdadm --create /dev/md/data --run --metadata=1.2 --name=provision:data "
+    assert command == (f"{volumes.blank_guard(ID_B)}; {volumes.blank_guard(ID_C)}; "
+                       f"mdadm --create /dev/md/data --run --metadata=1.2 --name=provision:data "
                        f"--uuid=1b4e28ba:2fa111d2:883f0016:d3cca427 --level=1 --raid-devices=2 {ID_B} {ID_C}")
 
 
-def test_mkfs_without_force_lets_mkfs_refuse_a_signature_itself():
-    assert volumes.mkfs_command(settings(), "/dev/md/data", "u1", force=False) == \
-        "mkfs.xfs -q -L PVDATA -m uuid=u1 /dev/md/data"
+def test_mdadm_create_does_not_check_members_that_were_force_erased():
+    command = volumes.mdadm_create_command(settings(), [B, C], "1b4e28ba-2fa1-11d2-883f-0016d3cca427", wiped=[B])
+    assert command.startswith(f"{volumes.blank_guard(ID_C)}; mdadm --create ")
+    assert volumes.blank_guard(ID_B) not in command
+
+
+@pytest.mark.parametrize("filesystem, mkfs", [("xfs", "mkfs.xfs -q -L PVDATA -m uuid=u1 /dev/md/data"),
+                                              ("ext4", "mkfs.ext4 -q -L PVDATA -U u1 /dev/md/data")])
+def test_mkfs_without_force_first_refuses_any_signature_itself(filesystem, mkfs):
+    # mke2fs without a terminal overwrites a signature without asking: the guard is ours
+    assert volumes.mkfs_command(settings(filesystem=filesystem), "/dev/md/data", "u1", force=False) == \
+        f"{volumes.blank_guard('/dev/md/data')}; {mkfs}"
+
+
+def test_forced_mkfs_has_no_guard_and_overwrites():
     assert volumes.mkfs_command(settings(filesystem="ext4"), "/dev/x", "u1", force=True) == \
         "mkfs.ext4 -q -F -L PVDATA -U u1 /dev/x"
+    assert volumes.mkfs_command(settings(), "/dev/x", "u1", force=True) == "mkfs.xfs -q -f -L PVDATA -m uuid=u1 /dev/x"
+
+
+def _a_block_device() -> str:
+    import glob
+    import os
+    import stat
+
+    for path in sorted(glob.glob("/dev/loop*") + glob.glob("/dev/[svx]d?") + glob.glob("/dev/nvme*n1")):
+        with contextlib.suppress(OSError):
+            if stat.S_ISBLK(os.stat(path).st_mode):
+                return path
+    pytest.skip("no block device in /dev to point the guard at")
+
+
+def _run_guard(tmp_path: Path, device: str, blkid_exit: int) -> subprocess.CompletedProcess:
+    """Run blank_guard in sh with a test stand-in blkid that exits as told (it reads no
+    device); nothing after the guard but an echo, so no disk is ever written."""
+    bin_dir = tmp_path / "stand_in_bin"
+    bin_dir.mkdir(exist_ok=True)
+    stand_in = bin_dir / "blkid"
+    stand_in.write_text(f"#!/bin/sh\n# test stand-in for blkid -p\nexit {blkid_exit}\n")
+    stand_in.chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+    return subprocess.run(["sh", "-c", f"{volumes.blank_guard(device)}; echo guard-passed"],
+                          capture_output=True, text=True, env=env, check=False)
+
+
+def test_blank_guard_lets_through_only_a_device_blkid_finds_nothing_on(tmp_path):
+    device = _a_block_device()
+    passed = _run_guard(tmp_path, device, 2)
+    assert passed.returncode == 0 and passed.stdout == "guard-passed\n"
+    found = _run_guard(tmp_path, device, 0)
+    assert found.returncode == 1 and not found.stdout
+    assert found.stderr == f"refusing to format {device}: blkid -p finds a signature on it\n"
+
+
+@pytest.mark.parametrize("status", [4, 8, 127])
+def test_blank_guard_refuses_when_blkid_fails_or_is_unsure(tmp_path, status):
+    device = _a_block_device()
+    result = _run_guard(tmp_path, device, status)
+    assert result.returncode == 1 and not result.stdout
+    assert result.stderr == f"refusing to format {device}: blkid -p failed (exit {status})\n"
+
+
+def test_blank_guard_refuses_a_path_that_is_not_a_block_device(tmp_path):
+    # mke2fs would create a regular file at a missing path
+    result = _run_guard(tmp_path, str(tmp_path / "virtio-GONE"), 2)
+    assert result.returncode == 1 and not result.stdout and "not a block device" in result.stderr
 
 
 def test_blkid_export_is_parsed():
@@ -200,6 +342,27 @@ def test_blkid_export_is_parsed():
                                      "LABEL=PVDATA", "USAGE=filesystem"])
     assert fs == volumes.Filesystem("abc", "xfs", "PVDATA")
     assert volumes.parse_blkid_export([]) == volumes.Filesystem(None, None, None)
+
+
+def test_device_filesystem_fact_tells_blank_from_found():
+    fact = volumes.DeviceFilesystem()
+    assert fact.process(["DEVNAME=/dev/md127", "UUID=abc", "TYPE=xfs", "LABEL=PVDATA", "provision-blkid-exit=0"]) \
+        == volumes.Filesystem("abc", "xfs", "PVDATA")
+    assert fact.process(["provision-blkid-exit=2"]) == volumes.Filesystem(None, None, None)
+
+
+@pytest.mark.parametrize("lines, error", [
+    (["provision-blkid-exit=4"], "blkid -p failed (exit 4)"),
+    (["provision-blkid-exit=8"], "blkid -p failed (exit 8)"),  # ambivalent: more than one signature
+    (["TYPE=xfs"], "blkid -p gave no exit status"),
+])
+def test_device_filesystem_fact_reports_a_blkid_error_instead_of_a_blank_device(lines, error):
+    assert volumes.DeviceFilesystem().process(lines) == volumes.Filesystem(None, None, None, error=error)
+
+
+def test_device_filesystem_fact_keeps_blkids_exit_status():
+    command = volumes.DeviceFilesystem().command("/dev/md127")
+    assert command == "blkid -p -o export /dev/md127; echo provision-blkid-exit=$?"
 
 
 def test_step_skips_hosts_without_data_disks():

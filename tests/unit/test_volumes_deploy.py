@@ -40,6 +40,11 @@ ID = "/dev/disk/by-id/virtio-NVME-node1-{}"
 DESTRUCTIVE = r"mdadm --create|mkfs|wipefs|^mount "
 
 
+def _guarded(*devices: str) -> str:
+    """Regex for the blank checks (volumes.blank_guard) that open an unforced command."""
+    return "".join(re.escape(volumes.blank_guard(d) + "; ") for d in devices)
+
+
 def test_two_blank_disks_become_raid0_xfs_mounted_by_uuid(monkeypatch):
     node = fake_node("node1", _settings(data_disks=[ID.format("b"), ID.format("c")]),
                      {"lsblk -J -O -b": _lsblk(_disk("vdb"), _disk("vdc"))})
@@ -47,10 +52,12 @@ def test_two_blank_disks_become_raid0_xfs_mounted_by_uuid(monkeypatch):
     assert run.results[HOST].ok, run.results[HOST].failures
     (create,) = run.ran(HOST, "mdadm --create")
     assert re.fullmatch(
-        r"mdadm --create /dev/md/data --run --metadata=1\.2 --name=provision:data --uuid=[0-9a-f:]{35} "
+        _guarded(ID.format("b"), ID.format("c"))
+        + r"mdadm --create /dev/md/data --run --metadata=1\.2 --name=provision:data --uuid=[0-9a-f:]{35} "
         rf"--level=0 --raid-devices=2 {ID.format('b')} {ID.format('c')}", create)
     (mkfs,) = run.ran(HOST, "mkfs")
-    fs_uuid = re.fullmatch(r"mkfs\.xfs -q -L PVDATA -m uuid=([0-9a-f-]{36}) /dev/md/data", mkfs).group(1)
+    fs_uuid = re.fullmatch(_guarded("/dev/md/data") + r"mkfs\.xfs -q -L PVDATA -m uuid=([0-9a-f-]{36}) /dev/md/data",
+                           mkfs).group(1)
     md_uuid = create.split("--uuid=")[1].split()[0]
     assert run.ran(HOST, re.escape(f"ARRAY /dev/md/data metadata=1.2 UUID={md_uuid} name=provision:data"))
     assert run.ran(HOST, "update-initramfs -u")
@@ -69,7 +76,8 @@ def test_one_blank_disk_gets_a_filesystem_directly(monkeypatch):
     assert run.results[HOST].ok
     assert not run.ran(HOST, "mdadm")
     (mkfs,) = run.ran(HOST, "mkfs")
-    assert re.fullmatch(rf"mkfs\.ext4 -q -L PVDATA -U [0-9a-f-]{{36}} {ID.format('b')}", mkfs)
+    assert re.fullmatch(_guarded(ID.format("b")) + rf"mkfs\.ext4 -q -L PVDATA -U [0-9a-f-]{{36}} {ID.format('b')}",
+                        mkfs)
 
 
 def test_disk_holding_a_filesystem_is_refused_and_nothing_is_written(monkeypatch):
@@ -105,7 +113,8 @@ def test_rerun_on_our_assembled_array_changes_nothing_on_disk(monkeypatch):
     s = _settings(data_disks=[ID.format("b"), ID.format("c")], force_format=[ID.format("b")])
     node = fake_node("node1", s, {
         "lsblk -J -O -b": _lsblk(*members),
-        "blkid -p -o export /dev/md127": ["DEVNAME=/dev/md127", f"UUID={fs_uuid}", "TYPE=xfs", "LABEL=PVDATA"],
+        "blkid -p -o export /dev/md127": ["DEVNAME=/dev/md127", f"UUID={fs_uuid}", "TYPE=xfs", "LABEL=PVDATA",
+                                          "provision-blkid-exit=0"],
         re.compile(r"grep .*/etc/fstab"): [volumes.fstab_line(fs_uuid, s)],
         re.compile(r"grep .*mdadm\.conf"): [volumes.mdadm_conf_line(md_uuid)],
         "/proc/self/mountinfo": ["40 25 9:127 / /data rw,noatime shared:30 - xfs /dev/md127 rw,attr2"],
@@ -117,3 +126,83 @@ def test_rerun_on_our_assembled_array_changes_nothing_on_disk(monkeypatch):
     # force_format names a member, yet our own volume is never reformatted
     assert not run.ran(HOST, DESTRUCTIVE + "|update-initramfs|>> /etc/fstab|sed .*/etc/fstab")
     assert not run.ran(HOST, "apt-get")  # packages present: not even an apt cache refresh
+
+
+def test_forced_member_is_erased_and_only_the_blank_member_is_checked_before_the_array(monkeypatch):
+    used = _disk("vdb", fstype="ext4", uuid="6d1f", label="mine")
+    node = fake_node("node1", _settings(data_disks=[ID.format("b"), ID.format("c")], force_format=["NVME-node1-b"]),
+                     {"lsblk -J -O -b": _lsblk(used, _disk("vdc"))})
+    run = run_fake(volumes.step, [node], monkeypatch)
+    assert run.results[HOST].ok, run.results[HOST].failures
+    wipe, create, mkfs = run.ran(HOST, DESTRUCTIVE)[:3]
+    assert wipe == f"wipefs -a {ID.format('b')}"
+    assert re.match(_guarded(ID.format("c")) + "mdadm --create ", create)
+    assert volumes.blank_guard(ID.format("b")) not in create
+    # stale signatures of an earlier array on the erased member may show through the new one
+    assert mkfs.startswith("mkfs.xfs -q -f -L PVDATA")
+
+
+def test_raid_level_the_disks_cannot_make_is_refused_before_a_forced_disk_is_erased(monkeypatch):
+    used = _disk("vdb", fstype="ext4", uuid="6d1f", label="mine")
+    s = _settings(data_disks=[ID.format("b"), ID.format("c")], force_format=[ID.format("b")], raid_level=5)
+    node = fake_node("node1", s, {"lsblk -J -O -b": _lsblk(used, _disk("vdc"))})
+    run = run_fake(volumes.step, [node], monkeypatch)
+    (refusal,) = run.ran(HOST, "exit 1$")
+    assert "@fake/node1: raid_level 5 needs at least 3 disks but data_disks gives 2" in refusal
+    assert not run.ran(HOST, DESTRUCTIVE + "|apt-get|/etc/fstab|mdadm.conf")
+
+
+def _our_running_array(blkid: list[str]) -> dict:
+    md_uuid = "00112233-4455-6677-8899-aabbccddeeff"
+    members = [_disk(n, fstype="linux_raid_member", label="provision:data", uuid=md_uuid,
+                     children=[{"name": "md127", "type": "raid0", "mountpoints": [None]}])
+               for n in ("vdb", "vdc")]
+    return {"lsblk -J -O -b": _lsblk(*members), "blkid -p -o export /dev/md127": blkid}
+
+
+def test_blkid_failing_on_our_array_is_a_refusal_not_a_blank_device(monkeypatch):
+    node = fake_node("node1", _settings(data_disks=[ID.format("b"), ID.format("c")]),
+                     _our_running_array(["provision-blkid-exit=4"]))
+    run = run_fake(volumes.step, [node], monkeypatch)
+    (refusal,) = run.ran(HOST, "exit 1$")
+    assert "cannot tell what our array /dev/md127 holds (blkid -p failed (exit 4)); refusing to format it" in refusal
+    assert not run.ran(HOST, DESTRUCTIVE + "|/etc/fstab")
+
+
+def test_our_array_without_a_filesystem_gets_one_after_the_blank_check(monkeypatch):
+    node = fake_node("node1", _settings(data_disks=[ID.format("b"), ID.format("c")]),
+                     _our_running_array(["provision-blkid-exit=2"]))
+    run = run_fake(volumes.step, [node], monkeypatch)
+    assert run.results[HOST].ok, run.results[HOST].failures
+    (mkfs,) = run.ran(HOST, "mkfs")
+    assert re.fullmatch(_guarded("/dev/md127") + r"mkfs\.xfs -q -L PVDATA -m uuid=[0-9a-f-]{36} /dev/md127", mkfs)
+    assert not run.ran(HOST, "mdadm --create|wipefs")
+
+
+def test_plan_shows_exactly_which_disks_auto_picked_and_which_it_left_out():
+    from provision import runner
+    from provision.cli import up
+    from provision.console import out
+    from provision.inventory import Cluster
+
+    used = _disk("vdc", fstype="xfs", uuid="u2", label="backup")
+    node = fake_node("node1", _settings(data_disks="auto"),
+                     {"lsblk -J -O -b": _lsblk(_disk("vdb"), used, _disk("vdd"))})
+    plans = runner.plan_steps(Cluster(path=None, nodes=(node,)), [volumes.step])  # type: ignore[arg-type]
+    notes = plans[HOST].notes
+    assert f"volumes: data disk {ID.format('b')} (vdb) 1 GiB: blank, will be formatted" in notes
+    assert f"volumes: data disk {ID.format('d')} (vdd) 1 GiB: blank, will be formatted" in notes
+    assert f"volumes: not picked {ID.format('c')} (vdc): holds a xfs filesystem" in notes
+    assert "volumes: not picked /dev/vda (vda): root disk" in notes
+    assert "volumes: volume: xfs on RAID0 of 2 disks at /data" in notes
+    with out.capture() as shown:
+        up.print_plan(plans[HOST])
+    assert f"volumes: data disk {ID.format('b')} (vdb) 1 GiB: blank, will be formatted" in shown.get()
+    assert f"volumes: not picked {ID.format('c')} (vdc): holds a xfs filesystem" in shown.get()
+
+
+def test_up_summary_names_the_disks_the_volume_was_built_from(monkeypatch):
+    node = fake_node("node1", _settings(data_disks="auto"), {"lsblk -J -O -b": _lsblk(_disk("vdb"))})
+    run = run_fake(volumes.step, [node], monkeypatch)
+    assert run.results[HOST].ok, run.results[HOST].failures
+    assert f"volumes: data disk {ID.format('b')} (vdb) 1 GiB: blank, will be formatted" in run.results[HOST].notes
