@@ -54,7 +54,9 @@ MARKER = ".provision-volume"  # file at the volume's root saying who made it
 DEVICE_TIMEOUT = "30s"  # how long boot waits for a missing data disk before going on
 MDADM_CONF = "/etc/mdadm/mdadm.conf"
 OURS_FILESYSTEMS = ("xfs", "ext4")
-RAID_MIN_DISKS = {0: 2, 1: 2, 5: 3, 6: 4, 10: 4}  # fewest members per raid_level (settings allow these)
+# Fewest members per raid_level (settings allow these). RAID10 takes 2: mdadm builds the
+# "near 2" layout, a mirror, on two disks.
+RAID_MIN_DISKS = {0: 2, 1: 2, 5: 3, 6: 4, 10: 2}
 
 
 def is_ours(device: BlockDevice) -> bool:
