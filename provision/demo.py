@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -40,6 +41,13 @@ class DemoPaths:
         return self.root / "reports"
 
     @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    def log(self, stage: str) -> Path:
+        return self.logs / f"{stage}.log"
+
+    @property
     def restore_target(self) -> Path:
         return Path("/tmp/provision-demo-restore")  # on the storage node, not here
 
@@ -63,6 +71,7 @@ class StageResult:
     seconds: float  # wall time in this run; 0 when skipped
     exit_code: int | None = None  # the command's exit code when it ran
     artifacts: list[str] = field(default_factory=list)  # paths to reports and logs
+    outcome: str = ""  # the command's own last line (its summary), when it ran
 
 
 def stages(paths: DemoPaths, nodes: int) -> list[Stage]:
@@ -70,7 +79,8 @@ def stages(paths: DemoPaths, nodes: int) -> list[Stage]:
     inv, rep = str(paths.inventory), paths.reports
     return [
         Stage("up", "provision every node (NVIDIA skipped: the VMs have no GPU)", ["up", inv]),
-        Stage("verify", "check the promised state with testinfra", ["verify", inv]),
+        Stage("verify", "check the promised state with testinfra",
+              ["verify", inv, "--workdir", str(paths.root / "verify")], [str(paths.root / "verify" / "verify.xml")]),
         # Emulated VMs reach a fraction of their CPU's ISA peak, which validate rightly
         # reports as a warning; the demo accepts warnings (the report shows them) but not fails.
         Stage("validate", "quick acceptance gate, with JSON, HTML and JUnit reports",
@@ -110,13 +120,49 @@ def save_done(paths: DemoPaths, identity: str, done: dict[str, float]) -> None:
     tmp.replace(paths.state)
 
 
-Runner = Callable[[list[str]], int]
+Runner = Callable[[list[str], Path], int]  # (argv, log file) -> exit code
 
 
-def run_provision(argv: list[str]) -> int:
-    """Run one provision command as a child process, sharing this terminal."""
+def run_provision(argv: list[str], log: Path) -> int:
+    """Run one provision command as a child process and show its output live, as a user
+    typing it would see it; a copy goes to ``log`` (the summary's last line comes from it).
+
+    On a terminal the child gets a pseudo-terminal of its own, so its rich progress display
+    stays live while being copied; elsewhere (CI, a pipe) its output is copied line by line.
+    """
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    return subprocess.run([sys.executable, "-m", "provision", *argv], env=env).returncode
+    command = [sys.executable, "-m", "provision", *argv]
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "wb") as copy:
+        if sys.stdout.isatty():
+            import pty
+
+            def tee(fd: int) -> bytes:
+                data = os.read(fd, 65536)
+                copy.write(data)
+                return data
+
+            status = pty.spawn(command, tee)
+            return os.waitstatus_to_exitcode(status)
+        process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        assert process.stdout is not None
+        for line in process.stdout:
+            sys.stdout.buffer.write(line)
+            sys.stdout.flush()
+            copy.write(line)
+        return process.wait()
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07|\r")
+
+
+def last_line(log: Path) -> str:
+    """The last non-empty line a command printed (its summary line), without colours."""
+    if not log.is_file():
+        return ""
+    text = _ANSI.sub("", log.read_bytes().decode(errors="replace"))
+    lines = [line.strip() for line in text.splitlines() if line.strip() and set(line.strip()) - set("─━-=╭╮╰╯│ ")]
+    return lines[-1][:160] if lines else ""
 
 
 def run_demo(
@@ -129,8 +175,9 @@ def run_demo(
     failed stage (the later ones need it); the next demo run starts again there."""
     paths.reports.mkdir(parents=True, exist_ok=True)
     testbed = Stage("testbed", f"{nodes} qemu VMs, 2 data disks each, node1 is storage",
-                    ["testbed", "up", "--nodes", str(nodes), "--disks", "2"], [str(paths.inventory)])
-    results = [_run_stage(testbed, announce, run)]
+                    ["testbed", "up", "--nodes", str(nodes), "--disks", "2", "--inventory", str(paths.inventory)],
+                    [str(paths.inventory)])
+    results = [_run_stage(testbed, paths, announce, run)]
     if results[0].status == "failed":
         return results + _not_run(stages(paths, nodes)), EXIT_FAILED
     identity = testbed_identity(paths.inventory)
@@ -139,9 +186,11 @@ def run_demo(
     for index, stage in enumerate(pipeline):
         if stage.name in done:
             announce(stage, "done earlier, skipped")
-            results.append(StageResult(stage.name, "done earlier", 0.0, None, stage.artifacts))
+            log = paths.log(stage.name)
+            results.append(StageResult(stage.name, "done earlier", 0.0, None, [*stage.artifacts, str(log)],
+                                       last_line(log)))
             continue
-        result = _run_stage(stage, announce, run)
+        result = _run_stage(stage, paths, announce, run)
         results.append(result)
         if result.status == "failed":
             return results + _not_run(pipeline[index + 1:]), EXIT_FAILED
@@ -150,14 +199,15 @@ def run_demo(
     return results, EXIT_OK
 
 
-def _run_stage(stage: Stage, announce: Callable[[Stage, str], None], run: Runner) -> StageResult:
+def _run_stage(stage: Stage, paths: DemoPaths, announce: Callable[[Stage, str], None], run: Runner) -> StageResult:
     announce(stage, "starting")
+    log = paths.log(stage.name)
     start = time.monotonic()
-    code = run(stage.argv)
+    code = run(stage.argv, log)
     seconds = time.monotonic() - start
     status = "done" if code == 0 else "failed"
     announce(stage, f"{status} in {seconds:.0f}s" + ("" if code == 0 else f" (exit code {code})"))
-    return StageResult(stage.name, status, seconds, code, stage.artifacts)
+    return StageResult(stage.name, status, seconds, code, [*stage.artifacts, str(log)], last_line(log))
 
 
 def _not_run(rest: list[Stage]) -> list[StageResult]:

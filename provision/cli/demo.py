@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from provision.console import err, out, print_json
@@ -33,14 +34,22 @@ def demo(
     if as_json_out:
         print_json(as_json(results))
     table = Table(title="provision demo")
-    for column in ("stage", "result", "time", "reports and logs"):
+    for column in ("stage", "result", "time", "what it said last", "reports and logs"):
         table.add_column(column)
     for r in results:
         style = {"done": "green", "done earlier": "green", "failed": "red"}.get(r.status, "dim")
         table.add_row(r.name, f"[{style}]{r.status}[/]", f"{r.seconds:.0f}s" if r.seconds else "-",
-                      "\n".join(r.artifacts) or "-")
+                      escape(r.outcome) or "-", "\n".join(_relative(a) for a in r.artifacts) or "-")
     (err if as_json_out else out).print(table)
     err.print(f"The testbed stays up: look around with `provision testbed ssh node1`, "
               f"check it with `provision status {paths.inventory}`, "
               "take it down with `provision testbed down`.")
     raise typer.Exit(code)
+
+
+def _relative(path: str) -> str:
+    """Paths under the working directory, as the user would type them."""
+    try:
+        return str(Path(path).relative_to(Path.cwd()))
+    except ValueError:
+        return path

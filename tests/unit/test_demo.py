@@ -12,11 +12,13 @@ class RecordingRunner:
     def __init__(self, inventory, fail=()):
         self.inventory, self.fail, self.calls = inventory, set(fail), []
 
-    def __call__(self, argv):
+    def __call__(self, argv, log):
         self.calls.append(argv)
         if argv[:2] == ["testbed", "up"] and not self.inventory.exists():
             self.inventory.write_text("nodes = []  # testbed 1\n")
         command = " ".join(argv[:2]) if argv[0] in ("testbed", "backup") else argv[0]
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(f"\x1b[1mworking\x1b[0m\n{command}: summary line\n\n")
         return 1 if command in self.fail else 0
 
 
@@ -62,3 +64,30 @@ def test_a_new_testbed_starts_the_pipeline_over(tmp_path):
     again = RecordingRunner(tmp_path / "testbed.py")
     run_demo(p, 2, lambda *a: None, again)
     assert [c[0] for c in again.calls][:3] == ["testbed", "up", "verify"]
+
+
+def test_each_stage_keeps_a_log_and_its_last_line_in_the_summary(tmp_path):
+    p = paths(tmp_path)
+    results, _ = run_demo(p, 2, lambda *a: None, RecordingRunner(tmp_path / "testbed.py"))
+    by_name = {r.name: r for r in results}
+    assert by_name["up"].outcome == "up: summary line"  # colours and blank lines dropped
+    assert str(p.log("up")) in by_name["up"].artifacts and p.log("up").is_file()
+    assert p.log("testbed").is_file()
+    again, _ = run_demo(p, 2, lambda *a: None, RecordingRunner(tmp_path / "testbed.py"))
+    assert {r.name: r.outcome for r in again}["up"] == "up: summary line"  # done earlier: from its log
+
+
+def test_the_testbed_is_asked_to_write_the_inventory_the_demo_reads(tmp_path):
+    runner = RecordingRunner(tmp_path / "testbed.py")
+    run_demo(paths(tmp_path), 2, lambda *a: None, runner)
+    testbed_argv = runner.calls[0]
+    assert testbed_argv[testbed_argv.index("--inventory") + 1] == str(tmp_path / "testbed.py")
+
+
+def test_a_real_child_is_shown_and_logged(tmp_path, capfd):
+    from provision.demo import last_line, run_provision
+
+    log = tmp_path / "logs" / "version.log"
+    assert run_provision(["--help"], log) == 0
+    assert "provision" in capfd.readouterr().out and "Usage" in log.read_text()
+    assert last_line(log)
