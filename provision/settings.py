@@ -183,7 +183,8 @@ class Settings:
     # --- nfs ---
     nfs_server: str | None = knob(None, "host name of the NFS server; default: first storage host")
     nfs_exports: list[str] = knob(["datasets", "checkpoints", "scratch"], "directories to share")
-    nfs_export_root: str = knob("/data/shared", "where exported directories live on the server", _absolute)
+    nfs_export_root: str = knob("/data/shared", "where exported directories live on the server; "
+                                "default: <data_mount>/shared, on the data volume", _absolute)
     nfs_mount_root: str = knob("/shared", "where clients (and the server) see the shares", _absolute)
     nfs_export_options: str = knob("rw,sync,root_squash,no_subtree_check", "exports(5) options")
 
@@ -292,6 +293,10 @@ def parse_settings(data: dict[str, Any], where: str) -> tuple[Settings, list[Pro
             problems.append(Problem(f"{where}: key {key}", message))
             continue
         values[key] = value
+    # The shares belong on the data volume: moving data_mount moves their default with it
+    # (a fixed /data/shared would put them on the root disk).
+    if "data_mount" in values and "nfs_export_root" not in values:
+        values["nfs_export_root"] = f"{values['data_mount'].rstrip('/')}/shared"
     return Settings(**values), problems
 
 

@@ -66,3 +66,13 @@ def test_every_wrong_disk_of_a_key_is_named_in_its_one_line():
     (problem,) = problems
     assert "'/dev/sdb'" in str(problem) and "'/dev/disk/by-uuid/u'" in str(problem)
     assert "S6EXAMPLE0001" not in str(problem)
+
+
+def test_the_nfs_export_root_follows_the_data_mount_unless_set():
+    from provision.settings import parse_settings
+
+    moved, problems = parse_settings({"data_mount": "/srv/data"}, "inv.py: host n1")
+    assert not problems and moved.nfs_export_root == "/srv/data/shared"
+    assert parse_settings({}, "inv.py: host n1")[0].nfs_export_root == "/data/shared"
+    chosen, _ = parse_settings({"data_mount": "/srv/data", "nfs_export_root": "/export"}, "inv.py: host n1")
+    assert chosen.nfs_export_root == "/export"
