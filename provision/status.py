@@ -158,10 +158,21 @@ def judge_host(node: Node, cluster: Cluster, stack: InstalledStack, os_name: str
     installed = _driver_version(stack)
     status.reboot_pending = stack.reboot_required or bool(
         stack.loaded_driver and installed and stack.loaded_driver != installed)
-    if stack.backup_finished_epoch:
-        status.last_backup_age_s = now - stack.backup_finished_epoch
-        status.last_backup = f"{format_age(status.last_backup_age_s)} ago ({stack.backup_result or 'unknown'})"
+    status.last_backup, status.last_backup_age_s = last_backup(stack, now)
     return status
+
+
+def last_backup(stack: InstalledStack, now: float) -> tuple[str | None, float | None]:
+    """(text, age of the last successful backup): from the stamp the backup script writes on
+    success, which outlives reboots; a failed run since then is said, never hidden."""
+    failed = stack.backup_result not in (None, "success")
+    success = stack.backup_success_epoch
+    if success is None and stack.backup_result == "success" and stack.backup_finished_epoch:
+        success = stack.backup_finished_epoch  # hosts set up before the stamp existed
+    if success is None:
+        return ("never succeeded (last run: failed)", None) if failed else (None, None)
+    age = now - success
+    return f"{format_age(age)} ago" + (" (last run: failed)" if failed else " (success)"), age
 
 
 def format_age(seconds: float) -> str:

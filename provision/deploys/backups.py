@@ -6,6 +6,7 @@ which hosts back up, where the repository is, and how the password is kept secre
 
 from __future__ import annotations
 
+import posixpath
 from io import StringIO
 
 from pyinfra import host
@@ -18,6 +19,7 @@ from provision import backup
 from provision.deploys.probes import HostKeys
 from provision.deploys.volumes import install
 from provision.errors import InputError
+from provision.facts.stack import BACKUP_STAMP
 from provision.inventory import Cluster, Node
 from provision.resources import render_template
 from provision.runner import Step, current_cluster, current_node, note, refuse, secret_upload
@@ -38,7 +40,8 @@ def unit_files(node: Node, cluster: Cluster) -> dict[str, str]:
         backup.SCRIPT: render_template("backups/provision-backup.j2", wrapper=backup.WRAPPER, paths=paths,
                                        hostname=node.name, schedule=s.backup_schedule,
                                        keep_daily=s.backup_keep_daily, keep_weekly=s.backup_keep_weekly,
-                                       keep_monthly=s.backup_keep_monthly),
+                                       keep_monthly=s.backup_keep_monthly, stamp=BACKUP_STAMP,
+                                       stamp_dir=posixpath.dirname(BACKUP_STAMP)),
         f"/etc/systemd/system/{backup.UNIT}": render_template(
             "backups/provision-backup.service.j2", paths=paths, script=backup.SCRIPT),
         f"/etc/systemd/system/{backup.TIMER}": render_template(

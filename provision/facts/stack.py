@@ -20,6 +20,9 @@ from provision.facts.dpkg import LIST_COMMAND, installed_package
 PACKAGE_PATTERN = r"^(nvidia-|libnvidia-|cuda-|libnccl|datacenter-gpu-manager)"
 
 BACKUP_SERVICE = "provision-backup.service"
+# Written by the backup script after a successful run: systemd forgets its own timestamps
+# at a reboot, so `status` would call a host that backed up an hour ago "never".
+BACKUP_STAMP = "/var/lib/provision/backup-last-success"
 
 _VENV_PROBE = (
     "import json\n"
@@ -63,6 +66,7 @@ class InstalledStack:
     mounts: tuple[MountState, ...] = ()  # data volume and NFS shares
     backup_result: str | None = None  # systemd Result of the last backup run ("success", ...)
     backup_finished_epoch: int | None = None  # when it finished, seconds since the epoch
+    backup_success_epoch: int | None = None  # last successful backup (BACKUP_STAMP), survives reboots
 
 
 def parse_stack(lines: list[str]) -> InstalledStack:
@@ -84,6 +88,7 @@ def parse_stack(lines: list[str]) -> InstalledStack:
             key, _, value = line.partition("=")
             values[key.strip()] = value.strip()
     finished = values.get("backup_finished", "")
+    succeeded = values.get("backup_success", "")
     return InstalledStack(
         packages=packages,
         loaded_driver=values.get("loaded_driver") or None,
@@ -94,6 +99,7 @@ def parse_stack(lines: list[str]) -> InstalledStack:
         mounts=tuple(mounts),
         backup_result=values.get("backup_result") or None,
         backup_finished_epoch=int(finished) if finished.isdigit() and int(finished) > 0 else None,
+        backup_success_epoch=int(succeeded) if succeeded.isdigit() and int(succeeded) > 0 else None,
     )
 
 
@@ -116,6 +122,7 @@ def stack_command(venv_path: str, mount_points: list[str]) -> str:
         "echo \"mount $m $p $h ${t:--}\"; done" if checks else "true",
         f"systemctl show {BACKUP_SERVICE} -p Result -p ExecMainExitTimestamp --timestamp=unix 2>/dev/null"
         " | sed -e 's/^Result=/backup_result=/' -e 's/^ExecMainExitTimestamp=@*/backup_finished=/'",
+        f"echo \"backup_success=$(cat {BACKUP_STAMP} 2>/dev/null)\"",
     ])
 
 

@@ -15,6 +15,7 @@ import pytest
 from provision import backup, runner
 from provision.deploys import backups
 from provision.errors import InputError
+from provision.facts.stack import BACKUP_STAMP
 from provision.inventory import Cluster, Node, SshTarget
 from provision.settings import Settings
 from tests.helpers.pyinfra_fake import fake_node, run_fake
@@ -90,6 +91,11 @@ def test_backup_script_backs_up_then_forgets_with_the_retention_settings(tmp_pat
         "$restic backup --tag provision --host node1 /shared/checkpoints",
         "$restic forget --prune --tag provision --host node1 --keep-daily 3 --keep-weekly 2 --keep-monthly 1",
     ]
+    # Only a run that got through both (set -e) stamps the time `status` reports.
+    assert "set -eu" in script
+    last = script.rstrip().splitlines()[-1]
+    assert last == (f"date +%s > {BACKUP_STAMP}.tmp && mv {BACKUP_STAMP}.tmp {BACKUP_STAMP}")
+    assert script.index("forget --prune") < script.index(BACKUP_STAMP)
 
 
 def test_service_and_timer_render_with_schedule_and_paths(tmp_path):

@@ -83,6 +83,20 @@ def test_backup_age_from_the_service_exit_time(tmp_path):
     assert status.last_backup == "2h ago (success)"
 
 
+def test_last_backup_survives_a_reboot_and_a_later_failure_is_said(tmp_path):
+    # After a reboot systemd has no Result or timestamp; the script's stamp still has the time.
+    rebooted = judge(cluster(tmp_path), InstalledStack(venv=GOOD_VENV, mounts=NFS_OK,
+                                                       backup_success_epoch=1_000_000 - 3 * 3600))
+    assert rebooted.last_backup == "3h ago (success)" and rebooted.last_backup_age_s == 3 * 3600
+    failed = judge(cluster(tmp_path), InstalledStack(venv=GOOD_VENV, mounts=NFS_OK, backup_result="exit-code",
+                                                     backup_finished_epoch=1_000_000 - 60,
+                                                     backup_success_epoch=1_000_000 - 86400))
+    assert failed.last_backup == "1d ago (last run: failed)"
+    never = judge(cluster(tmp_path), InstalledStack(venv=GOOD_VENV, mounts=NFS_OK, backup_result="exit-code",
+                                                    backup_finished_epoch=1_000_000 - 60))
+    assert never.last_backup == "never succeeded (last run: failed)" and never.last_backup_age_s is None
+
+
 def test_stack_parser_reads_packages_venv_mounts_and_backup():
     lines = [
         "loaded_driver=580.95.05", "nvidia_gpus=8", "nvswitches=4",
@@ -91,7 +105,7 @@ def test_stack_parser_reads_packages_venv_mounts_and_backup():
         'venv={"torch": "2.13.0+cu128", "nccl": "2.27.3"}',
         "reboot_required=no",
         "mount /data yes yes xfs", "mount /shared/datasets no no -",
-        "backup_result=success", "backup_finished=1700000000",
+        "backup_result=success", "backup_finished=1700000000", "backup_success=1699999000",
     ]
     stack = parse_stack(lines)
     assert stack.packages == {"nvidia-driver-580-open": "580.95.05-0ubuntu1"}  # rc = removed
@@ -99,7 +113,7 @@ def test_stack_parser_reads_packages_venv_mounts_and_backup():
     assert stack.venv["nccl"] == "2.27.3"
     assert stack.mounts[0] == MountState("/data", True, True, "xfs")
     assert stack.mounts[1] == MountState("/shared/datasets", False, False, None)
-    assert stack.backup_finished_epoch == 1700000000
+    assert stack.backup_finished_epoch == 1700000000 and stack.backup_success_epoch == 1699999000
 
 
 def test_stack_command_quotes_paths():
