@@ -56,6 +56,24 @@ def test_a_file_written_on_a_client_is_seen_on_the_server(cluster, provisioned):
     assert sh(server, f"stat -c %U /data/shared/scratch/{name}").strip() == user
 
 
+def test_a_file_written_by_one_client_is_read_by_another_with_the_same_checksum(cluster, provisioned):
+    # The testbed has one client (node2); the second client is the server mounting its own
+    # export over the cluster network, a real NFS 4.2 client like any other node's.
+    client, server = cluster.node("node2"), cluster.node("node1")
+    user = client.settings.training_user
+    name = f"e2e-{secrets.token_hex(4)}"
+    sh(client, f"su -s /bin/sh {user} -c 'head -c 8M /dev/urandom > /shared/scratch/{name}' && sync")
+    written = sh(client, f"sha256sum /shared/scratch/{name}").split()[0]
+    mnt = f"/mnt/e2e-nfs-{secrets.token_hex(4)}"
+    sh(server, f"mkdir -p {mnt} && mount -t nfs4 -o vers=4.2,hard "
+               f"{server.cluster_address}:/data/shared/scratch {mnt}")
+    try:
+        assert "nfs4" in sh(server, f"findmnt -n -o FSTYPE {mnt}")
+        assert sh(server, f"sha256sum {mnt}/{name}").split()[0] == written
+    finally:
+        sh(server, f"umount {mnt} && rmdir {mnt}")
+
+
 def test_root_on_a_client_is_squashed(cluster, provisioned):
     client = cluster.node("node2")
     result = sh(client, "touch /shared/scratch/e2e-root 2>&1; echo rc=$?")
