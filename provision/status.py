@@ -158,7 +158,15 @@ def judge_host(node: Node, cluster: Cluster, stack: InstalledStack, os_name: str
     installed = _driver_version(stack)
     status.reboot_pending = stack.reboot_required or bool(
         stack.loaded_driver and installed and stack.loaded_driver != installed)
-    status.last_backup, status.last_backup_age_s = last_backup(stack, now)
+    backup_text, status.last_backup_age_s = last_backup(stack, now)
+    status.last_backup = backup_text or status.last_backup
+    storage = cluster.storage_node()
+    if storage is not None and storage.name == node.name and node.settings.nfs_exports:
+        # The server side of the shares every other node mounts.
+        served = stack.nfs_server or "unknown"
+        status.mounts["nfs-server"] = "ok" if served == "active" else served
+        if served != "active":
+            status.drift.append(Drift("nfs-server", "active", served))
     return status
 
 

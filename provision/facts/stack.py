@@ -67,6 +67,7 @@ class InstalledStack:
     backup_result: str | None = None  # systemd Result of the last backup run ("success", ...)
     backup_finished_epoch: int | None = None  # when it finished, seconds since the epoch
     backup_success_epoch: int | None = None  # last successful backup (BACKUP_STAMP), survives reboots
+    nfs_server: str | None = None  # systemctl is-active nfs-server: "active", "inactive", ...
 
 
 def parse_stack(lines: list[str]) -> InstalledStack:
@@ -100,6 +101,7 @@ def parse_stack(lines: list[str]) -> InstalledStack:
         backup_result=values.get("backup_result") or None,
         backup_finished_epoch=int(finished) if finished.isdigit() and int(finished) > 0 else None,
         backup_success_epoch=int(succeeded) if succeeded.isdigit() and int(succeeded) > 0 else None,
+        nfs_server=values.get("nfs_server") or None,
     )
 
 
@@ -123,6 +125,7 @@ def stack_command(venv_path: str, mount_points: list[str]) -> str:
         f"systemctl show {BACKUP_SERVICE} -p Result -p ExecMainExitTimestamp --timestamp=unix 2>/dev/null"
         " | sed -e 's/^Result=/backup_result=/' -e 's/^ExecMainExitTimestamp=@*/backup_finished=/'",
         f"echo \"backup_success=$(cat {BACKUP_STAMP} 2>/dev/null)\"",
+        "echo \"nfs_server=$(systemctl is-active nfs-server 2>/dev/null)\"",
     ])
 
 

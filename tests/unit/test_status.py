@@ -71,8 +71,9 @@ def test_nfs_share_not_answering_is_drift(tmp_path):
 
 def test_storage_node_checks_its_data_volume_not_nfs_clients(tmp_path):
     c = cluster(tmp_path, data_disks="auto")
-    status = judge_host(c.node("n2"), c, InstalledStack(venv=GOOD_VENV), "Debian 12", "6.1")
-    assert status.mounts == {}  # n2 has no data_disks and serves NFS rather than mounting it
+    status = judge_host(c.node("n2"), c, InstalledStack(venv=GOOD_VENV, nfs_server="active"), "Debian 12", "6.1")
+    assert status.mounts == {"nfs-server": "ok"}  # no data_disks; it serves NFS rather than mounting it
+    assert status.drift == []
     status = judge(c, InstalledStack(venv=GOOD_VENV, mounts=NFS_OK))
     assert status.mounts["/data"] == "not mounted"
 
@@ -139,3 +140,11 @@ def test_last_validate_verdict_and_age_come_from_validates_history(tmp_path, mon
     assert last_validate("node1", now) == "warn, 10m ago"
     assert last_validate("node2", now) is None
     assert last_validate("odd name", now) is None  # a name validate never records under
+
+
+def test_a_stopped_nfs_server_on_the_storage_node_is_drift(tmp_path):
+    c = cluster(tmp_path)
+    status = judge_host(c.node("n2"), c, InstalledStack(venv=GOOD_VENV, nfs_server="inactive"), "Debian 12", "6.1")
+    assert status.mounts == {"nfs-server": "inactive"}
+    assert [(d.item, d.expected, d.actual) for d in status.drift] == [("nfs-server", "active", "inactive")]
+    assert parse_stack(["nfs_server=failed"]).nfs_server == "failed"
