@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import typer
@@ -67,6 +68,24 @@ def _groups(only: str) -> frozenset[str]:
     return groups
 
 
+def _check_outputs(outputs: dict[str, str | Path | None]) -> None:
+    """Report files must be writable before the run, not found unwritable after it."""
+    problems = []
+    for flag, path in outputs.items():
+        if path is None:
+            continue
+        p = Path(path)
+        parent = p.parent
+        if p.is_dir():
+            problems.append(Problem(f"{flag} {p}", "is a directory", "give a file name"))
+        elif not parent.is_dir():
+            problems.append(Problem(f"{flag} {p}", f"directory {parent} does not exist", "create it first"))
+        elif not os.access(parent, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
+            problems.append(Problem(f"{flag} {p}", "not writable", "choose a path you can write"))
+    if problems:
+        raise InputError(problems)
+
+
 def _run(
     inventory: Path,
     mode: str,
@@ -83,6 +102,7 @@ def _run(
 
     # Every input is checked before the first host is contacted.
     groups = _groups(only)
+    _check_outputs({"--json": None if json_out == "-" else json_out, "--html": html_out, "--junit": junit_out})
     overrides = load_expect_file(expect) if expect else Overrides()
     cluster = inventory_lib.load(inventory)
     for node in cluster.nodes:

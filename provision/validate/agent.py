@@ -29,6 +29,7 @@ import tempfile
 import threading
 import time
 import traceback
+from typing import Any
 
 SCHEMA = 1  # parsers.AGENT_SCHEMA on the controller must match
 NO_GPU = "not run: no GPU"
@@ -351,6 +352,10 @@ def bench_disk(cfg: dict, data_dir: str, res: Results) -> None:
         return res.skip(DISK_METRICS, "not run: fio missing (run the `up` step base)")
     if not os.path.isdir(data_dir):
         return res.skip(DISK_METRICS, f"not run: data volume {data_dir} does not exist (run the `up` step volumes)")
+    unmounted = _unmounted_volume(data_dir)
+    if unmounted:  # fio would measure the root disk under the empty mount point
+        why = f"not run: {unmounted} is not mounted (the volumes step of provision up makes it)"
+        return res.skip(DISK_METRICS, why)
     workdir = tempfile.mkdtemp(prefix=".provision-validate-", dir=data_dir)
     try:
         out, direct = _run_fio(workdir, cfg)
@@ -359,6 +364,29 @@ def bench_disk(cfg: dict, data_dir: str, res: Results) -> None:
         res.skip(DISK_METRICS, res.error("fio", e))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _unmounted_volume(data_dir: str) -> str:
+    """The /etc/fstab mount point holding ``data_dir`` that is not mounted now, or "".
+
+    The volumes step mounts the data volume with ``nofail``: when the mount fails the node
+    still boots, and its empty mount point is a directory on the root disk."""
+    path = os.path.realpath(data_dir)
+    for mnt in _fstab_mount_points(_read("/etc/fstab")):
+        inside = path == mnt or path.startswith(mnt.rstrip("/") + "/")
+        if mnt != "/" and inside and not os.path.ismount(mnt):
+            return mnt
+    return ""
+
+
+def _fstab_mount_points(text: str) -> list[str]:
+    points = []
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) >= 2 and not fields[0].startswith("#") and fields[1].startswith("/"):
+            # fstab writes a space in a path as \040
+            points.append(os.path.normpath(re.sub(r"\\(\d{3})", lambda m: chr(int(m.group(1), 8)), fields[1])))
+    return points
 
 
 def _run_fio(workdir: str, cfg: dict) -> tuple[dict, bool]:
@@ -399,7 +427,11 @@ def _disk_results(report: dict, direct: bool, res: Results) -> None:
 
 
 def gpu_inventory() -> tuple[list[dict], str, str]:
-    """(GPUs from NVML, nvidia-smi -q -x text when NVML is unavailable, why neither)."""
+    """(GPUs from NVML, nvidia-smi -q -x text when NVML is unavailable, why neither).
+
+    A GPU NVML cannot read (NVML_ERROR_GPU_IS_LOST: it fell off the bus) is listed as
+    ``{"index": i, "error": ...}`` and the others are kept. Raises only when NVML started
+    but cannot even count the GPUs; run() turns that into a not-run reason."""
     try:
         import pynvml
 
@@ -408,12 +440,20 @@ def gpu_inventory() -> tuple[list[dict], str, str]:
         xml = _nvidia_smi_xml()
         return [], xml, "" if xml else f"no NVML ({type(e).__name__}) and no nvidia-smi"
     try:
-        driver = _s(pynvml.nvmlSystemGetDriverVersion())
-        cuda = pynvml.nvmlSystemGetCudaDriverVersion_v2()
-        cuda_s = f"{cuda // 1000}.{cuda % 1000 // 10}"
-        return [_nvml_gpu(pynvml, i, driver, cuda_s) for i in range(pynvml.nvmlDeviceGetCount())], "", ""
+        driver = _nv(pynvml.nvmlSystemGetDriverVersion)
+        cuda = _nv(pynvml.nvmlSystemGetCudaDriverVersion_v2)
+        cuda_s = f"{cuda // 1000}.{cuda % 1000 // 10}" if cuda else None
+        count = pynvml.nvmlDeviceGetCount()
+        return [_nvml_gpu_or_lost(pynvml, i, _s(driver) if driver else None, cuda_s) for i in range(count)], "", ""
     finally:
-        pynvml.nvmlShutdown()
+        _nv(pynvml.nvmlShutdown)
+
+
+def _nvml_gpu_or_lost(nv, i: int, driver: str | None, cuda: str | None) -> dict:
+    try:
+        return _nvml_gpu(nv, i, driver, cuda)
+    except Exception as e:  # this GPU only: the rest of the node is still measured
+        return {"index": i, "error": f"{type(e).__name__}: {e}"}
 
 
 def _s(v) -> str:
@@ -428,7 +468,7 @@ def _nv(fn, *args):
         return None
 
 
-def _nvml_gpu(nv, i: int, driver: str, cuda: str) -> dict:
+def _nvml_gpu(nv, i: int, driver: str | None, cuda: str | None) -> dict:
     h = nv.nvmlDeviceGetHandleByIndex(i)
     pci = nv.nvmlDeviceGetPciInfo(h)
     mem = _nv(nv.nvmlDeviceGetMemoryInfo, h)
@@ -522,7 +562,9 @@ def _nvidia_smi_xml() -> str:
         p = subprocess.run(["nvidia-smi", "-q", "-x"], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
         return ""
-    return p.stdout if p.returncode == 0 else ""
+    # Only a real report: anything else (a stand-in or broken nvidia-smi) would make the
+    # controller's XML parser refuse the whole document, CPU results included.
+    return p.stdout if p.returncode == 0 and "<nvidia_smi_log" in p.stdout else ""
 
 
 def bench_gpus(torch, cfg: dict, gpus: list[dict], res: Results) -> None:
@@ -642,10 +684,13 @@ def _burn(torch, cfg: dict, i: int, res: Results) -> None:
 
 
 def _host_copies(torch, cfg: dict, i: int, gpu: dict, res: Results) -> None:
-    """Pinned host memory on the GPU's own NUMA node, both directions; the PCIe link is read
-    while copies run (an idle link drops to gen 1 to save power)."""
+    """Pinned host memory on the GPU's own NUMA node, both directions; the PCIe link is
+    polled while copies run (an idle link drops to gen 1 to save power)."""
     n = cfg["h2d_mb"] << 20
     cpus = _read(f"/sys/devices/system/node/node{gpu.get('numa_node')}/cpulist")
+    # torch's caching host allocator would hand back the previous GPU's pinned block, whose
+    # pages sit on that GPU's NUMA node: drop the cached blocks so this one is new pages.
+    _empty_host_cache(torch)
     old = os.sched_getaffinity(0)
     if gpu.get("numa_node") is not None and cpus:
         os.sched_setaffinity(0, _cpulist(cpus))  # first touch puts the pages on that node
@@ -657,13 +702,19 @@ def _host_copies(torch, cfg: dict, i: int, gpu: dict, res: Results) -> None:
         os.sched_setaffinity(0, old)
     with torch.cuda.device(i):
         dev = torch.empty(n, dtype=torch.uint8, device=i)
-        dev.copy_(host, non_blocking=True)
-        for _ in range(20):  # keep the link busy while NVML reads it
-            dev.copy_(host, non_blocking=True)
-        _pcie_under_load(i, res)
-        torch.cuda.synchronize(i)
-        h2d = _timed(torch, i, lambda: dev.copy_(host, non_blocking=True), 10)
-        d2h = _timed(torch, i, lambda: host.copy_(dev, non_blocking=True), 10)
+        with _LinkPoll(i) as link:  # NVML is up before the first copy is queued
+            for _ in range(20):
+                dev.copy_(host, non_blocking=True)
+            # An event's wait releases the GIL (torch.cuda.synchronize may not), so the poll
+            # thread keeps reading while the copies run.
+            copied = torch.cuda.Event()
+            copied.record()
+            copied.synchronize()
+        link.report(f"gpu{i}", res)
+        h2d = _timed(torch, i, lambda h=host, d=dev: d.copy_(h, non_blocking=True), 10)
+        d2h = _timed(torch, i, lambda h=host, d=dev: h.copy_(d, non_blocking=True), 10)
+    del host, dev
+    _empty_host_cache(torch)  # give the pinned pages back before the next GPU's turn
     where = (
         f"pinned on NUMA node {gpu.get('numa_node')}"
         if gpu.get("numa_node") is not None
@@ -673,19 +724,69 @@ def _host_copies(torch, cfg: dict, i: int, gpu: dict, res: Results) -> None:
     res.add("gpu_d2h_gbs", n / d2h / 1e9, f"gpu{i}", detail=where)
 
 
-def _pcie_under_load(i: int, res: Results) -> None:
-    try:
-        import pynvml
+def _empty_host_cache(torch) -> None:
+    # Private, but the only way to release cached pinned blocks (torch 2.13 has it; guard).
+    if hasattr(torch._C, "_host_emptyCache"):
+        torch._C._host_emptyCache()
 
-        pynvml.nvmlInit()
-        h = pynvml.nvmlDeviceGetHandleByIndex(i)
-        gen = pynvml.nvmlDeviceGetCurrPcieLinkGeneration(h)
-        width = pynvml.nvmlDeviceGetCurrPcieLinkWidth(h)
-        pynvml.nvmlShutdown()
-    except Exception:
-        return  # the controller falls back to the inventory's max link values
-    res.add("gpu_pcie_gen", float(gen), f"gpu{i}", detail="read during host copies")
-    res.add("gpu_pcie_width", float(width), f"gpu{i}", detail="read during host copies")
+
+class _LinkPoll:
+    """The best PCIe generation and width NVML reports while the copies run.
+
+    NVML starts before the copies (its init can outlast a short burst of copies), and a
+    thread reads the link every few ms until the copies end, keeping the maximum: a link
+    trains down when idle, so a single read at the wrong moment would look degraded.
+    Without NVML nothing is reported; the judge then uses the inventory's max link values."""
+
+    def __init__(self, index: int, interval_s: float = 0.005) -> None:
+        self.index, self.interval_s = index, interval_s
+        self.gen = self.width = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._nv: Any = None  # the pynvml module while NVML is up
+        self._handle: Any = None  # NVML handle of the GPU
+
+    def __enter__(self) -> _LinkPoll:
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nv = pynvml
+            self._handle = pynvml.nvmlDeviceGetHandleByIndex(self.index)
+        except Exception:
+            self._stop_nvml()
+            return self
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+        return self
+
+    def _poll(self) -> None:
+        while True:
+            self._read()
+            if self._stop.wait(self.interval_s):
+                return
+
+    def _read(self) -> None:
+        gen = _nv(self._nv.nvmlDeviceGetCurrPcieLinkGeneration, self._handle)
+        width = _nv(self._nv.nvmlDeviceGetCurrPcieLinkWidth, self._handle)
+        self.gen, self.width = max(self.gen, gen or 0), max(self.width, width or 0)
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._stop_nvml()
+
+    def _stop_nvml(self) -> None:
+        if self._nv is not None:
+            _nv(self._nv.nvmlShutdown)
+        self._nv = None
+
+    def report(self, device: str, res: Results) -> None:
+        if self.gen:
+            res.add("gpu_pcie_gen", float(self.gen), device, detail="max polled during host copies")
+        if self.width:
+            res.add("gpu_pcie_width", float(self.width), device, detail="max polled during host copies")
 
 
 # --- all-reduce ----------------------------------------------------------------------------
@@ -791,7 +892,12 @@ def run(mode: str, only: set[str], data_dir: str) -> dict:
     cfg, res = MODES[mode], Results()
     torch, why = _import_torch()
     cpu, ram = cpu_inventory(), ram_inventory()
-    gpus, smi_xml, no_gpu_why = gpu_inventory()
+    try:
+        gpus, smi_xml, no_gpu_why = gpu_inventory()
+        absent = NO_GPU
+    except Exception as e:  # NVML started but failed: GPUs may be there, so not "no GPU"
+        gpus, smi_xml, no_gpu_why = [], "", f"NVML failed: {type(e).__name__}: {e}"
+        absent = res.error("gpu inventory", e)
     steps = [
         ("cpu", ("cpu_gemm_gflops", "cpu_gemm_peak_fraction"), lambda: bench_cpu(torch, cfg, cpu, res), True),
         (
@@ -805,8 +911,9 @@ def run(mode: str, only: set[str], data_dir: str) -> dict:
     for group, metrics, fn, needs_torch in steps:
         if group in only:
             _step(res, metrics, fn, why if needs_torch else "")
+    counts: dict = {}
     if "gpu" in only or "allreduce" in only:
-        _gpu_steps(torch, why, cfg, gpus, smi_xml, only, res)
+        counts = _gpu_steps(torch, why, cfg, (gpus, smi_xml, absent), only, res)
     return {
         "agent": SCHEMA,
         "hostname": socket.gethostname(),
@@ -820,6 +927,7 @@ def run(mode: str, only: set[str], data_dir: str) -> dict:
             "nics": nic_inventory(),
             "kernel": platform.release(),
             "gpu_note": no_gpu_why,
+            "gpu_counts": counts,
         },
         "gpus": gpus,
         "nvidia_smi_xml": smi_xml,
@@ -831,30 +939,48 @@ def run(mode: str, only: set[str], data_dir: str) -> dict:
 def _step(res: Results, metrics, fn, not_run: str) -> None:
     if not_run:
         return res.skip(metrics, not_run)
+    before = len(res.rows)
     try:
         fn()
     except Exception as e:
-        done = {r["metric"] for r in res.rows}
+        done = {r["metric"] for r in res.rows[before:]}  # rows of earlier steps do not count
         res.skip([m for m in metrics if m not in done], res.error(metrics[0].split("_")[0], e))
         res.errors.append(traceback.format_exc(limit=3))
 
 
-def _gpu_steps(torch, why: str, cfg: dict, gpus: list, smi_xml: str, only: set[str], res: Results) -> None:
+def _gpu_steps(torch, why: str, cfg: dict, found: tuple[list, str, str], only: set[str], res: Results) -> dict:
+    """The GPU groups. ``found``: NVML GPUs, nvidia-smi XML, the reason when neither found one.
+    Returns how many GPUs NVML and CUDA see (the judge fails a node where they differ)."""
+    gpus, smi_xml, absent = found
     gpu_metrics = GPU_METRICS if "gpu" in only else ()
     ar = ("gpu_allreduce_busbw_gbs",) if "allreduce" in only else ()
     if not gpus and not smi_xml:
-        return res.skip(gpu_metrics + ar, NO_GPU)
+        res.skip(gpu_metrics + ar, absent)
+        return {}
+    for g in gpus:
+        if g.get("error"):
+            reason = f"not run: NVML cannot read gpu{g['index']}: {g['error']} (fallen off the bus? see dmesg for Xid)"
+            res.skip(gpu_metrics, reason, f"gpu{g['index']}")
     if torch is None:
-        return res.skip(gpu_metrics + ar, why)
+        res.skip(gpu_metrics + ar, why)
+        return {}
     if not torch.cuda.is_available():
-        return res.skip(
+        res.skip(
             gpu_metrics + ar,
             "not run: torch sees no CUDA device (CPU-only torch build, or driver and CUDA do not match)",
         )
+        return {}
+    counts = {"nvml": len(gpus) or _smi_gpu_count(smi_xml), "cuda": torch.cuda.device_count()}
     if gpu_metrics:
         _step(res, gpu_metrics, lambda: bench_gpus(torch, cfg, gpus, res), "")
     if ar:
         _step(res, ar, lambda: bench_allreduce_local(torch, cfg, res), "")
+    return counts
+
+
+def _smi_gpu_count(xml: str) -> int:
+    m = re.search(r"<attached_gpus>\s*(\d+)", xml)
+    return int(m.group(1)) if m else xml.count("<gpu id=")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -227,7 +227,7 @@ def judge(inputs: list[NodeInput]) -> list[NodeResult]:
 def _judge_node(
     i: NodeInput, ms: list[Measurement], gpus: dict[str, GpuInfo], pools: dict[str, list[float]]
 ) -> NodeResult:
-    findings = [_finding(i, m, _context(m, gpus), pools) for m in ms]
+    findings = [_finding(i, m, _context(m, gpus), pools) for m in ms] + _gpu_count(i)
     verdict = worst([_counted(f) for f in findings] + (["fail"] if i.errors else []))
     return NodeResult(i.node, verdict, findings, _sku_label(gpus), dict(i.inventory), list(i.errors))
 
@@ -237,6 +237,26 @@ def _counted(f: Finding) -> str:
     if f.verdict != "not_run":
         return f.verdict
     return "pass" if f.reason.startswith(BENIGN_NOT_RUN) else "warn"
+
+
+# Not a metric of metrics.METRICS (nothing to set a floor on): NVML's and CUDA's GPU counts,
+# from the agent's inventory, must agree.
+GPU_COUNT = "gpu_count"
+
+
+def _gpu_count(i: NodeInput) -> list[Finding]:
+    """A GPU that NVML lists but CUDA cannot use (lost, hidden, broken driver) fails the node."""
+    counts = i.inventory.get("gpu_counts") or {}
+    nvml, cuda = counts.get("nvml"), counts.get("cuda")
+    if nvml is None or cuda is None:
+        return []
+    if nvml == cuda:
+        return [Finding(i.node, GPU_COUNT, "", float(cuda), "GPUs", float(nvml), "pass", f"CUDA and NVML see {cuda}")]
+    reason = (
+        f"CUDA sees {cuda} GPUs, NVML sees {nvml}: a GPU is lost, hidden by CUDA_VISIBLE_DEVICES or unusable "
+        "by the driver (see dmesg for Xid errors), and gpuN results may not name the GPU NVML calls gpuN"
+    )
+    return [Finding(i.node, GPU_COUNT, "", float(cuda), "GPUs", float(nvml), "fail", reason)]
 
 
 def _sku_label(gpus: dict[str, GpuInfo]) -> str:
@@ -298,7 +318,17 @@ def _not_run(i: NodeInput, m: Measurement, metric: Metric) -> Finding:
     verdict = "not_run"
     if i.wants_gpu and metric.group == "gpu" and reason.startswith(NO_GPU):
         verdict, reason = "fail", "no GPU found, but the host is in gpu_nodes"
+    elif metric.name.startswith("gpu_") and not reason.startswith(BENIGN_NOT_RUN) and _has_gpu(i):
+        # A GPU that could not be measured (a step raised, CUDA sees nothing, NVML lost it)
+        # is never skipped quietly on a GPU host: it may be the broken one.
+        verdict, reason = "fail", f"{reason}; a GPU host must measure every GPU"
     return Finding(i.node, m.metric, m.device, None, metric.unit, None, verdict, reason)
+
+
+def _has_gpu(i: NodeInput) -> bool:
+    """The host should have GPUs: it is in gpu_nodes, NVML or nvidia-smi listed some, or the
+    agent reported on a GPU by name (one NVML could not read)."""
+    return i.wants_gpu or bool(i.gpus) or any(m.device.startswith("gpu") for m in i.measurements)
 
 
 def fleet_summary(results: list[NodeResult]) -> dict[str, int]:

@@ -356,7 +356,9 @@ def agent_output(text: str, node: str) -> AgentReport:
     data = _json_object(text, "agent")
     if data.get("agent") != AGENT_SCHEMA:
         raise ParseError(f"agent: schema {data.get('agent')!r}, expected {AGENT_SCHEMA}")
-    gpus = [gpu_from_nvml(g) for g in data.get("gpus") or []]
+    # A GPU NVML could not read has only its index and an error; the agent reports it as
+    # not-run rows of that GPU, and it has no inventory to judge.
+    gpus = [gpu_from_nvml(g) for g in data.get("gpus") or [] if not g.get("error")]
     if not gpus and data.get("nvidia_smi_xml"):
         gpus = nvidia_smi_xml(data["nvidia_smi_xml"])
     measurements = tuple(

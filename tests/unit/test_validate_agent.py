@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import sys
+import time
+import types
+
+import pytest
+
 from provision.validate import agent
 
 
@@ -48,3 +55,282 @@ def test_throttle_bits_name_only_real_slowdowns():
 
 def test_pci_numa_reads_nothing_for_unknown_bus():
     assert agent._pci_numa("00000000:FF:1F.7") is None
+
+
+# --- GPU paths, on test stand-ins (this machine has no GPU) ---------------------------------
+
+
+class StandInNvmlGpuIsLost(Exception):
+    """Test stand-in for pynvml.NVMLError_GpuIsLost (NVML_ERROR_GPU_IS_LOST)."""
+
+    def __str__(self) -> str:
+        return "GPU is lost"
+
+
+class StandInPynvml:
+    """Test stand-in for the pynvml module: healthy H100s, except the indices in ``lost``,
+    which fail like a GPU that fell off the bus. ``busy()`` says whether host copies run."""
+
+    NVML_CLOCK_SM = 1
+    NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
+    NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
+    NVML_AGGREGATE_ECC = 1
+    NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS = 0
+    NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERRORS = 1
+
+    def __init__(self, count: int = 1, lost: tuple[int, ...] = (), busy=lambda: False, on_init=lambda: None):
+        self.count, self.lost, self.busy, self.on_init = count, lost, busy, on_init
+        self.started = 0  # nvmlInit minus nvmlShutdown calls
+
+    def nvmlInit(self):
+        self.on_init()
+        self.started += 1
+
+    def nvmlShutdown(self):
+        self.started -= 1
+
+    def nvmlSystemGetDriverVersion(self):
+        return "565.57.01"
+
+    def nvmlSystemGetCudaDriverVersion_v2(self):
+        raise StandInNvmlGpuIsLost()  # a system query fails too: still not a crash
+
+    def nvmlDeviceGetCount(self):
+        return self.count
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        if i in self.lost:
+            raise StandInNvmlGpuIsLost()
+        return i
+
+    def nvmlDeviceGetPciInfo(self, h):
+        return types.SimpleNamespace(busId=f"00000000:{h + 0x18:02X}:00.0".encode(), pciDeviceId=0x233010DE)
+
+    def nvmlDeviceGetName(self, h):
+        return b"NVIDIA H100 80GB HBM3"
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, h):
+        return 5 if self.busy() else 1  # an idle link trains down to gen 1
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, h):
+        return 16 if self.busy() else 4
+
+    def __getattr__(self, name):  # every other query: "not supported" on this stand-in
+        def unsupported(*args):
+            raise RuntimeError(f"{name} not supported by the stand-in")
+
+        return unsupported
+
+
+def test_lost_gpu_is_listed_with_its_nvml_error_and_the_others_are_kept(monkeypatch):
+    nvml = StandInPynvml(count=3, lost=(1,))
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    gpus, xml, why = agent.gpu_inventory()
+    assert [g["index"] for g in gpus] == [0, 1, 2] and xml == "" and why == ""
+    assert gpus[1] == {"index": 1, "error": "StandInNvmlGpuIsLost: GPU is lost"}
+    assert gpus[0]["name"] == gpus[2]["name"] == "NVIDIA H100 80GB HBM3"
+    assert gpus[0]["cuda_version"] is None  # its query failed, and only that value is missing
+    assert nvml.started == 0
+
+
+def test_lost_gpu_gets_not_run_rows_naming_the_nvml_error():
+    res = agent.Results()
+    gpus = [{"index": 0, "name": "NVIDIA H100 80GB HBM3"}, {"index": 1, "error": "NVMLError_GpuIsLost: GPU is lost"}]
+    agent._gpu_steps(None, agent.NO_TORCH, agent.MODES["quick"], (gpus, "", agent.NO_GPU), {"gpu"}, res)
+    lost = [r for r in res.rows if r["device"] == "gpu1"]
+    assert {r["metric"] for r in lost} == set(agent.GPU_METRICS)
+    assert all("NVML cannot read gpu1: NVMLError_GpuIsLost" in r["not_run"] for r in lost)
+
+
+def test_nvml_failing_after_init_keeps_every_other_metric(monkeypatch, tmp_path):
+    class StandInNvmlCountFails(StandInPynvml):
+        def nvmlDeviceGetCount(self):
+            raise StandInNvmlGpuIsLost()
+
+    monkeypatch.setitem(sys.modules, "pynvml", StandInNvmlCountFails())
+    monkeypatch.setattr(agent.shutil, "which", lambda name: None)  # no fio: the disk step answers at once
+    doc = agent.run("quick", {"disk", "gpu"}, str(tmp_path))
+    rows = {(r["metric"], r["device"]): r for r in doc["results"]}
+    assert "fio missing" in rows[("disk_seq_read_mibs", "")]["not_run"]
+    gpu = rows[("gpu_bf16_tflops", "")]["not_run"]
+    assert gpu.startswith("not run: gpu inventory: StandInNvmlGpuIsLost") and gpu != agent.NO_GPU
+    assert doc["inventory"]["cpu"]["threads"] >= 1
+
+
+class StandInTorch:
+    """Test stand-in for the parts of torch the agent's host copies use. Pinned blocks come
+    from a stand-in of torch's caching host allocator: a freed block is cached and handed
+    back to the next pinned allocation until _C._host_emptyCache() drops the cache. A new
+    block's pages land on the NUMA node of the CPUs the allocating thread may run on."""
+
+    uint8 = "uint8"
+
+    def __init__(self, affinity: list[set[int]], cpus_of_node: dict[int, set[int]], with_empty_cache: bool = True):
+        self.affinity, self.cpus_of_node = affinity, cpus_of_node
+        self.cached: list[int] = []  # NUMA nodes of the free cached pinned blocks
+        self.copies: list[tuple[int, int]] = []  # (GPU, NUMA node of the host block) per copy
+        self.busy = False  # host copies queued and not yet synchronized
+        self.cuda = types.SimpleNamespace(device=self._device, synchronize=self._synchronize, Event=self._event)
+        self._C = types.SimpleNamespace(_host_emptyCache=self.cached.clear) if with_empty_cache else object()
+        self._current = 0
+
+    def empty(self, n, dtype=None, pin_memory=False, device=None):
+        if not pin_memory:
+            return StandInTensor(self, None, device)
+        if self.cached:
+            return StandInTensor(self, self.cached.pop(), None)
+        node = next(k for k, cpus in self.cpus_of_node.items() if self.affinity[-1] <= cpus)
+        return StandInTensor(self, node, None)
+
+    @contextlib.contextmanager
+    def _device(self, i):
+        self._current = i
+        yield
+
+    def _synchronize(self, i=None):
+        time.sleep(0.05)  # the queued copies take a while on a real GPU
+        self.busy = False
+
+    def _event(self):
+        return types.SimpleNamespace(record=lambda: None, synchronize=self._synchronize)
+
+
+class StandInTensor:
+    """Test stand-in for a torch tensor: pinned host memory (``node`` set) or GPU memory."""
+
+    def __init__(self, torch: StandInTorch, node: int | None, device: int | None):
+        self.torch, self.node, self.device = torch, node, device
+
+    def fill_(self, value):
+        return self
+
+    def copy_(self, other, non_blocking=False):
+        host = other if self.device is not None else self
+        self.torch.copies.append((self.torch._current, host.node))
+        self.torch.busy = True
+        return self
+
+    def __del__(self):
+        if self.node is not None:
+            self.torch.cached.append(self.node)
+
+
+@pytest.fixture
+def two_numa_nodes(monkeypatch):
+    """Affinity calls recorded on a stand-in two-node machine; CUDA timing stubbed out."""
+    cpus_of_node = {0: {0, 1, 2, 3}, 1: {4, 5, 6, 7}}
+    affinity = [set(range(8))]
+    monkeypatch.setattr(agent, "_read", lambda path: {0: "0-3", 1: "4-7"}.get(int(path.split("node")[-1][0]), ""))
+    monkeypatch.setattr(agent.os, "sched_getaffinity", lambda pid: affinity[-1])
+    monkeypatch.setattr(agent.os, "sched_setaffinity", lambda pid, cpus: affinity.append(set(cpus)))
+    monkeypatch.setattr(agent, "_timed", lambda torch, dev, fn, iters, before=None: (fn(), 0.01)[1])
+    return affinity, cpus_of_node
+
+
+def test_each_gpu_copies_from_pinned_memory_on_its_own_numa_node(monkeypatch, two_numa_nodes):
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # no NVML: the link is not read here
+    torch = StandInTorch(*two_numa_nodes)
+    res = agent.Results()
+    for i in (0, 1):
+        agent._host_copies(torch, agent.MODES["quick"], i, {"index": i, "numa_node": i}, res)
+    assert {node for gpu, node in torch.copies if gpu == 1} == {1}
+    assert {node for gpu, node in torch.copies if gpu == 0} == {0}
+    assert [r["detail"] for r in res.rows if r["metric"] == "gpu_h2d_gbs"] == [
+        "pinned on NUMA node 0",
+        "pinned on NUMA node 1",
+    ]
+
+
+def test_host_copies_run_on_a_torch_without_host_empty_cache(monkeypatch, two_numa_nodes):
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    torch = StandInTorch(*two_numa_nodes, with_empty_cache=False)
+    res = agent.Results()
+    agent._host_copies(torch, agent.MODES["quick"], 0, {"index": 0, "numa_node": 0}, res)
+    assert {r["metric"] for r in res.rows} == {"gpu_h2d_gbs", "gpu_d2h_gbs"}
+
+
+def test_pcie_link_is_polled_while_the_copies_run(monkeypatch, two_numa_nodes):
+    torch = StandInTorch(*two_numa_nodes)
+
+    def slow_init():  # nvmlInit takes long enough for queued copies to finish meanwhile
+        torch.busy = False
+
+    nvml = StandInPynvml(busy=lambda: torch.busy, on_init=slow_init)
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    res = agent.Results()
+    agent._host_copies(torch, agent.MODES["quick"], 0, {"index": 0, "numa_node": 0}, res)
+    link = {r["metric"]: r["value"] for r in res.rows if r["metric"].startswith("gpu_pcie")}
+    assert link == {"gpu_pcie_gen": 5.0, "gpu_pcie_width": 16.0}
+    assert nvml.started == 0
+
+
+def test_gpu_counts_of_nvml_and_cuda_are_reported(monkeypatch):
+    cuda = types.SimpleNamespace(is_available=lambda: True, device_count=lambda: 7)
+    torch = types.SimpleNamespace(cuda=cuda)  # test stand-in: CUDA sees 7 GPUs
+    monkeypatch.setattr(agent, "bench_gpus", lambda *args: None)
+    gpus = [{"index": i, "name": "NVIDIA H100 80GB HBM3"} for i in range(8)]
+    counts = agent._gpu_steps(torch, "", agent.MODES["quick"], (gpus, "", agent.NO_GPU), {"gpu"}, agent.Results())
+    assert counts == {"nvml": 8, "cuda": 7}
+
+
+# --- disk: only on the mounted data volume ---------------------------------------------------
+
+
+def fio_stand_in(calls: list):
+    """Test stand-in for _run_fio: records the call and returns a tiny fio report."""
+
+    def run_fio(workdir, cfg):
+        calls.append(workdir)
+        job = {"read": {"bw_bytes": 2**20, "iops": 10.0}, "write": {"bw_bytes": 2**20, "iops": 10.0}}
+        return {"jobs": [{"jobname": n, **job} for n in ("seq_write", "seq_read", "rand_read")]}, True
+
+    return run_fio
+
+
+def test_disk_is_not_run_when_the_data_volume_in_fstab_is_not_mounted(monkeypatch, tmp_path):
+    fstab = f"# comment\nUUID=1 / ext4 defaults 0 1\nUUID=2 {tmp_path} xfs defaults,noatime,nofail 0 2\n"
+    monkeypatch.setattr(agent, "_read", lambda path: fstab if path == "/etc/fstab" else "")
+    monkeypatch.setattr(agent.shutil, "which", lambda name: "/usr/bin/fio")
+    calls: list = []
+    monkeypatch.setattr(agent, "_run_fio", fio_stand_in(calls))
+    res = agent.Results()
+    agent.bench_disk(agent.MODES["quick"], str(tmp_path), res)
+    assert calls == []  # fio would have measured the root disk
+    want = f"not run: {tmp_path} is not mounted (the volumes step of provision up makes it)"
+    assert [r["not_run"] for r in res.rows] == [want] * 3
+
+
+def test_disk_runs_in_a_directory_no_volume_is_meant_for(monkeypatch, tmp_path):
+    monkeypatch.setattr(agent, "_read", lambda path: "UUID=1 / ext4 defaults 0 1\n" if path == "/etc/fstab" else "")
+    monkeypatch.setattr(agent.shutil, "which", lambda name: "/usr/bin/fio")
+    calls: list = []
+    monkeypatch.setattr(agent, "_run_fio", fio_stand_in(calls))
+    res = agent.Results()
+    agent.bench_disk(agent.MODES["quick"], str(tmp_path), res)
+    assert len(calls) == 1 and all(r["value"] == 1.0 for r in res.rows if r["metric"].endswith("mibs"))
+
+
+def test_fstab_mount_points_skip_comments_and_decode_spaces():
+    text = "# /data is ours\nUUID=1 /my\\040data xfs nofail 0 2\nUUID=2 none swap sw 0 0\n"
+    assert agent._fstab_mount_points(text) == ["/my data"]
+
+
+def test_gpu_step_that_raises_leaves_a_reason_on_every_metric_even_after_earlier_rows():
+    res = agent.Results()
+    res.skip(agent.GPU_METRICS, "not run: NVML cannot read gpu1: lost", "gpu1")  # earlier rows, other GPU
+
+    def bench_raises():
+        raise RuntimeError("CUDA error: unspecified launch failure")
+
+    agent._step(res, agent.GPU_METRICS, bench_raises, "")
+    node_rows = [r for r in res.rows if r["device"] == ""]
+    assert {r["metric"] for r in node_rows} == set(agent.GPU_METRICS)
+    assert all(r["not_run"].startswith("not run: gpu: RuntimeError") for r in node_rows)
+
+
+def test_nvidia_smi_output_that_is_not_xml_is_not_taken_for_a_report(monkeypatch, tmp_path):
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 565.57.01\n")  # test stand-in: prints a version, exits 0
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert agent._nvidia_smi_xml() == ""

@@ -79,3 +79,13 @@ def test_history_shows_the_trend(tmp_path):
     assert "ram_triad_gbs" in p.stdout and "-25.0%" in p.stdout
     doc = json.loads(run("--history", "n1", "--json", "-", state=tmp_path).stdout)
     assert [r["values"]["ram_triad_gbs"] for r in doc["runs"]] == [20.0, 15.0]
+
+
+@pytest.mark.parametrize("flag", ["--json", "--html", "--junit"])
+def test_report_into_a_missing_directory_exits_2_before_any_host(inventory, tmp_path, flag):
+    target = tmp_path / "no-such-dir" / "report.out"
+    assert_one_error_line(run(str(inventory), flag, str(target)), f"directory {target.parent} does not exist")
+
+
+def test_report_path_that_is_a_directory_exits_2(inventory, tmp_path):
+    assert_one_error_line(run(str(inventory), "--junit", str(tmp_path)), "is a directory")

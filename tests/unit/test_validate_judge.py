@@ -277,3 +277,50 @@ def test_a_two_node_fleet_fails_only_a_gap_beyond_3x():
     three = [cpu_node("a", ram_triad_gbs=2.7), cpu_node("b", ram_triad_gbs=5.4), cpu_node("c", ram_triad_gbs=5.5)]
     (f,) = findings(by_node(judge.judge(three))["a"], "ram_triad_gbs", "")
     assert f.verdict == "fail"
+
+
+# --- GPUs that could not be measured ---
+
+
+def gpu_not_run(reason: str, device: str = "gpu0", metric: str = "gpu_bf16_tflops") -> Measurement:
+    return Measurement("n", metric, None, device, reason)
+
+
+def test_gpu_step_that_raised_fails_a_host_with_gpus():
+    m = gpu_not_run("not run: gpu0 gpu_bf16_tflops: RuntimeError: CUDA error: an illegal memory access")
+    (r,) = judge.judge([judge.NodeInput("n", [m], [h100(0)])])
+    (f,) = findings(r, "gpu_bf16_tflops")
+    assert f.verdict == "fail" and "RuntimeError" in f.reason
+    assert r.verdict == "fail"
+
+
+def test_torch_seeing_no_cuda_device_fails_a_gpu_nodes_host():
+    m = gpu_not_run("not run: torch sees no CUDA device (CPU-only torch build, ...)", device="")
+    (r,) = judge.judge([judge.NodeInput("n", [m], wants_gpu=True)])
+    assert r.verdict == "fail"
+
+
+def test_gpu_nvml_lost_fails_the_node_even_when_it_was_the_only_gpu():
+    m = gpu_not_run("not run: NVML cannot read gpu0: NVMLError_GpuIsLost: GPU is lost", device="gpu0")
+    (r,) = judge.judge([judge.NodeInput("n", [m])])
+    assert r.verdict == "fail"
+
+
+def test_benign_not_runs_stay_benign_on_a_gpu_host():
+    ms = [gpu_not_run("not run: one GPU", device="", metric="gpu_allreduce_busbw_gbs")]
+    (r,) = judge.judge([judge.NodeInput("n", ms, [h100(0)], wants_gpu=True)])
+    assert findings(r, "gpu_allreduce_busbw_gbs")[0].verdict == "not_run"
+    assert r.verdict == "pass"
+    disk = Measurement("c", "disk_seq_read_mibs", None, not_run="not run: fio missing (run the `up` step base)")
+    (cpu_host,) = judge.judge([judge.NodeInput("c", [disk, gpu_not_run(judge.NO_GPU, device="")])])
+    assert cpu_host.verdict == "warn"  # the missing tool, not the missing GPU
+
+
+def test_cuda_seeing_fewer_gpus_than_nvml_fails_naming_both_counts():
+    node = gpu_node("n", [700.0], inventory={"gpu_counts": {"nvml": 8, "cuda": 7}})
+    (r,) = judge.judge([node])
+    (f,) = findings(r, judge.GPU_COUNT)
+    assert f.verdict == "fail" and "CUDA sees 7 GPUs, NVML sees 8" in f.reason
+    assert r.verdict == "fail"
+    (ok,) = judge.judge([gpu_node("n", [700.0], inventory={"gpu_counts": {"nvml": 1, "cuda": 1}})])
+    assert findings(ok, judge.GPU_COUNT)[0].verdict == "pass"

@@ -133,3 +133,17 @@ def test_agent_output_with_nvidia_smi_fallback():
 def test_agent_output_of_other_schema_is_refused():
     with pytest.raises(parsers.ParseError, match="schema"):
         parsers.agent_output(json.dumps({"agent": 99}), "n")
+
+
+def test_agent_output_leaves_a_gpu_nvml_could_not_read_out_of_the_inventory():
+    doc = {
+        "agent": parsers.AGENT_SCHEMA,
+        "gpus": [
+            {"index": 0, "name": "NVIDIA H100 80GB HBM3", "pci_device_id": 0x2330},
+            {"index": 1, "error": "NVMLError_GpuIsLost: GPU is lost"},
+        ],
+        "results": [{"metric": "gpu_hbm_gbs", "device": "gpu1", "value": None, "not_run": "not run: NVML ..."}],
+    }
+    report = parsers.agent_output(json.dumps(doc), "n1")
+    assert [g.index for g in report.gpus] == [0]
+    assert report.measurements[0].device == "gpu1"
