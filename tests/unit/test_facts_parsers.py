@@ -106,6 +106,15 @@ def test_nics_fact_combines_addresses_and_speeds():
     assert nics["enp0s31f6"].speed_mbps == 1000 and nics["wlan0"].speed_mbps is None
 
 
+def test_nics_fact_on_a_real_debian12_vm_reads_both_nics_and_no_speed_from_virtio():
+    # The fact's exact command run on a testbed VM: virtio reports speed -1 (unknown).
+    nics = {n.name: n for n in Nics().process(fixture("ip-j-addr-and-speeds_debian12-testbed-vm.txt").splitlines())}
+    assert set(nics) == {"eth0", "eth1"}  # loopback left out
+    assert nics["eth1"].addresses == ("10.77.0.11/24",) and nics["eth1"].mac == "52:54:00:77:01:01"
+    assert nics["eth0"].state == "UP" and nics["eth0"].mtu == 1500 and nics["eth0"].kind == "ether"
+    assert nics["eth0"].speed_mbps is None and nics["eth1"].speed_mbps is None
+
+
 def test_lspci_without_nvidia_finds_nothing():
     assert parse_lspci(fixture("lspci-Dnn_dev-vm-no-gpu.txt")) == []
 
