@@ -8,7 +8,14 @@ a few seconds on a CPU, which is its own smoke test.
 Data needs no download: by default the Python standard library's own source files on the
 node (``sysconfig``'s stdlib path), read as bytes (vocabulary 256). ``--data DIR`` takes
 any directory of text files. The prepare step writes ``train.bin``/``val.bin`` (uint8
-memmaps) once, to ``/shared/datasets`` when that NFS share is writable, else ``./data``.
+memmaps) once, to ``/shared/datasets`` when that NFS share is writable, else ``./data``
+(``--data-cache`` chooses; ``provision train`` passes the share from the settings).
+
+Batch: the global batch (16 sequences by default) is split over the ranks, and each rank
+runs it in micro-batches with gradient accumulation. The defaults fit any world size: the
+micro-batch shrinks to fit a rank's share, and a world larger than the global batch, or
+one that does not divide it, rounds the default up to a multiple of the ranks (a line says
+so). Explicit ``--global-batch``/``--micro-batch`` values must split exactly.
 
 Launch commands (``provision train`` builds the multi-node one for you):
 
@@ -53,8 +60,8 @@ from torch.utils.data import DistributedSampler
 # Hyperparameters. Every one is a command-line flag (--steps, --global-batch, ...).
 MODEL = "tiny"  # size preset, see MODEL_SIZES; --n-layer etc. override single fields
 STEPS = 20  # optimizer steps to run (the total, counted from step 0 also on --resume)
-GLOBAL_BATCH = 16  # sequences per optimizer step, summed over all ranks
-MICRO_BATCH = 8  # sequences per forward pass on one rank; the rest is gradient accumulation
+GLOBAL_BATCH = 16  # sequences per optimizer step over all ranks; rounded up to a multiple of the ranks
+MICRO_BATCH = 8  # most sequences per forward pass on one rank; the rest is gradient accumulation
 LEARNING_RATE = 1e-3  # peak AdamW learning rate
 MIN_LR_FRACTION = 0.1  # cosine decay ends at this fraction of the peak
 WARMUP_STEPS = 5  # linear warmup from 0 to the peak
@@ -77,8 +84,19 @@ MODEL_SIZES = {
     "medium": (6, 6, 384, 256),  # ~11M params: nanoGPT's shakespeare-char size
     "gpt2": (12, 12, 768, 1024),  # ~85M params (GPT-2 small without its 50k vocabulary)
 }
-# bf16 dense peak FLOP/s by GPU name fragment, for MFU; --peak-tflops overrides.
-PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0}
+SHARED = Path("/shared")  # NFS mount root (setting nfs_mount_root): checkpoints/ and datasets/
+# Dense bf16 peak TFLOP/s per GPU, for MFU, by a lower-case fragment of the NVML product
+# name; the longest fragment found wins, so "NVIDIA H100 PCIe" is not taken for an SXM
+# H100. The same figures as GPU_SPECS in provision/validate/expectations.py (a unit test
+# holds them equal; this file runs on nodes without the provision package). A GPU not
+# listed gets no MFU: pass --peak-tflops.
+PEAK_TFLOPS = {
+    "a100-sxm4-40gb": 312.0, "a100-sxm4-80gb": 312.0, "a100-sxm-80gb": 312.0,
+    "a100-pcie-40gb": 312.0, "a100 80gb pcie": 312.0, "a100-pcie-80gb": 312.0,
+    "h100 80gb hbm3": 989.5, "h100-sxm": 989.5, "h100 pcie": 756.5, "h100 nvl": 835.5,
+    "h200": 989.5, "h200 nvl": 835.5, "gh200": 989.5, "gh200 144g": 989.5,
+    "l40s": 362.05, "b200": 2250.0,
+}
 # ----------------------------------------------------------------------------------------
 
 
@@ -189,12 +207,12 @@ def barrier(d: Dist) -> None:
         dist.barrier()
 
 
-def all_mean(d: Dist, values: list[float]) -> list[float]:
-    """Mean of each value over all ranks."""
-    t = torch.tensor(values, dtype=torch.float64, device=d.device)
+def all_mean(d: Dist, value: torch.Tensor) -> float:
+    """Mean of a scalar tensor over all ranks, read on the host (a sync: once per step)."""
+    t = value.detach().to(torch.float64).reshape(1).clone()
     if d.world > 1:
         dist.all_reduce(t)
-    return (t / d.world).tolist()
+    return (t / d.world).item()
 
 
 # ---------------------------------------------------------------- data
@@ -205,9 +223,19 @@ def _writable(path: Path) -> bool:
     return path.is_dir() and os.access(path, os.W_OK)
 
 
-def default_data_cache() -> Path:
-    shared = Path("/shared/datasets")
-    return shared / "train_ddp" if _writable(shared) else Path("data")
+def shared_or_local(d: Dist, share: str, local: Path, flag: str) -> Path | None:
+    """SHARED/share when this user may write it, else None after saying so: files on a
+    node's own disk are not seen by the other nodes (nor by a resume on another node)."""
+    if _writable(SHARED / share):
+        return SHARED / share
+    log(d, f"note: {SHARED / share} is not writable here; using {local.resolve()} on this node's "
+        f"local disk instead (pass {flag} DIR to choose)")
+    return None
+
+
+def default_data_cache(d: Dist) -> Path:
+    shared = shared_or_local(d, "datasets", Path("data"), "--data-cache")
+    return shared / "train_ddp" if shared else Path("data")
 
 
 def text_files(src: Path) -> list[Path]:
@@ -259,7 +287,7 @@ def load_tokens(d: Dist, args: argparse.Namespace) -> tuple[np.ndarray, np.ndarr
     files, i.e. no shared directory), then memmap on every rank."""
     src = Path(args.data or sysconfig.get_paths()["stdlib"])
     key = hashlib.sha1(f"{src.resolve()}|{args.data_max_mb}|{args.val_fraction}".encode()).hexdigest()
-    out = Path(args.data_cache or default_data_cache()) / key[:12]
+    out = Path(args.data_cache or default_data_cache(d)) / key[:12]
     for writer in (d.rank == 0, d.local_rank == 0):
         if writer and not (out / "meta.json").exists():
             prepare_tokens(src, out, args.data_max_mb << 20, args.val_fraction)
@@ -356,40 +384,94 @@ def evaluate(d: Dist, model: nn.Module, val: np.ndarray, cfg: GPTConfig, args) -
     return (total[0] / total[1]).item()
 
 
-def train_step(d, model, opt, sampler, train, cfg, step, args) -> tuple[float, float]:
+class StepTimer:
+    """Where one rank's time goes within a step, on the clock of the device doing the work:
+    CUDA events on a GPU (perf_counter around asynchronous kernels times their launch, not
+    the kernels), perf_counter on a CPU. Read it after the step's synchronize.
+
+    Marks: each forward pass (the straggler signal), "ready" when a backward pass has
+    computed all of this rank's gradients, and "synced" when the last backward returned,
+    i.e. the gradient all-reduce is done. Between the two the rank waits for slower ranks.
+    """
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.reset()
+
+    def reset(self) -> None:
+        self.forwards: list[tuple] = []  # (start, end) of each forward pass of the step
+        self.ready = self.synced = None  # gradients computed here / all-reduced everywhere
+
+    def now(self):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    @contextlib.contextmanager
+    def forward(self):
+        start = self.now()
+        yield
+        self.forwards.append((start, self.now()))
+
+    def watch(self, model: nn.Module) -> None:
+        """Mark "ready" whenever a backward pass has every gradient of the model (a hook
+        that runs before the last gradient bucket's all-reduce can start)."""
+        params = [p for p in model.parameters() if p.requires_grad]
+        torch.autograd.graph.register_multi_grad_hook(params, self._mark_ready)
+
+    def _mark_ready(self, grads) -> None:
+        self.ready = self.now()
+
+    def seconds(self, start, end) -> float:
+        return start.elapsed_time(end) / 1000 if self.cuda else end - start
+
+    def forward_s(self) -> float:
+        return sum(self.seconds(a, b) for a, b in self.forwards)
+
+    def wait_s(self) -> float:
+        """Gradients ready here -> all-reduced: the wait for slower ranks, plus whatever
+        of the all-reduce the backward pass did not hide."""
+        if self.ready is None or self.synced is None:
+            return 0.0
+        return max(0.0, self.seconds(self.ready, self.synced))
+
+
+def train_step(d, model, opt, sampler, train, cfg, step, args, timer: StepTimer) -> torch.Tensor:
     """One optimizer step over this rank's share of the global batch; gradients are
-    all-reduced once, on the last micro-batch (no_sync on the others). Returns the loss
-    and the seconds spent in forward passes (the straggler signal)."""
+    all-reduced once, on the last micro-batch (no_sync on the others). Returns the loss as
+    a tensor on the device: nothing here waits for the device, the caller reads the loss
+    once per step. ``timer`` gets the forward passes and the gradient sync."""
     for group in opt.param_groups:
         group["lr"] = lr_at(step, args)
     torch.manual_seed(args.seed + 1000 * step + d.rank)  # dropout masks follow the step
     idx = sampler.indices(step)
     accum = len(idx) // args.micro_batch
-    loss_sum, fwd_s = 0.0, 0.0
+    loss_sum = torch.zeros((), dtype=torch.float64, device=d.device)
+    timer.reset()
     for micro in range(accum):
         x, y = batch(train, idx[micro * args.micro_batch : (micro + 1) * args.micro_batch],
                      cfg.block_size, d.device)
         sync = micro == accum - 1 or not isinstance(model, DDP)
         with contextlib.nullcontext() if sync else model.no_sync():
-            t0 = time.perf_counter()
-            with autocast(d):
+            with timer.forward(), autocast(d):
                 loss = model(x, y) / accum
-            fwd_s += time.perf_counter() - t0
             loss.backward()
-        loss_sum += loss.item()
+        loss_sum += loss.detach()
+    timer.synced = timer.now()
     if args.grad_clip > 0:
         nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
     opt.step()
     opt.zero_grad(set_to_none=True)
-    return loss_sum, fwd_s
+    return loss_sum
 
 
 # ---------------------------------------------------------------- checkpoints
 
 
-def default_ckpt_dir() -> Path:
-    shared = Path("/shared/checkpoints")
-    return shared if _writable(shared) else Path("checkpoints")
+def default_ckpt_dir(d: Dist) -> Path:
+    return shared_or_local(d, "checkpoints", Path("checkpoints"), "--ckpt-dir") or Path("checkpoints")
 
 
 def save_checkpoint(d: Dist, path: Path, model, opt, step: int, cfg: GPTConfig) -> None:
@@ -441,26 +523,42 @@ def log(d: Dist, text: str) -> None:
         print(text, flush=True)
 
 
+def peak_tflops_for(gpu_name: str) -> float | None:
+    """PEAK_TFLOPS of the longest fragment found in the product name, or None."""
+    name = gpu_name.lower()
+    found = [frag for frag in PEAK_TFLOPS if frag in name]
+    return PEAK_TFLOPS[max(found, key=len)] if found else None
+
+
 def peak_flops(d: Dist, args) -> float | None:
     if args.peak_tflops:
         return args.peak_tflops * 1e12
     if d.device.type != "cuda":
         return None
     name = torch.cuda.get_device_name(d.device)
-    return next((tf * 1e12 for frag, tf in PEAK_TFLOPS.items() if frag in name), None)
+    tflops = peak_tflops_for(name)
+    if tflops is None:
+        log(d, f"note: no peak FLOP/s known for {name!r}, so no MFU; pass --peak-tflops")
+    return tflops * 1e12 if tflops else None
+
+
+def node_rates(ranks: list[dict]) -> dict[str, float]:
+    """Each node's tokens/s: the sum of its own ranks' measured rates."""
+    nodes: dict[str, float] = {}
+    for r in ranks:
+        nodes[r["node"]] = nodes.get(r["node"], 0.0) + r["tokens_per_s"]
+    return nodes
 
 
 def finish(d: Dist, args, history: dict, rate: dict, params: int) -> dict:
-    """Gather each rank's throughput and forward time; rank 0 prints and writes the summary."""
-    mine = {"rank": d.rank, "node": d.node, "tokens_per_s": rate["local_tps"],
-            "forward_ms": rate["fwd_ms"]}
+    """Gather each rank's own rate and times; rank 0 prints and writes the summary."""
+    mine = {"rank": d.rank, "node": d.node, "tokens_per_s": rate["own_tps"],
+            "forward_ms": rate["fwd_ms"], "step_ms": rate["step_ms"], "wait_ms": rate["wait_ms"]}
     ranks = [mine]
     if d.world > 1:
         ranks = [None] * d.world
         dist.all_gather_object(ranks, mine)
-    nodes: dict[str, float] = {}
-    for r in ranks:
-        nodes[r["node"]] = nodes.get(r["node"], 0.0) + r["tokens_per_s"]
+    nodes = node_rates(ranks)
     summary = {"run_id": args.run_id, "world_size": d.world, "steps": history["last_step"],
                "params": params, "tokens_per_s": rate["tps"], "mfu": rate["mfu"],
                "final_train_loss": history["train"][-1][1] if history["train"] else None,
@@ -486,8 +584,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("n_layer", "n_head", "n_embd", "block_size"):
         arg(f"--{name.replace('_', '-')}", type=int, help=f"override the preset's {name}")
     arg("--steps", type=int, default=STEPS, help="total optimizer steps")
-    arg("--global-batch", type=int, default=GLOBAL_BATCH, help="sequences per step, all ranks")
-    arg("--micro-batch", type=int, default=MICRO_BATCH, help="sequences per forward pass")
+    arg("--global-batch", type=int, help=f"sequences per step, all ranks (default {GLOBAL_BATCH}, "
+        "rounded up to a multiple of the ranks)")
+    arg("--micro-batch", type=int, help=f"sequences per forward pass (default: the largest divisor "
+        f"of a rank's share up to {MICRO_BATCH})")
     arg("--lr", type=float, default=LEARNING_RATE, help="peak learning rate")
     arg("--warmup-steps", type=int, default=WARMUP_STEPS, help="linear warmup steps")
     arg("--lr-decay-steps", type=int, default=LR_DECAY_STEPS, help="cosine length; 0: --steps")
@@ -499,11 +599,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     arg("--eval-samples", type=int, default=EVAL_SAMPLES, help="validation sequences per eval")
     arg("--log-interval", type=int, default=LOG_INTERVAL, help="steps between train lines")
     arg("--ckpt-interval", type=int, default=CKPT_INTERVAL, help="steps between checkpoints")
-    arg("--ckpt-dir", help="checkpoint directory (default /shared/checkpoints, else ./checkpoints)")
+    arg("--ckpt-dir", help="checkpoint directory (default /shared/checkpoints if writable, else "
+        "./checkpoints)")
     arg("--ckpt-name", default="train_ddp", help="checkpoint file name, without .pt")
     arg("--resume", action="store_true", help="continue from the checkpoint's step")
     arg("--data", help="directory of text files (default: Python's standard library)")
-    arg("--data-cache", help="where token files go (default /shared/datasets, else ./data)")
+    arg("--data-cache", help="where token files go (default /shared/datasets/train_ddp if "
+        "writable, else ./data)")
     arg("--data-max-mb", type=int, default=DATA_MAX_MB, help="text to read, in MiB")
     arg("--val-fraction", type=float, default=VAL_FRACTION, help="held-out tail of the text")
     arg("--threads", type=int, help="CPU threads per rank (default: torch's, all cores); set it "
@@ -513,6 +615,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     arg("--summary", help="write the JSON summary here (rank 0)")
     arg("--run-id", default="local", help="run identifier, echoed in the summary")
     return p.parse_args(argv)
+
+
+def batch_sizes(world: int, global_batch: int | None, micro_batch: int | None) -> tuple[int, int, str | None]:
+    """(global batch, micro-batch, note) for ``world`` ranks; None means the default.
+
+    The default global batch rounds GLOBAL_BATCH up to a multiple of the ranks (the note
+    says so), and the default micro-batch is the largest divisor of a rank's share up to
+    MICRO_BATCH, so the defaults run on any world size. Values given that do not split
+    exactly stop the run with a message: silently changing them would change the math."""
+    note = None
+    if global_batch is None:
+        global_batch = -(-GLOBAL_BATCH // world) * world
+        if global_batch != GLOBAL_BATCH:
+            note = (f"note: the default global batch {GLOBAL_BATCH} does not split over {world} ranks; "
+                    f"using {global_batch} ({global_batch // world} per rank)")
+    per_rank, rest = divmod(global_batch, world)
+    if rest or per_rank < 1:
+        raise SystemExit(f"--global-batch {global_batch} must be a positive multiple of the {world} ranks")
+    if micro_batch is None:
+        micro_batch = max(m for m in range(1, min(MICRO_BATCH, per_rank) + 1) if per_rank % m == 0)
+    if micro_batch < 1 or per_rank % micro_batch:
+        raise SystemExit(f"--micro-batch {micro_batch} must divide each rank's {per_rank} sequences "
+                         f"(--global-batch {global_batch} over {world} ranks)")
+    return global_batch, micro_batch, note
 
 
 def model_config(args) -> GPTConfig:
@@ -526,17 +652,17 @@ def main(argv: list[str] | None = None) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     d = setup_distributed()
-    per_rank, rest = divmod(args.global_batch, d.world)
-    if rest or per_rank % args.micro_batch:
-        raise SystemExit(f"--global-batch {args.global_batch} must split into {d.world} ranks "
-                         f"x whole micro-batches of {args.micro_batch}")
+    args.global_batch, args.micro_batch, note = batch_sizes(d.world, args.global_batch, args.micro_batch)
+    if note:
+        log(d, note)
+    per_rank = args.global_batch // d.world
     cfg = model_config(args)
     train, val = load_tokens(d, args)
     torch.manual_seed(args.seed)  # identical initial weights on every rank
     model: nn.Module = GPT(cfg).to(d.device)
     params = sum(p.numel() for p in model.parameters())
     opt = make_optimizer(model, args)
-    ckpt = Path(args.ckpt_dir or default_ckpt_dir()) / f"{args.ckpt_name}.pt"
+    ckpt = Path(args.ckpt_dir or default_ckpt_dir(d)) / f"{args.ckpt_name}.pt"
     start = 0
     if args.resume:
         state = load_checkpoint(d, ckpt, cfg)
@@ -550,11 +676,11 @@ def main(argv: list[str] | None = None) -> dict:
         model = DDP(model, device_ids=[d.local_rank] if d.device.type == "cuda" else None)
     sampler = StepSampler(d, (len(train) - 1) // cfg.block_size, per_rank, args.seed)
     log(d, f"model {args.model}: {params:,} params, {cfg}; world {d.world} on {d.device.type}; "
-        f"global batch {args.global_batch} x {cfg.block_size} tokens")
+        f"global batch {args.global_batch} x {cfg.block_size} tokens, micro-batch {args.micro_batch}")
     peak = peak_flops(d, args)
     args.mfu_scale = _raw(model).flops_per_token() / (peak * d.world) if peak else None
     history = run(d, model, opt, sampler, train, val, cfg, args, start, ckpt)
-    rate = throughput(d, history, args, cfg, _raw(model))
+    rate = throughput(d, history, args, cfg)
     summary = finish(d, args, history, rate, params)
     if d.world > 1:
         barrier(d)  # every rank waits until rank 0 has written the summary
@@ -570,19 +696,22 @@ def main(argv: list[str] | None = None) -> dict:
 
 def run(d, model, opt, sampler, train, val, cfg, args, start: int, ckpt: Path) -> dict:
     """The loop: train, log, evaluate, checkpoint. Steps are 1-based in logs."""
-    history: dict = {"train": [], "val": [], "times": [], "fwd": [], "last_step": start}
+    history: dict = {"train": [], "val": [], "times": [], "fwd": [], "wait": [], "last_step": start}
     tokens_per_step = args.global_batch * cfg.block_size
+    timer = StepTimer(d.device)
+    timer.watch(model)
     for step in range(start, args.steps):
         t0 = time.perf_counter()
-        loss, fwd_s = train_step(d, model, opt, sampler, train, cfg, step, args)
+        loss_t = train_step(d, model, opt, sampler, train, cfg, step, args, timer)
         if d.device.type == "cuda":
-            torch.cuda.synchronize()
+            torch.cuda.synchronize()  # the step's one wait for the GPU; the timer's events are done
         dt = time.perf_counter() - t0
-        (loss,) = all_mean(d, [loss])
+        loss = all_mean(d, loss_t)
         n = step + 1
         history["train"].append([n, loss])
         history["times"].append(dt)
-        history["fwd"].append(fwd_s)
+        history["fwd"].append(timer.forward_s())
+        history["wait"].append(timer.wait_s())
         history["last_step"] = n
         if n % args.log_interval == 0 or n == args.steps:
             mfu = f" | mfu {tokens_per_step / dt * args.mfu_scale:.1%}" if args.mfu_scale else ""
@@ -597,16 +726,29 @@ def run(d, model, opt, sampler, train, val, cfg, args, start: int, ckpt: Path) -
     return history
 
 
-def throughput(d, history: dict, args, cfg: GPTConfig, raw: GPT) -> dict:
-    """Mean rates over the run, leaving out the first step (warm-up, compilation)."""
-    times = history["times"][1:] or history["times"] or [float("nan")]
-    fwd = history["fwd"][1:] or history["fwd"] or [float("nan")]
-    step_s = sum(times) / len(times)
+def own_rate(tokens: int, step_s: float, wait_s: float) -> float:
+    """A rank's tokens/s at its own pace: its step time less the time it waited for
+    slower ranks. In DDP every rank's step takes as long as the slowest one's, so step
+    time alone would give every node the same rate; without the wait, a slow node shows."""
+    busy = step_s - wait_s
+    return tokens / busy if busy > 0 else float("nan")
+
+
+def throughput(d, history: dict, args, cfg: GPTConfig) -> dict:
+    """Mean rates over the run, leaving out the first step (warm-up, compilation): the
+    cluster's (rank 0's step time) and this rank's own (``own_rate``)."""
+    def mean(key: str) -> float:
+        values = history[key][1:] or history[key] or [float("nan")]
+        return sum(values) / len(values)
+
+    step_s, wait_s, fwd_s = mean("times"), mean("wait"), mean("fwd")
     tps = args.global_batch * cfg.block_size / step_s
+    own = own_rate(args.global_batch // d.world * cfg.block_size, step_s, wait_s)
     mfu = tps * args.mfu_scale if args.mfu_scale else None
     if mfu is not None:
         log(d, f"mfu {mfu:.1%} of {peak_flops(d, args) / 1e12:.0f} TFLOP/s per GPU")
-    return {"tps": tps, "local_tps": tps / d.world, "fwd_ms": 1000 * sum(fwd) / len(fwd), "mfu": mfu}
+    return {"tps": tps, "own_tps": own, "fwd_ms": 1000 * fwd_s, "step_ms": 1000 * step_s,
+            "wait_ms": 1000 * wait_s, "mfu": mfu}
 
 
 if __name__ == "__main__":

@@ -75,7 +75,7 @@ def train(
 def _options(nproc: str, steps: int, model: str, batch: int, resume: bool, extra: tuple[str, ...],
              python: str | None, runs_dir: Path, interval: float, timeout: float | None,
              inventory: Path):
-    from provision.launch import Options, plan
+    from provision.launch import Options, logs, plan
 
     problems = []
     try:
@@ -88,6 +88,9 @@ def _options(nproc: str, steps: int, model: str, batch: int, resume: bool, extra
         problems.append(Problem("--model", f"unknown size {model!r}", f"one of {', '.join(sizes)}"))
     if python is not None and not python.startswith("/"):
         problems.append(Problem("--python", f"{python!r} must be an absolute path on the nodes"))
+    if why := logs.unwritable(runs_dir):  # before any node starts: logs and reports go there
+        problems.append(Problem(f"--runs-dir {runs_dir}", f"cannot write there ({why})",
+                                "pass a directory you can write"))
     if problems:
         raise InputError(problems)
     return Options(steps, model, nproc_value, batch, resume, extra, python, runs_dir, interval,
@@ -108,7 +111,7 @@ def _say(host: str, text: str) -> None:
 
 def _print(r) -> None:
     table = Table(title=f"{r.run_id}: {'ok' if r.ok else 'FAILED'}")
-    for column in ("host", "ranks", "tokens/s", "fwd ms", "CPU mean/peak %", "RAM peak %",
+    for column in ("host", "ranks", "own tokens/s", "fwd ms", "CPU mean/peak %", "RAM peak %",
                    "GPU mean/peak %", "exit", "clean"):
         table.add_column(column)
     for n in r.nodes:

@@ -45,7 +45,8 @@ def train(cluster: Cluster, nodes: list[Node], opts: Options,
     run_id = plan.new_run_id()
     conns = {n.name: remote.connection(n) for n in nodes}
     try:
-        run_plan = session.prepare(nodes, conns, opts, run_id, say)
+        run_plan = session.prepare(nodes, conns, opts, run_id, say,
+                                   nfs_server=cluster.storage_node() is not None)
         for p in run_plan.nodes:
             say(p.name, f"starting {p.nproc} rank(s) on {p.interface}")
         outcome = session.Supervisor(nodes, conns, run_plan, opts, on_line).run()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import tempfile
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -138,6 +139,18 @@ class LineSink:
             self._emit(self._buf)
             self._buf = ""
         self._log.flush()
+
+
+def unwritable(directory: Path) -> str | None:
+    """Why files cannot be written under ``directory`` (made if missing), or None. A real
+    file is tried: access() says yes to root on a read-only filesystem."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as e:
+        return e.strerror or str(e)
+    return None
 
 
 def open_log(runs_dir: Path, host: str) -> IO[str]:

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 
 from provision.resources import training_script
+from provision.settings import Settings
 
 RUN_FILE = "torchrun.pid"  # in the node's run dir: torchrun's pid, which is also its pgid
 LOG_PREFIX_TEMPLATE = "[rank${rank}]:"  # torchrun --tee prefixes each worker line with it
@@ -29,6 +30,7 @@ class NodePlan:
     run_dir: str  # node directory of this run: trainer copy, pid file, torchrun logs
     work_dir: str  # the trainer's working directory: ./data and ./checkpoints live here
     is_host: bool  # hosts the c10d rendezvous store (the first node)
+    writable: tuple[str, ...] = ()  # the shares (Share.share) this node's SSH user may write
 
 
 @dataclass(frozen=True)
@@ -61,14 +63,61 @@ def model_sizes() -> dict[str, tuple[int, int, int, int]]:
     raise RuntimeError("MODEL_SIZES not found in train_ddp.py")
 
 
+@dataclass(frozen=True)
+class Share:
+    """A trainer directory that lives on an NFS share (the `nfs` step's nfs_exports)."""
+
+    flag: str  # train_ddp.py option that takes it
+    share: str  # the share's mount point on the nodes; it must be writable there
+    path: str  # the option's value, inside the share
+
+
+# trainer option, share name in nfs_exports, sub-directory (the trainer's own default layout)
+_SHARED_DIRS = (("--ckpt-dir", "checkpoints", ""), ("--data-cache", "datasets", "/train_ddp"))
+
+
+def shares(settings: Settings, has_nfs_server: bool, extra: tuple[str, ...]) -> tuple[Share, ...]:
+    """Checkpoint and token-cache directories on the NFS shares, from the settings: only
+    when the cluster has an NFS server and the share is exported, and only for options the
+    user did not pass after `--`."""
+    if not has_nfs_server:
+        return ()
+    root = settings.nfs_mount_root.rstrip("/")
+    return tuple(Share(flag, f"{root}/{name}", f"{root}/{name}{sub}")
+                 for flag, name, sub in _SHARED_DIRS
+                 if name in settings.nfs_exports and not _given(flag, extra))
+
+
+def _given(flag: str, extra: tuple[str, ...]) -> bool:
+    return any(a == flag or a.startswith(f"{flag}=") for a in extra)
+
+
+def share_args(wanted: tuple[Share, ...], nodes: tuple[NodePlan, ...]) -> tuple[tuple[str, ...], list[str]]:
+    """(trainer options, notes): a share every node can write goes to the trainer; one that
+    some node cannot write is left out with a note (the trainer then says where it writes)."""
+    args: list[str] = []
+    notes = []
+    for s in wanted:
+        missing = [n.name for n in nodes if s.share not in n.writable]
+        if missing:
+            notes.append(f"{s.share} is not writable on {', '.join(missing)} (not mounted, or "
+                         f"root_squash and an SSH user other than the share's owner); the trainer "
+                         f"keeps {s.flag} on each node's local disk")
+        else:
+            args += [s.flag, s.path]
+    return tuple(args), notes
+
+
 def trainer_args(*, steps: int, model: str, world: int, batch_per_rank: int, resume: bool,
-                 run_id: str, ckpt_name: str, summary: str, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
+                 run_id: str, ckpt_name: str, summary: str, shared: tuple[str, ...] = (),
+                 extra: tuple[str, ...] = ()) -> tuple[str, ...]:
     """train_ddp.py arguments. The global batch grows with the world (weak scaling), so a
     rank does the same work on 1 node or on N, which is what scaling efficiency compares.
-    ``extra`` comes last, so the user's own flags win."""
+    ``shared`` are the directories on NFS (``share_args``). ``extra`` comes last, so the
+    user's own flags win."""
     args = ["--steps", str(steps), "--model", model, "--global-batch", str(batch_per_rank * world),
             "--micro-batch", str(batch_per_rank), "--run-id", run_id, "--ckpt-name", ckpt_name,
-            "--summary", summary]
+            "--summary", summary, *shared]
     if resume:
         args.append("--resume")
     return (*args, *extra)

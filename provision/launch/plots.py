@@ -29,7 +29,7 @@ def plot(out: Outcome, report: TrainReport, path: Path) -> Path:
     speed.set(title="cluster throughput", xlabel="step", ylabel="tokens/s")
     names = [n.name for n in report.nodes]
     nodes.bar(names, [n.tokens_per_s or 0 for n in report.nodes])
-    nodes.set(title="throughput per node", ylabel="tokens/s")
+    nodes.set(title="throughput per node (own pace)", ylabel="tokens/s")
     for name in names:
         _utilisation(util, name, out.samples.get(name, []))
     util.set(title="utilisation per node (GPU where present, else CPU)", xlabel="s",

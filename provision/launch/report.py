@@ -22,7 +22,7 @@ STRAGGLER_RATIO = 1.2  # a node whose forward passes take this much longer than 
 class NodeReport:
     name: str  # inventory name
     ranks: list[int]  # global ranks it ran
-    tokens_per_s: float | None  # its ranks' throughput together
+    tokens_per_s: float | None  # its ranks' own tokens/s together (step time less the wait for slower ranks)
     forward_ms: float | None  # mean forward time of its ranks (the straggler signal)
     usage: monitor.Usage | None  # CPU/RAM/GPU mean and peak over the run
     exited: int | None  # torchrun's exit status; None when it was stopped before it ended

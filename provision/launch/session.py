@@ -76,12 +76,15 @@ class Outcome:
 
 
 def prepare(nodes: list[Node], conns: dict[str, Any], opts: Options, run_id: str,
-            say: Callable[[str, str], None]) -> plan.RunPlan:
-    """Check every node, find its interface and GPU count, upload trainer and reaper."""
+            say: Callable[[str, str], None], nfs_server: bool = False) -> plan.RunPlan:
+    """Check every node, find its interface and GPU count, upload trainer and reaper.
+    With an NFS server in the cluster, checkpoints and the token cache go to its shares
+    when every node can write them."""
     first = nodes[0]
+    wanted = plan.shares(first.settings, nfs_server, opts.extra_args)
 
     def one(node: Node) -> plan.NodePlan:
-        return _prepare_node(node, conns[node.name], opts, run_id, node is first, say)
+        return _prepare_node(node, conns[node.name], opts, run_id, node is first, say, wanted)
 
     results: dict[str, Any] = {}
     for name, value in remote.on_all(nodes, lambda n: _capture(one, n)).items():
@@ -91,10 +94,13 @@ def prepare(nodes: list[Node], conns: dict[str, Any], opts: Options, run_id: str
         raise LaunchError("; ".join(problems))
     node_plans = tuple(results[n.name] for n in nodes)
     world = sum(p.nproc for p in node_plans)
+    shared, notes = plan.share_args(wanted, node_plans)
+    for note in notes:
+        say("nfs", f"note: {note}")
     args = plan.trainer_args(
         steps=opts.steps, model=opts.model, world=world, batch_per_rank=opts.batch_per_rank,
         resume=opts.resume, run_id=run_id, ckpt_name=opts.ckpt_name,
-        summary="summary.json", extra=opts.extra_args)
+        summary="summary.json", shared=shared, extra=opts.extra_args)
     return plan.RunPlan(run_id, first.cluster_address, first.settings.train_master_port,
                         node_plans, args)
 
@@ -107,17 +113,21 @@ def _capture(func: Callable[[Node], plan.NodePlan], node: Node) -> plan.NodePlan
 
 
 def _prepare_node(node: Node, conn: Any, opts: Options, run_id: str, is_first: bool,
-                  say: Callable[[str, str], None]) -> plan.NodePlan:
+                  say: Callable[[str, str], None], shares: tuple[plan.Share, ...] = ()) -> plan.NodePlan:
     s = node.settings
     python = opts.python or f"{s.venv_path}/bin/python"
     run_dir = f"{s.train_dir}/runs/{run_id}/{node.name}"
     say(node.name, "checking python, interface and GPUs")
+    # test -w asks the NFS server (root_squash), and touching an automount point mounts it.
+    writable = "".join(f"test -w {shlex.quote(x.share)} && echo {shlex.quote(x.share)}; " for x in shares)
     probe = remote.run(node, (
         f"{shlex.quote(python)} -c 'import torch' && echo PY_OK; ip -j addr; echo '--gpus--'; "
-        f"nvidia-smi -L 2>/dev/null; mkdir -p {shlex.quote(run_dir)}"), timeout=60, conn=conn)
+        f"nvidia-smi -L 2>/dev/null; echo '--writable--'; {writable}mkdir -p {shlex.quote(run_dir)}"),
+        timeout=60, conn=conn)
     if probe.exited == -1:
         raise LaunchError(f"unreachable: {probe.stderr}")
-    head, _, gpus = probe.stdout.partition("--gpus--")
+    head, _, rest = probe.stdout.partition("--gpus--")
+    gpus, _, can_write = rest.partition("--writable--")
     if "PY_OK" not in head:
         raise LaunchError(f"{python} cannot import torch; run `provision up` (frameworks) "
                           "or set venv_path / --python")
@@ -131,7 +141,7 @@ def _prepare_node(node: Node, conn: Any, opts: Options, run_id: str, is_first: b
     conn.put(str(training_script()), f"{run_dir}/train_ddp.py")
     conn.put(str(REAPER), f"{run_dir}/reaper.py")
     return plan.NodePlan(node.name, node.cluster_address, interface, python, nproc, run_dir,
-                         s.train_dir, is_first)
+                         s.train_dir, is_first, tuple(x.strip() for x in can_write.splitlines() if x.strip()))
 
 
 class Supervisor:
@@ -204,22 +214,31 @@ class Supervisor:
     # -- per-node work ---------------------------------------------------------------
 
     def _stream(self, node_plan: plan.NodePlan) -> None:
-        name = node_plan.name
-        log = logs.open_log(self.out.out_dir, name)
-        sink = logs.LineSink(name, log, self._line)
+        """A thread per node. Whatever goes wrong in it ends the node's run with a reason
+        for the watcher: an exception that ended the thread alone would leave the other
+        nodes waiting in the rendezvous until its timeout."""
         try:
-            result = self.conns[name].run(plan.node_command(self.plan, node_plan), hide=True,
-                                          warn=True, pty=False, in_stream=False,
-                                          out_stream=sink, err_stream=sink)
-            end = HostEnd(result.exited if result.exited is not None else -1, time.monotonic(), "")
-            if end.exited == -1:
-                end.reason = "SSH connection lost"
-        except Exception as e:  # the connection died under the command
-            end = HostEnd(-1, time.monotonic(), f"SSH connection lost ({type(e).__name__}: {e})")
-        finally:
-            sink.close()
-            log.close()
-        self._ended.put((name, end))
+            end = self._run_logged(node_plan)
+        except Exception as e:  # e.g. the log file cannot be written
+            end = HostEnd(-1, time.monotonic(), f"log stream failed ({type(e).__name__}: {e})")
+        self._ended.put((node_plan.name, end))
+
+    def _run_logged(self, node_plan: plan.NodePlan) -> HostEnd:
+        name = node_plan.name
+        with logs.open_log(self.out.out_dir, name) as log:
+            sink = logs.LineSink(name, log, self._line)
+            try:
+                result = self.conns[name].run(plan.node_command(self.plan, node_plan), hide=True,
+                                              warn=True, pty=False, in_stream=False,
+                                              out_stream=sink, err_stream=sink)
+                end = HostEnd(result.exited if result.exited is not None else -1, time.monotonic(), "")
+                if end.exited == -1:
+                    end.reason = "SSH connection lost"
+            except Exception as e:  # the connection died under the command
+                end = HostEnd(-1, time.monotonic(), f"SSH connection lost ({type(e).__name__}: {e})")
+            finally:
+                sink.close()
+        return end
 
     def _line(self, host: str, who: str, text: str) -> None:
         if who == "torchrun":  # torchrun's own lines hold its failure report

@@ -15,8 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from provision.launch import logs, monitor, plan, reaper, report
-from provision.launch.session import Outcome
+from provision import remote
+from provision.inventory import Node, SshTarget
+from provision.launch import logs, monitor, plan, reaper, report, session
+from provision.launch.session import Options, Outcome
+from provision.settings import Settings
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 
@@ -68,6 +71,87 @@ def test_global_batch_grows_with_the_world_and_user_flags_come_last():
     assert args[args.index("--micro-batch") + 1] == "8"
     assert args[-2:] == ["--lr", "3e-4"]
     assert "--resume" not in args
+
+
+def options(tmp_path: Path, extra: tuple[str, ...] = ()) -> Options:
+    return Options(steps=5, model="tiny", nproc_per_node=None, batch_per_rank=8, resume=False,
+                   extra_args=extra, python=None, runs_dir=tmp_path, monitor_interval=5.0,
+                   timeout_s=None, ckpt_name="inv-tiny")
+
+
+def nfs_node(i: int) -> Node:
+    settings = Settings(cluster_address=f"10.9.0.{i + 1}", nfs_mount_root="/mnt/nfs")
+    return Node(f"n{i}", SshTarget(f"192.0.2.{i + 1}", 22, None, None, None, "yes"),
+                ("storage",) if i == 0 else (), settings)
+
+
+class FakeConn:
+    def put(self, local: str, remote_path: str) -> None:
+        pass
+
+
+def prepare_with_fake_nodes(monkeypatch, tmp_path, writable: dict[str, list[str]],
+                            extra: tuple[str, ...] = ()) -> tuple[plan.RunPlan, list[str], list[str]]:
+    """session.prepare against two nodes whose probe answers as given (no SSH)."""
+    probes: list[str] = []
+    said: list[str] = []
+
+    def fake_run(node, command, timeout=None, conn=None):
+        probes.append(command)
+        ip = json.dumps([{"ifname": "eth1", "addr_info": [{"local": node.cluster_address}]}])
+        out = f"PY_OK\n{ip}\n--gpus--\n--writable--\n" + "".join(f"{w}\n" for w in writable[node.name])
+        return remote.CommandResult(node.name, 0, out, "")
+
+    monkeypatch.setattr(remote, "run", fake_run)
+    nodes = [nfs_node(0), nfs_node(1)]
+    run_plan = session.prepare(nodes, {n.name: FakeConn() for n in nodes}, options(tmp_path, extra),
+                               "r1", lambda host, text: said.append(f"{host}: {text}"), nfs_server=True)
+    return run_plan, probes, said
+
+
+def test_checkpoints_and_token_cache_go_to_the_nfs_shares_named_by_the_settings(monkeypatch, tmp_path):
+    both = ["/mnt/nfs/checkpoints", "/mnt/nfs/datasets"]
+    run_plan, probes, said = prepare_with_fake_nodes(monkeypatch, tmp_path, {"n0": both, "n1": both})
+    assert all("test -w /mnt/nfs/checkpoints && echo /mnt/nfs/checkpoints;" in c for c in probes)
+    words = shlex.split(plan.node_command(run_plan, run_plan.nodes[1]))
+    trainer = words[words.index("/var/tmp/provision-train/runs/r1/n1/train_ddp.py") + 1 :]
+    assert trainer[trainer.index("--ckpt-dir") + 1] == "/mnt/nfs/checkpoints"
+    assert trainer[trainer.index("--data-cache") + 1] == "/mnt/nfs/datasets/train_ddp"
+    assert not any("note" in line for line in said)
+
+
+def test_a_share_that_a_node_cannot_write_is_left_out_with_a_note(monkeypatch, tmp_path):
+    run_plan, _, said = prepare_with_fake_nodes(
+        monkeypatch, tmp_path, {"n0": ["/mnt/nfs/checkpoints", "/mnt/nfs/datasets"], "n1": ["/mnt/nfs/checkpoints"]})
+    args = list(run_plan.trainer_args)
+    assert args[args.index("--ckpt-dir") + 1] == "/mnt/nfs/checkpoints"
+    assert "--data-cache" not in args
+    assert any("/mnt/nfs/datasets is not writable on n1" in line for line in said)
+
+
+def test_the_users_own_trainer_dirs_win_and_no_nfs_server_means_no_shares(monkeypatch, tmp_path):
+    both = ["/mnt/nfs/checkpoints", "/mnt/nfs/datasets"]
+    run_plan, _, _ = prepare_with_fake_nodes(monkeypatch, tmp_path, {"n0": both, "n1": both},
+                                             extra=("--ckpt-dir", "/scratch/ck", "--data-cache=/scratch/data"))
+    args = list(run_plan.trainer_args)
+    assert args.count("--ckpt-dir") == 1 and args[args.index("--ckpt-dir") + 1] == "/scratch/ck"
+    assert "/mnt/nfs/datasets/train_ddp" not in args
+    settings = Settings(nfs_mount_root="/mnt/nfs", nfs_exports=["scratch"])
+    assert plan.shares(settings, True, ()) == ()
+    assert plan.shares(Settings(), False, ()) == ()
+    assert [s.path for s in plan.shares(Settings(), True, ())] == ["/shared/checkpoints",
+                                                                  "/shared/datasets/train_ddp"]
+
+
+def test_a_log_that_cannot_be_written_ends_the_nodes_stream_with_a_reason(tmp_path):
+    """The stream thread must tell the watcher, or every other node waits in the
+    rendezvous until it times out."""
+    (tmp_path / "a-file").write_text("")
+    p = two_node_plan()
+    sup = session.Supervisor([], {}, p, options(tmp_path / "a-file" / "runs"), lambda *a: None)
+    sup._stream(p.nodes[0])
+    host, end = sup._ended.get_nowait()
+    assert host == "n0" and end.exited == -1 and "log stream failed" in end.reason
 
 
 def test_interface_is_found_by_the_address_it_holds():

@@ -41,3 +41,17 @@ def test_missing_inventory_is_refused(cli, tmp_path):
 def test_help_has_an_example(cli):
     result = cli("train", "--help")
     assert result.code == 0 and "Example: provision train" in result.out
+
+
+def test_unwritable_runs_dir_is_refused_before_any_host_is_contacted(cli, inventory, tmp_path, monkeypatch):
+    from provision import remote
+
+    def no_ssh(*args, **kwargs):
+        raise AssertionError("a host was contacted")
+
+    monkeypatch.setattr(remote, "connection", no_ssh)
+    (tmp_path / "a-file").write_text("")
+    result = cli("train", str(inventory), "--runs-dir", str(tmp_path / "a-file" / "runs"))
+    assert result.code == 2
+    lines = [line for line in result.err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "--runs-dir" in lines[0] and "cannot write there" in lines[0]

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from provision.resources import training_script
+from provision.validate import expectations
 
 TRAINER = training_script()
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -105,6 +106,9 @@ def test_two_ranks_match_one_rank_at_every_step(tmp_path, cache):
     one = single(args, tmp_path / "one")
     two = two_nodes(args, tmp_path / "two")
     assert two["world_size"] == 2 and set(two["nodes"]) == {"node0", "node1"}
+    for r in two["ranks"]:  # each rank measured its own pace: its step less its wait
+        assert 0 <= r["wait_ms"] < r["step_ms"] and r["forward_ms"] > 0
+        assert r["tokens_per_s"] == pytest.approx(4 * 64 / ((r["step_ms"] - r["wait_ms"]) / 1000))
     a, b = np.array(one["train_losses"]), np.array(two["train_losses"])
     assert a.shape == b.shape == (8, 2)
     np.testing.assert_allclose(b, a, rtol=0, atol=1e-5)
@@ -180,3 +184,151 @@ def test_threads_option_sets_the_ranks_cpu_threads(tmp_path, cache):
     common = [*BASE, "--steps", "2", "--data-cache", str(cache)]
     assert single([*common, "--ckpt-dir", str(tmp_path / "a")], tmp_path / "a")["threads"] == 1  # OMP env
     assert single([*common, "--threads", "2", "--ckpt-dir", str(tmp_path / "b")], tmp_path / "b")["threads"] == 2
+
+
+@pytest.mark.parametrize(("world", "micro"), [(1, 8), (2, 8), (8, 2), (16, 1)])
+def test_default_batch_splits_over_one_node_and_the_docstrings_eight_and_sixteen_gpus(world, micro):
+    trainer = load_trainer()
+    assert trainer.batch_sizes(world, None, None) == (16, micro, None)
+
+
+def test_default_global_batch_rounds_up_to_the_ranks_with_a_note():
+    trainer = load_trainer()
+    global_batch, micro, note = trainer.batch_sizes(32, None, None)
+    assert (global_batch, micro) == (32, 1) and "using 32 (1 per rank)" in note
+    global_batch, micro, note = trainer.batch_sizes(3, None, None)
+    assert (global_batch, micro) == (18, 6) and "does not split over 3 ranks" in note
+
+
+def test_given_batch_sizes_that_do_not_split_stop_with_a_message():
+    trainer = load_trainer()
+    assert trainer.batch_sizes(8, 64, None) == (64, 8, None)
+    assert trainer.batch_sizes(2, None, 4) == (16, 4, None)
+    with pytest.raises(SystemExit, match="--micro-batch 8 must divide each rank's 2 sequences"):
+        trainer.batch_sizes(8, 16, 8)
+    with pytest.raises(SystemExit, match="--global-batch 16 must be a positive multiple of the 3 ranks"):
+        trainer.batch_sizes(3, 16, None)
+    with pytest.raises(SystemExit, match="--micro-batch 3"):
+        trainer.batch_sizes(2, None, 3)
+
+
+def test_peak_flops_table_is_the_validate_gpu_specs():
+    trainer = load_trainer()
+    specs = {hint: spec.bf16_tflops for spec in expectations.GPU_SPECS for hint in spec.name_hints}
+    assert specs == trainer.PEAK_TFLOPS
+
+
+def test_peak_flops_take_the_most_specific_gpu_name():
+    """Product names as NVML and nvidia-smi print them: the captured ones, and the PCIe,
+    NVL and Blackwell parts that a plain "H100"/"H200" fragment used to mistake."""
+    trainer = load_trainer()
+    fixtures = Path(__file__).parent.parent / "fixtures"
+    captured = {line.split(":", 1)[1].strip() for f in fixtures.glob("nvidia-smi-a_*.txt")
+                for line in f.read_text().splitlines() if "Product Name" in line}
+    captured |= {line.split("<product_name>")[1].split("<")[0]
+                 for f in fixtures.glob("nvidia-smi-q-x_*.xml")
+                 for line in f.read_text().splitlines() if "<product_name>" in line}
+    assert {"NVIDIA H100 80GB HBM3", "NVIDIA H100 NVL", "NVIDIA H200"} <= captured
+    names = captured | {"NVIDIA H100 PCIe", "NVIDIA H200 NVL", "NVIDIA B200", "NVIDIA GH200 480GB"}
+    for name in names:
+        sku = expectations.find_sku(name, None)
+        assert trainer.peak_tflops_for(name) == (sku.bf16_tflops if sku else None), name
+    assert trainer.peak_tflops_for("NVIDIA H100 PCIe") == 756.5
+    assert trainer.peak_tflops_for("NVIDIA H100 NVL") == 835.5
+    assert trainer.peak_tflops_for("NVIDIA H200 NVL") == 835.5
+    assert trainer.peak_tflops_for("NVIDIA B200") == 2250.0
+    assert trainer.peak_tflops_for("NVIDIA RTX A5000") is None
+
+
+class FakeCudaEvent:
+    """torch.cuda.Event on a GPU clock that the test moves (milliseconds)."""
+
+    gpu_ms = 0.0
+
+    def __init__(self, enable_timing: bool = False):
+        self.at = None
+
+    def record(self) -> None:
+        self.at = FakeCudaEvent.gpu_ms
+
+    def elapsed_time(self, end: FakeCudaEvent) -> float:
+        return end.at - self.at
+
+
+def test_forward_time_on_a_gpu_comes_from_cuda_events_not_the_host_clock(monkeypatch):
+    """Kernels run asynchronously: the host returns from a forward pass long before the
+    GPU has done it, so only the GPU's own clock times it."""
+    trainer = load_trainer()
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeCudaEvent)
+    timer = trainer.StepTimer(torch.device("cuda"))
+    for _ in range(2):  # two micro-batches, each 250 ms of GPU work launched in no time
+        with timer.forward():
+            FakeCudaEvent.gpu_ms += 250.0
+    timer._mark_ready(())
+    FakeCudaEvent.gpu_ms += 40.0  # waiting for the other ranks' gradients
+    timer.synced = timer.now()
+    assert timer.forward_s() == pytest.approx(0.5)
+    assert timer.wait_s() == pytest.approx(0.04)
+
+
+def test_a_training_step_reads_the_loss_from_the_device_not_once_per_micro_batch(monkeypatch):
+    """Tensor.item() on the loss waits for the device; a step of 4 micro-batches must not
+    wait 4 times. The step returns the loss on the device for one read per step."""
+    trainer = load_trainer()
+    import torch
+
+    reads = []
+    item = torch.Tensor.item
+
+    def counting_item(self):
+        if self.grad_fn is not None or self.requires_grad:
+            reads.append(self)
+        return item(self)
+
+    d = trainer.Dist(0, 0, 1, torch.device("cpu"), "n")
+    args = trainer.parse_args(["--global-batch", "8", "--micro-batch", "2"])
+    cfg = trainer.GPTConfig(1, 1, 16, 8)
+    torch.manual_seed(0)
+    model = trainer.GPT(cfg)
+    opt = trainer.make_optimizer(model, args)
+    data = np.random.default_rng(0).integers(0, 256, 4096).astype(np.uint8)
+    sampler = trainer.StepSampler(d, (len(data) - 1) // cfg.block_size, 8, seed=1)
+    timer = trainer.StepTimer(d.device)
+    timer.watch(model)
+    monkeypatch.setattr(torch.Tensor, "item", counting_item)
+    loss = trainer.train_step(d, model, opt, sampler, data, cfg, 0, args, timer)
+    assert reads == []
+    assert isinstance(loss, torch.Tensor) and loss.dim() == 0 and 5.0 < trainer.all_mean(d, loss) < 6.0
+    assert len(timer.forwards) == 4 and timer.forward_s() > 0 and timer.wait_s() >= 0
+
+
+def test_a_node_that_waits_for_a_slow_one_reports_its_own_faster_rate():
+    """In DDP every rank's step lasts as long as the slowest rank's; a rank's own rate
+    leaves out its wait, so the nodes' rates differ when one node is slow."""
+    trainer = load_trainer()
+    args = trainer.parse_args(["--global-batch", "8", "--micro-batch", "4"])
+    args.mfu_scale = None
+    cfg = trainer.GPTConfig(2, 2, 64, 64)
+    d = trainer.Dist(1, 0, 2, None, "fast")
+    history = {"times": [9.0, 0.2, 0.2], "wait": [0.0, 0.1, 0.1], "fwd": [1.0, 0.02, 0.02]}
+    rate = trainer.throughput(d, history, args, cfg)
+    assert rate["tps"] == pytest.approx(8 * 64 / 0.2)  # the cluster: the first step left out
+    assert rate["own_tps"] == pytest.approx(4 * 64 / 0.1)  # this rank: step less its wait
+    assert (rate["step_ms"], rate["wait_ms"], rate["fwd_ms"]) == pytest.approx((200, 100, 20))
+    ranks = [{"node": "fast", "tokens_per_s": 2560.0}, {"node": "fast", "tokens_per_s": 2560.0},
+             {"node": "slow", "tokens_per_s": 1280.0}]
+    assert trainer.node_rates(ranks) == {"fast": 5120.0, "slow": 1280.0}
+
+
+def test_checkpoints_fall_back_to_a_local_directory_with_a_line_that_says_so(monkeypatch, capsys, tmp_path):
+    trainer = load_trainer()
+    d = trainer.Dist(0, 0, 1, None, "n")
+    monkeypatch.setattr(trainer, "SHARED", tmp_path / "nfs")  # not mounted
+    assert trainer.default_ckpt_dir(d) == Path("checkpoints")
+    said = capsys.readouterr().out
+    assert f"{tmp_path}/nfs/checkpoints is not writable here" in said and "--ckpt-dir" in said
+    (tmp_path / "nfs" / "checkpoints").mkdir(parents=True)
+    assert trainer.default_ckpt_dir(d) == tmp_path / "nfs" / "checkpoints"
+    assert capsys.readouterr().out == ""
