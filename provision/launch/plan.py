@@ -30,7 +30,8 @@ class NodePlan:
     run_dir: str  # node directory of this run: trainer copy, pid file, torchrun logs
     work_dir: str  # the trainer's working directory: ./data and ./checkpoints live here
     is_host: bool  # hosts the c10d rendezvous store (the first node)
-    writable: tuple[str, ...] = ()  # the shares (Share.share) this node's SSH user may write
+    writable: tuple[str, ...] = ()  # the shares (Share.share) the trainer's user may write
+    run_as: str | None = None  # the training user, when the SSH user is root (see run_as_probe)
 
 
 @dataclass(frozen=True)
@@ -160,10 +161,25 @@ def node_command(plan: RunPlan, node: NodePlan) -> str:
     """
     env = [f"{k}={v}" for k, v in node_env(plan, node).items()]
     record = f'echo $$ > {shlex.quote(node.run_dir)}/{RUN_FILE} && exec "$@"'
-    inner = ["setsid", "--wait", "sh", "-c", record, "provision-train", "env", *env,
+    # runuser keeps the process group setsid made, so teardown (as root) still reaches it.
+    user = ["runuser", "-u", node.run_as, "--"] if node.run_as else []
+    inner = ["setsid", "--wait", "sh", "-c", record, "provision-train", *user, "env", *env,
              *torchrun_argv(plan, node)]
-    return (f"mkdir -p {shlex.quote(node.run_dir)} {shlex.quote(node.work_dir)} && "
-            f"cd {shlex.quote(node.work_dir)} && exec {shlex.join(inner)} 2>&1")
+    dirs = f"{shlex.quote(node.run_dir)} {shlex.quote(node.work_dir)}"
+    # The training user takes over provision's node directory, including ./data and
+    # ./checkpoints that an earlier run as root may have left there.
+    own = f" && chown -R {shlex.quote(node.run_as)}: {shlex.quote(node.work_dir)} {shlex.quote(node.run_dir)}" \
+        if node.run_as else ""
+    return f"mkdir -p {dirs}{own} && cd {shlex.quote(node.work_dir)} && exec {shlex.join(inner)} 2>&1"
+
+
+def run_as_probe(user: str) -> str:
+    """Shell that prints RUN_AS=<user> when the trainer should run as the training user:
+    the SSH user is root (which root_squash maps to nobody on the NFS shares, so it could
+    not write checkpoints there) and the account exists (the base step makes it). A
+    non-root SSH user runs the trainer as itself."""
+    q = shlex.quote(user)
+    return f'if [ "$(id -u)" = 0 ] && id -u {q} >/dev/null 2>&1; then echo RUN_AS={user}; fi'
 
 
 def interface_for(address: str, ip_json: str) -> str | None:

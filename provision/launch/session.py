@@ -118,16 +118,23 @@ def _prepare_node(node: Node, conn: Any, opts: Options, run_id: str, is_first: b
     python = opts.python or f"{s.venv_path}/bin/python"
     run_dir = f"{s.train_dir}/runs/{run_id}/{node.name}"
     say(node.name, "checking python, interface and GPUs")
-    # test -w asks the NFS server (root_squash), and touching an automount point mounts it.
-    writable = "".join(f"test -w {shlex.quote(x.share)} && echo {shlex.quote(x.share)}; " for x in shares)
+    # test -w asks the NFS server (root_squash), and touching an automount point mounts it;
+    # it is asked as the user the trainer will run as.
+    user = shlex.quote(s.training_user)
+    as_runner = f'if [ -n "$RUN_AS" ]; then runuser -u {user} -- test -w "$1"; else test -w "$1"; fi'
+    writable = "".join(f"sh -c {shlex.quote(as_runner)} - {shlex.quote(x.share)} && echo {shlex.quote(x.share)}; "
+                       for x in shares)
     probe = remote.run(node, (
         f"{shlex.quote(python)} -c 'import torch' && echo PY_OK; ip -j addr; echo '--gpus--'; "
-        f"nvidia-smi -L 2>/dev/null; echo '--writable--'; {writable}mkdir -p {shlex.quote(run_dir)}"),
+        f"nvidia-smi -L 2>/dev/null; echo '--run-as--'; RUN_AS=$({plan.run_as_probe(s.training_user)}); "
+        f'export RUN_AS; echo "$RUN_AS"; echo \'--writable--\'; {writable}mkdir -p {shlex.quote(run_dir)}'),
         timeout=60, conn=conn)
     if probe.exited == -1:
         raise LaunchError(f"unreachable: {probe.stderr}")
     head, _, rest = probe.stdout.partition("--gpus--")
-    gpus, _, can_write = rest.partition("--writable--")
+    gpus, _, rest = rest.partition("--run-as--")
+    run_as_out, _, can_write = rest.partition("--writable--")
+    run_as = s.training_user if f"RUN_AS={s.training_user}" in run_as_out else None
     if "PY_OK" not in head:
         raise LaunchError(f"{python} cannot import torch; run `provision up` (frameworks) "
                           "or set venv_path / --python")
@@ -141,7 +148,8 @@ def _prepare_node(node: Node, conn: Any, opts: Options, run_id: str, is_first: b
     conn.put(str(training_script()), f"{run_dir}/train_ddp.py")
     conn.put(str(REAPER), f"{run_dir}/reaper.py")
     return plan.NodePlan(node.name, node.cluster_address, interface, python, nproc, run_dir,
-                         s.train_dir, is_first, tuple(x.strip() for x in can_write.splitlines() if x.strip()))
+                         s.train_dir, is_first, tuple(x.strip() for x in can_write.splitlines() if x.strip()),
+                         run_as)
 
 
 class Supervisor:

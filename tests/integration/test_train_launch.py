@@ -253,3 +253,39 @@ def test_a_lost_ssh_connection_stops_every_host_and_exits_1(hosts, tmp_path):
     assert code == 1
     assert report["failed_host"] == "ns1" and "ns1: SSH connection lost" in report["failure"]
     assert all(n["clean"] for n in report["nodes"])
+
+
+def test_as_root_the_trainer_runs_as_the_training_user(netns_hosts, tmp_path):
+    # Over SSH as root, with the training account present (here: nobody, which every
+    # Linux has), the ranks run as that account: root_squash would refuse root on the NFS
+    # shares. Its files (checkpoints, token cache) belong to it. The node directory is
+    # outside pytest's 0700 tmp tree so the account can reach it.
+    import pwd
+    import shutil
+    import sysconfig
+    import tempfile
+
+    node_dir = Path(tempfile.mkdtemp(prefix="provision-it-runas-", dir="/var/tmp"))
+    node_dir.chmod(0o755)
+    # The account must be able to run the venv's interpreter; this project's venv may point
+    # into a private home (pyenv under /root), so give it a venv of the system's Python of
+    # the same version that sees the project venv's packages (torch) through a .pth file.
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    system_python = Path(f"/usr/bin/python{version}")
+    if not system_python.exists():
+        pytest.skip(f"no system python{version} for the training account to run")
+    venv = node_dir / "venv"
+    subprocess.run([str(system_python), "-m", "venv", "--without-pip", str(venv)], check=True)
+    (venv / "lib" / f"python{version}" / "site-packages" / "project.pth").write_text(
+        sysconfig.get_paths()["purelib"] + "\n")
+    try:
+        cluster = netns_hosts(2, venv_path=str(venv), train_dir=str(node_dir), training_user="nobody")
+        code, report = finish(start(cluster.inventory, tmp_path, "--steps", "4", *TRAINER), tmp_path)
+        assert code == 0, why(tmp_path, report)
+        assert report["world_size"] == 2 and all(n["clean"] for n in report["nodes"])
+        checkpoints = list((node_dir / "checkpoints").glob("*.pt"))
+        assert checkpoints, sorted(str(p) for p in node_dir.rglob("*"))[:50]
+        assert {pwd.getpwuid(p.stat().st_uid).pw_name for p in checkpoints} == {"nobody"}
+        assert processes_of(report["run_id"]) == {}
+    finally:
+        shutil.rmtree(node_dir, ignore_errors=True)

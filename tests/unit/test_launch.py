@@ -4,6 +4,7 @@ node-side reaper against real local processes."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import os
 import shlex
@@ -64,6 +65,32 @@ def test_node_command_records_the_pgid_before_torchrun_starts_under_setsid():
     assert cmd.startswith("mkdir -p /var/tmp/pt/runs/r1/n1 /var/tmp/pt && cd /var/tmp/pt && exec ")
 
 
+def test_as_root_the_trainer_runs_as_the_training_user_in_the_same_process_group():
+    # root_squash maps root to nobody on the NFS shares: the training user owns them.
+    base = two_node_plan()
+    node = dataclasses.replace(base.nodes[1], run_as="train")
+    cmd = plan.node_command(base, node)
+    words = shlex.split(cmd)
+    # setsid's shell records the group id, then becomes runuser, which runs env + torchrun
+    # as the user without a session or group of its own.
+    after = words[words.index("provision-train") + 1 :]
+    assert after[:5] == ["runuser", "-u", "train", "--", "env"]
+    assert cmd.startswith("mkdir -p /var/tmp/pt/runs/r1/n1 /var/tmp/pt && "
+                          "chown -R train: /var/tmp/pt /var/tmp/pt/runs/r1/n1 && cd /var/tmp/pt && exec ")
+    assert "runuser" not in plan.node_command(base, base.nodes[1])  # a non-root SSH user runs it itself
+
+
+def test_the_run_as_probe_names_the_user_only_for_root_and_an_existing_account(tmp_path):
+    import subprocess
+
+    me = subprocess.run(["id", "-un"], capture_output=True, text=True, check=True).stdout.strip()
+    out = subprocess.run(["sh", "-c", plan.run_as_probe(me)], capture_output=True, text=True).stdout
+    assert out.strip() == (f"RUN_AS={me}" if os.geteuid() == 0 else "")
+    missing = subprocess.run(["sh", "-c", plan.run_as_probe("no-such-user-provision")],
+                             capture_output=True, text=True).stdout
+    assert missing == ""
+
+
 def test_global_batch_grows_with_the_world_and_user_flags_come_last():
     p = two_node_plan(extra=("--lr", "3e-4"))
     args = list(p.trainer_args)
@@ -91,7 +118,7 @@ class FakeConn:
 
 
 def prepare_with_fake_nodes(monkeypatch, tmp_path, writable: dict[str, list[str]],
-                            extra: tuple[str, ...] = ()) -> tuple[plan.RunPlan, list[str], list[str]]:
+                            extra: tuple[str, ...] = (), run_as: str = "") -> tuple[plan.RunPlan, list[str], list[str]]:
     """session.prepare against two nodes whose probe answers as given (no SSH)."""
     probes: list[str] = []
     said: list[str] = []
@@ -99,7 +126,8 @@ def prepare_with_fake_nodes(monkeypatch, tmp_path, writable: dict[str, list[str]
     def fake_run(node, command, timeout=None, conn=None):
         probes.append(command)
         ip = json.dumps([{"ifname": "eth1", "addr_info": [{"local": node.cluster_address}]}])
-        out = f"PY_OK\n{ip}\n--gpus--\n--writable--\n" + "".join(f"{w}\n" for w in writable[node.name])
+        out = (f"PY_OK\n{ip}\n--gpus--\n--run-as--\n{run_as}\n--writable--\n"
+               + "".join(f"{w}\n" for w in writable[node.name]))
         return remote.CommandResult(node.name, 0, out, "")
 
     monkeypatch.setattr(remote, "run", fake_run)
@@ -112,7 +140,8 @@ def prepare_with_fake_nodes(monkeypatch, tmp_path, writable: dict[str, list[str]
 def test_checkpoints_and_token_cache_go_to_the_nfs_shares_named_by_the_settings(monkeypatch, tmp_path):
     both = ["/mnt/nfs/checkpoints", "/mnt/nfs/datasets"]
     run_plan, probes, said = prepare_with_fake_nodes(monkeypatch, tmp_path, {"n0": both, "n1": both})
-    assert all("test -w /mnt/nfs/checkpoints && echo /mnt/nfs/checkpoints;" in c for c in probes)
+    assert all("test -w \"$1\"; fi' - /mnt/nfs/checkpoints && echo /mnt/nfs/checkpoints;" in c for c in probes)
+    assert all(n.run_as is None for n in run_plan.nodes)
     words = shlex.split(plan.node_command(run_plan, run_plan.nodes[1]))
     trainer = words[words.index("/var/tmp/provision-train/runs/r1/n1/train_ddp.py") + 1 :]
     assert trainer[trainer.index("--ckpt-dir") + 1] == "/mnt/nfs/checkpoints"
@@ -358,3 +387,12 @@ def test_blame_names_the_killed_rank_but_not_after_ctrl_c_and_not_an_errored_pee
         "a: SSH connection lost", "a", None)
     sigterm = killed.replace("exitcode  : -9", "exitcode  : -15")
     assert logs.blame("a: torchrun exited 1", "a", {"b": sigterm})[1:] == ("a", None)
+
+
+def test_a_root_probe_that_finds_the_training_user_runs_the_trainer_as_it(monkeypatch, tmp_path):
+    both = ["/mnt/nfs/checkpoints", "/mnt/nfs/datasets"]
+    run_plan, probes, _ = prepare_with_fake_nodes(monkeypatch, tmp_path, {"n0": both, "n1": both},
+                                                  run_as="RUN_AS=train")
+    assert [n.run_as for n in run_plan.nodes] == ["train", "train"]
+    # Writability of the shares is asked as that user (root_squash), not as root.
+    assert all("runuser -u train -- test -w" in c for c in probes)
