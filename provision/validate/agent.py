@@ -150,7 +150,7 @@ def cpu_inventory() -> dict:
         "threads": usable,
         "numa_nodes": max(len(numa), 1),
         "ghz": _cpu_ghz(info),
-        "isa": _isa(set(flags.group(1).split()) if flags else set()),
+        "isa": _isa(set(flags.group(1).split()) if flags else set(), _amd_family(info)),
         "llc_bytes": _llc_bytes(),
     }
 
@@ -167,9 +167,20 @@ def _cpu_ghz(cpuinfo: str) -> float | None:
 # fp32 FLOP per cycle per core: vector lanes x 2 (FMA) x 2 FMA ports (Skylake-SP and newer,
 # Zen 2+). AVX without FMA: 8 lanes x (1 add + 1 mul port). SSE: 4 lanes x 2.
 _ISA_FLOPS = [("avx512f", 64), ("avx2+fma", 32), ("avx", 16), ("sse2", 8), ("asimd", 16)]
+# Zen 4 (AMD family 0x19) runs AVX-512 on 256-bit units, two passes per instruction: the
+# same 32 FLOP/cycle as AVX2. Counting 64 there would halve every Zen 4 server's fraction
+# and warn on healthy hardware. Zen 5 (0x1A) has full 512-bit units.
+_ZEN4_FAMILY = 0x19
 
 
-def _isa(flags: set[str]) -> dict:
+def _amd_family(cpuinfo: str) -> int | None:
+    if not re.search(r"^vendor_id\s*:\s*AuthenticAMD", cpuinfo, re.M):
+        return None
+    family = re.search(r"^cpu family\s*:\s*(\d+)", cpuinfo, re.M)
+    return int(family.group(1)) if family else None
+
+
+def _isa(flags: set[str], amd_family: int | None = None) -> dict:
     have = {
         "avx512f": "avx512f" in flags,
         "avx2+fma": {"avx2", "fma"} <= flags,
@@ -179,6 +190,8 @@ def _isa(flags: set[str]) -> dict:
     }
     for name, flops in _ISA_FLOPS:
         if have[name]:
+            if name == "avx512f" and amd_family == _ZEN4_FAMILY:
+                flops = 32
             return {
                 "best": name,
                 "fp32_flops_per_cycle": flops,
@@ -255,8 +268,13 @@ def nic_inventory() -> list[dict]:
 
 
 def bench_cpu(torch, cfg: dict, cpu: dict, res: Results) -> None:
-    torch.set_num_threads(cpu["threads"])
-    n = cfg["cpu_n"]
+    # One thread per physical core: hyper-threads share the FMA ports, and oversubscribing
+    # them makes a GEMM slower, not faster (the peak below counts physical cores too).
+    threads = min(cpu["cores"], cpu["threads"])
+    torch.set_num_threads(threads)
+    # Enough work per thread to reach the FMA units' steady state on many-core servers:
+    # n grows with the cube root of the core count (1536 is sized for ~8 cores).
+    n = max(cfg["cpu_n"], int(cfg["cpu_n"] * (threads / 8) ** (1 / 3)) // 256 * 256)
     a, b = torch.randn(n, n), torch.randn(n, n)
     torch.mm(a, b)  # warm-up: thread pool and BLAS kernels
     best = float("inf")
@@ -265,7 +283,7 @@ def bench_cpu(torch, cfg: dict, cpu: dict, res: Results) -> None:
         torch.mm(a, b)
         best = min(best, time.perf_counter() - t0)
     gflops = 2 * n**3 / best / 1e9
-    res.add("cpu_gemm_gflops", gflops, detail=f"n={n}, {cpu['threads']} threads")
+    res.add("cpu_gemm_gflops", gflops, detail=f"n={n}, {threads} threads")
     peak = _cpu_peak_gflops(cpu)
     if peak:
         res.add(

@@ -23,6 +23,32 @@ def test_isa_prefers_widest_vector_unit():
     assert agent._isa(set())["best"] == "scalar"
 
 
+def test_zen4_avx512_counts_as_256_bit_units_and_zen5_as_512():
+    zen4 = "vendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
+    zen5 = "vendor_id\t: AuthenticAMD\ncpu family\t: 26\n"
+    intel = "vendor_id\t: GenuineIntel\ncpu family\t: 6\n"
+    flags = {"avx512f", "avx2", "fma", "sse2"}
+    assert agent._isa(flags, agent._amd_family(zen4))["fp32_flops_per_cycle"] == 32
+    assert agent._isa(flags, agent._amd_family(zen5))["fp32_flops_per_cycle"] == 64
+    assert agent._isa(flags, agent._amd_family(intel))["fp32_flops_per_cycle"] == 64
+    assert agent._amd_family(intel) is None
+
+
+def test_cpu_gemm_uses_one_thread_per_core_and_grows_with_the_cores():
+    import torch
+
+    res = agent.Results()
+    cpu = {"cores": 1, "threads": 2, "ghz": None, "isa": agent._isa(set())}
+    before = torch.get_num_threads()
+    try:
+        agent.bench_cpu(torch, {"cpu_n": 256, "cpu_reps": 1}, cpu, res)
+        assert torch.get_num_threads() == 1  # not the 2 hyper-threads
+    finally:
+        torch.set_num_threads(before)
+    row = next(r for r in res.rows if r["metric"] == "cpu_gemm_gflops")
+    assert row["detail"] == "n=256, 1 threads"
+
+
 def test_cpu_peak_counts_physical_cores_only():
     cpu = {"cores": 8, "threads": 16, "ghz": 2.0, "isa": {"fp32_flops_per_cycle": 32}}
     assert agent._cpu_peak_gflops(cpu) == 8 * 2.0 * 32
