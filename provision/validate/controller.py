@@ -13,7 +13,7 @@ import base64
 import shlex
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from provision import remote
@@ -116,7 +116,9 @@ def _input(node: Node, report: parsers.AgentReport | str, plan: Plan) -> judge.N
     inventory = {
         **report.inventory,
         "hostname": report.hostname,
-        "gpus": [g.name for g in report.gpus],
+        # Every field NVML gave (versions, memory, PCIe link, ECC and remaps, clocks,
+        # throttle reasons, persistence, NVLink): the acceptance record of each GPU.
+        "gpus": [asdict(g) for g in report.gpus],
         "agent_errors": list(report.errors),
     }
     gpus = list(report.gpus) if "gpu" in plan.groups else []

@@ -326,6 +326,8 @@ def gpu_from_nvml(d: dict[str, Any]) -> GpuInfo:
         persistence_mode=get("persistence_mode"),
         bus_id=str(d.get("bus_id", "")),
         numa_node=get("numa_node"),
+        clocks_mhz=get("clocks_mhz"),
+        nvlink_up=get("nvlink_up"),
     )
 
 

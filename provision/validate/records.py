@@ -48,6 +48,8 @@ class GpuInfo:
     persistence_mode: bool | None = None  # persistence mode enabled
     bus_id: str = ""  # PCI bus id
     numa_node: int | None = None  # NUMA node the GPU hangs off, when known
+    clocks_mhz: dict[str, int | None] | None = None  # {"sm": now, "sm_max": its maximum}
+    nvlink_up: int | None = None  # NVLink links up; None where the GPU has none
 
 
 @dataclass(frozen=True)

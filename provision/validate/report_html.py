@@ -135,6 +135,30 @@ def _table(results: list[NodeResult]) -> str:
     return "".join(rows) + "</table>"
 
 
+_GPU_COLUMNS = (("index", "gpu"), ("name", "name"), ("driver_version", "driver"), ("cuda_version", "CUDA"),
+                ("memory_mib", "MiB"), ("pcie", "PCIe now / max"), ("ecc_uncorrected", "ECC unc."),
+                ("retired_pages", "retired / remapped"), ("throttle_active", "throttled by"),
+                ("persistence_mode", "persistence"), ("nvlink_up", "NVLink up"))
+
+
+def _gpu_inventory(results: list[NodeResult]) -> str:
+    """Each GPU's inventory as NVML gave it: what was accepted, kept with the verdict."""
+    rows = []
+    for r in results:
+        for g in r.inventory.get("gpus") or []:
+            if not isinstance(g, dict):
+                continue
+            g = {**g, "pcie": f"gen{g.get('pcie_gen_current')} x{g.get('pcie_width_current')} / "
+                              f"gen{g.get('pcie_gen_max')} x{g.get('pcie_width_max')}",
+                 "throttle_active": ", ".join(g.get("throttle_active") or ()) or "-"}
+            cells = "".join(f"<td>{_e('-' if g.get(k) is None else g.get(k))}</td>" for k, _ in _GPU_COLUMNS)
+            rows.append(f"<tr><td>{_e(r.node)}</td>{cells}</tr>")
+    if not rows:
+        return ""
+    head = "".join(f"<th>{_e(title)}</th>" for _, title in _GPU_COLUMNS)
+    return f"<h2>GPU inventory</h2><table><tr><th>node</th>{head}</tr>{''.join(rows)}</table>"
+
+
 def _legend() -> str:
     items = [f'<span><i class="sw" style="background:{c}"></i>{_e(v)}</span>' for v, c in COLORS.items()]
     items.append(f'<span><i class="sw" style="background:{BAND_COLOR}"></i>fleet band</span>')
@@ -159,7 +183,7 @@ def document(results: list[NodeResult], title: str) -> str:
     return (
         f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>{_e(title)}</title>'
         f"<style>{_CSS}</style></head><body><h1>{_e(title)}</h1>{_table(results)}{_legend()}"
-        f'<div class="charts">{"".join(figures)}</div></body></html>\n'
+        f'<div class="charts">{"".join(figures)}</div>{_gpu_inventory(results)}</body></html>\n'
     )
 
 
