@@ -735,10 +735,12 @@ def own_rate(tokens: int, step_s: float, wait_s: float) -> float:
 
 
 def throughput(d, history: dict, args, cfg: GPTConfig) -> dict:
-    """Mean rates over the run, leaving out the first step (warm-up, compilation): the
-    cluster's (rank 0's step time) and this rank's own (``own_rate``)."""
+    """Mean rates over the run, leaving out the first steps (warm-up; torch.compile
+    compiles during the first few): the cluster's (rank 0's step time) and this rank's
+    own (``own_rate``)."""
     def mean(key: str) -> float:
-        values = history[key][1:] or history[key] or [float("nan")]
+        skip = max(1, min(5, len(history[key]) // 4))
+        values = history[key][skip:] or history[key] or [float("nan")]
         return sum(values) / len(values)
 
     step_s, wait_s, fwd_s = mean("times"), mean("wait"), mean("fwd")
