@@ -144,7 +144,10 @@ def run_provision(argv: list[str], log: Path) -> int:
 
             status = pty.spawn(command, tee)
             return os.waitstatus_to_exitcode(status)
-        process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        # Not a terminal: rich would wrap at 80 columns, splitting the summary line the
+        # final table quotes; a wide virtual terminal keeps each line whole.
+        process = subprocess.Popen(command, env={**env, "COLUMNS": env.get("COLUMNS", "200")},
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         assert process.stdout is not None
         for line in process.stdout:
             sys.stdout.buffer.write(line)
