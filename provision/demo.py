@@ -157,15 +157,29 @@ def run_provision(argv: list[str], log: Path) -> int:
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07|\r")
+_BORDER = set("─━┄┈╌═└┘┌┐├┤┬┴┼╭╮╰╯┏┓┗┛┡┩╇┳┻╋┃-= ")
 
 
 def last_line(log: Path) -> str:
-    """The last non-empty line a command printed (its summary line), without colours."""
+    """What a command said last, without colours: its last line of text, or when it ended
+    with a table (most commands end with their summary table), that table's rows."""
     if not log.is_file():
         return ""
     text = _ANSI.sub("", log.read_bytes().decode(errors="replace"))
-    lines = [line.strip() for line in text.splitlines() if line.strip() and set(line.strip()) - set("─━-=╭╮╰╯│ ")]
-    return lines[-1][:160] if lines else ""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    rows: list[str] = []
+    for line in reversed(lines):
+        if line.startswith("│"):
+            cells = [c.strip() for c in line.strip("│").split("│")]
+            if cells and cells[0]:  # a row's first line; continuation lines have no key
+                rows.append(" ".join(c for c in cells if c))
+        elif set(line) <= _BORDER:
+            if rows and line[0] in "┡╇┏┃":  # the header's rule: the table's rows are all read
+                break
+            continue
+        else:
+            return (line if not rows else "; ".join(reversed(rows)))[:160]
+    return "; ".join(reversed(rows))[:160]
 
 
 def run_demo(

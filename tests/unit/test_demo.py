@@ -91,3 +91,13 @@ def test_a_real_child_is_shown_and_logged(tmp_path, capfd):
     assert run_provision(["--help"], log) == 0
     assert "provision" in capfd.readouterr().out and "Usage" in log.read_text()
     assert last_line(log)
+
+
+def test_a_command_that_ends_with_a_table_is_summed_up_by_its_rows(tmp_path):
+    from provision.demo import last_line
+
+    log = tmp_path / "backup.log"
+    log.write_text("⠙ node1            done 0:00:14\n                   backup run\n"
+                   "┏━━━━━━━┳━━━━━━━━┓\n┃ host  ┃ result ┃\n┡━━━━━━━╇━━━━━━━━┩\n"
+                   "│ node1 │ ok     │\n│       │ (more) │\n│ node2 │ FAILED │\n└───────┴────────┘\n")
+    assert last_line(log) == "node1 ok; node2 FAILED"
