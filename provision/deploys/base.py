@@ -19,7 +19,7 @@ from pyinfra.context import ctx_state
 from pyinfra.operations import apt, files, server, systemd
 
 from provision.deploys.packages import BASE_PACKAGES, UNATTENDED_BLACKLIST
-from provision.deploys.probes import DpkgInterrupted, HostKeys
+from provision.deploys.probes import Account, AccountFact, DpkgInterrupted, HostKeys
 from provision.inventory import Cluster, Node
 from provision.resources import templates_dir
 from provision.runner import Step, current_cluster, current_node, note, secret_upload
@@ -138,6 +138,9 @@ def training_account(settings: Settings) -> None:
     the account: the nfs step calls it too, so `up --only nfs` on a fresh host gives the
     same ids (NFS maps owners by number; preflight refuses an account with other ids)."""
     user, uid = settings.training_user, settings.training_uid
+    wanted = Account(uid, uid, f"/home/{user}", "/bin/bash", user, uid)
+    if host.get_fact(AccountFact, user=user) == wanted:
+        return  # already so: pyinfra's user/group ops would only re-read every account
     server.group(name=f"training group {user}", group=user, gid=uid)
     server.user(name=f"training user {user}", user=user, uid=uid, group=user, home=f"/home/{user}",
                 shell="/bin/bash", create_home=True)

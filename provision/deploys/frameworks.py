@@ -17,6 +17,7 @@ from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import FactBase, deploy, operation
+from pyinfra.api.command import FileUploadCommand
 from pyinfra.api.state import StateStage
 from pyinfra.context import ctx_state
 from pyinfra.operations import files, pip
@@ -156,11 +157,36 @@ def torch_works(python: str, version: str, need_cuda: bool):
         yield f"echo {shlex.quote('torch check failed: ' + problem)} >&2; exit 1"
 
 
+class WheelSizes(FactBase):
+    """name -> size of the .whl files in a host directory, in one command."""
+
+    default = dict
+
+    def command(self, directory: str) -> str:
+        return f"find {shlex.quote(directory)} -maxdepth 1 -name '*.whl' -printf '%f %s\\n' 2>/dev/null || true"
+
+    def process(self, output: list[str]) -> dict[str, int]:
+        return {name: int(size) for name, _, size in (line.rpartition(" ") for line in output) if size.isdigit()}
+
+
+@operation()
+def wheel_file(src: str, dest: str):
+    """Upload a wheel unless the host has a file of that name and size. A wheel's name
+    carries its version and build (PEP 427), so name and size identify it: unlike
+    files.put, no sha1 of a 190 MB torch wheel is computed on the host at every run
+    (about 10 s on a small node), and one listing answers for every wheel. A torn upload
+    has another size and is sent again."""
+    directory, _, name = dest.rpartition("/")
+    if host.get_fact(WheelSizes, directory=directory).get(name) == Path(src).stat().st_size:
+        return
+    yield FileUploadCommand(src, dest)
+    yield f"chmod 644 {shlex.quote(dest)}"
+
+
 def upload_wheelhouse(directory: str) -> None:
     files.directory(name="wheelhouse directory", path=REMOTE_WHEELHOUSE, mode="755")
     for wheel in wheel_files(directory):
-        files.put(name=f"wheel {wheel.name}", src=str(wheel), dest=f"{REMOTE_WHEELHOUSE}/{wheel.name}",
-                  mode="644")
+        wheel_file(name=f"wheel {wheel.name}", src=str(wheel), dest=f"{REMOTE_WHEELHOUSE}/{wheel.name}")
 
 
 @deploy("Frameworks")
@@ -171,12 +197,16 @@ def frameworks() -> None:
     if settings.wheelhouse:
         wheels = [w.name for w in wheel_files(settings.wheelhouse)]
         upload_wheelhouse(settings.wheelhouse)
-    pip.virtualenv(name=f"venv {venv}", path=venv, venv=True, python="python3")
-    venv_packages(name="torch, numpy, nvidia-ml-py", pip=f"{venv}/bin/pip",
-                  requirements=requirements(settings, wheels), source_args=pip_source_args(settings))
+    made = pip.virtualenv(name=f"venv {venv}", path=venv, venv=True, python="python3")
+    installed = venv_packages(name="torch, numpy, nvidia-ml-py", pip=f"{venv}/bin/pip",
+                              requirements=requirements(settings, wheels), source_args=pip_source_args(settings))
     need_cuda = bool(host.get_fact(NvidiaDevices).gpus)
+    # On a GPU host the check runs every time: the driver under torch may have changed in
+    # this same run. On a CPU host an unchanged venv was already checked when it was
+    # made; importing torch again costs 10+ s on a small node and proves nothing new.
     torch_works(name="torch imports" + (" and sees CUDA" if need_cuda else ""),
-                python=f"{venv}/bin/python", version=settings.torch_version, need_cuda=need_cuda)
+                python=f"{venv}/bin/python", version=settings.torch_version, need_cuda=need_cuda,
+                _if=lambda: need_cuda or made.did_change() or installed.did_change())
 
 
 step = Step("frameworks", frameworks, "Python venv with pinned torch, numpy, nvidia-ml-py")

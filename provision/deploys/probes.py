@@ -213,6 +213,49 @@ def parse_holds(lines: list[str]) -> tuple[dict[str, str], set[str]]:
     return installed, held
 
 
+@dataclass(frozen=True)
+class Account:
+    """A user as getent sees it, with its primary group's name and its group's gid."""
+
+    uid: int  # the user's uid
+    gid: int  # its primary group's gid
+    home: str  # home directory
+    shell: str  # login shell
+    group: str  # primary group's name
+    group_gid: int | None  # gid of the group named like the user; None when there is none
+
+
+class AccountFact(FactBase):
+    """One account from getent, or None when it does not exist. Cheap where pyinfra's
+    Users fact runs several commands for every account on the host (about 5 s under
+    emulation), which made every re-run of base pay for all of them."""
+
+    def command(self, user: str) -> str:
+        q = shlex.quote(user)
+        return (f"getent passwd {q} || true; echo --; getent group \"$(id -gn {q} 2>/dev/null)\" || true; "
+                f"echo --; getent group {q} || true")
+
+    def process(self, output: list[str]) -> Account | None:
+        return parse_account(output)
+
+
+def parse_account(lines: list[str]) -> Account | None:
+    parts: list[list[list[str]]] = [[], [], []]
+    section = 0
+    for line in lines:
+        if line.strip() == "--":
+            section = min(section + 1, 2)
+        elif line.strip():
+            parts[section].append(line.strip().split(":"))
+    if not parts[0] or len(parts[0][0]) < 7:
+        return None
+    passwd = parts[0][0]
+    group = parts[1][0][0] if parts[1] and parts[1][0] else ""
+    own = parts[2][0] if parts[2] and len(parts[2][0]) >= 3 else None
+    return Account(int(passwd[2]), int(passwd[3]), passwd[5], passwd[6], group,
+                   int(own[2]) if own and own[2].isdigit() else None)
+
+
 class HostKeys(FactBase):
     """The host's public SSH host keys ("type base64" per line)."""
 

@@ -131,3 +131,19 @@ def test_an_interrupted_dpkg_run_is_finished_before_installing(state_dir: Path) 
     clean = FakeHost(Os=os_info("debian-12-bookworm"))
     assert "Finish an interrupted dpkg run" not in by_name(runner.plan_with_facts(base.step, cluster().nodes[0],
                                                                                    clean, cluster())[0])
+
+
+def test_an_account_already_as_wanted_skips_pyinfras_user_and_group_ops() -> None:
+    # Re-runs pay only for one getent, not for pyinfra's Users fact over every account.
+    from provision.deploys.probes import Account, parse_account
+
+    lines = ["train:x:2000:2000::/home/train:/bin/bash", "--", "train:x:2000:", "--", "train:x:2000:"]
+    assert parse_account(lines) == Account(2000, 2000, "/home/train", "/bin/bash", "train", 2000)
+    assert parse_account(["--", "--"]) is None  # no such user
+    ready = FakeHost(Os=os_info("debian-12-bookworm"), AccountFact=parse_account(lines))
+    names = by_name(runner.plan_with_facts(base.step, cluster().nodes[0], ready, cluster())[0])
+    assert "training user train" not in names and "training group train" not in names
+    other_shell = Account(2000, 2000, "/home/train", "/bin/sh", "train", 2000)
+    fix = FakeHost(Os=os_info("debian-12-bookworm"), AccountFact=other_shell)
+    names = by_name(runner.plan_with_facts(base.step, cluster().nodes[0], fix, cluster())[0])
+    assert "training user train" in names

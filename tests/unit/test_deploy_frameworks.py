@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 from provision import runner
@@ -38,9 +37,19 @@ def test_installed_pins_change_nothing(tmp_path: Path) -> None:
     freeze = frameworks.parse_freeze(["torch==2.13.0+cpu", "numpy==2.3.4", "nvidia-ml-py==13.580.82",
                                       "sympy==1.14.0"])
     fake = FakeHost(VenvPackages=freeze, Directory={"mode": 755}, File={"mode": 644},
-                    Sha1File=hashlib.sha1(b"wheel").hexdigest())
+                    WheelSizes={WHEELS[0]: len(b"wheel")})
     assert runner.plan_with_facts(frameworks.step, node(wheelhouse=str(tmp_path)), fake)[0] == []
     assert runner.plan_with_facts(frameworks.step, node(), fake)[0] == []
+    # A wheel is identified by its name and size, never by a sha1 of it on the host.
+    assert not any(name == "Sha1File" for name, _ in fake.asked)
+
+
+def test_a_torn_wheel_upload_is_sent_again(tmp_path: Path) -> None:
+    (tmp_path / WHEELS[0]).write_bytes(b"wheel")
+    torn = FakeHost(Directory={"mode": 755}, WheelSizes={WHEELS[0]: 2})
+    ops, _ = runner.plan_with_facts(frameworks.step, node(wheelhouse=str(tmp_path)), torn)
+    (upload,) = [o for o in ops if o.name.endswith(WHEELS[0])]
+    assert upload.commands[-1] == f"chmod 644 /opt/provision/wheelhouse/{WHEELS[0]}"
 
 
 def test_local_version_label_counts_as_installed_and_other_versions_do_not() -> None:
@@ -76,3 +85,8 @@ def test_pip_compile_false_installs_without_byte_compiling(tmp_path: Path) -> No
     install = {o.name: o for o in ops}["Frameworks | torch, numpy, nvidia-ml-py"].commands
     assert install[-1] == ("/opt/provision/venv/bin/pip install --no-compile --no-index --find-links "
                            "/opt/provision/wheelhouse torch==2.13.0+cpu numpy nvidia-ml-py")
+
+
+def test_wheel_sizes_come_from_one_listing() -> None:
+    sizes = frameworks.WheelSizes().process([f"{WHEELS[0]} 191234567", "numpy-2.3.4-cp311.whl 17000000", "junk"])
+    assert sizes == {WHEELS[0]: 191234567, "numpy-2.3.4-cp311.whl": 17000000}
