@@ -68,12 +68,25 @@ def test_nfs_server_exports_to_the_cluster_network_only(host: Any, settings: dic
     if not _is_server(host, expected):
         pytest.skip("not the storage host")
     assert host.service("nfs-server").is_running and host.service("nfs-server").is_enabled
-    exports = host.run("exportfs -v").stdout
+    exports = parse_exportfs(host.run("exportfs -v").stdout)
     for share in settings["nfs_exports"]:
-        assert f"{settings['nfs_export_root']}/{share}" in exports
-    assert "<world>" not in exports and "*(" not in exports
-    assert settings["cluster_cidr"].split("/")[0] in exports
-    assert "root_squash" in exports and "no_root_squash" not in exports and "sync" in exports
+        clients = exports.get(f"{settings['nfs_export_root']}/{share}")
+        assert clients, f"{share} is not exported: {exports}"
+        # Exactly the cluster network, never a wider one or everyone.
+        assert [c for c, _ in clients] == [settings["cluster_cidr"]]
+        options = clients[0][1]
+        assert {"rw", "sync", "root_squash"} <= options and not {"async", "no_root_squash"} & options
+
+
+def parse_exportfs(text: str) -> dict[str, list[tuple[str, set[str]]]]:
+    """`exportfs -v` as path -> [(client, options)]. It prints a long path alone on its
+    line and the client under it, a short one on the same line."""
+    import re
+
+    out: dict[str, list[tuple[str, set[str]]]] = {}
+    for path, client, options in re.findall(r"(/\S*)\s+([^\s(]+)\(([^)]*)\)", text):
+        out.setdefault(path, []).append((client, set(options.split(","))))
+    return out
 
 
 def test_shares_belong_to_the_training_user(host: Any, settings: dict[str, Any], expected: dict[str, Any]) -> None:

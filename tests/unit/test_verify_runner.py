@@ -31,3 +31,17 @@ def test_a_controller_without_testinfra_gets_one_clear_error(monkeypatch, tmp_pa
     monkeypatch.setattr(importlib.util, "find_spec", test_stand_in_find_spec)
     with pytest.raises(ProvisionError, match="needs pytest-testinfra"):
         verify.run(Cluster(tmp_path / "inv.py", ()), workdir=str(tmp_path / "work"))
+
+
+def test_exportfs_output_is_read_per_share_with_exact_clients_and_options() -> None:
+    # The layout `exportfs -v` (nfs-utils 2.6, Debian 12) prints: a long path alone on its
+    # line, its client on the next; options in parentheses.
+    from provision.verify.test_storage import parse_exportfs
+
+    text = ("/data/shared/datasets\n\t\t10.77.0.0/24(sync,wdelay,hide,no_subtree_check,sec=sys,rw,secure,"
+            "root_squash,no_all_squash)\n/srv\t<world>(async,rw,no_root_squash)\n")
+    exports = parse_exportfs(text)
+    assert [c for c, _ in exports["/data/shared/datasets"]] == ["10.77.0.0/24"]
+    assert {"sync", "rw", "root_squash"} <= exports["/data/shared/datasets"][0][1]
+    assert exports["/srv"] == [("<world>", {"async", "rw", "no_root_squash"})]
+    assert "sync" not in exports["/srv"][0][1]  # the old substring check took "async" for "sync"
