@@ -263,7 +263,13 @@ class Testbed:
     def _ensure_record(self, st: TestbedState, index: int, disks: int, memory_mb: int,
                        cpus: int, disk_bps_total: int | None) -> None:
         name = f"node{index}"
-        if any(r.name == name for r in st.nodes):
+        existing = next((r for r in st.nodes if r.name == name), None)
+        if existing is not None:
+            # A node keeps the disks and memory it was made with (its disks hold data);
+            # say so rather than seem to have applied the new values.
+            if len(existing.serials) != disks or existing.memory_mb != memory_mb:
+                self.progress(name, f"kept as made: {len(existing.serials)} data disks, {existing.memory_mb} MiB "
+                                    f"(asked {disks}, {memory_mb}); `provision testbed down` first to change them")
             return
         taken = {r.ssh_port for r in st.nodes}
         st.nodes.append(NodeRecord(

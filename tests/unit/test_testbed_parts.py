@@ -158,3 +158,19 @@ def test_seed_script_finds_its_disk_by_serial_even_without_a_final_newline(tmp_p
                           timeout=30)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "/dev/vdc"
+
+
+def test_a_running_node_keeps_its_disks_and_memory_and_says_so(tmp_path: Path) -> None:
+    from provision.testbed import Testbed
+
+    said: list[tuple[str, str]] = []
+    tb = Testbed(tmp_path / "state", images_dir=tmp_path / "images", progress=lambda s, t: said.append((s, t)))
+    node = NodeRecord("node1", 1, 40001, "10.77.0.11", 1024, 2, ["NVME-node1-1"])
+    st = TestbedState("/img/x", "pvroot-1", "tcg", [node])
+    tb._ensure_record(st, 1, disks=2, memory_mb=2048, cpus=2, disk_bps_total=None)
+    assert st.nodes == [node]  # unchanged: its disks may hold data
+    assert said == [("node1", "kept as made: 1 data disks, 1024 MiB (asked 2, 2048); "
+                              "`provision testbed down` first to change them")]
+    said.clear()
+    tb._ensure_record(st, 1, disks=1, memory_mb=1024, cpus=2, disk_bps_total=None)
+    assert said == []
