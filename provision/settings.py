@@ -166,6 +166,7 @@ class Settings:
     venv_path: str = knob("/opt/provision/venv", "the Python venv for training and the agent", _absolute)
     torch_version: str = knob("2.13.0", "pinned torch version")
     numpy_version: str | None = knob(None, "pinned numpy version; null takes what torch allows")
+    nvml_version: str | None = knob(None, "pinned nvidia-ml-py version; null takes the newest")
     pip_index_url: str | None = knob(None, "pip index URL; null uses pip's own configuration")
     wheelhouse: str | None = knob(
         None, "controller directory of wheels to upload and install from (air-gapped clusters)"

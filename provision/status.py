@@ -119,6 +119,9 @@ def venv_drift(node: Node, stack: InstalledStack) -> list[Drift]:
     numpy = stack.venv.get("numpy")
     if s.numpy_version and (numpy or "") != s.numpy_version:
         out.append(Drift("numpy", s.numpy_version, numpy or "not installed"))
+    nvml = stack.venv.get("nvidia-ml-py")
+    if s.nvml_version and (nvml or "") != s.nvml_version:
+        out.append(Drift("nvidia-ml-py", s.nvml_version, nvml or "not installed"))
     return out
 
 

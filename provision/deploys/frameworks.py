@@ -30,14 +30,15 @@ REMOTE_WHEELHOUSE = "/opt/provision/wheelhouse"
 
 
 def requirements(settings: Settings, wheel_names: Sequence[str] = ()) -> list[str]:
-    """pip requirement strings: torch pinned, numpy pinned when asked, nvidia-ml-py.
+    """pip requirement strings: torch pinned, numpy and nvidia-ml-py pinned when asked.
 
     A CPU or CUDA build from PyTorch's own index carries a local version label
     (2.13.0+cpu) and `pip freeze` reports it so; the pin takes the label from the
     wheelhouse's torch wheel, so a re-run sees the pin satisfied and installs nothing.
     """
     numpy = f"numpy=={settings.numpy_version}" if settings.numpy_version else "numpy"
-    return [f"torch=={torch_version(settings.torch_version, wheel_names)}", numpy, "nvidia-ml-py"]
+    nvml = f"nvidia-ml-py=={settings.nvml_version}" if settings.nvml_version else "nvidia-ml-py"
+    return [f"torch=={torch_version(settings.torch_version, wheel_names)}", numpy, nvml]
 
 
 def torch_version(pinned: str, wheel_names: Sequence[str]) -> str:

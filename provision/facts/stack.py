@@ -39,6 +39,11 @@ _VENV_PROBE = (
     "    out['numpy'] = numpy.__version__\n"
     "except Exception:\n"
     "    pass\n"
+    "try:\n"
+    "    from importlib.metadata import version\n"
+    "    out['nvidia-ml-py'] = version('nvidia-ml-py')\n"
+    "except Exception:\n"
+    "    pass\n"
     "print('venv=' + json.dumps(out))\n"
 )
 

@@ -67,6 +67,7 @@ def test_torch_pin_takes_the_wheel_local_label_and_numpy_pin() -> None:
     assert frameworks.torch_version("2.13.0", []) == "2.13.0"
     assert frameworks.requirements(Settings(numpy_version="2.3.4")) == ["torch==2.13.0", "numpy==2.3.4",
                                                                          "nvidia-ml-py"]
+    assert frameworks.requirements(Settings(nvml_version="13.580.82"))[2] == "nvidia-ml-py==13.580.82"
 
 
 def test_torch_check_verdicts() -> None:

@@ -148,3 +148,11 @@ def test_a_stopped_nfs_server_on_the_storage_node_is_drift(tmp_path):
     assert status.mounts == {"nfs-server": "inactive"}
     assert [(d.item, d.expected, d.actual) for d in status.drift] == [("nfs-server", "active", "inactive")]
     assert parse_stack(["nfs_server=failed"]).nfs_server == "failed"
+
+
+def test_a_pinned_nvidia_ml_py_that_differs_is_drift(tmp_path):
+    c = cluster(tmp_path, nvml_version="13.580.82")
+    venv = {**GOOD_VENV, "nvidia-ml-py": "13.615.71"}
+    (d,) = judge(c, InstalledStack(venv=venv, mounts=NFS_OK)).drift
+    assert (d.item, d.expected, d.actual) == ("nvidia-ml-py", "13.580.82", "13.615.71")
+    assert judge(c, InstalledStack(venv={**venv, "nvidia-ml-py": "13.580.82"}, mounts=NFS_OK)).drift == []
