@@ -79,19 +79,6 @@ def test_unknown_key_names_file_host_key_and_a_suggestion(tmp_path):
     assert "unknown setting" in line and "data_mount" in line
 
 
-@pytest.mark.parametrize("key, value, expected", [
-    ("ssh_hostnme", "'10.0.0.1'", "did you mean ssh_hostname?"),
-    ("_sduo", "True", "did you mean _sudo?"),
-    ("ssh_user", "5", "5 is not a string"),
-    ("ssh_strict_host_key_checking", "'bogus'", "is not one of yes, accept-new, no, off"),
-])
-def test_pyinfra_keys_are_checked_too(tmp_path, key, value, expected):
-    # pyinfra's own keys pass through to pyinfra, which would silently ignore a typo.
-    inv = write(tmp_path / "inv.py", f"nodes = [('n1', {{'{key}': {value}}})]\n")
-    (line,) = problems_of(inv)
-    assert f"host n1: key {key}" in line and expected in line
-
-
 def test_known_pyinfra_keys_and_global_arguments_load(tmp_path):
     inv = write(tmp_path / "inv.py", "nodes = [('n1', {'ssh_user': 'ubuntu', 'ssh_connect_retries': 2, "
                                      "'ssh_strict_host_key_checking': 'accept-new', '_sudo': True})]\n")
@@ -114,6 +101,11 @@ def test_unknown_key_in_group_data_names_that_file(tmp_path):
     ("data_disks", "['/dev/sdb']", "kernel name that can change"),
     ("venv_path", "'venv'", "absolute path"),
     ("nvidia", "'yes'", "is not 'auto' or 'force' or 'skip'"),
+    # pyinfra's own keys too: pyinfra would silently ignore a typo in them.
+    ("ssh_hostnme", "'10.0.0.1'", "did you mean ssh_hostname?"),
+    ("_sduo", "True", "did you mean _sudo?"),
+    ("ssh_user", "5", "5 is not a string"),
+    ("ssh_strict_host_key_checking", "'bogus'", "is not one of yes, accept-new, no, off"),
 ])
 def test_wrong_type_or_value_names_the_key(tmp_path, key, value, expected):
     inv = write(tmp_path / "inv.py", f"nodes = [('n1', {{'{key}': {value}}})]\n")
