@@ -7,13 +7,14 @@ frameworks step can check that torch sees CUDA.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable
 from pathlib import Path
 
 from provision import backup, reboots, runner
 from provision.deploys import backups, base, frameworks, nfs, nvidia, preflight, volumes
 from provision.errors import InputError, Problem
-from provision.inventory import Cluster
+from provision.inventory import Cluster, Node
 from provision.runner import HostResult, RunReport, Step
 
 STEPS: list[Step] = [preflight.step, base.step, nvidia.step, frameworks.step, volumes.step, nfs.step,
@@ -54,15 +55,31 @@ def check_inputs(cluster: Cluster, steps: list[Step]) -> None:
     problems = []
     if any(s.name == "frameworks" for s in steps):
         for node in cluster.nodes:
-            house = node.settings.wheelhouse
-            if house and not list(Path(house).expanduser().glob("*.whl")):
-                problems.append(Problem(f"{cluster.path}: host {node.name}: key wheelhouse",
-                                        f"{house} holds no .whl files",
-                                        "build it with pip download/pip wheel, or unset wheelhouse"))
+            problems += _wheelhouse_problems(cluster, node)
     if any(s.name == "backups" for s in steps):
         problems += _backup_problems(cluster)
     if problems:
         raise InputError(problems)
+
+
+def _wheelhouse_problems(cluster: Cluster, node: Node) -> list[Problem]:
+    """A wheelhouse must hold a wheel for each pinned package: found here, a missing pin
+    is one line on the controller instead of pip failing on every host."""
+    house = node.settings.wheelhouse
+    if not house:
+        return []
+    where = f"{cluster.path}: host {node.name}: key wheelhouse"
+    names = [w.name for w in Path(house).expanduser().glob("*.whl")]
+    if not names:
+        return [Problem(where, f"{house} holds no .whl files",
+                        "build it with pip download/pip wheel, or unset wheelhouse")]
+    gaps = frameworks.wheelhouse_gaps(node.settings, names)
+    if not gaps:
+        return []
+    wanted = " ".join(shlex.quote(g) for g in gaps)
+    return [Problem(where, f"{house} has no wheel for {', '.join(gaps)}",
+                    f"pip download {wanted} --only-binary=:all: --python-version <hosts' python3> "
+                    f"-d {shlex.quote(house)}, or change the pins")]
 
 
 def _backup_problems(cluster: Cluster) -> list[Problem]:

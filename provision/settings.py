@@ -12,6 +12,7 @@ Roles come from group names, not from settings; see ``ROLES``.
 from __future__ import annotations
 
 import ipaddress
+import re
 import types
 import typing
 from dataclasses import MISSING, dataclass, field, fields
@@ -63,6 +64,33 @@ def _absolute(value: str | None) -> str | None:
     if value is not None and not value.startswith("/"):
         return f"{value!r} must be an absolute path"
     return None
+
+
+_VERSION = re.compile(r"[0-9][0-9A-Za-z.+!~-]*")
+
+
+def _version(value: str | None) -> str | None:
+    """A package version as pip or apt writes it (2.2.6, 2.13.0+cpu, 2.27.7-1+cuda12.8):
+    it goes into install commands, so a space, '=' or ';' is refused here."""
+    if value is None or _VERSION.fullmatch(value):
+        return None
+    return f"{value!r} is not a version number such as 2.2.6"
+
+
+def _branch(value: str) -> str | None:
+    return None if re.fullmatch(r"[0-9]{3,4}", value) else f"{value!r} is not a driver branch such as 580"
+
+
+def _cuda_version(value: str | None) -> str | None:
+    if value is None or re.fullmatch(r"[0-9]+[-.][0-9]+", value):
+        return None
+    return f"{value!r} is not a CUDA major-minor version such as 12-8"
+
+
+def _sha256(value: str | None) -> str | None:
+    if value is None or re.fullmatch(r"[0-9a-f]{64}", value):
+        return None
+    return f"{value!r} is not a SHA-256 (64 lowercase hex digits)"
 
 
 def _positive(value: int | float) -> str | None:
@@ -147,8 +175,12 @@ class Settings:
         "cuda-archive-keyring.gpg",
         "the repository's signing key (binary keyring); installed under /etc/apt/keyrings",
     )
-    nvidia_driver_branch: str = knob("580", "driver branch to pin, e.g. 570 or 580")
-    nvidia_driver_version: str | None = knob(None, "exact driver version; default: newest of the branch")
+    nvidia_keyring_sha256: str | None = knob(
+        None, "SHA-256 the downloaded keyring must have (sha256sum of the file); null trusts HTTPS alone",
+        _sha256)
+    nvidia_driver_branch: str = knob("580", "driver branch to pin, e.g. 570 or 580", _branch)
+    nvidia_driver_version: str | None = knob(None, "exact driver version; default: newest of the branch",
+                                             _version)
     nvidia_driver_source: Literal["auto", "cuda-repo", "ubuntu-server"] = knob(
         "auto", "auto: CUDA repo, or Canonical's signed -server modules under Secure Boot (Ubuntu)"
     )
@@ -156,17 +188,25 @@ class Settings:
     nvidia_kernel_modules: Literal["auto", "open", "proprietary"] = knob(
         "auto", "auto: open modules on Turing and newer, proprietary before"
     )
-    cuda_toolkit_version: str | None = knob("12-8", "cuda-toolkit-X-Y to install; null skips it")
+    cuda_toolkit_version: str | None = knob("12-8", "cuda-toolkit-X-Y to install; null skips it",
+                                            _cuda_version)
     fabric_manager: StepSwitch = knob("auto", "auto: only on NVSwitch systems (HGX, DGX)")
-    install_nccl: bool = knob(False, "install libnccl2/libnccl-dev from the CUDA repository")
+    install_nccl: bool = knob(False, "install libnccl2/libnccl-dev from the CUDA repository, built for "
+                              "cuda_toolkit_version, and hold them")
+    nccl_version: str | None = knob(None, "exact NCCL version, e.g. 2.27.7-1; default: the newest built "
+                                    "for cuda_toolkit_version", _version)
     install_container_toolkit: bool = knob(False, "install nvidia-container-toolkit")
     reboot_timeout_s: int = knob(900, "how long a rebooted host may take to answer SSH", _positive)
 
     # --- frameworks ---
     venv_path: str = knob("/opt/provision/venv", "the Python venv for training and the agent", _absolute)
-    torch_version: str = knob("2.13.0", "pinned torch version")
-    numpy_version: str | None = knob(None, "pinned numpy version; null takes what torch allows")
-    nvml_version: str | None = knob(None, "pinned nvidia-ml-py version; null takes the newest")
+    torch_version: str = knob("2.13.0", "pinned torch version", _version)
+    # numpy 2.3 and later need Python 3.11, so the default is the newest release with wheels
+    # for every supported OS's python3: 3.10 (Ubuntu 22.04), 3.11 (Debian 12), 3.12 (24.04).
+    numpy_version: str | None = knob("2.2.6", "pinned numpy version (2.2.6 has wheels for Python "
+                                     "3.10-3.13); null takes what torch allows", _version)
+    nvml_version: str | None = knob("13.580.126", "pinned nvidia-ml-py version (the NVML bindings of "
+                                    "driver branch 580); null takes the newest", _version)
     pip_index_url: str | None = knob(None, "pip index URL; null uses pip's own configuration")
     wheelhouse: str | None = knob(
         None, "controller directory of wheels to upload and install from (air-gapped clusters)"
@@ -298,7 +338,13 @@ def parse_settings(data: dict[str, Any], where: str) -> tuple[Settings, list[Pro
     # (a fixed /data/shared would put them on the root disk).
     if "data_mount" in values and "nfs_export_root" not in values:
         values["nfs_export_root"] = f"{values['data_mount'].rstrip('/')}/shared"
-    return Settings(**values), problems
+    settings = Settings(**values)
+    if settings.install_nccl and not settings.cuda_toolkit_version and "+" not in (settings.nccl_version or ""):
+        problems.append(Problem(
+            f"{where}: key install_nccl",
+            "NCCL is pinned to the CUDA toolkit's version, and cuda_toolkit_version is null",
+            "set cuda_toolkit_version, or nccl_version with its +cudaX.Y suffix (2.27.7-1+cuda12.8)"))
+    return settings, problems
 
 
 def _unknown_key(where: str, key: str) -> Problem:

@@ -47,6 +47,7 @@ def up(
 
     cluster = apply_force_format(inventory_lib.load(inventory), force_format)
     steps = pipeline.select(only, skip)
+    pipeline.check_inputs(cluster, steps)  # bad input is said before any progress display
     with host_progress([n.name for n in cluster.nodes], enabled=not as_json) as progress:
         report = pipeline.up(cluster, steps, on_event=progress, reboot_batch=reboot_batch)
     if as_json:
@@ -90,6 +91,7 @@ def plan(
     """
     cluster = inventory_lib.load(inventory)
     steps = pipeline.select(only, skip)
+    pipeline.check_inputs(cluster, steps)
     with host_progress([n.name for n in cluster.nodes], enabled=not as_json) as progress:
         plans = pipeline.plan(cluster, steps, on_event=progress)
     if as_json:

@@ -69,6 +69,16 @@ def wheel_files(directory: str) -> list[Path]:
     return found
 
 
+def wheelhouse_gaps(settings: Settings, wheel_names: Sequence[str]) -> list[str]:
+    """The requirements that no wheel of a wheelhouse satisfies (pip would stop on the
+    host with "No matching distribution"; this finds it on the controller, before any
+    host is changed). A wheel's name and version are the first two fields of its file
+    name (PEP 427). Only the name and version are checked, not the Python tag."""
+    wheels = [name.split("-")[:2] for name in wheel_names if name.count("-") >= 4]
+    return [req for req in requirements(settings, wheel_names)
+            if all(missing([req], {normalize(n): v}) for n, v in wheels)]
+
+
 def check_script(need_cuda: bool) -> str:
     """Python that imports torch and prints one verdict line."""
     cuda = "assert torch.cuda.is_available(), 'torch.cuda.is_available() is False'; " if need_cuda else ""

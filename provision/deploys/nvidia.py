@@ -8,11 +8,14 @@ the ``nvidia`` setting says ``force``. Package names come from the pure helpers 
 
 from __future__ import annotations
 
+import fnmatch
+import shlex
 from collections.abc import Callable
 from io import StringIO
 
 from pyinfra import host
 from pyinfra.api import deploy, operation
+from pyinfra.facts.files import File, Sha256File
 from pyinfra.operations import apt, files, server, systemd
 
 from provision.deploys import packages as pkgs
@@ -118,6 +121,45 @@ def fabricmanager(package: str, driver_package: str, version: str | None):
                f"-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold {package}={want}")
 
 
+@operation()
+def apt_pinned(packages: dict[str, str]):
+    """Install each package at a version matching its apt version glob, unless the installed
+    one already matches. pyinfra's apt.packages compares versions literally, so a glob such
+    as ``*+cuda12.8`` would reinstall at every run; apt itself resolves the glob to the
+    newest matching version. Held packages may be moved: the pin is what decides."""
+    installed, _ = host.get_fact(AptHolds)
+    todo = [shlex.quote(f"{name}={pattern}") for name, pattern in packages.items()
+            if not fnmatch.fnmatchcase(installed.get(name, ""), pattern)]
+    if todo:
+        yield (f"DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "
+               f"--allow-change-held-packages {' '.join(todo)}")
+
+
+def download_commands(src: str, dest: str, sha256: str | None) -> list[str]:
+    """Fetch to a temporary name beside ``dest``, check the SHA-256, then move into place:
+    apt trusts whatever key sits at ``dest``, so a wrong file never gets there (pyinfra's
+    files.download checks its sum only after the move)."""
+    new = f"{dest}.provision-new"
+    commands = [f"curl -sSLf --retry 3 -o {shlex.quote(new)} {shlex.quote(src)}"]
+    if sha256:
+        commands.append(f"echo {shlex.quote(f'{sha256}  {new}')} | sha256sum -c --quiet - "
+                        f"|| {{ rm -f {shlex.quote(new)}; echo {shlex.quote(f'{src}: SHA-256 is not {sha256}')} >&2; "
+                        "exit 1; }")
+    commands.append(f"chmod 644 {shlex.quote(new)} && mv -f {shlex.quote(new)} {shlex.quote(dest)}")
+    return commands
+
+
+@operation()
+def verified_download(src: str, dest: str, sha256: str | None):
+    """Download ``src`` to ``dest`` when it is missing, or when its SHA-256 is not ``sha256``."""
+    if sha256:
+        if host.get_fact(Sha256File, path=dest) == sha256:
+            return
+    elif host.get_fact(File, path=dest):
+        return
+    yield from download_commands(src, dest, sha256)
+
+
 def any_changed(*ops: object) -> Callable[[], bool]:
     return lambda: any(op.did_change() for op in ops)  # type: ignore[attr-defined]
 
@@ -127,8 +169,8 @@ def repository(settings: Settings, os_info: OsInfo) -> None:
     apt.packages(name="download tools (curl, CA certificates)", packages=["curl", "ca-certificates"],
                  no_recommends=True)
     keyring_dir = files.directory(name="/etc/apt/keyrings", path="/etc/apt/keyrings", mode="755")
-    keyring = files.download(name="CUDA repository keyring", src=settings.nvidia_keyring_url.format(distro=distro),
-                             dest=KEYRING, mode="644")
+    keyring = verified_download(name="CUDA repository keyring", src=settings.nvidia_keyring_url.format(distro=distro),
+                                dest=KEYRING, sha256=settings.nvidia_keyring_sha256)
     sources = files.put(name="CUDA repository (deb822, Signed-By)",
                         src=StringIO(sources_text(settings.nvidia_repo_url.format(distro=distro))),
                         dest=sources_file(os_info), mode="644")
@@ -149,10 +191,23 @@ def kernel_side(settings: Settings, os_info: OsInfo) -> None:
 
 
 def extra_packages(settings: Settings) -> list[str]:
-    """The CUDA toolkit, NCCL and container toolkit packages the settings ask for."""
+    """The CUDA toolkit and container toolkit packages the settings ask for (NCCL is
+    installed on its own, pinned to the toolkit's CUDA version: ``nccl_pins``)."""
     toolkit = pkgs.cuda_toolkit_package(settings.cuda_toolkit_version)
-    extras = ([toolkit] if toolkit else []) + (pkgs.nccl_packages() if settings.install_nccl else [])
+    extras = [toolkit] if toolkit else []
     return extras + (["nvidia-container-toolkit"] if settings.install_container_toolkit else [])
+
+
+def nccl_pins(settings: Settings) -> dict[str, str]:
+    """NCCL package -> apt version glob, or nothing when NCCL is not wanted."""
+    if not settings.install_nccl:
+        return {}
+    pattern = pkgs.nccl_version_pattern(settings.cuda_toolkit_version, settings.nccl_version)
+    return {name: pattern for name in pkgs.NCCL_PACKAGES}
+
+
+def wants_cuda_repository_extras(settings: Settings) -> bool:
+    return bool(extra_packages(settings) or nccl_pins(settings))
 
 
 def driver(settings: Settings, choice: pkgs.DriverChoice, gpus: Gpus) -> list[str]:
@@ -170,6 +225,13 @@ def driver(settings: Settings, choice: pkgs.DriverChoice, gpus: Gpus) -> list[st
     extras = extra_packages(settings)
     if extras:
         apt.packages(name="CUDA toolkit and extras", packages=extras, no_recommends=True)
+    nccl = nccl_pins(settings)
+    if nccl:
+        pattern = next(iter(nccl.values()))
+        apt_pinned(name=f"NCCL {pattern}", packages=nccl)
+        # Held, so neither apt upgrade nor a later toolkit install moves NCCL to a build
+        # for another CUDA version.
+        hold += list(nccl)
     return hold
 
 
@@ -208,7 +270,7 @@ def nvidia() -> None:
     # The driver comes from NVIDIA's repository, or (Secure Boot on Ubuntu) from Canonical's
     # signed packages; the CUDA toolkit, NCCL and the container toolkit come only from
     # NVIDIA's repository, so it is configured whenever one of them is wanted.
-    if choice.source == "cuda-repo" or extra_packages(settings):
+    if choice.source == "cuda-repo" or wants_cuda_repository_extras(settings):
         repository(settings, os_info)
     kernel_side(settings, os_info)
     hold = driver(settings, choice, gpus)

@@ -1,9 +1,11 @@
-"""The wheelhouse the testbed's frameworks step installs from: torch==2.13.0 (the CPU
-build), numpy and nvidia-ml-py as wheels for the guests' Python 3.11 (Debian 12).
+"""The wheelhouse the testbed's frameworks step installs from: torch (the CPU build),
+numpy and nvidia-ml-py at the settings' default pins, as wheels for the guests' Python
+3.11 (Debian 12).
 
 The testbed installs from a wheelhouse, as an air-gapped cluster would, so a testbed VM
 never asks an index for torch (an unpinned or CUDA torch is several GB). Downloaded once
-into the user's cache, beside the testbed image.
+into the user's cache, beside the testbed image, in a directory named for the pins: a
+changed pin gets a new wheelhouse, never a stale one that `up` would refuse.
 """
 
 from __future__ import annotations
@@ -13,15 +15,31 @@ import sys
 from pathlib import Path
 
 from provision.errors import TestbedError
+from provision.settings import Settings
 from provision.testbed import paths
 
-TORCH = "torch==2.13.0"  # the CPU wheel; never a CUDA build
 GUEST_PYTHON = "3.11"  # Debian 12's python3
-PLATFORM = "manylinux_2_28_x86_64"
+# Debian 12's glibc is 2.36. pip takes --platform literally (no older manylinux tags), and
+# numpy 2.2.6 ships manylinux_2_17 wheels only, torch 2.13 manylinux_2_28 ones.
+PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_17_x86_64"]
+
+
+def pins() -> dict[str, str]:
+    """package -> version, the frameworks step's defaults (the testbed inventory sets none)."""
+    defaults = Settings()
+    return {"torch": defaults.torch_version, "numpy": defaults.numpy_version or "",
+            "nvidia-ml-py": defaults.nvml_version or ""}
+
+
+def requirements() -> list[str]:
+    # torch==X resolves to the CPU build (+cpu) where pip's configuration offers one;
+    # _complete refuses any other torch wheel, so a CUDA build is never installed.
+    return [f"{name}=={version}" if version else name for name, version in pins().items()]
 
 
 def directory() -> Path:
-    return paths.cache_root() / "wheelhouse-torch-2.13.0-cp311"
+    tag = "-".join(f"{name}-{version or 'any'}" for name, version in pins().items())
+    return paths.cache_root() / f"wheelhouse-{tag}-cp{GUEST_PYTHON.replace('.', '')}"
 
 
 def ready(target: Path | None = None) -> bool:
@@ -36,8 +54,9 @@ def ensure(target: Path | None = None) -> Path:
         return target
     target.mkdir(parents=True, exist_ok=True)
     done = subprocess.run(
-        [sys.executable, "-m", "pip", "download", TORCH, "numpy", "nvidia-ml-py", "-d", str(target),
-         "--only-binary=:all:", "--python-version", GUEST_PYTHON, "--platform", PLATFORM],
+        [sys.executable, "-m", "pip", "download", *requirements(), "-d", str(target),
+         "--only-binary=:all:", "--python-version", GUEST_PYTHON,
+         *(arg for platform in PLATFORMS for arg in ("--platform", platform))],
         capture_output=True, text=True, timeout=1800)
     if done.returncode != 0 or not _complete(target):
         tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
@@ -46,6 +65,9 @@ def ensure(target: Path | None = None) -> Path:
 
 
 def _complete(target: Path) -> bool:
-    torch = list(target.glob("torch-2.13.0*.whl"))
+    from provision.deploys.frameworks import wheelhouse_gaps
+
+    names = [w.name for w in target.glob("*.whl")]
+    torch = [n for n in names if n.startswith("torch-")]
     # The CPU build carries the +cpu local version; anything else would be a CUDA build.
-    return bool(torch) and "+cpu" in torch[0].name and bool(list(target.glob("numpy-*.whl")))
+    return bool(torch) and all("+cpu" in n for n in torch) and not wheelhouse_gaps(Settings(), names)

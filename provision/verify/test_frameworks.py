@@ -1,4 +1,5 @@
-"""The frameworks venv: torch at the pinned version imports; on GPU hosts it sees CUDA."""
+"""The frameworks venv: torch at the pinned version imports, numpy and nvidia-ml-py are at
+their pins; on GPU hosts torch sees CUDA."""
 
 from __future__ import annotations
 
@@ -11,6 +12,15 @@ def test_venv_imports_pinned_torch_numpy_nvml(host: Any, settings: dict[str, Any
     python = f"{settings['venv_path']}/bin/python"
     out = host.check_output(f"{python} -c 'import torch, numpy, pynvml; print(torch.__version__)'")
     assert out.strip().split("+")[0] == settings["torch_version"]
+
+
+@pytest.mark.parametrize("package, knob", [("numpy", "numpy_version"), ("nvidia-ml-py", "nvml_version")])
+def test_venv_package_is_at_its_pin(host: Any, settings: dict[str, Any], package: str, knob: str) -> None:
+    if not settings[knob]:
+        pytest.skip(f"{knob} is null: {package} is not pinned")
+    python = f"{settings['venv_path']}/bin/python"
+    script = f"from importlib.metadata import version; print(version({package!r}))"
+    assert host.check_output(f"{python} -c \"{script}\"").strip() == settings[knob]
 
 
 def test_torch_sees_cuda_on_gpu_hosts(host: Any, settings: dict[str, Any]) -> None:

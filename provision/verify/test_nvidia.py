@@ -1,12 +1,15 @@
-"""What the nvidia step promises on hosts it applies to: pinned, held driver, repository,
-nouveau blacklisted, persistence mode, fabric manager matching the driver."""
+"""What the nvidia step promises on hosts it applies to: pinned, held driver, repository
+(and its keyring's SHA-256 when set), nouveau blacklisted, persistence mode, fabric manager
+matching the driver, the pinned CUDA toolkit, NCCL built for it and held."""
 
 from __future__ import annotations
 
+import fnmatch
 from typing import Any
 
 import pytest
 
+from provision.deploys.packages import NCCL_PACKAGES, cuda_toolkit_package, nccl_version_pattern
 from provision.verify.conftest import nvidia_applies
 
 
@@ -30,6 +33,31 @@ def test_cuda_repository_is_signed(nvidia_host: Any) -> None:
     out = nvidia_host.check_output("cat /etc/apt/sources.list.d/cuda-*.sources")
     assert "Signed-By: /etc/apt/keyrings/cuda-archive-keyring.gpg" in out
     assert nvidia_host.file("/etc/apt/keyrings/cuda-archive-keyring.gpg").size > 0
+
+
+def test_keyring_has_the_pinned_sha256(nvidia_host: Any, settings: dict[str, Any]) -> None:
+    if not settings["nvidia_keyring_sha256"]:
+        pytest.skip("nvidia_keyring_sha256 is not set")
+    keyring = nvidia_host.file("/etc/apt/keyrings/cuda-archive-keyring.gpg")
+    assert keyring.exists and keyring.sha256sum == settings["nvidia_keyring_sha256"]
+
+
+def test_cuda_toolkit_is_the_pinned_one(nvidia_host: Any, settings: dict[str, Any]) -> None:
+    package = cuda_toolkit_package(settings["cuda_toolkit_version"])
+    if package is None:
+        pytest.skip("cuda_toolkit_version is null")
+    assert nvidia_host.package(package).is_installed
+
+
+def test_nccl_is_built_for_the_toolkit_cuda_and_held(nvidia_host: Any, settings: dict[str, Any]) -> None:
+    if not settings["install_nccl"]:
+        pytest.skip("install_nccl is false")
+    pattern = nccl_version_pattern(settings["cuda_toolkit_version"], settings["nccl_version"])
+    held = nvidia_host.check_output("apt-mark showhold").split()
+    for name in NCCL_PACKAGES:
+        package = nvidia_host.package(name)
+        assert package.is_installed and fnmatch.fnmatchcase(package.version, pattern), (name, package.version)
+        assert name in held
 
 
 def test_driver_answers_with_the_pinned_version(nvidia_host: Any, settings: dict[str, Any]) -> None:

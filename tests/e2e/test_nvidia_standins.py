@@ -2,7 +2,8 @@
 signed local apt repo served over HTTP, reached by the VMs at 10.0.2.2 (qemu user
 networking). `nvidia: force` because the VMs have no GPU.
 
-Checks the sources file, the pinned versions (580, never the 590 also in the repo), the
+Checks the sources file, the keyring's SHA-256, the pinned versions (580, never the 590
+also in the repo; NCCL built for the toolkit's CUDA 12.8, never the newer CUDA 13.0 build), the
 holds, the nouveau blacklist, the persistenced override, exactly one reboot per host on
 the first run and none on the second. Afterwards the stand-ins are purged, so the shared
 testbed is as before for the other tests.
@@ -10,19 +11,20 @@ testbed is as before for the other tests.
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 from pathlib import Path
 
 import pytest
 
-from provision import inventory, pipeline, remote
+from provision import inventory, pipeline, remote, verify
 from tests.standins import nvidia_repo
 
 pytestmark = pytest.mark.e2e
 
 BOOT_ID = "cat /proc/sys/kernel/random/boot_id"
 CLEANUP = ("apt-mark unhold $(apt-mark showhold) >/dev/null 2>&1; "
-           "DEBIAN_FRONTEND=noninteractive apt-get purge -y 'nvidia-*' 'libnvidia-*' 'cuda-*' >/dev/null; "
+           "DEBIAN_FRONTEND=noninteractive apt-get purge -y 'nvidia-*' 'libnvidia-*' 'cuda-*' 'libnccl*' >/dev/null; "
            "rm -f /etc/apt/sources.list.d/cuda-*.sources /etc/apt/preferences.d/90-provision-nvidia "
            "/etc/apt/keyrings/cuda-archive-keyring.gpg /etc/modprobe.d/blacklist-nouveau.conf; "
            "rm -rf /etc/systemd/system/nvidia-persistenced.service.d; systemctl daemon-reload; "
@@ -33,7 +35,8 @@ CLEANUP = ("apt-mark unhold $(apt-mark showhold) >/dev/null 2>&1; "
 def standin_inventory(testbed, tmp_path_factory):
     """The testbed inventory with nvidia forced and the stand-in repository as source."""
     work = tmp_path_factory.mktemp("nvidia-standins")
-    served = nvidia_repo.serve(nvidia_repo.build(work / "repo"))
+    repo = nvidia_repo.build(work / "repo")
+    served = nvidia_repo.serve(repo)
     inv = work / "inventory.py"
     shutil.copy(testbed.inventory_path, inv)
     (work / "group_data").mkdir()
@@ -44,6 +47,8 @@ def standin_inventory(testbed, tmp_path_factory):
         "", "nvidia = 'force'", f"nvidia_repo_url = '{url}'",
         f"nvidia_keyring_url = '{url}{nvidia_repo.KEYRING}'",
         "fabric_manager = 'force'",
+        "install_nccl = True",
+        f"nvidia_keyring_sha256 = '{hashlib.sha256((repo / nvidia_repo.KEYRING).read_bytes()).hexdigest()}'",
         "nvidia_kernel_headers = False  # TCG: unpacking headers costs minutes and proves nothing here",
         "min_root_free_gb = 1", "",
     ]))
@@ -113,6 +118,28 @@ def test_pinned_branch_not_the_newer_one(first_and_second) -> None:
         # the 590 release is in the repository, yet apt would not move to it
         assert "590" in sh(node, "apt-cache policy nvidia-open")
         assert "nvidia-open" not in sh(node, "apt-get -s upgrade | grep ^Inst || true")
+
+
+def test_nccl_is_the_build_for_the_toolkit_cuda_and_held(first_and_second) -> None:
+    cluster, *_ = first_and_second
+    for node in cluster.nodes:
+        versions = sh(node, "dpkg-query -W -f='${Package}=${Version}\\n' libnccl2 libnccl-dev")
+        want = nvidia_repo.NCCL_FOR_TOOLKIT
+        assert versions.split() == [f"libnccl-dev={want}", f"libnccl2={want}"]
+        assert "+cuda13.0" in sh(node, "apt-cache policy libnccl2")  # newer, and kept out
+        assert {"libnccl2", "libnccl-dev"} <= set(sh(node, "apt-mark showhold").split())
+
+
+def test_verify_suite_passes_on_the_nvidia_hosts(first_and_second, tmp_path) -> None:
+    cluster, *_ = first_and_second
+    result = verify.run(cluster, str(tmp_path), extra=["-vv"])  # -q -vv: a line per test and host
+    assert result.exit_code == 0, result.output
+    # The nvidia checks ran and passed on every host (they skip where the step does not apply).
+    for check in ("test_keyring_has_the_pinned_sha256", "test_nccl_is_built_for_the_toolkit_cuda_and_held",
+                  "test_cuda_toolkit_is_the_pinned_one", "test_fabric_manager_matches_the_driver",
+                  "test_driver_answers_with_the_pinned_version"):
+        lines = [line for line in result.output.splitlines() if f"::{check}[" in line]
+        assert len(lines) == len(cluster.nodes) and all("PASSED" in line for line in lines), result.output
 
 
 def test_driver_packages_are_held(first_and_second) -> None:

@@ -1,5 +1,5 @@
 """`provision status` on the provisioned testbed: no drift after `up`; a pinned package
-changed by hand on one VM is named with its host and both versions."""
+(numpy, pinned by default) changed by hand on one VM is named with its host and both versions."""
 
 from __future__ import annotations
 
@@ -11,18 +11,12 @@ import pytest
 
 from provision import inventory, remote
 from provision.deploys.frameworks import REMOTE_WHEELHOUSE
+from provision.settings import Settings
 from tests.e2e.storage_helpers import cli, sh
 
 pytestmark = pytest.mark.e2e
 
-OTHER_NUMPY = "1.26.4"  # any release other than the wheelhouse's; a real wheel from PyPI
-
-
-def pinned_inventory(source: Path, dest: Path, numpy_version: str) -> Path:
-    """The testbed inventory with numpy pinned at what `up` installed."""
-    dest.write_text(source.read_text() + f"\n# pinned by the status test\nfor _name, _data in nodes:\n"
-                    f"    _data['numpy_version'] = {numpy_version!r}\n")
-    return dest
+OTHER_NUMPY = "1.26.4"  # any release other than the pinned one; a real wheel from PyPI
 
 
 def venv_numpy(node) -> str:
@@ -34,8 +28,8 @@ def test_status_after_up_is_clean_then_names_a_hand_changed_package(provisioned,
     cluster = inventory.load(testbed.inventory_path)
     victim = cluster.nodes[-1]
     installed = venv_numpy(victim)
-    assert installed != OTHER_NUMPY
-    inv = pinned_inventory(Path(testbed.inventory_path), tmp_path / "pinned.py", installed)
+    assert installed == Settings().numpy_version  # `up` installed the default pin
+    inv = Path(testbed.inventory_path)
 
     clean = cli("status", str(inv), "--json", timeout_s=300)
     report = clean.json()

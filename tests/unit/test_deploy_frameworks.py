@@ -9,8 +9,9 @@ from provision.deploys import frameworks
 from provision.settings import Settings
 from tests.helpers.deploy_facts import FakeHost, node
 
-WHEELS = ["torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl", "numpy-2.3.4-cp311-cp311-manylinux_2_28_x86_64.whl",
-          "nvidia_ml_py-13.580.82-py3-none-any.whl"]
+WHEELS = ["torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl", "numpy-2.2.6-cp311-cp311-manylinux_2_17_x86_64.whl",
+          "nvidia_ml_py-13.580.126-py3-none-any.whl"]
+PINS = "numpy==2.2.6 nvidia-ml-py==13.580.126"  # the default pins
 
 
 def test_wheelhouse_is_uploaded_and_installed_without_an_index(tmp_path: Path) -> None:
@@ -22,19 +23,19 @@ def test_wheelhouse_is_uploaded_and_installed_without_an_index(tmp_path: Path) -
     assert sorted(n for n in names if n.startswith("wheel ")) == sorted(f"wheel {w}" for w in WHEELS)
     install = {o.name: o for o in ops}["Frameworks | torch, numpy, nvidia-ml-py"].commands
     assert install[-1] == ("/opt/provision/venv/bin/pip install --no-index --find-links /opt/provision/wheelhouse "
-                           "torch==2.13.0+cpu numpy nvidia-ml-py")
+                           f"torch==2.13.0+cpu {PINS}")
 
 
 def test_index_url_setting_goes_to_pip() -> None:
     ops, _ = runner.plan_with_facts(frameworks.step, node(pip_index_url="http://10.0.0.5/simple"), FakeHost())
     install = {o.name: o for o in ops}["Frameworks | torch, numpy, nvidia-ml-py"].commands
     assert install == ["/opt/provision/venv/bin/pip install --index-url http://10.0.0.5/simple "
-                       "torch==2.13.0 numpy nvidia-ml-py"]
+                       f"torch==2.13.0 {PINS}"]
 
 
 def test_installed_pins_change_nothing(tmp_path: Path) -> None:
     (tmp_path / WHEELS[0]).write_bytes(b"wheel")
-    freeze = frameworks.parse_freeze(["torch==2.13.0+cpu", "numpy==2.3.4", "nvidia-ml-py==13.580.82",
+    freeze = frameworks.parse_freeze(["torch==2.13.0+cpu", "numpy==2.2.6", "nvidia-ml-py==13.580.126",
                                       "sympy==1.14.0"])
     fake = FakeHost(VenvPackages=freeze, Directory={"mode": 755}, File={"mode": 644},
                     WheelSizes={WHEELS[0]: len(b"wheel")})
@@ -65,9 +66,31 @@ def test_local_version_label_counts_as_installed_and_other_versions_do_not() -> 
 def test_torch_pin_takes_the_wheel_local_label_and_numpy_pin() -> None:
     assert frameworks.torch_version("2.13.0", WHEELS) == "2.13.0+cpu"
     assert frameworks.torch_version("2.13.0", []) == "2.13.0"
-    assert frameworks.requirements(Settings(numpy_version="2.3.4")) == ["torch==2.13.0", "numpy==2.3.4",
-                                                                         "nvidia-ml-py"]
+    assert frameworks.requirements(Settings()) == ["torch==2.13.0", "numpy==2.2.6", "nvidia-ml-py==13.580.126"]
+    assert frameworks.requirements(Settings(numpy_version="2.3.4", nvml_version=None)) == [
+        "torch==2.13.0", "numpy==2.3.4", "nvidia-ml-py"]
     assert frameworks.requirements(Settings(nvml_version="13.580.82"))[2] == "nvidia-ml-py==13.580.82"
+
+
+def test_a_pinned_numpy_or_nvml_that_the_installed_venv_lacks_is_installed() -> None:
+    # A venv made before the pins (numpy 2.4.6, the newest nvidia-ml-py) is brought to them.
+    old = FakeHost(VenvPackages=frameworks.parse_freeze(
+        ["torch==2.13.0+cpu", "numpy==2.4.6", "nvidia-ml-py==13.615.71"]))
+    ops, _ = runner.plan_with_facts(frameworks.step, node(), old)
+    install = {o.name: o for o in ops}["Frameworks | torch, numpy, nvidia-ml-py"].commands
+    assert install == [f"/opt/provision/venv/bin/pip install {PINS}"]
+
+
+def test_wheelhouse_gaps_name_each_pin_no_wheel_satisfies() -> None:
+    assert frameworks.wheelhouse_gaps(Settings(), WHEELS) == []
+    newer = [WHEELS[0], "numpy-2.4.6-cp311-cp311-manylinux_2_28_x86_64.whl",
+             "nvidia_ml_py-13.615.71-py3-none-any.whl", "not-a-wheel.whl"]
+    assert frameworks.wheelhouse_gaps(Settings(), newer) == ["numpy==2.2.6", "nvidia-ml-py==13.580.126"]
+    # Several versions of a package side by side: one matching wheel is enough.
+    assert frameworks.wheelhouse_gaps(Settings(), [*newer, WHEELS[1], WHEELS[2]]) == []
+    # Unpinned, any version will do; a torch of another release is a gap.
+    assert frameworks.wheelhouse_gaps(Settings(numpy_version=None, nvml_version=None), newer) == []
+    assert frameworks.wheelhouse_gaps(Settings(torch_version="2.12.1"), WHEELS) == ["torch==2.12.1"]
 
 
 def test_torch_check_verdicts() -> None:
@@ -85,7 +108,7 @@ def test_pip_compile_false_installs_without_byte_compiling(tmp_path: Path) -> No
     ops, _ = runner.plan_with_facts(frameworks.step, node(wheelhouse=str(tmp_path), pip_compile=False), FakeHost())
     install = {o.name: o for o in ops}["Frameworks | torch, numpy, nvidia-ml-py"].commands
     assert install[-1] == ("/opt/provision/venv/bin/pip install --no-compile --no-index --find-links "
-                           "/opt/provision/wheelhouse torch==2.13.0+cpu numpy nvidia-ml-py")
+                           f"/opt/provision/wheelhouse torch==2.13.0+cpu {PINS}")
 
 
 def test_wheel_sizes_come_from_one_listing() -> None:

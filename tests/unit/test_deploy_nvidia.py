@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import subprocess
+from pathlib import Path
+
 from provision import runner
 from provision.deploys import nvidia
 from provision.deploys.probes import SecureBoot
@@ -31,9 +35,9 @@ def test_ubuntu_2204_hgx_host_gets_repo_open_driver_fabricmanager_toolkit() -> N
     ]
     assert "upload (generated) -> /etc/apt/sources.list.d/cuda-ubuntu2204.sources" in \
         ops["CUDA repository (deb822, Signed-By)"].commands
-    assert ops["CUDA repository keyring"].commands[0].startswith(
-        "( curl -sSLf https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2204/x86_64/"
-        "cuda-archive-keyring.gpg -o ")
+    assert ops["CUDA repository keyring"].commands[0] == (
+        "curl -sSLf --retry 3 -o /etc/apt/keyrings/cuda-archive-keyring.gpg.provision-new "
+        "https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2204/x86_64/cuda-archive-keyring.gpg")
     assert ops["NVIDIA driver 580 (open modules, cuda-repo)"].commands == [
         f"{INSTALL} --allow-change-held-packages nvidia-open-580"]
     assert ops["kernel headers for 5.15.0-185-generic"].commands == [
@@ -117,3 +121,71 @@ def test_fabricmanager_installs_the_driver_version_once_the_driver_is_there() ->
 def test_branch_570_uses_suffixed_fabricmanager() -> None:
     ops = plan("ubuntu-22.04-jammy", Gpus((H100, NVSWITCH), ()), nvidia_driver_branch="570")
     assert "fabric manager nvidia-fabricmanager-570=570.*" in ops
+
+
+def test_nccl_is_pinned_to_the_toolkit_cuda_version_and_held() -> None:
+    ops = plan("ubuntu-24.04.3-noble", Gpus((H100,), ()), install_nccl=True)
+    assert ops["NCCL *+cuda12.8"].commands == [
+        "DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends --allow-change-held-packages "
+        "'libnccl2=*+cuda12.8' 'libnccl-dev=*+cuda12.8'"]
+    assert ops["CUDA toolkit and extras"].commands == [f"{INSTALL} --no-install-recommends cuda-toolkit-12-8"]
+    exact = plan("debian-12-bookworm", Gpus((H100,), ()), install_nccl=True, nccl_version="2.27.7-1",
+                 cuda_toolkit_version="12.9")
+    assert "NCCL 2.27.7-1+cuda12.9" in exact
+    # Without the toolkit, NCCL alone still needs NVIDIA's repository.
+    alone = plan("ubuntu-24.04.3-noble", Gpus((H100,), ()), install_nccl=True, cuda_toolkit_version=None,
+                 nccl_version="2.27.7-1+cuda12.8", probe=probe(
+                     secure_boot=SecureBoot(True, "SecureBoot enabled"),
+                     signed_modules_candidate={"linux-modules-nvidia-580-server-open-6.8.0-45-generic": "580.95.05-1"}))
+    assert "CUDA repository (deb822, Signed-By)" in alone and "NCCL 2.27.7-1+cuda12.8" in alone
+
+
+def test_installed_nccl_for_the_right_cuda_changes_nothing_and_is_held() -> None:
+    installed = {"nvidia-open-580": "580.95.05-1", "libnccl2": "2.27.7-1+cuda12.8",
+                 "libnccl-dev": "2.27.7-1+cuda12.8"}
+    fake = FakeHost(Os=os_info("ubuntu-22.04-jammy"), NvidiaDevices=Gpus((H100,), ()), Probe=probe(),
+                    AptHolds=(installed, set()))
+    ops = {o.name.removeprefix("NVIDIA stack | "): o for o in runner.plan_with_facts(
+        nvidia.step, node(install_nccl=True), fake)[0]}
+    assert "NCCL *+cuda12.8" not in ops
+    assert ops["hold NVIDIA driver packages"].commands == ["apt-mark hold libnccl-dev libnccl2 nvidia-open-580"]
+    # NCCL built for another CUDA is replaced, held or not.
+    other = {**installed, "libnccl2": "2.28.3-1+cuda13.0"}
+    fake = FakeHost(Os=os_info("ubuntu-22.04-jammy"), NvidiaDevices=Gpus((H100,), ()), Probe=probe(),
+                    AptHolds=(other, {"libnccl2"}))
+    ops = {o.name: o for o in runner.plan_with_facts(nvidia.step, node(install_nccl=True), fake)[0]}
+    assert ops["NVIDIA stack | NCCL *+cuda12.8"].commands[0].endswith(
+        "--allow-change-held-packages 'libnccl2=*+cuda12.8'")
+
+
+def run_download(tmp_path: Path, sha256: str | None) -> subprocess.CompletedProcess[str]:
+    """The keyring download's own commands, run by bash on a file:// URL."""
+    src, dest = tmp_path / "served.gpg", tmp_path / "keyrings" / "cuda-archive-keyring.gpg"
+    dest.parent.mkdir(exist_ok=True)
+    script = " && ".join(f"( {c} )" for c in nvidia.download_commands(src.as_uri(), str(dest), sha256))
+    return subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+
+
+def test_a_keyring_with_another_sha256_never_reaches_its_place(tmp_path: Path) -> None:
+    served = tmp_path / "served.gpg"
+    served.write_bytes(b"the repository key")
+    dest = tmp_path / "keyrings" / "cuda-archive-keyring.gpg"
+    wrong = run_download(tmp_path, "a" * 64)
+    assert wrong.returncode == 1 and f"SHA-256 is not {'a' * 64}" in wrong.stderr
+    assert list(dest.parent.iterdir()) == []  # neither the keyring nor the temporary file
+    right = run_download(tmp_path, hashlib.sha256(served.read_bytes()).hexdigest())
+    assert right.returncode == 0, right.stderr
+    assert dest.read_bytes() == b"the repository key" and oct(dest.stat().st_mode)[-3:] == "644"
+    assert list(dest.parent.iterdir()) == [dest]
+
+
+def test_keyring_is_fetched_again_only_when_missing_or_its_sha256_differs() -> None:
+    digest = "a" * 64
+    ops = plan("debian-12-bookworm", Gpus((H100,), ()), nvidia_keyring_sha256=digest)
+    assert any(digest in c for c in ops["CUDA repository keyring"].commands)
+    assert not any("sha256" in c for c in plan("debian-12-bookworm", Gpus((H100,), ()))[
+        "CUDA repository keyring"].commands)
+    for facts, sha in (({"Sha256File": digest}, digest), ({"File": {"mode": 644}}, None)):
+        fake = FakeHost(Os=os_info("debian-12-bookworm"), NvidiaDevices=Gpus((H100,), ()), Probe=probe(), **facts)
+        names = [o.name for o in runner.plan_with_facts(nvidia.step, node(nvidia_keyring_sha256=sha), fake)[0]]
+        assert "NVIDIA stack | CUDA repository keyring" not in names

@@ -76,3 +76,38 @@ def test_the_nfs_export_root_follows_the_data_mount_unless_set():
     assert parse_settings({}, "inv.py: host n1")[0].nfs_export_root == "/data/shared"
     chosen, _ = parse_settings({"data_mount": "/srv/data", "nfs_export_root": "/export"}, "inv.py: host n1")
     assert chosen.nfs_export_root == "/export"
+
+
+@pytest.mark.parametrize("key, value, expected", [
+    ("numpy_version", "2.2.6; rm -rf /", "not a version number"),
+    ("torch_version", "2.13.0 numpy", "not a version number"),
+    ("nvml_version", ">=13", "not a version number"),
+    ("nccl_version", "", "not a version number"),
+    ("nvidia_driver_version", "latest", "not a version number"),
+    ("nvidia_driver_branch", "580.95", "not a driver branch"),
+    ("cuda_toolkit_version", "12", "not a CUDA major-minor version"),
+    ("nvidia_keyring_sha256", "ABC", "not a SHA-256"),
+])
+def test_versions_that_go_into_install_commands_are_checked(key, value, expected):
+    _, problems = parse_settings({key: value}, "inv.py: host n1")
+    (problem,) = problems
+    assert str(problem).startswith(f"inv.py: host n1: key {key}: ") and expected in str(problem)
+
+
+def test_real_versions_pass_and_nulls_unpin():
+    good = {"torch_version": "2.13.0+cpu", "numpy_version": "2.2.6", "nvml_version": "13.580.126",
+            "nccl_version": "2.27.7-1+cuda12.8", "nvidia_driver_version": "580.95.05-0ubuntu0.24.04.1",
+            "nvidia_driver_branch": "1000", "cuda_toolkit_version": "12.8", "nvidia_keyring_sha256": "0" * 64}
+    assert parse_settings(good, "x")[1] == []
+    unpinned, problems = parse_settings({"numpy_version": None, "nvml_version": None}, "x")
+    assert problems == [] and unpinned.numpy_version is None and unpinned.nvml_version is None
+
+
+def test_nccl_without_a_cuda_version_to_match_is_refused():
+    _, problems = parse_settings({"install_nccl": True, "cuda_toolkit_version": None}, "inv.py: host n1")
+    (problem,) = problems
+    assert str(problem).startswith("inv.py: host n1: key install_nccl: ")
+    assert "nccl_version with its +cudaX.Y suffix" in str(problem)
+    for fine in ({"install_nccl": True}, {"install_nccl": True, "cuda_toolkit_version": None,
+                                          "nccl_version": "2.27.7-1+cuda12.8"}):
+        assert parse_settings(fine, "x")[1] == []

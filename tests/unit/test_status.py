@@ -23,7 +23,7 @@ def judge(c, stack):
 
 
 NFS_OK = tuple(MountState(f"/shared/{n}", True, True, "nfs4") for n in ("datasets", "checkpoints", "scratch"))
-GOOD_VENV = {"torch": "2.13.0+cpu", "numpy": "2.1.0"}
+GOOD_VENV = {"torch": "2.13.0+cpu", "numpy": "2.2.6", "nvidia-ml-py": "13.580.126"}  # the default pins
 
 
 def test_matching_host_has_no_drift(tmp_path):
@@ -32,7 +32,7 @@ def test_matching_host_has_no_drift(tmp_path):
 
 
 def test_torch_version_drift_names_both_versions(tmp_path):
-    status = judge(cluster(tmp_path), InstalledStack(venv={"torch": "2.12.1"}, mounts=NFS_OK))
+    status = judge(cluster(tmp_path), InstalledStack(venv={**GOOD_VENV, "torch": "2.12.1"}, mounts=NFS_OK))
     (d,) = status.drift
     assert (d.item, d.expected, d.actual) == ("torch", "2.13.0", "2.12.1")
 

@@ -26,6 +26,10 @@ DRIVER = "580.95.05-1"  # the stand-in driver release of branch 580
 NEWER = "590.48.01-1"  # a newer branch the apt pin and holds must keep out
 TOOLKIT = "12.8.1-1"
 KEYRING = "cuda-archive-keyring.gpg"
+# NCCL as NVIDIA publishes it: each release once per CUDA version. The newest here is built
+# for CUDA 13.0, which the toolkit 12-8 pin must keep out.
+NCCL_BUILDS = ["2.27.7-1+cuda12.8", "2.27.7-1+cuda12.9", "2.28.3-1+cuda13.0"]
+NCCL_FOR_TOOLKIT = "2.27.7-1+cuda12.8"
 
 
 @dataclass
@@ -93,8 +97,14 @@ def driver_release(version: str) -> list[Package]:
     ]
 
 
+def nccl_builds() -> list[Package]:
+    return [pkg for version in NCCL_BUILDS
+            for pkg in (Package("libnccl2", version), Package("libnccl-dev", version, [f"libnccl2 (= {version})"]))]
+
+
 def packages() -> list[Package]:
-    return driver_release(DRIVER) + driver_release(NEWER) + [Package("cuda-toolkit-12-8", TOOLKIT)]
+    return (driver_release(DRIVER) + driver_release(NEWER) + [Package("cuda-toolkit-12-8", TOOLKIT)]
+            + nccl_builds())
 
 
 def build_deb(pkg: Package, out: Path) -> Path:
