@@ -184,7 +184,8 @@ class Settings:
     nvidia_driver_source: Literal["auto", "cuda-repo", "ubuntu-server"] = knob(
         "auto", "auto: CUDA repo, or Canonical's signed -server modules under Secure Boot (Ubuntu)"
     )
-    nvidia_kernel_headers: bool = knob(True, "install headers for the running kernel (DKMS builds)")
+    nvidia_kernel_headers: bool = knob(True, "install headers for the running and every installed kernel "
+                                       "(DKMS builds the driver for the one the next boot runs)")
     nvidia_kernel_modules: Literal["auto", "open", "proprietary"] = knob(
         "auto", "auto: open modules on Turing and newer, proprietary before"
     )

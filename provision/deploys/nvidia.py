@@ -15,22 +15,25 @@ from io import StringIO
 
 from pyinfra import host
 from pyinfra.api import deploy, operation
+from pyinfra.facts.apt import AptRepo
 from pyinfra.facts.files import File, Sha256File
 from pyinfra.operations import apt, files, server, systemd
 
 from provision.deploys import packages as pkgs
-from provision.deploys.probes import AptHolds, Probe
+from provision.deploys.probes import AptHolds, HostProbe, Probe, RebootProbe
+from provision.facts.apt import AptSourceFiles
 from provision.facts.gpus import Gpus, NvidiaDevices
 from provision.facts.system import Os, OsInfo
 from provision.inventory import Node
 from provision.resources import templates_dir
-from provision.runner import Step, current_node, note
+from provision.runner import Step, current_node, note, refuse
 from provision.settings import Settings
 
 KEYRING = "/etc/apt/keyrings/cuda-archive-keyring.gpg"
 PIN_FILE = "/etc/apt/preferences.d/90-provision-nvidia"
 NOUVEAU_FILE = "/etc/modprobe.d/blacklist-nouveau.conf"
 PERSISTENCED_DROPIN = "/etc/systemd/system/nvidia-persistenced.service.d/provision.conf"
+SOURCES_LIST = "/etc/apt/sources.list"
 
 
 def skip_reason(node: Node, gpus: Gpus | None = None) -> str | None:
@@ -164,30 +167,80 @@ def any_changed(*ops: object) -> Callable[[], bool]:
     return lambda: any(op.did_change() for op in ops)  # type: ignore[attr-defined]
 
 
-def repository(settings: Settings, os_info: OsInfo) -> None:
+def other_sources(source_files: dict[str, list[AptRepo]], url: str, ours: str) -> tuple[list[str], list[str]]:
+    """Other apt source files that name NVIDIA's repository: (files to remove, problems).
+
+    apt refuses every command when two entries for one URI name different Signed-By keys,
+    as NVIDIA's cuda-keyring .list and our .sources do. A sources.list.d file that names
+    only this repository is removed; /etc/apt/sources.list, or a file that names other
+    repositories too, is left to the user: removing it would drop those as well.
+    """
+    remove, problems = [], []
+    for path, repos in sorted(source_files.items()):
+        same = [r for r in repos if r.url.rstrip("/") == url.rstrip("/")]
+        if path == ours or not same:
+            continue
+        if path == SOURCES_LIST or len(same) < len(repos):
+            entry = f"{same[0].type} {same[0].url} {same[0].distribution}"
+            problems.append(f"{path} names NVIDIA's CUDA repository ({entry}), which the nvidia step "
+                            f"configures in {ours} with another Signed-By key, and apt refuses both: remove "
+                            f"that entry from {path} and re-run")
+        else:
+            remove.append(path)
+    return remove, problems
+
+
+def repository(settings: Settings, os_info: OsInfo, repo_candidate: str | None) -> bool:
+    """NVIDIA's repository, its key and the branch pin; False when the host was refused.
+    ``repo_candidate``: apt's candidate of a package only that repository has; None means
+    apt has not read the repository's lists (yet)."""
     distro = pkgs.cuda_distro(os_info)
+    url = settings.nvidia_repo_url.format(distro=distro)
+    removed, problems = other_sources(host.get_fact(AptSourceFiles), url, sources_file(os_info))
+    if problems:
+        refuse("nvidia", "; ".join(problems))
+        return False
     apt.packages(name="download tools (curl, CA certificates)", packages=["curl", "ca-certificates"],
                  no_recommends=True)
     keyring_dir = files.directory(name="/etc/apt/keyrings", path="/etc/apt/keyrings", mode="755")
     keyring = verified_download(name="CUDA repository keyring", src=settings.nvidia_keyring_url.format(distro=distro),
                                 dest=KEYRING, sha256=settings.nvidia_keyring_sha256)
-    sources = files.put(name="CUDA repository (deb822, Signed-By)",
-                        src=StringIO(sources_text(settings.nvidia_repo_url.format(distro=distro))),
+    removals = []
+    for path in removed:  # before ours is written, so no run ever leaves both in place
+        note(f"nvidia: removes {path}: it names NVIDIA's CUDA repository, which the nvidia step now "
+             f"configures in {sources_file(os_info)}")
+        removals.append(files.file(name=f"remove {path} (same CUDA repository, other Signed-By)",
+                                   path=path, present=False))
+    sources = files.put(name="CUDA repository (deb822, Signed-By)", src=StringIO(sources_text(url)),
                         dest=sources_file(os_info), mode="644")
     pin = files.put(name=f"apt pin: NVIDIA driver branch {settings.nvidia_driver_branch}",
                     src=StringIO(pkgs.apt_pin_preferences(settings.nvidia_driver_branch)),
                     dest=PIN_FILE, mode="644")
-    apt.update(name="apt update (CUDA repository changed)", _if=any_changed(keyring_dir, keyring, sources, pin))
+    # A run that died after writing these files but before apt update finished changes none
+    # of them when re-run, so a missing candidate also asks for the update.
+    if repo_candidate is None:
+        apt.update(name="apt update (CUDA repository not read yet)")
+    else:
+        apt.update(name="apt update (CUDA repository changed)",
+                   _if=any_changed(keyring_dir, keyring, sources, pin, *removals))
+    return True
 
 
-def kernel_side(settings: Settings, os_info: OsInfo) -> None:
+def kernel_side(settings: Settings, os_info: OsInfo, probe: HostProbe) -> None:
     nouveau = files.template(name="blacklist nouveau", dest=NOUVEAU_FILE, mode="644",
                              src=str(templates_dir() / "nvidia" / "blacklist-nouveau.conf.j2"))
     server.shell(name="update initramfs (nouveau blacklisted)", commands=["update-initramfs -u"],
                  _if=nouveau.did_change)
-    if settings.nvidia_kernel_headers:
-        apt.packages(name=f"kernel headers for {os_info.kernel}", packages=[f"linux-headers-{os_info.kernel}"],
-                     no_recommends=True)
+    if not settings.nvidia_kernel_headers:
+        return
+    # Headers for every installed kernel, not only the running one: the reboot after the
+    # driver install boots the newest, and DKMS builds only for kernels with headers.
+    headers = pkgs.kernel_headers(os_info.kernel, probe.headers_candidate, probe.kernels)
+    for kernel in headers.skipped:
+        note(f"nvidia: no linux-headers-{kernel} in the apt sources: no driver module for kernel {kernel} "
+             "(neither running nor newest)")
+    apt.packages(name=f"kernel headers for {', '.join(h.removeprefix('linux-headers-') for h in headers.install)}",
+                 packages=headers.install, no_recommends=True)
 
 
 def extra_packages(settings: Settings) -> list[str]:
@@ -235,18 +288,32 @@ def driver(settings: Settings, choice: pkgs.DriverChoice, gpus: Gpus) -> list[st
     return hold
 
 
+@operation()
+def driver_daemon(service: str, config_changed: Callable[[], bool] | None = None):
+    """Enable a daemon that needs the NVIDIA kernel module; start it too when the kernel
+    runs the installed module (read at execution time, after the install), since then no
+    reboot follows to start it. After a driver install or upgrade the module is not
+    loaded, or an older one is, and a daemon started now would fail on the version
+    mismatch: it stays enabled only, for the reboot. ``config_changed``: restart a
+    running daemon when its configuration changed in this run."""
+    live = host.get_fact(RebootProbe).runs_installed_module
+    restart = bool(live and config_changed and host.state.is_executing and config_changed())
+    yield from systemd.service._inner(service=service, running=True if live else None, enabled=True,
+                                      restarted=restart)
+
+
 def daemons(settings: Settings, gpus: Gpus, hold: list[str]) -> None:
     dropin = files.template(name="nvidia-persistenced: persistence mode on",
                             src=str(templates_dir() / "nvidia" / "persistenced-override.conf.j2"),
                             dest=PERSISTENCED_DROPIN, mode="644")
     systemd.daemon_reload(name="systemd daemon-reload (persistenced drop-in)", _if=dropin.did_change)
-    # Enabled, not started: the service needs the kernel module, which loads after the
-    # reboot that follows a driver install; an already-running driver keeps running.
-    systemd.service(name="nvidia-persistenced enabled", service="nvidia-persistenced",
-                    running=None, enabled=True)
+    # persistenced like fabric manager: with no reboot to come, only this run starts it,
+    # or restarts it so the drop-in's persistence mode takes effect.
+    driver_daemon(name="nvidia-persistenced enabled", service="nvidia-persistenced",
+                  config_changed=dropin.did_change)
     if wants_fabricmanager(settings, gpus):
-        systemd.service(name="nvidia-fabricmanager enabled", service="nvidia-fabricmanager",
-                        running=None, enabled=True)
+        # Without it an NVSwitch host's CUDA fails (error 802, system not yet initialized).
+        driver_daemon(name="nvidia-fabricmanager enabled", service="nvidia-fabricmanager")
     held(name="hold NVIDIA driver packages", explicit=hold, branch=settings.nvidia_driver_branch)
 
 
@@ -260,19 +327,19 @@ def nvidia() -> None:
         note(f"nvidia: skipped ({reason})")
         return
     os_info = host.get_fact(Os)
-    signed = pkgs.signed_modules_package(settings.nvidia_driver_branch,
-                                         pkgs.use_open_modules(settings.nvidia_kernel_modules,
-                                                               [g.device_id for g in gpus.gpus]),
-                                         os_info.kernel)
-    probe = host.get_fact(Probe, packages=(signed,) if os_info.id == "ubuntu" else ())
+    open_modules = pkgs.use_open_modules(settings.nvidia_kernel_modules, [g.device_id for g in gpus.gpus])
+    signed = pkgs.signed_modules_package(settings.nvidia_driver_branch, open_modules, os_info.kernel)
+    meta = pkgs.cuda_driver_metapackage(settings.nvidia_driver_branch, open_modules)
+    probe = host.get_fact(Probe, packages=(signed, meta) if os_info.id == "ubuntu" else (meta,))
     choice = driver_choice(settings, os_info, gpus, probe.secure_boot.enabled,
-                           probe.signed_modules_candidate.get(signed) is not None)
+                           probe.candidates.get(signed) is not None)
     # The driver comes from NVIDIA's repository, or (Secure Boot on Ubuntu) from Canonical's
     # signed packages; the CUDA toolkit, NCCL and the container toolkit come only from
     # NVIDIA's repository, so it is configured whenever one of them is wanted.
-    if choice.source == "cuda-repo" or wants_cuda_repository_extras(settings):
-        repository(settings, os_info)
-    kernel_side(settings, os_info)
+    wants_repository = choice.source == "cuda-repo" or wants_cuda_repository_extras(settings)
+    if wants_repository and not repository(settings, os_info, probe.candidates.get(meta)):
+        return
+    kernel_side(settings, os_info, probe)
     hold = driver(settings, choice, gpus)
     daemons(settings, gpus, hold)
 

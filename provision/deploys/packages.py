@@ -21,6 +21,7 @@ Naming conventions used below, and where they come from:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -101,7 +102,7 @@ def driver_packages(source: DriverSource, branch: str, version: str | None, open
     precompiled modules for the running kernel (linux-modules-nvidia-...-<uname -r>).
     """
     if source == "cuda-repo":
-        name = f"nvidia-open-{branch}" if open_modules else f"cuda-drivers-{branch}"
+        name = cuda_driver_metapackage(branch, open_modules)
         install = [f"{name}={apt_version(version)}" if version else name]
         return DriverChoice(source, install, [name], open_modules)
     flavour = f"{branch}-server-open" if open_modules else f"{branch}-server"
@@ -111,6 +112,49 @@ def driver_packages(source: DriverSource, branch: str, version: str | None, open
     # version with a revision can be pinned exactly; a bare one would never match.
     pinned = f"{driver}={version}" if version and "-" in version else driver
     return DriverChoice(source, [pinned, modules], [driver, modules], open_modules)
+
+
+def cuda_driver_metapackage(branch: str, open_modules: bool) -> str:
+    """NVIDIA's per-branch driver metapackage. Only NVIDIA's repository has it, so its apt
+    candidate also says whether apt has read that repository's lists."""
+    return f"nvidia-open-{branch}" if open_modules else f"cuda-drivers-{branch}"
+
+
+@dataclass(frozen=True)
+class HeadersChoice:
+    """Which linux-headers packages the nvidia step asks apt for."""
+
+    install: list[str]  # package names, running kernel first
+    missing: list[str]  # kernels DKMS must build for whose headers apt does not have
+    skipped: list[str]  # other installed kernels (neither running nor newest) apt has no headers for
+
+
+def kernel_sort_key(release: str) -> list[tuple[int, int | str]]:
+    """Orders kernel releases as GRUB's version_sort (sort -V) does: digit runs as
+    numbers, so 6.8.0-100-generic comes after 6.8.0-45-generic."""
+    return [(0, int(part)) if part.isdigit() else (1, part) for part in re.findall(r"\d+|\D+", release)]
+
+
+def kernel_headers(running: str, running_candidate: str | None,
+                   installed: dict[str, str | None]) -> HeadersChoice:
+    """Headers for the running kernel and every installed one, so DKMS builds the driver
+    for the kernel the host boots next (GRUB's default is the newest: a fresh image often
+    has one installed and pending).
+
+    apt fails a whole install when one name has no candidate, so the headers of another
+    kernel that left the archive are skipped. The running and the newest kernel's are
+    asked for whatever apt has: without them the driver is missing now or after the
+    reboot (``missing`` names them; preflight refuses such a host).
+    """
+    candidates = {**installed, running: running_candidate}
+    newest = max(candidates, key=kernel_sort_key)
+    required = [running] + ([newest] if newest != running else [])
+    others = sorted((k for k in candidates if k not in required), key=kernel_sort_key)
+    return HeadersChoice(
+        install=[f"linux-headers-{k}" for k in required + [k for k in others if candidates[k]]],
+        missing=[k for k in required if candidates[k] is None],
+        skipped=[k for k in others if candidates[k] is None],
+    )
 
 
 def signed_modules_package(branch: str, open_modules: bool, kernel: str) -> str:

@@ -20,7 +20,12 @@ from pyinfra.operations import server
 
 from provision.deploys import nvidia as nvidia_deploy
 from provision.deploys import volumes
-from provision.deploys.packages import choose_driver_source, signed_modules_package, use_open_modules
+from provision.deploys.packages import (
+    choose_driver_source,
+    kernel_headers,
+    signed_modules_package,
+    use_open_modules,
+)
 from provision.deploys.probes import APT_LOCKS, HostProbe, Probe
 from provision.facts.blockdevices import BlockDevice, BlockDevices
 from provision.facts.gpus import Gpus, NvidiaDevices
@@ -100,16 +105,30 @@ def nvidia_checks(os_info: OsInfo, probe: HostProbe, gpus: Gpus,
     signed = signed_modules_package(settings.nvidia_driver_branch, open_modules, os_info.kernel)
     try:
         source = choose_driver_source(os_info, probe.secure_boot.enabled,
-                                      probe.signed_modules_candidate.get(signed) is not None,
+                                      probe.candidates.get(signed) is not None,
                                       settings.nvidia_driver_source)
         notes.append(f"Secure Boot: {probe.secure_boot.detail}; driver from {source}")
     except ValueError as e:
         problems.append(str(e))
-    if settings.nvidia_kernel_headers and probe.headers_candidate is None:
-        problems.append(f"no linux-headers-{os_info.kernel} in the apt sources: the driver cannot be "
-                        "built for the running kernel; boot a kernel whose headers are published "
-                        "or add the repository that has them")
+    if settings.nvidia_kernel_headers:
+        problems += headers_problems(os_info.kernel, probe)
     return problems, notes
+
+
+def headers_problems(running: str, probe: HostProbe) -> list[str]:
+    """DKMS builds the driver for the running kernel and for the newest installed one (the
+    one the next boot runs): apt must have headers for both."""
+    problems = []
+    for kernel in kernel_headers(running, probe.headers_candidate, probe.kernels).missing:
+        if kernel == running:
+            problems.append(f"no linux-headers-{kernel} in the apt sources: the driver cannot be built "
+                            "for the running kernel; boot a kernel whose headers are published or add "
+                            "the repository that has them")
+        else:
+            problems.append(f"no linux-headers-{kernel} in the apt sources: the driver cannot be built "
+                            f"for kernel {kernel}, the newest installed, which the next boot runs; "
+                            "remove that kernel's package or add the repository that has its headers")
+    return problems
 
 
 def lock_wait_command(seconds: int) -> str:

@@ -7,7 +7,7 @@ Each is a shell command plus a pure parser of ``key=value`` lines, tested on cap
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pyinfra.api import FactBase
 
@@ -81,16 +81,20 @@ class HostProbe:
     reboot_pending: bool  # /var/run/reboot-required exists
     machine_id: str  # /etc/machine-id: tells the controller apart from its targets
     headers_candidate: str | None  # apt candidate of linux-headers-$(uname -r)
-    signed_modules_candidate: dict[str, str | None]  # package -> candidate version
+    candidates: dict[str, str | None]  # each package the probe was asked about -> apt candidate
     user_uid: int | None = None  # uid of the account named like the training user, if it exists
     uid_owner: str = ""  # the account that has the training uid now, if any
     group_gid: int | None = None  # gid of the group named like the training user, if it exists
     gid_owner: str = ""  # the group that has the training gid now, if any
+    # Installed kernel (uname -r form, from /boot/vmlinuz-*) -> apt candidate of its
+    # linux-headers package, None when apt has none.
+    kernels: dict[str, str | None] = field(default_factory=dict)
 
 
 class Probe(FactBase):
     """One round trip for every preflight input. ``packages``: extra apt names whose
-    candidates to report (Canonical's signed module packages for the running kernel)."""
+    candidates to report (Canonical's signed module packages for the running kernel, NVIDIA's
+    driver metapackage)."""
 
     def command(self, packages: tuple[str, ...] = (), user: str = "", uid: int = 0) -> str:
         locks = " ".join(APT_LOCKS)
@@ -115,6 +119,12 @@ class Probe(FactBase):
             "echo headers=$(apt-cache policy linux-headers-$(uname -r) 2>/dev/null "
             "| awk '/Candidate:/ {print $2}'); "
             f"for p in {checks}; do echo \"pkg:$p=$(apt-cache policy $p 2>/dev/null "
+            "| awk '/Candidate:/ {print $2}')\"; done; "
+            # /boot/vmlinuz-<release> is named for `uname -r` on every flavour (Ubuntu generic,
+            # HWE, cloud; Debian amd64, cloud-amd64, rt), unlike the linux-image package names
+            # (metapackages, -unsigned, -dbg variants).
+            "for f in /boot/vmlinuz-*; do [ -e \"$f\" ] || continue; k=${f#/boot/vmlinuz-}; "
+            "echo \"kernel:$k=$(apt-cache policy linux-headers-$k 2>/dev/null "
             "| awk '/Candidate:/ {print $2}')\"; done"
         )
 
@@ -136,13 +146,16 @@ def parse_probe(lines: list[str]) -> HostProbe:
         reboot_pending=values.get("reboot_pending") == "1",
         machine_id=values.get("machine_id", ""),
         headers_candidate=_candidate(values.get("headers")),
-        signed_modules_candidate={
+        candidates={
             key[4:]: _candidate(value) for key, value in values.items() if key.startswith("pkg:")
         },
         user_uid=_number(values.get("user_uid")),
         uid_owner=values.get("uid_owner", ""),
         group_gid=_number(values.get("group_gid")),
         gid_owner=values.get("gid_owner", ""),
+        # A release starts with a digit: leaves out a stray vmlinuz-old or the like.
+        kernels={key[7:]: _candidate(value) for key, value in values.items()
+                 if key.startswith("kernel:") and key[7:8].isdigit()},
     )
 
 
@@ -159,6 +172,12 @@ class RebootState:
     installed_module: str | None  # modinfo's version of the installed nvidia.ko
     smi_version: str | None  # what nvidia-smi answers as driver_version, None if it fails
     machine_id: str  # /etc/machine-id
+
+    @property
+    def runs_installed_module(self) -> bool:
+        """The kernel runs the NVIDIA module that is installed: no reboot is needed for the
+        driver, so nothing but this run will start the daemons that need it."""
+        return self.loaded_module is not None and self.loaded_module == self.installed_module
 
 
 class RebootProbe(FactBase):

@@ -7,7 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from provision.deploys.probes import HostProbe, SecureBoot
+from provision.deploys.probes import HostProbe, SecureBoot, parse_reboot_state
 from provision.facts.gpus import Gpus, PciDevice
 from provision.facts.system import OsInfo, parse_os_release
 from provision.inventory import Node, SshTarget
@@ -34,7 +34,7 @@ def os_info(fixture: str) -> OsInfo:
 def probe(**changes: Any) -> HostProbe:
     base = HostProbe(root_free_gb=100.0, secure_boot=SecureBoot(False, "SecureBoot disabled"),
                      apt_locks_held=(), lock_holders="", reboot_pending=False, machine_id="abc",
-                     headers_candidate="5.15.0-185.195", signed_modules_candidate={})
+                     headers_candidate="5.15.0-185.195", candidates={})
     return replace(base, **changes)
 
 
@@ -49,7 +49,7 @@ class FakeHost:
     def __init__(self, **facts: Any):
         self.facts = {"NvidiaDevices": Gpus((), ()), "DebPackages": {}, "PipPackages": {},
                       "AptHolds": ({}, set()), "HostKeys": ["ssh-ed25519 AAAAC3Nz"], "BlockDevices": [],
-                      "Probe": probe()} | facts
+                      "Probe": probe(), "RebootProbe": parse_reboot_state([])} | facts
         self.asked: list[tuple[str, dict[str, Any]]] = []
 
     def __call__(self, cls: type, kwargs: dict[str, Any]) -> Any:

@@ -4,22 +4,42 @@ from __future__ import annotations
 
 import hashlib
 import subprocess
+from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from pyinfra.api.util import get_template
+from pyinfra.operations import systemd
 
 from provision import runner
 from provision.deploys import nvidia
-from provision.deploys.probes import SecureBoot
+from provision.deploys import packages as pkgs
+from provision.deploys.probes import SecureBoot, parse_probe, parse_reboot_state
+from provision.facts.apt import parse_source_files
 from provision.facts.gpus import Gpus
-from tests.helpers.deploy_facts import H100, NVSWITCH, P100, FakeHost, node, os_info, probe
+from provision.resources import templates_dir
+from tests.helpers.deploy_facts import FIXTURES, H100, NVSWITCH, P100, FakeHost, node, os_info, probe
 
 INSTALL = ('DEBIAN_FRONTEND=noninteractive apt-get -y -o Dpkg::Options::="--force-confdef" '
            '-o Dpkg::Options::="--force-confold" install')
 
 
-def plan(fixture: str, gpus: Gpus, groups: tuple[str, ...] = (), **settings: object) -> dict[str, runner.PlannedOp]:
-    fake = FakeHost(Os=os_info(fixture), NvidiaDevices=gpus, Probe=settings.pop("probe", probe()))
+def plan(fixture: str, gpus: Gpus, groups: tuple[str, ...] = (), facts: dict[str, Any] | None = None,
+         **settings: object) -> dict[str, runner.PlannedOp]:
+    fake = FakeHost(**{"Os": os_info(fixture), "NvidiaDevices": gpus, "Probe": settings.pop("probe", probe()),
+                       **(facts or {})})
     ops, _ = runner.plan_with_facts(nvidia.step, node(groups=groups, **settings), fake)  # type: ignore[arg-type]
     return {o.name.removeprefix("NVIDIA stack | "): o for o in ops}
+
+
+@pytest.fixture
+def notes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The notes the nvidia step leaves for the host's summary row."""
+    said: list[str] = []
+    monkeypatch.setattr(nvidia, "note", said.append)
+    return said
 
 
 def test_ubuntu_2204_hgx_host_gets_repo_open_driver_fabricmanager_toolkit() -> None:
@@ -27,7 +47,7 @@ def test_ubuntu_2204_hgx_host_gets_repo_open_driver_fabricmanager_toolkit() -> N
     assert list(ops) == [
         "download tools (curl, CA certificates)", "/etc/apt/keyrings", "CUDA repository keyring",
         "CUDA repository (deb822, Signed-By)", "apt pin: NVIDIA driver branch 580",
-        "apt update (CUDA repository changed)", "blacklist nouveau", "update initramfs (nouveau blacklisted)",
+        "apt update (CUDA repository not read yet)", "blacklist nouveau", "update initramfs (nouveau blacklisted)",
         "kernel headers for 5.15.0-185-generic", "NVIDIA driver 580 (open modules, cuda-repo)",
         "fabric manager nvidia-fabricmanager=580.*", "CUDA toolkit and extras",
         "nvidia-persistenced: persistence mode on", "systemd daemon-reload (persistenced drop-in)",
@@ -59,7 +79,7 @@ def test_sources_file_is_deb822_with_signed_by() -> None:
 
 def test_ubuntu_2404_secure_boot_uses_canonical_signed_server_packages() -> None:
     sb = probe(secure_boot=SecureBoot(True, "SecureBoot enabled"),
-               signed_modules_candidate={"linux-modules-nvidia-580-server-open-6.8.0-45-generic": "580.95.05-1"})
+               candidates={"linux-modules-nvidia-580-server-open-6.8.0-45-generic": "580.95.05-1"})
     ops = plan("ubuntu-24.04.3-noble", Gpus((H100, NVSWITCH), ()), probe=sb)
     assert ops["NVIDIA driver 580 (open modules, ubuntu-server)"].commands == [
         f"{INSTALL} --allow-change-held-packages nvidia-driver-580-server-open "
@@ -74,7 +94,7 @@ def test_ubuntu_2404_secure_boot_uses_canonical_signed_server_packages() -> None
 
 def test_ubuntu_secure_boot_without_toolkit_or_extras_needs_no_nvidia_repository() -> None:
     sb = probe(secure_boot=SecureBoot(True, "SecureBoot enabled"),
-               signed_modules_candidate={"linux-modules-nvidia-580-server-open-6.8.0-45-generic": "580.95.05-1"})
+               candidates={"linux-modules-nvidia-580-server-open-6.8.0-45-generic": "580.95.05-1"})
     ops = plan("ubuntu-24.04.3-noble", Gpus((H100,), ()), probe=sb, cuda_toolkit_version=None)
     assert "CUDA repository keyring" not in ops and "CUDA toolkit and extras" not in ops
 
@@ -136,7 +156,7 @@ def test_nccl_is_pinned_to_the_toolkit_cuda_version_and_held() -> None:
     alone = plan("ubuntu-24.04.3-noble", Gpus((H100,), ()), install_nccl=True, cuda_toolkit_version=None,
                  nccl_version="2.27.7-1+cuda12.8", probe=probe(
                      secure_boot=SecureBoot(True, "SecureBoot enabled"),
-                     signed_modules_candidate={"linux-modules-nvidia-580-server-open-6.8.0-45-generic": "580.95.05-1"}))
+                     candidates={"linux-modules-nvidia-580-server-open-6.8.0-45-generic": "580.95.05-1"}))
     assert "CUDA repository (deb822, Signed-By)" in alone and "NCCL 2.27.7-1+cuda12.8" in alone
 
 
@@ -189,3 +209,157 @@ def test_keyring_is_fetched_again_only_when_missing_or_its_sha256_differs() -> N
         fake = FakeHost(Os=os_info("debian-12-bookworm"), NvidiaDevices=Gpus((H100,), ()), Probe=probe(), **facts)
         names = [o.name for o in runner.plan_with_facts(nvidia.step, node(nvidia_keyring_sha256=sha), fake)[0]]
         assert "NVIDIA stack | CUDA repository keyring" not in names
+
+
+# The Probe's headers and kernel lines on an Ubuntu 22.04 GA image that has the HWE kernel
+# installed and pending, and an older GA kernel whose headers left the archive (composed
+# with Ubuntu's names and versions; no Ubuntu apt was at hand to capture them).
+UBUNTU_KERNELS = ["headers=5.15.0-185.195", "kernel:5.15.0-91-generic=",
+                  "kernel:5.15.0-185-generic=5.15.0-185.195", "kernel:6.8.0-60-generic=6.8.0-60.63~22.04.1"]
+# The same lines on Debian 12, each candidate as apt-cache policy answered on a Debian 12
+# machine with bookworm, -updates and -security lists (2026-11-30): 6.1.0-18's headers are
+# gone from the archive, 6.1.0-47 runs, 6.1.0-50 is installed and pending.
+DEBIAN_KERNELS = ["headers=6.1.170-3", "kernel:6.1.0-18-amd64=", "kernel:6.1.0-47-amd64=6.1.170-3",
+                  "kernel:6.1.0-50-amd64=6.1.176-1"]
+
+
+def test_ubuntu_2204_gets_headers_for_the_pending_hwe_kernel_too(notes: list[str]) -> None:
+    ops = plan("ubuntu-22.04-jammy", Gpus((H100,), ()), probe=parse_probe(UBUNTU_KERNELS))
+    assert ops["kernel headers for 5.15.0-185-generic, 6.8.0-60-generic"].commands == [
+        f"{INSTALL} --no-install-recommends linux-headers-5.15.0-185-generic linux-headers-6.8.0-60-generic"]
+    # Asking for it would make apt refuse the whole install.
+    assert notes == ["nvidia: no linux-headers-5.15.0-91-generic in the apt sources: no driver module for "
+                     "kernel 5.15.0-91-generic (neither running nor newest)"]
+
+
+def test_debian_12_gets_headers_for_the_pending_kernel_too(notes: list[str]) -> None:
+    running = replace(os_info("debian-12-bookworm"), kernel="6.1.0-47-amd64")
+    ops = plan("debian-12-bookworm", Gpus((H100,), ()), probe=parse_probe(DEBIAN_KERNELS), facts={"Os": running})
+    assert ops["kernel headers for 6.1.0-47-amd64, 6.1.0-50-amd64"].commands == [
+        f"{INSTALL} --no-install-recommends linux-headers-6.1.0-47-amd64 linux-headers-6.1.0-50-amd64"]
+    assert notes == ["nvidia: no linux-headers-6.1.0-18-amd64 in the apt sources: no driver module for "
+                     "kernel 6.1.0-18-amd64 (neither running nor newest)"]
+    off = plan("debian-12-bookworm", Gpus((H100,), ()), probe=parse_probe(DEBIAN_KERNELS), facts={"Os": running},
+               nvidia_kernel_headers=False)
+    assert not any(name.startswith("kernel headers") for name in off)
+
+
+def test_headers_of_the_running_and_newest_kernel_are_asked_for_even_without_a_candidate() -> None:
+    choice = pkgs.kernel_headers("6.1.0-47-amd64", None, {"6.1.0-47-amd64": None, "6.1.0-50-amd64": None,
+                                                          "6.1.0-18-amd64": None})
+    # apt then fails the install, and the host, naming the package (preflight says it first).
+    assert choice.install == ["linux-headers-6.1.0-47-amd64", "linux-headers-6.1.0-50-amd64"]
+    assert choice.missing == ["6.1.0-47-amd64", "6.1.0-50-amd64"] and choice.skipped == ["6.1.0-18-amd64"]
+
+
+def rendered(template: str) -> str:
+    return get_template(str(templates_dir() / "nvidia" / template)).render()
+
+
+class SetUpHost(FakeHost):
+    """A host an earlier run of the nvidia step finished on: its files hold what the step
+    writes, its packages are installed and held, its daemons run on the loaded driver."""
+
+    def __init__(self, **facts: Any):
+        os = os_info("ubuntu-22.04-jammy")
+        url = nvidia.sources_text("https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2204/x86_64/")
+        texts = {nvidia.sources_file(os): url, nvidia.PIN_FILE: pkgs.apt_pin_preferences("580"),
+                 nvidia.NOUVEAU_FILE: rendered("blacklist-nouveau.conf.j2"),
+                 nvidia.PERSISTENCED_DROPIN: rendered("persistenced-override.conf.j2")}
+        self.sha1s = {path: hashlib.sha1(text.encode()).hexdigest() for path, text in texts.items()}
+        driver = {"nvidia-open-580": "580.95.05-1", "nvidia-fabricmanager": "580.95.05-1"}
+        units = {"nvidia-persistenced.service": True, "nvidia-fabricmanager.service": True}
+        super().__init__(**{
+            "Os": os, "NvidiaDevices": Gpus((H100, NVSWITCH), ()),
+            "Probe": probe(candidates={"nvidia-open-580": "580.95.05-1"}),
+            "DebPackages": {n: ["1"] for n in ("curl", "ca-certificates", "linux-headers-5.15.0-185-generic",
+                                               "nvidia-open-580", "cuda-toolkit-12-8")},
+            "Directory": {"mode": 755}, "File": {"mode": 644}, "AptHolds": (driver, set(driver)),
+            "RebootProbe": parse_reboot_state(["loaded=580.95.05", "installed=580.95.05"]),
+            "SystemdStatus": units, "SystemdEnabled": units, **facts})
+
+    def __call__(self, cls: type, kwargs: dict[str, Any]) -> Any:
+        if cls.__name__ == "Sha1File":
+            return self.sha1s.get(kwargs["path"])
+        return super().__call__(cls, kwargs)
+
+
+def test_rerun_changes_nothing_but_updates_apt_when_the_driver_has_no_candidate() -> None:
+    assert runner.plan_with_facts(nvidia.step, node(), SetUpHost())[0] == []
+    # A first run that died after writing the repository files but before apt update read
+    # them: nothing differs on disk, and only the missing candidate tells.
+    stale = {o.name: o for o in runner.plan_with_facts(nvidia.step, node(), SetUpHost(Probe=probe()))[0]}
+    assert stale["NVIDIA stack | apt update (CUDA repository not read yet)"].commands == ["apt-get update"]
+
+
+# NVIDIA's cuda-keyring package's list file (its documented content).
+CUDA_KEYRING_LIST = ["##PYINFRA_FILE /etc/apt/sources.list.d/cuda-ubuntu2204-x86_64.list",
+                     "deb [signed-by=/usr/share/keyrings/cuda-archive-keyring.gpg] "
+                     "https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2204/x86_64/ /", ""]
+
+
+def source_files(*extra: str) -> dict[str, Any]:
+    captured = (FIXTURES / "apt-sources_dev-vm-debian12.txt").read_text().splitlines()
+    return {"AptSourceFiles": parse_source_files(captured + list(extra)), "File": {"mode": 644}}
+
+
+def test_nvidias_own_list_for_the_repository_is_removed_before_ours_is_written(notes: list[str]) -> None:
+    ours = ["##PYINFRA_FILE /etc/apt/sources.list.d/cuda-ubuntu2204.sources",
+            *nvidia.sources_text("https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2204/x86_64/")
+            .splitlines()]
+    ops = plan("ubuntu-22.04-jammy", Gpus((H100,), ()), facts=source_files(*CUDA_KEYRING_LIST, *ours))
+    remove = "remove /etc/apt/sources.list.d/cuda-ubuntu2204-x86_64.list (same CUDA repository, other Signed-By)"
+    assert ops[remove].commands == ["rm -f /etc/apt/sources.list.d/cuda-ubuntu2204-x86_64.list"]
+    assert list(ops).index(remove) < list(ops).index("CUDA repository (deb822, Signed-By)")
+    assert notes == ["nvidia: removes /etc/apt/sources.list.d/cuda-ubuntu2204-x86_64.list: it names NVIDIA's "
+                     "CUDA repository, which the nvidia step now configures in "
+                     "/etc/apt/sources.list.d/cuda-ubuntu2204.sources"]
+    # The URI without its trailing slash is the same repository to apt.
+    bare = [line.replace("x86_64/ /", "x86_64 /") for line in CUDA_KEYRING_LIST]
+    assert remove in plan("ubuntu-22.04-jammy", Gpus((H100,), ()), facts=source_files(*bare))
+
+
+@pytest.mark.parametrize("path, extra", [
+    ("/etc/apt/sources.list", []),
+    ("/etc/apt/sources.list.d/mixed.list", ["deb http://archive.ubuntu.com/ubuntu jammy main"]),
+])
+def test_a_file_that_also_names_other_sources_stops_the_host_unedited(path: str, extra: list[str]) -> None:
+    lines = [f"##PYINFRA_FILE {path}", CUDA_KEYRING_LIST[1], *extra]
+    fake = FakeHost(Os=os_info("ubuntu-22.04-jammy"), NvidiaDevices=Gpus((H100,), ()), **source_files(*lines))
+    ops, refusals = runner.plan_with_facts(nvidia.step, node(), fake)
+    assert refusals == [
+        f"{path} names NVIDIA's CUDA repository (deb https://developer.download.nvidia.com/compute/cuda/repos/"
+        "ubuntu2204/x86_64/ /), which the nvidia step configures in /etc/apt/sources.list.d/cuda-ubuntu2204.sources "
+        f"with another Signed-By key, and apt refuses both: remove that entry from {path} and re-run"]
+    assert [o.name for o in ops] == ["NVIDIA stack | nvidia checks"]
+
+
+def test_daemons_start_only_when_the_kernel_runs_the_installed_driver() -> None:
+    start = parse_reboot_state(["loaded=580.95.05", "installed=580.95.05"])
+    ops = plan("ubuntu-22.04-jammy", Gpus((H100, NVSWITCH), ()), facts={"RebootProbe": start})
+    for unit in ("nvidia-fabricmanager", "nvidia-persistenced"):
+        assert ops[f"{unit} enabled"].commands == [f"systemctl start {unit}.service",
+                                                   f"systemctl enable {unit}.service"]
+    # Not loaded yet, or an older module loaded: the reboot that follows starts them.
+    for lines in (["installed=580.95.05"], ["loaded=580.82.07", "installed=580.95.05"]):
+        ops = plan("ubuntu-22.04-jammy", Gpus((H100, NVSWITCH), ()), facts={"RebootProbe": parse_reboot_state(lines)})
+        assert ops["nvidia-fabricmanager enabled"].commands == ["systemctl enable nvidia-fabricmanager.service"]
+
+
+def test_running_persistenced_is_restarted_when_its_drop_in_changed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At execution time, on the loaded driver: the drop-in's persistence mode takes
+    effect now, not at the next reboot."""
+    fake = FakeHost(RebootProbe=parse_reboot_state(["loaded=580.95.05", "installed=580.95.05"]),
+                    SystemdStatus={"nvidia-persistenced.service": True},
+                    SystemdEnabled={"nvidia-persistenced.service": True})
+    executing = SimpleNamespace(get_fact=lambda cls, **kwargs: fake(cls, kwargs), noop=lambda text: None,
+                                state=SimpleNamespace(is_executing=True))
+    monkeypatch.setattr(nvidia, "host", executing)
+    monkeypatch.setattr(systemd, "host", executing)
+
+    def commands(changed: bool) -> list[str]:
+        return [str(c) for c in nvidia.driver_daemon._inner(service="nvidia-persistenced",
+                                                            config_changed=lambda: changed)]
+
+    assert commands(True) == ["systemctl restart nvidia-persistenced.service"]
+    assert commands(False) == []

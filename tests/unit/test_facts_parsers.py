@@ -174,3 +174,21 @@ def test_open_kernel_modules_need_turing_or_newer(device_id, open_ok):
 
 def test_meminfo_total_in_bytes():
     assert parse_meminfo("MemTotal:       16384 kB\nMemFree: 1 kB\n") == 16384 * 1024
+
+
+def test_apt_source_files_say_which_file_names_which_repository():
+    from provision.facts.apt import AptSourceFiles
+
+    lines = fixture("apt-sources_dev-vm-debian12.txt").splitlines() + [
+        "##PYINFRA_FILE /etc/apt/sources.list.d/cuda-debian12-x86_64.list",
+        "# deb http://old.example/ /",
+        "deb [signed-by=/usr/share/keyrings/cuda-archive-keyring.gpg] "
+        "https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/ /"]
+    files = AptSourceFiles().process(lines)
+    assert {path: [(r.url, r.distribution) for r in repos] for path, repos in files.items()} == {
+        "/etc/apt/sources.list.d/debian.sources": [
+            ("http://deb.debian.org/debian", "bookworm"), ("http://deb.debian.org/debian", "bookworm-updates"),
+            ("http://deb.debian.org/debian-security", "bookworm-security")],
+        "/etc/apt/sources.list.d/cuda-debian12-x86_64.list": [
+            ("https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/", "/")],
+    }

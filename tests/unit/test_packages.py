@@ -94,3 +94,9 @@ def test_driver_version_check_against_branch_or_exact_pin() -> None:
 def test_pin_preferences_keep_driver_packages_on_the_branch() -> None:
     text = pkgs.apt_pin_preferences("580")
     assert "Pin: version 580.*\n" in text and "Pin-Priority: 1000" in text
+
+
+def test_newest_kernel_is_ordered_as_grub_orders_them_not_as_text() -> None:
+    kernels = ["5.15.0-91-generic", "5.15.0-185-generic", "6.8.0-60-generic", "6.8.0-100-generic"]
+    assert max(kernels, key=pkgs.kernel_sort_key) == "6.8.0-100-generic"
+    assert max(kernels[:2], key=pkgs.kernel_sort_key) == "5.15.0-185-generic"

@@ -33,14 +33,16 @@ def test_probe_lines_parse_into_a_typed_record() -> None:
     lines = ["root_free_kb=52428800", "efi=0", "sb=EFI variables are not supported on this system",
              "sbvar=", "locks= /var/lib/dpkg/lock-frontend", "holders=unattended-upgr ",
              "reboot_pending=1", "machine_id=0123abcd", "headers=6.1.76-1",
-             "pkg:linux-modules-nvidia-580-server-open-6.8.0-45-generic=(none)"]
+             "pkg:linux-modules-nvidia-580-server-open-6.8.0-45-generic=(none)",
+             "kernel:6.1.0-18-amd64=", "kernel:6.1.0-47-amd64=6.1.170-3"]
     p = parse_probe(lines)
     assert p.root_free_gb == 50.0
     assert p.secure_boot.enabled is False
     assert p.apt_locks_held == ("/var/lib/dpkg/lock-frontend",)
     assert p.lock_holders == "unattended-upgr"
     assert p.reboot_pending and p.machine_id == "0123abcd" and p.headers_candidate == "6.1.76-1"
-    assert p.signed_modules_candidate == {"linux-modules-nvidia-580-server-open-6.8.0-45-generic": None}
+    assert p.candidates == {"linux-modules-nvidia-580-server-open-6.8.0-45-generic": None}
+    assert p.kernels == {"6.1.0-18-amd64": None, "6.1.0-47-amd64": "6.1.170-3"}
 
 
 def test_apt_candidate_none_when_apt_has_no_version() -> None:
@@ -107,6 +109,19 @@ def test_missing_kernel_headers_stop_a_gpu_host() -> None:
     verdict = preflight.judge(os_info("ubuntu-24.04.3-noble"), probe(headers_candidate=None),
                               Gpus((H100,), ()), [], Settings(), True)
     assert verdict.problems[0].startswith("no linux-headers-6.8.0-45-generic in the apt sources")
+
+
+def test_newest_installed_kernel_without_headers_stops_a_gpu_host() -> None:
+    """The reboot after the driver install boots it, and DKMS could not build for it."""
+    pending = probe(headers_candidate="5.15.0-185.195", kernels={
+        "5.15.0-185-generic": "5.15.0-185.195", "6.8.0-60-generic": None, "5.15.0-91-generic": None})
+    verdict = preflight.judge(os_info("ubuntu-22.04-jammy"), pending, Gpus((H100,), ()), [], Settings(), True)
+    assert verdict.problems == [
+        "no linux-headers-6.8.0-60-generic in the apt sources: the driver cannot be built for kernel "
+        "6.8.0-60-generic, the newest installed, which the next boot runs; remove that kernel's package or "
+        "add the repository that has its headers"]
+    assert preflight.judge(os_info("ubuntu-22.04-jammy"), pending, Gpus((H100,), ()), [],
+                           Settings(nvidia_kernel_headers=False), True).problems == []
 
 
 def test_gpu_generation_chooses_modules_and_is_noted() -> None:

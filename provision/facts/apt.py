@@ -1,0 +1,43 @@
+"""apt source entries per file: which file names which repository.
+
+pyinfra's ``apt.AptSources`` reads the same files but returns one flat list, so it cannot
+say which file to remove; this fact runs its command and parsers and keeps the file.
+"""
+
+from __future__ import annotations
+
+from pyinfra.facts.apt import AptRepo, AptSources, AptSourcesFile, parse_apt_list_file
+
+# AptSources' command starts each file's text with this line.
+FILE_MARKER = "##PYINFRA_FILE "
+
+
+def parse_source_files(lines: list[str]) -> dict[str, list[AptRepo]]:
+    """Path -> the enabled entries in it (one-line .list format or deb822 .sources)."""
+    texts: dict[str, list[str]] = {}
+    current = None
+    for line in lines:
+        if line.startswith(FILE_MARKER):
+            current = line[len(FILE_MARKER):].strip()
+            texts[current] = []
+        elif current is not None:
+            texts[current].append(line)
+    return {path: (AptSourcesFile.parse_sources_file(text) if path.endswith(".sources")
+                   else parse_apt_list_file(text))
+            for path, text in texts.items()}
+
+
+class AptSourceFiles(AptSources):
+    """/etc/apt/sources.list and every sources.list.d/*.list and *.sources, with the
+    repositories each names. Example:
+
+    .. code:: python
+
+        files = host.get_fact(AptSourceFiles)
+        naming = [path for path, repos in files.items() if any(r.url == url for r in repos)]
+    """
+
+    default = dict  # type: ignore[assignment]  # a dict of files, not AptSources' flat list
+
+    def process(self, output: list[str]) -> dict[str, list[AptRepo]]:
+        return parse_source_files(output)
