@@ -1,10 +1,12 @@
 """Reboots after the nvidia step: only hosts that need one, a bounded batch at a time,
 never the controller, each verified after it comes back.
 
-A host needs a reboot when the nvidia step changed it and a package asked for a reboot
+Only hosts the nvidia step ran on in this run are considered. One of them needs a reboot
+when the nvidia step changed it and a package asked for a reboot
 (/var/run/reboot-required), or when the kernel runs a different NVIDIA module than the
 one installed (the "driver/library version mismatch" state). After the reboot, nvidia-smi
-must answer with the pinned driver version.
+must answer with the pinned driver version; when a batch fails that, no later batch is
+rebooted.
 """
 
 from __future__ import annotations
@@ -104,6 +106,14 @@ def _reboot_deploy() -> Callable[..., object]:
 REBOOT_STEP = runner.Step("reboot", _reboot_deploy(), "reboot hosts that need it, a batch at a time")
 
 
+def candidates(nodes: list[Node], results: dict[str, runner.HostResult]) -> list[Node]:
+    """Healthy hosts the nvidia step ran on in this run. A host it did not run on (nvidia:
+    skip, --skip nvidia, no GPU) is not this run's to reboot, even when its module and
+    driver disagree (an admin's own driver upgrade)."""
+    return [n for n in nodes if results[n.name].ok and "nvidia" in results[n.name].steps
+            and not any(note.startswith("nvidia: skipped") for note in results[n.name].notes)]
+
+
 def reboot_where_needed(
     nodes: list[Node],
     results: dict[str, runner.HostResult],
@@ -112,7 +122,7 @@ def reboot_where_needed(
     on_event: Callable[[str, str], None] = lambda host, text: None,
 ) -> None:
     """Decide, reboot in batches, verify the driver after each batch; record into results."""
-    alive = [n for n in nodes if results[n.name].ok]
+    alive = candidates(nodes, results)
     if not alive:
         return
     facts = runner.gather_facts(alive, {"probe": (RebootProbe, {}), "gpus": (NvidiaDevices, {})})
@@ -126,14 +136,29 @@ def reboot_where_needed(
     decision = plan(alive, probes, gpus, changed, controller_machine_id())
     for name, why in decision.refused.items():
         results[name].notes.append(f"reboot: {why}")
-    by_name = {n.name: n for n in alive}
-    for group in batches(list(decision.reboot), batch_size(len(nodes), batch)):
+    groups = batches(list(decision.reboot), batch_size(len(nodes), batch))
+    reboot_batches(groups, {n.name: n for n in alive}, decision, results, on_event)
+
+
+def reboot_batches(groups: list[list[str]], by_name: dict[str, Node], decision: RebootPlan,
+                   results: dict[str, runner.HostResult], on_event: Callable[[str, str], None]) -> None:
+    """One batch after another. A batch with a host that did not come back with the pinned
+    driver stops the rest: whatever broke it would likely break the next batch too."""
+    for index, group in enumerate(groups):
         for name in group:
             on_event(name, f"reboot: {decision.reboot[name]}")
         runner.run_step(REBOOT_STEP, [by_name[n] for n in group], results, on_event)
         for name in group:
             results[name].rebooted = results[name].ok
         verify_driver([by_name[n] for n in group if results[n].ok], results)
+        failed = [n for n in group if not results[n].ok]
+        if failed:
+            for name in (n for later in groups[index + 1:] for n in later):
+                results[name].failures.append(
+                    f"reboot: not rebooted because an earlier batch failed ({', '.join(failed)}); "
+                    f"it still needs one ({decision.reboot[name]}): fix those hosts and re-run")
+                on_event(name, "reboot: not rebooted (an earlier batch failed)")
+            return
 
 
 def verify_driver(nodes: list[Node], results: dict[str, runner.HostResult]) -> None:

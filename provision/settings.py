@@ -22,7 +22,7 @@ from provision.errors import Problem
 
 # Group names with a meaning to provision. Hosts in no role group are plain nodes.
 ROLES: dict[str, str] = {
-    "gpu_nodes": "hosts with NVIDIA GPUs; the nvidia step runs here even if lspci finds none",
+    "gpu_nodes": "hosts with NVIDIA GPUs; the nvidia step runs here even if no NVIDIA GPU is found",
     "storage": "the NFS server and backup target (the first host in the group)",
 }
 
@@ -97,6 +97,20 @@ def _positive(value: int | float) -> str | None:
     return None if value > 0 else f"{value!r} must be greater than 0"
 
 
+# The kernel's fs.nr_open default: no process may raise its open-files limit above it.
+NR_OPEN_DEFAULT = 1048576
+
+
+def _nofile(value: int) -> str | None:
+    """pam_limits applies the limit at every login, root's SSH included (the limits file
+    names root too); above fs.nr_open setrlimit fails and pam_limits refuses the login,
+    which would lock everyone out of the host."""
+    if value > NR_OPEN_DEFAULT:
+        return (f"{value} is above {NR_OPEN_DEFAULT}, the kernel's fs.nr_open default; pam_limits "
+                f"would then refuse every login, root's SSH included; use {NR_OPEN_DEFAULT} or less")
+    return _positive(value)
+
+
 BY_ID = "/dev/disk/by-id/"  # the only /dev path a disk may be named by (see disk_id_problem)
 
 
@@ -158,7 +172,8 @@ class Settings:
     training_uid: int = knob(
         2000, "uid and gid of the training user and its group, the same on every node (NFS ownership)", _positive
     )
-    nofile_limit: int = knob(1048576, "open-files limit for training processes", _positive)
+    nofile_limit: int = knob(NR_OPEN_DEFAULT, "open-files limit for training processes (1 to 1048576)",
+                             _nofile)
     ntp_servers: list[str] = knob([], "chrony servers; empty keeps the distribution's pool")
     apt_cache_valid_s: int = knob(
         86400, "an apt cache younger than this is not updated again (re-runs stay quick)", _positive

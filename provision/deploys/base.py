@@ -1,8 +1,9 @@
 """Base: what every training node needs before drivers and frameworks.
 
-Packages, time sync (chrony), memlock/nofile limits, networking sysctls, /etc/hosts
-entries for every node's cluster address, the training user with an SSH key that lets
-nodes reach each other, and an unattended-upgrades blacklist for NVIDIA/CUDA packages.
+An apt lock timeout for every later apt run, packages, time sync (chrony), memlock/nofile
+limits, networking sysctls, /etc/hosts entries for every node's cluster address, the
+training user with an SSH key that lets nodes reach each other, and an
+unattended-upgrades blacklist for NVIDIA/CUDA packages.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from provision.settings import Settings
 SYSCTL_FILE = "/etc/sysctl.d/90-provision-network.conf"
 LIMITS_FILE = "/etc/security/limits.d/90-provision.conf"
 UNATTENDED_FILE = "/etc/apt/apt.conf.d/51provision-unattended-upgrades"
+APT_LOCK_FILE = "/etc/apt/apt.conf.d/90provision-dpkg-lock-timeout"
 CHRONY_SOURCES = "/etc/chrony/sources.d/provision.sources"
 HOSTS_MARKER = "# {mark} provision cluster nodes"
 
@@ -82,6 +84,24 @@ def cluster_host_keys() -> dict[str, list[str]]:
     return cached
 
 
+def apt_lock_conf(seconds: int) -> str:
+    """apt.conf text that makes every apt run wait up to ``seconds`` for the dpkg lock."""
+    return (
+        "// Written by provision (apt_lock_wait_s). After provision reboots a host, apt-daily and\n"
+        "// unattended-upgrades often start while later steps install packages or hold the driver;\n"
+        "// without a timeout apt fails at once with \"Could not get lock\". apt >= 1.9.11 reads this.\n"
+        f'DPkg::Lock::Timeout "{seconds}";\n'
+    )
+
+
+def apt_lock_timeout(settings: Settings) -> None:
+    """Every apt run on the host (this step's, nvidia's, the storage steps') waits for the
+    dpkg lock; preflight's wait covers only the moment before base. apt has no such timeout
+    for the lists lock that `apt-get update` takes (apt 2.6 fails at once on it)."""
+    files.put(name="apt: wait for the dpkg lock (apt_lock_wait_s)",
+              src=StringIO(apt_lock_conf(settings.apt_lock_wait_s)), dest=APT_LOCK_FILE)
+
+
 def packages(node: Node) -> None:
     settings = node.settings
     if host.get_fact(DpkgInterrupted):
@@ -95,8 +115,7 @@ def packages(node: Node) -> None:
         packages=BASE_PACKAGES,
         update=True,
         cache_time=settings.apt_cache_valid_s,
-        no_recommends=True,
-        extra_install_args=f"-o DPkg::Lock::Timeout={settings.apt_lock_wait_s}",
+        no_recommends=True,  # waits for the dpkg lock by APT_LOCK_FILE, written before it
     )
 
 
@@ -170,6 +189,7 @@ def training_user() -> None:
 @deploy("Base")
 def base() -> None:
     node = current_node()
+    apt_lock_timeout(node.settings)
     packages(node)
     time_sync(node)
     system_settings()

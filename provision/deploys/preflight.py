@@ -4,9 +4,9 @@ cannot be provisioned, with the reason and what to do. Changes nothing.
 Checks: supported OS; apt/dpkg lock free (waits a bounded time when another apt, usually
 unattended-upgrades, holds it); free space on /; when the volumes step runs, the data
 disks it would use (present, not the system disk, no foreign data); training_uid free
-or already the training user's; and, on hosts the nvidia step will touch: GPU
-generation (open vs proprietary modules), Secure Boot vs signed modules, headers for
-the running kernel.
+or already the training user's; and, when the nvidia step is in the run and will touch
+the host: x86_64, GPU generation (open vs proprietary modules), Secure Boot vs signed
+modules, headers for the running kernel.
 A pending reboot is reported, not refused.
 """
 
@@ -64,6 +64,8 @@ def judge(os_info: OsInfo, probe: HostProbe, gpus: Gpus, disks: list[BlockDevice
     problems += account_problems(probe, settings)
     if probe.reboot_pending:
         notes.append("a reboot was already pending before this run (/var/run/reboot-required)")
+    if nvidia_runs:
+        problems += arch_problems(os_info)
     if nvidia_runs and os_info.supported:
         nv_problems, nv_notes = nvidia_checks(os_info, probe, gpus, settings)
         problems += nv_problems
@@ -90,6 +92,15 @@ def account_problems(probe: HostProbe, settings: Settings) -> list[str]:
     return problems
 
 
+def arch_problems(os_info: OsInfo) -> list[str]:
+    """The nvidia step knows only NVIDIA's x86_64 repository (nvidia_repo_url) and packages;
+    on aarch64 (GH200) it would fail after base had already changed the host."""
+    if os_info.arch == "x86_64":
+        return []
+    return [f"architecture {os_info.arch or 'unknown'} (uname -m): the nvidia step supports x86_64 only, "
+            "aarch64 is not supported yet; set nvidia: skip for this host or run with --skip nvidia"]
+
+
 def nvidia_checks(os_info: OsInfo, probe: HostProbe, gpus: Gpus,
                   settings: Settings) -> tuple[list[str], list[str]]:
     """GPU generation, Secure Boot against signed modules, kernel headers."""
@@ -99,7 +110,7 @@ def nvidia_checks(os_info: OsInfo, probe: HostProbe, gpus: Gpus,
     if settings.nvidia_kernel_modules == "open" and not use_open_modules("auto", ids):
         problems.append("nvidia_kernel_modules is 'open' but a GPU is older than Turing, which "
                         "the open modules do not drive; use 'auto' or 'proprietary'")
-    names = sorted({g.description for g in gpus.gpus}) or ["no NVIDIA GPU found by lspci"]
+    names = sorted({g.description for g in gpus.gpus}) or ["no NVIDIA GPU on the PCI bus"]
     notes.append(f"GPUs: {'; '.join(names)} -> {'open' if open_modules else 'proprietary'} modules"
                  + (", NVSwitch (fabric manager)" if gpus.has_nvswitch else ""))
     signed = signed_modules_package(settings.nvidia_driver_branch, open_modules, os_info.kernel)
@@ -152,7 +163,9 @@ def preflight() -> None:
     settings = node.settings
     os_info = host.get_fact(Os)
     gpus = host.get_fact(NvidiaDevices)
-    runs = nvidia_deploy.skip_reason(node, gpus) is None
+    # Like the volumes check: the nvidia checks are this run's business only when the
+    # nvidia step is in it (`up --skip nvidia` on a Secure Boot host must not stop).
+    runs = "nvidia" in current_steps() and nvidia_deploy.skip_reason(node, gpus) is None
     kernel = os_info.kernel
     branch = settings.nvidia_driver_branch
     checks = (signed_modules_package(branch, True, kernel), signed_modules_package(branch, False, kernel))

@@ -1,18 +1,22 @@
-"""NVIDIA GPUs and NVSwitches: from lspci (always), and NVML via nvidia-smi when a driver
-is loaded. lspci sees a GPU before any driver exists, which is what preflight needs to
-choose the driver; NVML adds what only the driver knows.
+"""NVIDIA GPUs and NVSwitches: from sysfs (always), names from lspci when pciutils is
+installed, and NVML via nvidia-smi when a driver is loaded. The PCI bus shows a GPU
+before any driver exists, which is what preflight needs to choose the driver; it reads
+sysfs because preflight runs before base installs pciutils. NVML adds what only the
+driver knows.
 """
 
 from __future__ import annotations
 
 import csv
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pyinfra.api import FactBase
 
 NVIDIA_VENDOR = "10de"
 SEPARATOR = "--- nvml ---"
+LSPCI_SEPARATOR = "--- lspci ---"
+SYSFS_PCI = "/sys/bus/pci/devices"
 NVML_QUERY = "index,name,pci.bus_id,memory.total,driver_version"
 
 # lspci -Dnn: "0000:17:00.0 3D controller [0302]: NVIDIA Corporation GH100 [H100 SXM5 80GB] [10de:2330] (rev a1)"
@@ -28,12 +32,12 @@ _BRIDGE_CLASS = "0680"
 
 @dataclass(frozen=True)
 class PciDevice:
-    """An NVIDIA PCI function as lspci reports it."""
+    """An NVIDIA PCI function as sysfs (and lspci) report it."""
 
     slot: str  # domain:bus:device.function
     class_id: str  # PCI class, e.g. 0302
     device_id: str  # 4 hex digits, e.g. 2330 (H100 SXM5)
-    description: str  # lspci's name for it
+    description: str  # lspci's name for it; "PCI device 10de:<id>" where lspci is missing
 
     @property
     def is_gpu(self) -> bool:
@@ -59,7 +63,7 @@ class NvmlGpu:
 class Gpus:
     """All NVIDIA devices on a host."""
 
-    pci: tuple[PciDevice, ...]  # every NVIDIA function lspci sees
+    pci: tuple[PciDevice, ...]  # every NVIDIA function on the PCI bus
     nvml: tuple[NvmlGpu, ...]  # empty when no driver answers
 
     @property
@@ -72,15 +76,46 @@ class Gpus:
         return any(d.is_nvswitch for d in self.pci)
 
 
-def parse_lspci(text: str) -> list[PciDevice]:
-    """Parse `lspci -Dnn` lines, keeping NVIDIA functions only."""
+def parse_lspci(text: str, vendor: str = NVIDIA_VENDOR) -> list[PciDevice]:
+    """Parse `lspci -Dnn` lines, keeping one vendor's functions (NVIDIA's unless told)."""
     devices = []
     for line in text.splitlines():
         match = _LSPCI.match(line.strip())
-        if match and match["vendor"].lower() == NVIDIA_VENDOR:
+        if match and match["vendor"].lower() == vendor:
             devices.append(PciDevice(match["slot"], match["cls_id"], match["device"].lower(),
                                      match["desc"].strip()))
     return devices
+
+
+def sysfs_pci_command(root: str = SYSFS_PCI) -> str:
+    """Shell printing "<address> <vendor> <device> <class>" per PCI function under ``root``,
+    as sysfs holds them (0x10de 0x2330 0x030200); no pciutils needed."""
+    return (f'for d in {root}/*; do [ -r "$d/vendor" ] || continue; '
+            'echo "${d##*/} $(cat "$d/vendor") $(cat "$d/device") $(cat "$d/class")"; done')
+
+
+def parse_sysfs_pci(text: str, vendor: str = NVIDIA_VENDOR) -> list[PciDevice]:
+    """Parse sysfs_pci_command's lines, keeping one vendor's functions (NVIDIA's unless
+    told). sysfs has no names: the description says vendor and device id instead."""
+    devices = []
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) != 4 or parts[1].lower() != f"0x{vendor}":
+            continue
+        slot, _, device, cls = parts
+        device_id = device.lower().removeprefix("0x")
+        # sysfs class is class, subclass and prog-if (0x030200); lspci's [0302] is the first two.
+        devices.append(PciDevice(slot, cls.lower().removeprefix("0x")[:4], device_id,
+                                 f"PCI device {vendor}:{device_id}"))
+    return devices
+
+
+def named(devices: list[PciDevice], lspci: list[PciDevice]) -> list[PciDevice]:
+    """sysfs's devices with lspci's names where lspci ran; a function only lspci saw is kept."""
+    names = {d.slot.lower(): d.description for d in lspci}
+    seen = {d.slot.lower() for d in devices}
+    return ([replace(d, description=names.get(d.slot.lower(), d.description)) for d in devices]
+            + [d for d in lspci if d.slot.lower() not in seen])
 
 
 def parse_nvml_csv(text: str) -> list[NvmlGpu]:
@@ -101,18 +136,23 @@ def supports_open_modules(device_id: str) -> bool:
 
 
 class NvidiaDevices(FactBase):
-    """NVIDIA GPUs and NVSwitches from lspci, plus NVML's view when the driver is loaded."""
+    """NVIDIA GPUs and NVSwitches from sysfs, named by lspci where pciutils is installed,
+    plus NVML's view when the driver is loaded."""
 
     def command(self) -> str:
         return (
-            "(lspci -Dnn 2>/dev/null || true); "
+            f"{sysfs_pci_command()}; "
+            f"echo '{LSPCI_SEPARATOR}'; "
+            f"(lspci -Dnn -d {NVIDIA_VENDOR}: 2>/dev/null || true); "
             f"echo '{SEPARATOR}'; "
             f"(nvidia-smi --query-gpu={NVML_QUERY} --format=csv,noheader,nounits 2>/dev/null || true)"
         )
 
     def process(self, output: list[str]) -> Gpus:
-        split = output.index(SEPARATOR) if SEPARATOR in output else len(output)
+        nvml = output.index(SEPARATOR) if SEPARATOR in output else len(output)
+        lspci = output.index(LSPCI_SEPARATOR) if LSPCI_SEPARATOR in output[:nvml] else nvml
         return Gpus(
-            tuple(parse_lspci("\n".join(output[:split]))),
-            tuple(parse_nvml_csv("\n".join(output[split + 1:]))),
+            tuple(named(parse_sysfs_pci("\n".join(output[:lspci])),
+                        parse_lspci("\n".join(output[lspci + 1:nvml])))),
+            tuple(parse_nvml_csv("\n".join(output[nvml + 1:]))),
         )

@@ -32,13 +32,13 @@ def by_name(ops: list[runner.PlannedOp]) -> dict[str, runner.PlannedOp]:
     return {o.name.removeprefix("Base | "): o for o in ops}
 
 
-def test_fresh_debian_host_gets_packages_with_cache_window_and_lock_timeout() -> None:
+def test_fresh_debian_host_gets_packages_with_cache_window() -> None:
     ops, _ = runner.plan_with_facts(base.step, cluster().nodes[0], FakeHost(Os=os_info("debian-12-bookworm")),
                                     cluster())
     assert by_name(ops)["Install base packages"].commands == [
         "apt-get update",
         "touch /var/lib/apt/periodic/update-success-stamp",
-        f"{APT_INSTALL} -o DPkg::Lock::Timeout=300 {' '.join(BASE_PACKAGES)}",
+        f"{APT_INSTALL} {' '.join(BASE_PACKAGES)}",
     ]
     assert BASE_PACKAGES == ["build-essential", "python3-venv", "numactl", "pciutils", "nvme-cli",
                              "mdadm", "fio", "iperf3", "chrony", "rsync"]
@@ -147,3 +147,34 @@ def test_an_account_already_as_wanted_skips_pyinfras_user_and_group_ops() -> Non
     fix = FakeHost(Os=os_info("debian-12-bookworm"), AccountFact=other_shell)
     names = by_name(runner.plan_with_facts(base.step, cluster().nodes[0], fix, cluster())[0])
     assert "training user train" in names
+
+
+LOCK_STEP = "apt: wait for the dpkg lock (apt_lock_wait_s)"
+
+
+def test_every_later_apt_run_waits_for_the_dpkg_lock_by_a_config_written_before_the_first_install() -> None:
+    # After provision's own reboot apt-daily/unattended-upgrades often hold the lock while the
+    # nvidia and storage steps run apt; the apt.conf.d file makes all of them wait, not only base.
+    ops, _ = runner.plan_with_facts(base.step, node("node1", apt_lock_wait_s=120),
+                                    FakeHost(Os=os_info("debian-12-bookworm")), cluster())
+    assert base.apt_lock_conf(120).splitlines()[-1] == 'DPkg::Lock::Timeout "120";'
+    assert all(line.startswith("//") for line in base.apt_lock_conf(120).splitlines()[:-1])
+    lock = by_name(ops)[LOCK_STEP]
+    assert lock.commands[-1] == "upload (generated) -> /etc/apt/apt.conf.d/90provision-dpkg-lock-timeout"
+    assert '+DPkg::Lock::Timeout "120";' in lock.diffs[0]
+    names = [o.name.removeprefix("Base | ") for o in ops]
+    assert names.index(LOCK_STEP) < names.index("Install base packages")
+
+
+def test_the_lock_timeout_config_already_in_place_changes_nothing() -> None:
+    import hashlib
+
+    written = hashlib.sha1(base.apt_lock_conf(300).encode()).hexdigest()
+    now = datetime.datetime.now(datetime.UTC).replace(tzinfo=None)
+    present = {"mtime": now, "mode": 644, "user": "root", "group": "root", "size": 1}
+    same = FakeHost(Os=os_info("debian-12-bookworm"), File=present, Directory=present, Sha1File=written,
+                    Date=datetime.datetime.now())
+    assert LOCK_STEP not in by_name(runner.plan_with_facts(base.step, cluster().nodes[0], same, cluster())[0])
+    other = FakeHost(Os=os_info("debian-12-bookworm"), File=present, Directory=present, Sha1File="0" * 40,
+                     Date=datetime.datetime.now())
+    assert LOCK_STEP in by_name(runner.plan_with_facts(base.step, cluster().nodes[0], other, cluster())[0])

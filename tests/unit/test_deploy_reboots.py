@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from provision import reboots
+from collections.abc import Callable
+
+import pytest
+
+from provision import reboots, runner
 from provision.deploys.probes import RebootState, parse_reboot_state
 from provision.facts.gpus import Gpus
 from provision.inventory import Node, SshTarget
@@ -55,3 +59,89 @@ def test_reboot_probe_parses() -> None:
                               "machine_id=abc"])
     assert got == state(reboot_required=True, installed_module="580.95.05", smi_version="580.95.05",
                         machine_id="abc")
+
+
+# --- reboot_where_needed, with test stand-ins for the hosts ------------------------------
+# No host exists here: gather_facts and the reboot step are replaced by stand-ins that
+# answer from the states below and record which hosts were asked and rebooted together.
+
+MISMATCH = state(loaded_module="570.195.03", installed_module="580.95.05")  # needs a reboot
+DRIVER_UP = state(loaded_module="580.95.05", installed_module="580.95.05", smi_version="580.95.05")
+
+
+class StandInHosts:
+    """Test stand-in for the fleet: reboot-probe answers before and after a reboot, and a
+    record of each batch the stand-in reboot step was handed."""
+
+    def __init__(self, before: dict[str, RebootState], after: dict[str, RebootState] | None = None):
+        self.before, self.after = before, after or {}
+        self.rebooted: set[str] = set()
+        self.batches: list[list[str]] = []  # host names per reboot call, in order
+        self.asked: list[list[str]] = []  # host names per gather_facts call
+
+    def stand_in_gather_facts(self, nodes: list, wanted: dict,
+                              on_event: Callable = lambda h, t: None) -> runner.FactsResult:
+        self.asked.append([n.name for n in nodes])
+        facts = {}
+        for n in nodes:
+            probe = self.after.get(n.name, DRIVER_UP) if n.name in self.rebooted else self.before[n.name]
+            facts[n.name] = {"probe": probe, "gpus": Gpus((H100,), ())}
+        return runner.FactsResult(facts, {})
+
+    def stand_in_reboot_step(self, step: runner.Step, nodes: list, results: dict, on_event: Callable) -> None:
+        assert step is reboots.REBOOT_STEP
+        self.batches.append([n.name for n in nodes])
+        self.rebooted.update(n.name for n in nodes)
+
+
+@pytest.fixture
+def stand_in(monkeypatch: pytest.MonkeyPatch) -> Callable[..., StandInHosts]:
+    def install(before: dict[str, RebootState], after: dict[str, RebootState] | None = None) -> StandInHosts:
+        hosts = StandInHosts(before, after)
+        monkeypatch.setattr(runner, "gather_facts", hosts.stand_in_gather_facts)
+        monkeypatch.setattr(runner, "run_step", hosts.stand_in_reboot_step)
+        return hosts
+    return install
+
+
+def results_after_nvidia(*names: str, without_nvidia: tuple[str, ...] = ()) -> dict[str, runner.HostResult]:
+    return {n: runner.HostResult(n, steps=["preflight", "base"] + ([] if n in without_nvidia else ["nvidia"]))
+            for n in names}
+
+
+def test_only_hosts_the_nvidia_step_ran_on_this_run_are_rebooted(stand_in) -> None:
+    # node2 has nvidia: skip (or the run had --skip nvidia); node3's nvidia step skipped
+    # itself. Both have a mismatched module, say from an admin's own driver upgrade.
+    hosts = stand_in({"node1": MISMATCH, "node2": MISMATCH, "node3": MISMATCH})
+    results = results_after_nvidia("node1", "node2", "node3", without_nvidia=("node2",))
+    results["node3"].notes.append("nvidia: skipped (no NVIDIA GPU found by lspci)")
+    reboots.reboot_where_needed([node("node1"), node("node2"), node("node3")], results, {}, batch=None)
+    assert hosts.asked[0] == ["node1"] and hosts.batches == [["node1"]]
+    assert [n for n, r in results.items() if r.rebooted] == ["node1"]
+    assert all(r.ok for r in results.values())
+
+
+def test_no_more_than_the_batch_size_reboot_at_once_and_every_one_is_verified(stand_in) -> None:
+    names = [f"node{i}" for i in range(1, 6)]
+    hosts = stand_in(dict.fromkeys(names, MISMATCH))
+    results = results_after_nvidia(*names)
+    reboots.reboot_where_needed([node(n) for n in names], results, {}, batch=2)
+    assert hosts.batches == [["node1", "node2"], ["node3", "node4"], ["node5"]]
+    assert hosts.asked[1:] == hosts.batches  # each batch's driver is checked before the next reboots
+    assert all(r.rebooted and r.ok for r in results.values())
+
+
+def test_a_batch_that_fails_its_driver_check_stops_the_later_batches(stand_in) -> None:
+    names = [f"node{i}" for i in range(1, 6)]
+    hosts = stand_in(dict.fromkeys(names, MISMATCH), after={"node2": state(installed_module="580.95.05")})
+    results = results_after_nvidia(*names)
+    reboots.reboot_where_needed([node(n) for n in names], results, {}, batch=2)
+    assert hosts.batches == [["node1", "node2"]]
+    assert results["node1"].ok and results["node1"].rebooted
+    assert results["node2"].failures == [
+        "reboot: nvidia-smi does not answer after the reboot (driver 580.* expected)"]
+    for name in ("node3", "node4", "node5"):
+        assert not results[name].rebooted
+        assert results[name].failures == [
+            "reboot: not rebooted because an earlier batch failed (node2); it still needs one "
+            "(kernel runs NVIDIA module 570.195.03, 580.95.05 is installed): fix those hosts and re-run"]

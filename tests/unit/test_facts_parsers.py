@@ -7,7 +7,15 @@ from pathlib import Path
 import pytest
 
 from provision.facts.blockdevices import BlockDevices, parse_by_id, parse_lsblk
-from provision.facts.gpus import NvidiaDevices, parse_lspci, parse_nvml_csv, supports_open_modules
+from provision.facts.gpus import (
+    LSPCI_SEPARATOR,
+    NvidiaDevices,
+    parse_lspci,
+    parse_nvml_csv,
+    parse_sysfs_pci,
+    supports_open_modules,
+    sysfs_pci_command,
+)
 from provision.facts.nics import Nics, parse_ip_addr, parse_speeds
 from provision.facts.system import Os, parse_meminfo, parse_os_release
 
@@ -137,15 +145,72 @@ def test_lspci_finds_gpus_and_nvswitches():
     assert sum(d.is_nvswitch for d in devices) == 1
 
 
-def test_nvidia_devices_fact_combines_lspci_and_nvml():
-    lines = CONSTRUCTED_HGX.splitlines() + [
+# The same two H100s and NVSwitch as sysfs holds them (vendor, device, class per function).
+CONSTRUCTED_HGX_SYSFS = """\
+0000:00:00.0 0x8086 0x0d57 0x060000
+0000:05:00.0 0x10de 0x22a3 0x068000
+0000:18:00.0 0x10de 0x2330 0x030200
+0000:2a:00.0 0x10de 0x2330 0x030200
+"""
+
+
+def test_nvidia_devices_fact_combines_sysfs_lspci_names_and_nvml():
+    lines = CONSTRUCTED_HGX_SYSFS.splitlines() + [LSPCI_SEPARATOR] + CONSTRUCTED_HGX.splitlines() + [
         "--- nvml ---",
         "0, NVIDIA H100 80GB HBM3, 00000000:18:00.0, 81559, 580.95.05",
         "1, NVIDIA H100 80GB HBM3, 00000000:2A:00.0, 81559, 580.95.05",
     ]
     found = NvidiaDevices().process(lines)
     assert len(found.gpus) == 2 and found.has_nvswitch
+    assert {g.description for g in found.gpus} == {"NVIDIA Corporation GH100 [H100 SXM5 80GB]"}
     assert [g.driver_version for g in found.nvml] == ["580.95.05", "580.95.05"]
+
+
+def test_nvidia_devices_fact_finds_gpus_on_a_host_without_lspci():
+    # Preflight runs before base installs pciutils: lspci's section is empty there, and the
+    # GPUs must still be found (else preflight skips the Secure Boot and headers checks).
+    found = NvidiaDevices().process(CONSTRUCTED_HGX_SYSFS.splitlines() + [LSPCI_SEPARATOR, "--- nvml ---"])
+    assert [(g.slot, g.class_id, g.device_id) for g in found.gpus] == [
+        ("0000:18:00.0", "0302", "2330"), ("0000:2a:00.0", "0302", "2330")]
+    assert found.gpus[0].description == "PCI device 10de:2330"
+    assert found.has_nvswitch and found.nvml == ()
+
+
+def test_sysfs_pci_capture_of_the_dev_vm_agrees_with_its_lspci_capture():
+    # Both captured on the same VM: the fact's own command (no NVIDIA device there) and
+    # lspci -Dnn. sysfs must give the same addresses, classes and device ids as lspci.
+    lines = fixture("nvidia-devices-fact_dev-vm-no-gpu.txt").splitlines()
+    assert NvidiaDevices().process(lines).pci == ()
+    sysfs = "\n".join(lines[:lines.index(LSPCI_SEPARATOR)])
+    lspci = fixture("lspci-Dnn_dev-vm-no-gpu.txt")
+    for vendor in ("8086", "1af4"):
+        from_sysfs = [(d.slot, d.class_id, d.device_id) for d in parse_sysfs_pci(sysfs, vendor)]
+        assert from_sysfs == [(d.slot, d.class_id, d.device_id) for d in parse_lspci(lspci, vendor)]
+    assert len(parse_sysfs_pci(sysfs, "1af4")) == 5
+
+
+def make_synthetic_sysfs(root: Path) -> None:
+    """A synthetic /sys/bus/pci/devices (this machine has no NVIDIA device): an H100, an
+    NVSwitch, a host bridge, and an entry without a vendor file (skipped)."""
+    for address, vendor, device, cls in [("0000:18:00.0", "0x10de", "0x2330", "0x030200"),
+                                         ("0000:05:00.0", "0x10de", "0x22a3", "0x068000"),
+                                         ("0000:00:00.0", "0x8086", "0x0d57", "0x060000")]:
+        (root / address).mkdir(parents=True)
+        for name, value in (("vendor", vendor), ("device", device), ("class", cls)):
+            (root / address / name).write_text(value + "\n")
+    (root / "0000:ff:00.0").mkdir()
+
+
+def test_sysfs_command_and_parser_on_a_synthetic_tree_with_a_gpu_and_an_nvswitch(tmp_path):
+    import subprocess
+
+    synthetic = tmp_path / "synthetic-sysfs-pci-devices"
+    make_synthetic_sysfs(synthetic)
+    out = subprocess.run(["sh", "-c", sysfs_pci_command(str(synthetic))], capture_output=True, text=True,
+                         check=True, timeout=30).stdout
+    devices = parse_sysfs_pci(out)
+    assert [(d.slot, d.class_id, d.device_id, d.is_gpu, d.is_nvswitch) for d in devices] == [
+        ("0000:05:00.0", "0680", "22a3", False, True), ("0000:18:00.0", "0302", "2330", True, False)]
 
 
 def test_nvml_csv_parser_reads_the_fields_of_a_real_h200_query():

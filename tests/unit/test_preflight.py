@@ -213,3 +213,33 @@ def test_training_account_with_another_uid_is_refused_and_a_taken_uid_named() ->
 def test_probe_reads_the_training_account_lines() -> None:
     p = parse_probe(["user_uid=2000", "uid_owner=train", "group_gid=", "gid_owner="])
     assert (p.user_uid, p.uid_owner, p.group_gid, p.gid_owner) == (2000, "train", None, "")
+
+
+def test_nvidia_checks_apply_only_when_the_nvidia_step_is_in_the_run() -> None:
+    # `up --skip nvidia` on a Secure Boot Debian GPU host: nothing of this run needs the driver.
+    from provision.deploys import base, nvidia
+
+    secure = probe(secure_boot=parse_sb_state("SecureBoot enabled", efi=True))
+    fake = FakeHost(Os=os_info("debian-12-bookworm"), NvidiaDevices=Gpus((H100,), ()), Probe=secure)
+    skip_nvidia = [preflight.step, base.step]
+    assert runner.plan_with_facts(preflight.step, node(), fake, steps=skip_nvidia) == ([], [])
+    _, refusals = runner.plan_with_facts(preflight.step, node(), fake, steps=[*skip_nvidia, nvidia.step])
+    assert len(refusals) == 1 and "enroll a MOK" in refusals[0]
+
+
+def test_a_gpu_host_that_is_not_x86_64_is_refused_when_the_nvidia_step_would_run() -> None:
+    gh200 = replace(os_info("ubuntu-24.04.3-noble"), arch="aarch64")
+    refused = preflight.judge(gh200, probe(), Gpus((H100,), ()), [], Settings(), nvidia_runs=True)
+    assert refused.problems == [
+        "architecture aarch64 (uname -m): the nvidia step supports x86_64 only, aarch64 is not supported "
+        "yet; set nvidia: skip for this host or run with --skip nvidia"]
+    # Without the nvidia step an aarch64 host gets base, storage and frameworks as usual.
+    assert preflight.judge(gh200, probe(), Gpus((H100,), ()), [], Settings(), nvidia_runs=False).problems == []
+
+
+def test_an_aarch64_gpu_host_stops_in_preflight_before_base_changes_it() -> None:
+    from provision.deploys import base, nvidia
+
+    fake = FakeHost(Os=replace(os_info("ubuntu-22.04-jammy"), arch="aarch64"), NvidiaDevices=Gpus((H100,), ()))
+    _, refusals = runner.plan_with_facts(preflight.step, node(), fake, steps=[preflight.step, base.step, nvidia.step])
+    assert len(refusals) == 1 and refusals[0].startswith("architecture aarch64 (uname -m)")

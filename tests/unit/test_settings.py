@@ -111,3 +111,14 @@ def test_nccl_without_a_cuda_version_to_match_is_refused():
     for fine in ({"install_nccl": True}, {"install_nccl": True, "cuda_toolkit_version": None,
                                           "nccl_version": "2.27.7-1+cuda12.8"}):
         assert parse_settings(fine, "x")[1] == []
+
+
+def test_nofile_limit_above_the_kernels_nr_open_is_refused_because_logins_would_fail():
+    # pam_limits sets nofile for root too: above fs.nr_open (1048576) setrlimit fails and
+    # every login, root's SSH included, is refused.
+    _, problems = parse_settings({"nofile_limit": 1048577}, "inv.py: host node1")
+    (problem,) = problems
+    assert str(problem).startswith("inv.py: host node1: key nofile_limit: 1048577 is above 1048576")
+    assert "refuse every login" in str(problem)
+    assert parse_settings({"nofile_limit": 1048576}, "x")[1] == []
+    assert "greater than 0" in str(parse_settings({"nofile_limit": 0}, "x")[1][0])
