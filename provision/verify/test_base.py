@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 import pytest
@@ -31,10 +32,13 @@ def test_network_sysctls_are_applied(host: Any) -> None:
     assert host.sysctl("net.ipv4.tcp_slow_start_after_idle") == 0
 
 
-def test_every_node_resolves_by_cluster_address(host: Any, expected: dict[str, Any]) -> None:
-    hosts = host.file("/etc/hosts").content_string
+def test_every_node_resolves_to_its_cluster_address(host: Any, expected: dict[str, Any]) -> None:
+    """What the resolver answers, not what the file contains: an earlier line for the same
+    name (a "127.0.1.1 <hostname>" from the installer, a stale address) wins over the
+    block base writes, and torchrun, NCCL and NFS would then use that address."""
     for name, address in expected["all_nodes"].items():
-        assert f"{address} {name}" in hosts
+        answer = host.run(f"getent hosts {shlex.quote(name)}").stdout.split()
+        assert answer[:1] == [address], f"{name} resolves to {answer[:1]}, not its cluster address {address}"
 
 
 def test_training_user_has_the_cluster_key(host: Any, settings: dict[str, Any]) -> None:
@@ -47,6 +51,23 @@ def test_training_user_has_the_cluster_key(host: Any, settings: dict[str, Any]) 
     assert key.user == user and key.mode == 0o600
     assert host.file(f"{home}/.ssh/authorized_keys").contains("ssh-ed25519")
     assert host.file(f"{home}/.ssh/known_hosts").size > 0
+
+
+def test_training_user_reaches_every_other_node_by_ssh(host: Any, settings: dict[str, Any],
+                                                       expected: dict[str, Any]) -> None:
+    """The promise the keys exist for: as the training user, every other node answers over
+    SSH at its cluster address with no prompt. known_hosts lists each node's host keys
+    under its name and cluster address, so strict host-key checking passes; verify logs in
+    as root, hence runuser."""
+    me = host.backend.get_hostname()
+    others = {name: address for name, address in expected["all_nodes"].items() if name != me}
+    if not others:
+        pytest.skip("a one-node cluster: no other node to reach")
+    user = shlex.quote(settings["training_user"])
+    for name, address in others.items():
+        done = host.run(f"timeout 60 runuser -u {user} -- ssh -o BatchMode=yes -o StrictHostKeyChecking=yes "
+                        f"-o ConnectTimeout=10 {shlex.quote(address)} true")
+        assert done.rc == 0, f"{user} cannot reach {name} at {address}: {done.stderr.strip()}"
 
 
 def test_unattended_upgrades_never_touch_nvidia_or_cuda(host: Any) -> None:

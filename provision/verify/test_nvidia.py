@@ -1,6 +1,11 @@
-"""What the nvidia step promises on hosts it applies to: pinned, held driver, repository
-(and its keyring's SHA-256 when set), nouveau blacklisted, persistence mode, fabric manager
-matching the driver, the pinned CUDA toolkit, NCCL built for it and held."""
+"""What the nvidia step promises on hosts it applies to: pinned, held driver (every package
+of the branch), repository and apt pin (and its keyring's SHA-256 when set), nouveau
+blacklisted and not loaded, headers for the running kernel, persistence daemon running in
+persistence mode, fabric manager where wanted (held, running, matching the driver), the
+pinned CUDA toolkit, NCCL built for it and held.
+
+Where the deploy has a rule or a name, the checks import it (nvidia.wants_fabricmanager,
+nvidia.hold_names, packages.apt_pin_preferences) rather than restate it."""
 
 from __future__ import annotations
 
@@ -9,7 +14,12 @@ from typing import Any
 
 import pytest
 
+from provision.deploys import nvidia
+from provision.deploys import packages as pkgs
 from provision.deploys.packages import NCCL_PACKAGES, cuda_toolkit_package, nccl_version_pattern
+from provision.deploys.probes import AptHolds, parse_holds
+from provision.facts.gpus import Gpus, parse_lspci
+from provision.settings import Settings
 from provision.verify.conftest import nvidia_applies
 
 
@@ -24,12 +34,27 @@ def driver_version(host: Any) -> str:
     return host.check_output("nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n1").strip()
 
 
-def test_cuda_repository_is_signed(nvidia_host: Any) -> None:
-    listed = nvidia_host.run("ls /etc/apt/sources.list.d/cuda-*.sources")
-    if listed.rc != 0 and nvidia_host.run("dpkg-query -W 'nvidia-driver-*-server*'").rc == 0:
+def apt_state(host: Any) -> tuple[dict[str, str], set[str]]:
+    """Installed packages (name -> version) and held names, read as the deploy reads them."""
+    return parse_holds(host.check_output(AptHolds().command()).splitlines())
+
+
+def unit_state(host: Any, verb: str, unit: str) -> str:
+    """`systemctl is-enabled|is-active UNIT`'s one word ("enabled", "active", "inactive", ...)."""
+    return host.run(f"systemctl {verb} {unit}").stdout.strip()
+
+
+def skip_without_cuda_repository(host: Any) -> None:
+    listed = host.run("ls /etc/apt/sources.list.d/cuda-*.sources")
+    if listed.rc != 0 and host.run("dpkg-query -W 'nvidia-driver-*-server*'").rc == 0:
         # Secure Boot on Ubuntu: the driver is Canonical's signed one, and with no CUDA
-        # toolkit, NCCL or container toolkit wanted, the step adds no NVIDIA repository.
+        # toolkit, NCCL or container toolkit wanted, the step adds no NVIDIA repository
+        # (nor its apt pin, which is written with it).
         pytest.skip("driver from Canonical's signed packages and nothing wanted from NVIDIA's repository")
+
+
+def test_cuda_repository_is_signed(nvidia_host: Any) -> None:
+    skip_without_cuda_repository(nvidia_host)
     out = nvidia_host.check_output("cat /etc/apt/sources.list.d/cuda-*.sources")
     assert "Signed-By: /etc/apt/keyrings/cuda-archive-keyring.gpg" in out
     assert nvidia_host.file("/etc/apt/keyrings/cuda-archive-keyring.gpg").size > 0
@@ -68,25 +93,77 @@ def test_driver_answers_with_the_pinned_version(nvidia_host: Any, settings: dict
         assert version.startswith(settings["nvidia_driver_branch"] + ".")
 
 
-def test_driver_packages_are_held(nvidia_host: Any, settings: dict[str, Any]) -> None:
-    held = nvidia_host.check_output("apt-mark showhold").split()
+def test_every_driver_package_of_the_branch_is_held(nvidia_host: Any, settings: dict[str, Any]) -> None:
+    """A held metapackage alone does not stop apt upgrading its dependencies (libnvidia-*,
+    the module package) under a loaded driver; the deploy holds every installed package of
+    the branch (nvidia.hold_names), so every one of them must be held."""
+    installed, held = apt_state(nvidia_host)
     branch = settings["nvidia_driver_branch"]
-    assert any(name in held for name in (f"nvidia-open-{branch}", f"cuda-drivers-{branch}",
-                                         f"nvidia-driver-{branch}-server-open", f"nvidia-driver-{branch}-server"))
+    kernel = nvidia_host.check_output("uname -r")
+    # The metapackages and signed module package the deploy may have chosen; hold_names
+    # keeps only the installed ones.
+    explicit = [name for source in ("cuda-repo", "ubuntu-server") for open_modules in (True, False)
+                for name in pkgs.driver_packages(source, branch, None, open_modules, kernel).hold]
+    driver = nvidia.hold_names(installed, set(), explicit, branch)
+    assert driver, f"no driver package of branch {branch} is installed"
+    assert sorted(set(driver) - held) == []
+
+
+def test_apt_pin_keeps_driver_packages_on_the_branch(nvidia_host: Any, settings: dict[str, Any]) -> None:
+    """The pin is what keeps packages nobody held (and new dependencies) off the next branch."""
+    skip_without_cuda_repository(nvidia_host)
+    pin = nvidia_host.file(nvidia.PIN_FILE)
+    assert pin.exists
+    assert pin.content_string == pkgs.apt_pin_preferences(settings["nvidia_driver_branch"])
 
 
 def test_nouveau_is_blacklisted(nvidia_host: Any) -> None:
-    assert nvidia_host.file("/etc/modprobe.d/blacklist-nouveau.conf").contains("^blacklist nouveau")
+    assert nvidia_host.file(nvidia.NOUVEAU_FILE).contains("^blacklist nouveau")
 
 
-def test_persistence_daemon_enabled_in_persistence_mode(nvidia_host: Any) -> None:
-    dropin = nvidia_host.file("/etc/systemd/system/nvidia-persistenced.service.d/provision.conf")
-    assert dropin.contains("--persistence-mode")
-    assert nvidia_host.service("nvidia-persistenced").is_enabled
+def test_nouveau_is_not_loaded(nvidia_host: Any) -> None:
+    """The blacklist acts only through the rebuilt initramfs and a reboot; a loaded nouveau
+    holds the GPUs and the NVIDIA module cannot bind. /proc/modules is what lsmod reads."""
+    modules = nvidia_host.check_output("cat /proc/modules").splitlines()
+    assert [line for line in modules if line.split()[:1] == ["nouveau"]] == []
 
 
-def test_fabric_manager_matches_the_driver(nvidia_host: Any) -> None:
-    installed = nvidia_host.run("dpkg-query -W -f='${Version}' 'nvidia-fabricmanager*' 2>/dev/null")
-    if installed.rc != 0 or not installed.stdout.strip():
-        pytest.skip("no fabric manager on this host (no NVSwitch, not forced)")
-    assert installed.stdout.strip().split("-")[0] == driver_version(nvidia_host)
+def test_headers_for_the_running_kernel_are_installed(nvidia_host: Any, settings: dict[str, Any]) -> None:
+    """DKMS builds the driver's module against them; a kernel without its headers (a new
+    kernel booted since) gets no NVIDIA module."""
+    if not settings["nvidia_kernel_headers"]:
+        pytest.skip("nvidia_kernel_headers is false")
+    kernel = nvidia_host.check_output("uname -r")
+    assert nvidia_host.package(f"linux-headers-{kernel}").is_installed
+
+
+def test_persistence_daemon_runs_in_persistence_mode(nvidia_host: Any) -> None:
+    """Enabled is not enough: the deploy only enables it and the reboot starts it; a daemon
+    that is not running leaves the GPUs to initialise again for every job."""
+    assert nvidia_host.file(nvidia.PERSISTENCED_DROPIN).contains("--persistence-mode")
+    assert unit_state(nvidia_host, "is-enabled", "nvidia-persistenced") == "enabled"
+    assert unit_state(nvidia_host, "is-active", "nvidia-persistenced") == "active"
+
+
+def nvidia_devices(host: Any) -> Gpus:
+    """NVIDIA PCI devices as the nvidia step sees them (lspci: NVSwitches show with no driver)."""
+    return Gpus(tuple(parse_lspci(host.run("lspci -Dnn 2>/dev/null || true").stdout)), ())
+
+
+def test_fabric_manager_is_held_running_and_matches_the_driver(nvidia_host: Any, settings: dict[str, Any]) -> None:
+    """On NVSwitch hosts (or fabric_manager: force) the GPUs cannot use NVLink without fabric
+    manager, and it refuses to start at any version but the driver's. Where the nvidia step
+    wants it (its own rule, nvidia.wants_fabricmanager), it must be installed at the driver's
+    version, held, enabled and running."""
+    if not nvidia.wants_fabricmanager(Settings(**settings), nvidia_devices(nvidia_host)):
+        pytest.skip("fabric manager is not wanted here (no NVSwitch on lspci, fabric_manager not force)")
+    installed, held = apt_state(nvidia_host)
+    branch = settings["nvidia_driver_branch"]
+    names = {pkgs.fabricmanager_package(branch, None, source)[1] for source in ("cuda-repo", "ubuntu-server")}
+    found = {name: installed[name] for name in names if name in installed}
+    assert found, f"fabric manager is not installed (none of {sorted(names)})"
+    for name, version in found.items():
+        assert version.split("-")[0] == driver_version(nvidia_host), (name, version)
+        assert name in held, f"{name} is not held"
+    assert unit_state(nvidia_host, "is-enabled", "nvidia-fabricmanager") == "enabled"
+    assert unit_state(nvidia_host, "is-active", "nvidia-fabricmanager") == "active"

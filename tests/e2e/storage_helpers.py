@@ -1,5 +1,6 @@
 """Helpers shared by the storage e2e tests: the CLI as a user runs it, commands on a node,
-and inventories derived from the testbed's (one host, extra host data)."""
+and inventories derived from the testbed's (one host, extra host data); and the state
+fingerprint the plan tests (test_up, test_nvidia_standins) compare before and after."""
 
 from __future__ import annotations
 
@@ -12,6 +13,15 @@ from typing import Any
 
 from provision import remote
 from provision.inventory import Cluster, Node
+
+# What `plan` must leave untouched: the package database, the files the steps write (apt
+# sources, keyrings, pins, modprobe.d, systemd units, drop-ins and enablement links: path,
+# size, mtime, mode, link target), the venv.
+FINGERPRINT = ("md5sum /var/lib/dpkg/status /etc/hosts /etc/security/limits.d/* /etc/sysctl.d/* "
+               "/etc/apt/apt.conf.d/* /home/train/.ssh/* 2>&1; "
+               "find /etc/apt/sources.list.d /etc/apt/keyrings /etc/apt/preferences.d /etc/modprobe.d "
+               "/etc/systemd/system -printf '%p %s %T@ %m %l\\n' 2>&1 | sort; "
+               "ls -la --time-style=full-iso /etc/apt /opt/provision /var/lib/apt/periodic 2>&1")
 
 
 @dataclass

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from provision import inventory, pipeline, remote, verify
+from tests.e2e.storage_helpers import FINGERPRINT
 from tests.standins import nvidia_repo
 
 pytestmark = pytest.mark.e2e
@@ -59,7 +60,18 @@ def standin_inventory(testbed, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def first_and_second(standin_inventory):
+def plan_before_first_run(standin_inventory):
+    """`plan --only nvidia` on hosts without the stack: (plans, fingerprints before, after).
+    Runs before the first `up` (first_and_second asks for it), so it costs one plan."""
+    cluster = inventory.load(standin_inventory)
+    before = {n.name: remote.run(n, FINGERPRINT).stdout for n in cluster.nodes}
+    plans = pipeline.plan(cluster, pipeline.select(only="nvidia"))
+    after = {n.name: remote.run(n, FINGERPRINT).stdout for n in cluster.nodes}
+    return plans, before, after
+
+
+@pytest.fixture(scope="module")
+def first_and_second(standin_inventory, plan_before_first_run):
     cluster = inventory.load(standin_inventory)
     boots = {n.name: remote.run(n, BOOT_ID).stdout.strip() for n in cluster.nodes}
     reboots: dict[str, int] = {}  # host -> times the reboot operation started on it
@@ -79,6 +91,14 @@ def sh(node, command: str) -> str:
     result = remote.run(node, command, timeout=120)
     assert result.ok, result.stderr
     return result.stdout.strip()
+
+
+def test_plan_before_first_run_shows_changes_and_changes_nothing(plan_before_first_run) -> None:
+    plans, before, after = plan_before_first_run
+    assert before == after  # no package, source, pin, modprobe.d or unit file touched
+    for name, plan in plans.items():
+        assert plan.refused == [], (name, plan.refused)
+        assert plan.changes > 0, (name, plan.notes)  # the whole stack is still to install
 
 
 def test_first_run_succeeds_and_reboots_every_host_once(first_and_second) -> None:
@@ -136,8 +156,10 @@ def test_verify_suite_passes_on_the_nvidia_hosts(first_and_second, tmp_path) -> 
     assert result.exit_code == 0, result.output
     # The nvidia checks ran and passed on every host (they skip where the step does not apply).
     for check in ("test_keyring_has_the_pinned_sha256", "test_nccl_is_built_for_the_toolkit_cuda_and_held",
-                  "test_cuda_toolkit_is_the_pinned_one", "test_fabric_manager_matches_the_driver",
-                  "test_driver_answers_with_the_pinned_version"):
+                  "test_cuda_toolkit_is_the_pinned_one", "test_fabric_manager_is_held_running_and_matches_the_driver",
+                  "test_driver_answers_with_the_pinned_version", "test_every_driver_package_of_the_branch_is_held",
+                  "test_apt_pin_keeps_driver_packages_on_the_branch", "test_nouveau_is_not_loaded",
+                  "test_persistence_daemon_runs_in_persistence_mode"):
         lines = [line for line in result.output.splitlines() if f"::{check}[" in line]
         assert len(lines) == len(cluster.nodes) and all("PASSED" in line for line in lines), result.output
 

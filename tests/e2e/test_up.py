@@ -6,13 +6,9 @@ from __future__ import annotations
 import pytest
 
 from provision import inventory, pipeline, remote, verify
+from tests.e2e.storage_helpers import FINGERPRINT
 
 pytestmark = pytest.mark.e2e
-
-# What `plan` must leave untouched: package database, files the steps write, the venv.
-FINGERPRINT = ("md5sum /var/lib/dpkg/status /etc/hosts /etc/security/limits.d/* /etc/sysctl.d/* "
-               "/etc/apt/apt.conf.d/* /home/train/.ssh/* 2>&1; ls -la --time-style=full-iso /etc/apt "
-               "/opt/provision /var/lib/apt/periodic 2>&1")
 
 
 def test_up_brings_every_host_through_its_steps(provisioned) -> None:
