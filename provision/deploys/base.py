@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shlex
 import subprocess
 from io import StringIO
 from pathlib import Path
 
 from pyinfra import host
-from pyinfra.api import deploy
+from pyinfra.api import deploy, operation
 from pyinfra.context import ctx_state
+from pyinfra.facts.files import FileContents
 from pyinfra.operations import apt, files, server, systemd
 
 from provision.deploys.packages import BASE_PACKAGES, UNATTENDED_BLACKLIST
@@ -146,10 +148,51 @@ def system_settings() -> None:
                    dest=UNATTENDED_FILE, blacklist=UNATTENDED_BLACKLIST)
 
 
+def shadowing_lines(lines: list[str] | None, addresses: dict[str, str]) -> list[str]:
+    """Lines of /etc/hosts above provision's block that give a cluster node's name another
+    address, such as the installer's "127.0.1.1 node1". The resolver answers with the first
+    match, so without this the node's own name is loopback to itself: gloo, which resolves
+    the hostname to pick its address, then tells its peers to dial 127.0.1.1."""
+    begin = HOSTS_MARKER.format(mark="BEGIN")
+    found = []
+    for line in lines or []:
+        if line.strip() == begin:
+            break
+        fields = line.split("#", 1)[0].split()
+        if len(fields) > 1 and any(addresses.get(name, fields[0]) != fields[0] for name in fields[1:]):
+            found.append(line)
+    return found
+
+
+def hosts_first_command(block: str) -> str:
+    """Rewrite /etc/hosts with provision's block first and every other line kept (an old
+    block of ours dropped from where it was). Written in place (cat >), so the file keeps
+    its inode, owner and mode."""
+    begin, end = HOSTS_MARKER.format(mark="BEGIN"), HOSTS_MARKER.format(mark="END")
+    drop_old = (f"awk -v b={shlex.quote(begin)} -v e={shlex.quote(end)} "
+                "'$0 == b {skip=1} !skip {print} $0 == e {skip=0}' /etc/hosts")
+    new = "/etc/hosts.provision-new"
+    return (f"{{ printf '%s\\n' {shlex.quote(begin)} {shlex.quote(block)} {shlex.quote(end)}; {drop_old}; }} > {new} "
+            f"&& cat {new} > /etc/hosts && rm -f {new}")
+
+
+@operation()
+def hosts_first(block: str, shadowed: list[str]):
+    """Move provision's block above the lines that shadow it."""
+    if shadowed:
+        yield hosts_first_command(block)
+
+
 def cluster_names() -> None:
     cluster = current_cluster()
-    files.block(name="/etc/hosts: cluster nodes", path="/etc/hosts",
-                content=hosts_block(list(cluster.nodes)), marker=HOSTS_MARKER)
+    block = hosts_block(list(cluster.nodes))
+    shadowed = shadowing_lines(host.get_fact(FileContents, path="/etc/hosts"),
+                               {n.name: n.cluster_address for n in cluster.nodes})
+    if shadowed:
+        hosts_first(name="/etc/hosts: cluster nodes first (above " + "; ".join(s.strip() for s in shadowed) + ")",
+                    block=block, shadowed=shadowed)
+        return
+    files.block(name="/etc/hosts: cluster nodes", path="/etc/hosts", content=block, marker=HOSTS_MARKER)
 
 
 def training_account(settings: Settings) -> None:

@@ -48,7 +48,7 @@ def skip_reason(node: Node, gpus: Gpus | None = None) -> str | None:
     if switch == "force" or node.has_role("gpu_nodes"):
         return None
     if gpus is not None and not gpus.gpus:
-        return "no NVIDIA GPU found by lspci"
+        return "no NVIDIA GPU on the PCI bus"
     return None
 
 

@@ -138,8 +138,10 @@ def node_networks(mgmt_mac: str, cluster_mac: str, cluster_address: str, prefix:
     }
 
 
-def node_hosts(peers: dict[str, str]) -> str:
-    """/etc/hosts: localhost and every node by its cluster address (name -> address)."""
-    lines = ["127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback"]
+def node_hosts(own: str, peers: dict[str, str]) -> str:
+    """/etc/hosts: localhost, the node's own name on 127.0.1.1 as the Debian installer
+    writes it (so `up` meets what a freshly installed server has: base must put the
+    cluster addresses above that line), and every node by its cluster address."""
+    lines = ["127.0.0.1 localhost", f"127.0.1.1 {own}", "::1 localhost ip6-localhost ip6-loopback"]
     lines += [f"{address} {name}" for name, address in peers.items()]
     return "\n".join(lines) + "\n"

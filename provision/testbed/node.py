@@ -75,7 +75,7 @@ def write_seed(f: NodeFiles, record: NodeRecord, client_public_key: str,
     networks = guest_files.node_networks(network.mac(0, record.index), network.mac(1, record.index),
                                          record.cluster_address, network.cluster_prefix())
     seed.write_tree(f.seed_dir, f.host_key, client_public_key, networks,
-                    guest_files.node_hosts(peers))
+                    guest_files.node_hosts(record.name, peers))
     seed.make_image(f.seed_dir, f.seed_image)
 
 

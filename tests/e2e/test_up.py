@@ -16,7 +16,7 @@ def test_up_brings_every_host_through_its_steps(provisioned) -> None:
     for host in provisioned.hosts.values():
         assert host.ok, host.failures
         assert {"preflight", "base", "frameworks"} <= set(host.steps)
-        assert "nvidia: skipped (no NVIDIA GPU found by lspci)" in host.notes
+        assert "nvidia: skipped (no NVIDIA GPU on the PCI bus)" in host.notes
         assert host.rebooted is False
 
 

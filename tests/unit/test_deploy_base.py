@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,48 @@ def test_hosts_block_lists_every_node_of_the_inventory() -> None:
     command = by_name(ops)["/etc/hosts: cluster nodes"].commands[0]
     assert "# BEGIN provision cluster nodes\n10.77.0.11 node1\n10.77.0.12 node2\n# END provision cluster nodes" \
         in command
+
+
+# /etc/hosts as the Debian installer (and cloud-init's default template) leave it.
+INSTALLER_HOSTS = ["127.0.0.1\tlocalhost", "127.0.1.1\tnode1.example.com\tnode1", "",
+                   "# The following lines are desirable for IPv6 capable hosts", "::1     localhost ip6-localhost"]
+
+
+def test_the_installers_loopback_line_for_the_nodes_own_name_is_found() -> None:
+    addresses = {"node1": "10.77.0.11", "node2": "10.77.0.12"}
+    assert base.shadowing_lines(INSTALLER_HOSTS, addresses) == ["127.0.1.1\tnode1.example.com\tnode1"]
+    # Below our block it resolves second, and the cluster address itself is no shadow.
+    ours = ["# BEGIN provision cluster nodes", "10.77.0.11 node1", "# END provision cluster nodes"]
+    assert base.shadowing_lines([*ours, *INSTALLER_HOSTS], addresses) == []
+    assert base.shadowing_lines(["10.77.0.11 node1 # same address", "#127.0.1.1 node1"], addresses) == []
+    assert base.shadowing_lines(None, addresses) == []
+
+
+def test_a_shadowed_hosts_block_is_moved_first_keeping_every_other_line(tmp_path: Path) -> None:
+    hosts = tmp_path / "hosts"
+    old_block = ["# BEGIN provision cluster nodes", "10.77.0.99 node1", "# END provision cluster nodes"]
+    hosts.write_text("\n".join([*INSTALLER_HOSTS, *old_block]) + "\n")
+    hosts.chmod(0o644)
+    inode = hosts.stat().st_ino
+    block = "10.77.0.11 node1\n10.77.0.12 node2"
+    command = base.hosts_first_command(block).replace("/etc/hosts", str(hosts))
+    subprocess.run(["bash", "-c", command], check=True, timeout=30)
+    assert hosts.read_text().splitlines() == [
+        "# BEGIN provision cluster nodes", "10.77.0.11 node1", "10.77.0.12 node2", "# END provision cluster nodes",
+        *INSTALLER_HOSTS]
+    assert hosts.stat().st_ino == inode and list(tmp_path.iterdir()) == [hosts]
+    # The first match of the rewritten file is the cluster address: what getent answers.
+    first = next(line for line in hosts.read_text().splitlines() if line.split()[1:2] == ["node1"])
+    assert first == "10.77.0.11 node1"
+
+
+def test_base_moves_the_block_only_while_a_line_shadows_it() -> None:
+    fake = FakeHost(Os=os_info("debian-12-bookworm"), FileContents=INSTALLER_HOSTS)
+    ops = by_name(runner.plan_with_facts(base.step, cluster().nodes[0], fake, cluster())[0])
+    (moved,) = [o for n, o in ops.items() if n.startswith("/etc/hosts: cluster nodes first")]
+    assert "127.0.1.1\tnode1.example.com\tnode1" in [o for o in ops if o.startswith("/etc/hosts")][0]
+    assert moved.commands[0].startswith("{ printf '%s\\n' '# BEGIN provision cluster nodes'")
+    assert "/etc/hosts: cluster nodes" not in ops
 
 
 def test_training_user_key_is_generated_once_and_shared(state_dir: Path) -> None:

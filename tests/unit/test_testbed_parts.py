@@ -90,8 +90,9 @@ def test_seed_tree_carries_identity_with_guest_modes(tmp_path: Path) -> None:
 
 
 def test_hosts_file_names_every_node_by_cluster_address() -> None:
-    hosts = guest_files.node_hosts({"node1": "10.77.0.11", "node2": "10.77.0.12"})
+    hosts = guest_files.node_hosts("node2", {"node1": "10.77.0.11", "node2": "10.77.0.12"})
     assert "10.77.0.11 node1\n10.77.0.12 node2\n" in hosts
+    assert hosts.startswith("127.0.0.1 localhost\n127.0.1.1 node2\n")  # as the Debian installer leaves it
 
 
 def test_state_round_trips_and_does_not_store_the_running_flag(tmp_path: Path) -> None:
