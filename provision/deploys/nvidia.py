@@ -20,7 +20,7 @@ from pyinfra.facts.files import File, Sha256File
 from pyinfra.operations import apt, files, server, systemd
 
 from provision.deploys import packages as pkgs
-from provision.deploys.probes import AptHolds, HostProbe, Probe, RebootProbe
+from provision.deploys.probes import AptHolds, HostProbe, Probe, RebootProbe, lock_wait_command
 from provision.facts.apt import AptSourceFiles
 from provision.facts.gpus import Gpus, NvidiaDevices
 from provision.facts.system import Os, OsInfo
@@ -190,6 +190,13 @@ def other_sources(source_files: dict[str, list[AptRepo]], url: str, ours: str) -
     return remove, problems
 
 
+def wait_for_apt_locks(settings: Settings, **global_args: object) -> None:
+    """apt-get update fails at once while another apt (apt-daily, unattended-upgrades)
+    holds the lists lock; DPkg::Lock::Timeout covers only the dpkg lock."""
+    server.shell(name="wait for apt locks", commands=[lock_wait_command(settings.apt_lock_wait_s)],
+                 **global_args)  # type: ignore[arg-type]
+
+
 def repository(settings: Settings, os_info: OsInfo, repo_candidate: str | None) -> bool:
     """NVIDIA's repository, its key and the branch pin; False when the host was refused.
     ``repo_candidate``: apt's candidate of a package only that repository has; None means
@@ -219,10 +226,12 @@ def repository(settings: Settings, os_info: OsInfo, repo_candidate: str | None) 
     # A run that died after writing these files but before apt update finished changes none
     # of them when re-run, so a missing candidate also asks for the update.
     if repo_candidate is None:
+        wait_for_apt_locks(settings)
         apt.update(name="apt update (CUDA repository not read yet)")
     else:
-        apt.update(name="apt update (CUDA repository changed)",
-                   _if=any_changed(keyring_dir, keyring, sources, pin, *removals))
+        changed = any_changed(keyring_dir, keyring, sources, pin, *removals)
+        wait_for_apt_locks(settings, _if=changed)
+        apt.update(name="apt update (CUDA repository changed)", _if=changed)
     return True
 
 

@@ -26,7 +26,7 @@ from provision.deploys.packages import (
     signed_modules_package,
     use_open_modules,
 )
-from provision.deploys.probes import APT_LOCKS, HostProbe, Probe
+from provision.deploys.probes import HostProbe, Probe, lock_wait_command
 from provision.facts.blockdevices import BlockDevice, BlockDevices
 from provision.facts.gpus import Gpus, NvidiaDevices
 from provision.facts.system import SUPPORTED_OS, Os, OsInfo
@@ -140,21 +140,6 @@ def headers_problems(running: str, probe: HostProbe) -> list[str]:
                             f"for kernel {kernel}, the newest installed, which the next boot runs; "
                             "remove that kernel's package or add the repository that has its headers")
     return problems
-
-
-def lock_wait_command(seconds: int) -> str:
-    """Shell that waits until no process holds an apt/dpkg lock, failing after `seconds`."""
-    held = " || ".join(
-        f"( [ -e {f} ] && grep -q \":$(stat -c %i {f}) \" /proc/locks )" for f in APT_LOCKS
-    )
-    return (
-        f"end=$(( $(date +%s) + {seconds} )); "
-        f"while {held}; do "
-        f"if [ $(date +%s) -ge $end ]; then echo \"apt/dpkg lock still held after {seconds}s by: "
-        "$(ps -eo comm= | grep -E '^(apt|dpkg|unattended-upgr)' | sort -u | tr '\\n' ' ')"
-        "(wait for it, or raise apt_lock_wait_s)\" >&2; exit 1; fi; "
-        "sleep 3; done"
-    )
 
 
 @deploy("Preflight")

@@ -299,3 +299,18 @@ class DpkgInterrupted(FactBase):
 
 def parse_dpkg_interrupted(lines: list[str]) -> bool:
     return any(line.strip().isdigit() and int(line) > 0 for line in lines)
+
+
+def lock_wait_command(seconds: int) -> str:
+    """Shell that waits until no process holds an apt/dpkg lock, failing after `seconds`."""
+    held = " || ".join(
+        f"( [ -e {f} ] && grep -q \":$(stat -c %i {f}) \" /proc/locks )" for f in APT_LOCKS
+    )
+    return (
+        f"end=$(( $(date +%s) + {seconds} )); "
+        f"while {held}; do "
+        f"if [ $(date +%s) -ge $end ]; then echo \"apt/dpkg lock still held after {seconds}s by: "
+        "$(ps -eo comm= | grep -E '^(apt|dpkg|unattended-upgr)' | sort -u | tr '\\n' ' ')"
+        "(wait for it, or raise apt_lock_wait_s)\" >&2; exit 1; fi; "
+        "sleep 3; done"
+    )

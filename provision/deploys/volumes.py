@@ -41,6 +41,7 @@ from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.server import Mounts
 from pyinfra.operations import apt, files, server
 
+from provision.deploys.probes import lock_wait_command
 from provision.errors import InputError, Problem
 from provision.facts.blockdevices import BlockDevice, BlockDevices
 from provision.inventory import Cluster, Node
@@ -346,6 +347,11 @@ def install(name: str, packages: list[str]) -> None:
     installed = host.get_fact(DebPackages) or {}
     missing = [p for p in packages if p not in installed]
     if missing:
+        # These steps run after provision's reboot, when apt-daily often refreshes the lists:
+        # apt waits for the dpkg lock by itself (base's DPkg::Lock::Timeout) but fails at
+        # once on the lists lock that its update takes.
+        server.shell(name=f"{name}: wait for apt locks",
+                     commands=[lock_wait_command(current_node().settings.apt_lock_wait_s)])
         apt.packages(name=name, packages=missing, update=True, cache_time=3600)
 
 

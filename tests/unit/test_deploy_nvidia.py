@@ -47,8 +47,9 @@ def test_ubuntu_2204_hgx_host_gets_repo_open_driver_fabricmanager_toolkit() -> N
     assert list(ops) == [
         "download tools (curl, CA certificates)", "/etc/apt/keyrings", "CUDA repository keyring",
         "CUDA repository (deb822, Signed-By)", "apt pin: NVIDIA driver branch 580",
-        "apt update (CUDA repository not read yet)", "blacklist nouveau", "update initramfs (nouveau blacklisted)",
-        "kernel headers for 5.15.0-185-generic", "NVIDIA driver 580 (open modules, cuda-repo)",
+        "wait for apt locks", "apt update (CUDA repository not read yet)", "blacklist nouveau",
+        "update initramfs (nouveau blacklisted)", "kernel headers for 5.15.0-185-generic",
+        "NVIDIA driver 580 (open modules, cuda-repo)",
         "fabric manager nvidia-fabricmanager=580.*", "CUDA toolkit and extras",
         "nvidia-persistenced: persistence mode on", "systemd daemon-reload (persistenced drop-in)",
         "nvidia-persistenced enabled", "nvidia-fabricmanager enabled",

@@ -7,6 +7,7 @@ import json
 import re
 
 from provision.deploys import volumes
+from provision.deploys.probes import lock_wait_command
 from provision.settings import Settings
 from tests.helpers.pyinfra_fake import fake_node, run_fake
 
@@ -206,3 +207,13 @@ def test_up_summary_names_the_disks_the_volume_was_built_from(monkeypatch):
     run = run_fake(volumes.step, [node], monkeypatch)
     assert run.results[HOST].ok, run.results[HOST].failures
     assert f"volumes: data disk {ID.format('b')} (vdb) 1 GiB: blank, will be formatted" in run.results[HOST].notes
+
+
+def test_a_missing_package_is_installed_only_after_the_apt_locks_are_free(monkeypatch):
+    node = fake_node("node1", _settings(data_disks=[ID.format("b"), ID.format("c")]),
+                     {"lsblk -J -O -b": _lsblk(_disk("vdb"), _disk("vdc"))})
+    run = run_fake(volumes.step, [node], monkeypatch)
+    wait = lock_wait_command(Settings().apt_lock_wait_s)
+    commands = run.commands[HOST]
+    installs = [i for i, c in enumerate(commands) if re.search(r"apt-get .*install", c)]
+    assert installs and wait in commands and commands.index(wait) < installs[0]
