@@ -25,7 +25,8 @@ class FreshTestbed:
         self.nodes = nodes
 
     def __enter__(self) -> FreshTestbed:
-        self.tb.up(nodes=self.nodes, disks=1, memory_mb=1536)  # its inventory names the wheelhouse
+        # Its inventory names the wheelhouse; the records carry each VM's qemu pid.
+        self.records = self.tb.up(nodes=self.nodes, disks=1, memory_mb=1536)
         return self
 
     def __exit__(self, *exc: object) -> None:

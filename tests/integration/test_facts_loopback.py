@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -71,8 +72,9 @@ def test_status_reports_no_drift_when_the_venv_matches_the_pins(sshd, tmp_path):
 
     venv = str(Path(sys.executable).parent.parent)
     pinned = torch.__version__.split("+")[0]
-    inv = write_inventory(tmp_path / "inv.py",
-                          [("local", dict(sshd.host_data(), venv_path=venv, torch_version=pinned))])
+    # numpy and nvidia-ml-py are pinned by default too: pin them at this venv's versions.
+    pins = {"torch_version": pinned, "numpy_version": version("numpy"), "nvml_version": version("nvidia-ml-py")}
+    inv = write_inventory(tmp_path / "inv.py", [("local", dict(sshd.host_data(), venv_path=venv, **pins))])
     result = run_provision("status", str(inv), "--json")
     report = json.loads(result.stdout)
     assert result.returncode == 0, report
