@@ -93,6 +93,30 @@ def test_ubuntu_2404_secure_boot_uses_canonical_signed_server_packages() -> None
     assert ops["CUDA toolkit and extras"].commands == [f"{INSTALL} --no-install-recommends cuda-toolkit-12-8"]
 
 
+def test_ubuntu_2204_pascal_host_gets_the_proprietary_branch_metapackage() -> None:
+    ops = plan("ubuntu-22.04-jammy", Gpus((P100,), ()))
+    assert ops["NVIDIA driver 580 (proprietary modules, cuda-repo)"].commands == [
+        f"{INSTALL} --allow-change-held-packages cuda-drivers-580"]
+    assert "upload (generated) -> /etc/apt/sources.list.d/cuda-ubuntu2204.sources" in \
+        ops["CUDA repository (deb822, Signed-By)"].commands
+
+
+def test_ubuntu_2204_secure_boot_pascal_host_gets_canonicals_signed_proprietary_modules() -> None:
+    kernel = os_info("ubuntu-22.04-jammy").kernel
+    sb = probe(secure_boot=SecureBoot(True, "SecureBoot enabled"),
+               candidates={f"linux-modules-nvidia-580-server-{kernel}": "580.95.05-0ubuntu0.22.04.1"})
+    ops = plan("ubuntu-22.04-jammy", Gpus((P100, NVSWITCH), ()), probe=sb, nvidia_driver_version="580.95.05")
+    # A bare version names no Canonical package (their revisions are not NVIDIA's "-1"), so
+    # the driver is the branch's newest; fabric manager is matched to it when it is installed.
+    assert ops["NVIDIA driver 580 (proprietary modules, ubuntu-server)"].commands == [
+        f"{INSTALL} --allow-change-held-packages nvidia-driver-580-server linux-modules-nvidia-580-server-{kernel}"]
+    assert "fabric manager nvidia-fabricmanager-580=580.*" in ops
+    exact = plan("ubuntu-22.04-jammy", Gpus((P100,), ()), probe=sb, nvidia_driver_version="580.95.05-0ubuntu0.22.04.1")
+    assert exact["NVIDIA driver 580 (proprietary modules, ubuntu-server)"].commands == [
+        f"{INSTALL} --allow-change-held-packages nvidia-driver-580-server=580.95.05-0ubuntu0.22.04.1 "
+        f"linux-modules-nvidia-580-server-{kernel}"]
+
+
 def test_ubuntu_secure_boot_without_toolkit_or_extras_needs_no_nvidia_repository() -> None:
     sb = probe(secure_boot=SecureBoot(True, "SecureBoot enabled"),
                candidates={"linux-modules-nvidia-580-server-open-6.8.0-45-generic": "580.95.05-1"})
