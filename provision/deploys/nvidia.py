@@ -340,8 +340,12 @@ def nvidia() -> None:
     signed = pkgs.signed_modules_package(settings.nvidia_driver_branch, open_modules, os_info.kernel)
     meta = pkgs.cuda_driver_metapackage(settings.nvidia_driver_branch, open_modules)
     probe = host.get_fact(Probe, packages=(signed, meta) if os_info.id == "ubuntu" else (meta,))
-    choice = driver_choice(settings, os_info, gpus, probe.secure_boot.enabled,
-                           probe.candidates.get(signed) is not None)
+    try:
+        choice = driver_choice(settings, os_info, gpus, probe.secure_boot.enabled,
+                               probe.candidates.get(signed) is not None)
+    except ValueError as e:  # Secure Boot with no signed modules (preflight could not tell yet)
+        refuse("nvidia", str(e))
+        return
     # The driver comes from NVIDIA's repository, or (Secure Boot on Ubuntu) from Canonical's
     # signed packages; the CUDA toolkit, NCCL and the container toolkit come only from
     # NVIDIA's repository, so it is configured whenever one of them is wanted.

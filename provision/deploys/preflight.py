@@ -114,15 +114,25 @@ def nvidia_checks(os_info: OsInfo, probe: HostProbe, gpus: Gpus,
     notes.append(f"GPUs: {'; '.join(names)} -> {'open' if open_modules else 'proprietary'} modules"
                  + (", NVSwitch (fabric manager)" if gpus.has_nvswitch else ""))
     signed = signed_modules_package(settings.nvidia_driver_branch, open_modules, os_info.kernel)
+    # An image shipped before any apt update has no package lists, so every candidate reads
+    # "none": what apt has is known only after base's update, and the nvidia step checks then.
+    unread = probe.apt_lists == 0
     try:
         source = choose_driver_source(os_info, probe.secure_boot.enabled,
                                       probe.candidates.get(signed) is not None,
                                       settings.nvidia_driver_source)
         notes.append(f"Secure Boot: {probe.secure_boot.detail}; driver from {source}")
     except ValueError as e:
-        problems.append(str(e))
+        if unread and os_info.id == "ubuntu":
+            notes.append(f"Secure Boot: {probe.secure_boot.detail}; apt has no package lists yet, so "
+                         "whether Canonical's signed modules exist is checked by the nvidia step")
+        else:
+            problems.append(str(e))
     if settings.nvidia_kernel_headers:
-        problems += headers_problems(os_info.kernel, probe)
+        if unread:
+            notes.append("apt has no package lists yet: the kernel headers are checked by the nvidia step")
+        else:
+            problems += headers_problems(os_info.kernel, probe)
     return problems, notes
 
 

@@ -89,6 +89,9 @@ class HostProbe:
     # Installed kernel (uname -r form, from /boot/vmlinuz-*) -> apt candidate of its
     # linux-headers package, None when apt has none.
     kernels: dict[str, str | None] = field(default_factory=dict)
+    # Package index files in /var/lib/apt/lists; 0 on an image shipped before any apt update
+    # (every candidate above then reads "none"), None when not reported.
+    apt_lists: int | None = None
 
 
 class Probe(FactBase):
@@ -116,6 +119,7 @@ class Probe(FactBase):
             "echo holders=$(ps -eo comm= | grep -E '^(apt|apt-get|dpkg|unattended-upgr)' | sort -u | tr '\\n' ' '); "
             "echo reboot_pending=$([ -e /var/run/reboot-required ] && echo 1 || echo 0); "
             "echo machine_id=$(cat /etc/machine-id 2>/dev/null); "
+            "echo apt_lists=$(ls /var/lib/apt/lists 2>/dev/null | grep -c _Packages); "
             "echo headers=$(apt-cache policy linux-headers-$(uname -r) 2>/dev/null "
             "| awk '/Candidate:/ {print $2}'); "
             f"for p in {checks}; do echo \"pkg:$p=$(apt-cache policy $p 2>/dev/null "
@@ -153,6 +157,7 @@ def parse_probe(lines: list[str]) -> HostProbe:
         uid_owner=values.get("uid_owner", ""),
         group_gid=_number(values.get("group_gid")),
         gid_owner=values.get("gid_owner", ""),
+        apt_lists=_number(values.get("apt_lists")),
         # A release starts with a digit: leaves out a stray vmlinuz-old or the like.
         kernels={key[7:]: _candidate(value) for key, value in values.items()
                  if key.startswith("kernel:") and key[7:8].isdigit()},

@@ -117,6 +117,17 @@ def test_ubuntu_2204_secure_boot_pascal_host_gets_canonicals_signed_proprietary_
         f"linux-modules-nvidia-580-server-{kernel}"]
 
 
+def test_secure_boot_without_signed_modules_stops_the_host_with_the_advice() -> None:
+    # Preflight leaves this to the nvidia step when apt had no lists yet.
+    sb = probe(secure_boot=SecureBoot(True, "SecureBoot enabled"), candidates={})
+    fake = FakeHost(Os=os_info("ubuntu-24.04.3-noble"), NvidiaDevices=Gpus((H100,), ()), Probe=sb)
+    ops, _ = runner.plan_with_facts(nvidia.step, node(), fake)
+    (stop,) = ops
+    assert stop.name == "NVIDIA stack | nvidia checks"
+    assert "no signed NVIDIA modules exist for kernel 6.8.0-45-generic" in stop.commands[0]
+    assert stop.commands[0].endswith("exit 1")
+
+
 def test_ubuntu_secure_boot_without_toolkit_or_extras_needs_no_nvidia_repository() -> None:
     sb = probe(secure_boot=SecureBoot(True, "SecureBoot enabled"),
                candidates={"linux-modules-nvidia-580-server-open-6.8.0-45-generic": "580.95.05-1"})

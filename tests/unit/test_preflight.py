@@ -34,8 +34,9 @@ def test_probe_lines_parse_into_a_typed_record() -> None:
              "sbvar=", "locks= /var/lib/dpkg/lock-frontend", "holders=unattended-upgr ",
              "reboot_pending=1", "machine_id=0123abcd", "headers=6.1.76-1",
              "pkg:linux-modules-nvidia-580-server-open-6.8.0-45-generic=(none)",
-             "kernel:6.1.0-18-amd64=", "kernel:6.1.0-47-amd64=6.1.170-3"]
+             "kernel:6.1.0-18-amd64=", "kernel:6.1.0-47-amd64=6.1.170-3", "apt_lists=4"]
     p = parse_probe(lines)
+    assert p.apt_lists == 4 and parse_probe([]).apt_lists is None
     assert p.root_free_gb == 50.0
     assert p.secure_boot.enabled is False
     assert p.apt_locks_held == ("/var/lib/dpkg/lock-frontend",)
@@ -109,6 +110,23 @@ def test_missing_kernel_headers_stop_a_gpu_host() -> None:
     verdict = preflight.judge(os_info("ubuntu-24.04.3-noble"), probe(headers_candidate=None),
                               Gpus((H100,), ()), [], Settings(), True)
     assert verdict.problems[0].startswith("no linux-headers-6.8.0-45-generic in the apt sources")
+
+
+def test_an_image_without_apt_lists_is_not_refused_for_what_apt_cannot_know_yet() -> None:
+    """Before any apt update every candidate reads "none": headers and Canonical's signed
+    modules are then the nvidia step's to check, after base has read the lists."""
+    unread = probe(apt_lists=0, headers_candidate=None, secure_boot=parse_sb_state("SecureBoot enabled", efi=True))
+    noble = os_info("ubuntu-24.04.3-noble")
+    verdict = preflight.judge(noble, unread, Gpus((H100,), ()), [], Settings(), True)
+    assert verdict.problems == []
+    assert any("signed modules exist is checked by the nvidia step" in n for n in verdict.notes)
+    assert any("kernel headers are checked by the nvidia step" in n for n in verdict.notes)
+    # With lists read, the same answers are real refusals; Debian under Secure Boot never has
+    # signed modules, lists or not.
+    assert len(preflight.judge(noble, replace(unread, apt_lists=3), Gpus((H100,), ()), [], Settings(),
+                               True).problems) == 2
+    debian = preflight.judge(os_info("debian-12-bookworm"), unread, Gpus((H100,), ()), [], Settings(), True)
+    assert len(debian.problems) == 1 and "enroll a MOK" in debian.problems[0]
 
 
 def test_newest_installed_kernel_without_headers_stops_a_gpu_host() -> None:
