@@ -355,11 +355,13 @@ def parse_settings(data: dict[str, Any], where: str) -> tuple[Settings, list[Pro
     if "data_mount" in values and "nfs_export_root" not in values:
         values["nfs_export_root"] = f"{values['data_mount'].rstrip('/')}/shared"
     settings = Settings(**values)
-    if settings.install_nccl and not settings.cuda_toolkit_version and "+" not in (settings.nccl_version or ""):
-        problems.append(Problem(
-            f"{where}: key install_nccl",
-            "NCCL is pinned to the CUDA toolkit's version, and cuda_toolkit_version is null",
-            "set cuda_toolkit_version, or nccl_version with its +cudaX.Y suffix (2.27.7-1+cuda12.8)"))
+    if settings.install_nccl:
+        from provision.deploys.packages import nccl_version_pattern  # the rule lives with the names
+
+        try:
+            nccl_version_pattern(settings.cuda_toolkit_version, settings.nccl_version)
+        except ValueError as e:
+            problems.append(Problem(f"{where}: key install_nccl", str(e)))
     return settings, problems
 
 

@@ -32,9 +32,12 @@ def pins() -> dict[str, str]:
 
 
 def requirements() -> list[str]:
-    # torch==X resolves to the CPU build (+cpu) where pip's configuration offers one;
-    # _complete refuses any other torch wheel, so a CUDA build is never installed.
-    return [f"{name}=={version}" if version else name for name, version in pins().items()]
+    """What the frameworks step pins by default. torch==X resolves to the CPU build (+cpu)
+    where pip's configuration offers one; _complete refuses any other torch wheel, so a CUDA
+    build is never installed."""
+    from provision.deploys.frameworks import requirements as pinned
+
+    return pinned(Settings())
 
 
 def directory() -> Path:

@@ -18,7 +18,7 @@ from provision.deploys import nvidia
 from provision.deploys import packages as pkgs
 from provision.deploys.packages import NCCL_PACKAGES, cuda_toolkit_package, nccl_version_pattern
 from provision.deploys.probes import AptHolds, parse_holds
-from provision.facts.gpus import Gpus, parse_lspci
+from provision.facts.gpus import Gpus, NvidiaDevices
 from provision.settings import Settings
 from provision.verify.conftest import nvidia_applies
 
@@ -146,8 +146,10 @@ def test_persistence_daemon_runs_in_persistence_mode(nvidia_host: Any) -> None:
 
 
 def nvidia_devices(host: Any) -> Gpus:
-    """NVIDIA PCI devices as the nvidia step sees them (lspci: NVSwitches show with no driver)."""
-    return Gpus(tuple(parse_lspci(host.run("lspci -Dnn 2>/dev/null || true").stdout)), ())
+    """NVIDIA PCI devices as the nvidia step sees them: its own fact's command and parser
+    (NVSwitches show on the PCI bus with no driver)."""
+    fact = NvidiaDevices()
+    return fact.process(host.check_output(fact.command()).splitlines())
 
 
 def test_fabric_manager_is_held_running_and_matches_the_driver(nvidia_host: Any, settings: dict[str, Any]) -> None:

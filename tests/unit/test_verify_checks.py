@@ -16,11 +16,16 @@ import pytest
 from provision.deploys import nvidia
 from provision.deploys.packages import apt_pin_preferences
 from provision.deploys.probes import AptHolds
+from provision.facts.gpus import NvidiaDevices
 from provision.settings import Settings
 from provision.verify import test_base as base_checks
 from provision.verify import test_nvidia as nvidia_checks
 
-HGX_NVSWITCH = "0000:05:00.0 Bridge [0680]: NVIDIA Corporation GH100 [H100 NVSwitch] [10de:22a3] (rev a1)\n"
+# NvidiaDevices' output on a host with an NVSwitch: sysfs, then lspci's name, then no NVML.
+HGX_NVSWITCH = ("0000:05:00.0 0x10de 0x22a3 0x068000\n--- lspci ---\n"
+                "0000:05:00.0 Bridge [0680]: NVIDIA Corporation GH100 [H100 NVSwitch] [10de:22a3] (rev a1)\n"
+                "--- nvml ---\n")
+NO_NVIDIA_DEVICE = "--- lspci ---\n--- nvml ---\n"
 STANDIN_DRIVER = ["nvidia-open-580", "nvidia-open", "nvidia-driver-cuda", "libnvidia-compute",
                   "nvidia-kernel-open-dkms", "nvidia-persistenced", "nvidia-fabricmanager"]
 
@@ -74,7 +79,7 @@ def dpkg(held: list[str], unheld: list[str], version: str = "580.95.05-1") -> st
 
 
 def standin_host(held: list[str] | None = None, unheld: tuple[str, ...] = (), fm_active: str = "active",
-                 fm_version: str = "580.95.05-1", lspci: str = "") -> StandInHost:
+                 fm_version: str = "580.95.05-1", pci: str = NO_NVIDIA_DEVICE) -> StandInHost:
     """The state the stand-in e2e leaves after `up --only nvidia` and its reboot."""
     held = STANDIN_DRIVER if held is None else held
     packages = dpkg([n for n in held if n != "nvidia-fabricmanager"], list(unheld))
@@ -83,7 +88,7 @@ def standin_host(held: list[str] | None = None, unheld: tuple[str, ...] = (), fm
     return StandInHost({
         AptHolds().command(): (0, packages),
         "uname -r": (0, "6.1.0-41-amd64\n"),
-        "lspci -Dnn 2>/dev/null || true": (0, lspci),
+        NvidiaDevices().command(): (0, pci),
         "nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n1": (0, "580.95.05\n"),
         "systemctl is-enabled nvidia-fabricmanager": (0, "enabled\n"),
         "systemctl is-active nvidia-fabricmanager": (0 if fm_active == "active" else 3, fm_active + "\n"),
@@ -147,7 +152,7 @@ def test_enabled_but_stopped_persistence_daemon_fails() -> None:
     {"fm_version": "580.82.07-1"},
 ])
 def test_nvswitch_host_without_a_working_matching_fabric_manager_fails(broken: dict[str, Any]) -> None:
-    host = standin_host(lspci=HGX_NVSWITCH, **broken)
+    host = standin_host(pci=HGX_NVSWITCH, **broken)
     with pytest.raises(AssertionError):
         nvidia_checks.test_fabric_manager_is_held_running_and_matches_the_driver(host, settings())
 
