@@ -150,7 +150,8 @@ def test_nccl_is_the_build_for_the_toolkit_cuda_and_held(first_and_second) -> No
         assert {"libnccl2", "libnccl-dev"} <= set(sh(node, "apt-mark showhold").split())
 
 
-def test_verify_suite_passes_on_the_nvidia_hosts(first_and_second, tmp_path) -> None:
+def test_verify_suite_passes_on_the_nvidia_hosts(provisioned, first_and_second, tmp_path) -> None:
+    # The whole suite runs, base and storage checks included: they need `up` (provisioned).
     cluster, *_ = first_and_second
     result = verify.run(cluster, str(tmp_path), extra=["-vv"])  # -q -vv: a line per test and host
     assert result.exit_code == 0, result.output
