@@ -8,14 +8,15 @@ Three independent checks, the worst one wins:
 3. the fleet: per metric, a value far below the median of its peers (the other nodes; for
    GPUs, every GPU of the same SKU in the fleet, so also the GPUs in its own node) warns
    or fails even when it clears the floor. "Far" means below the median by more than
-   ``warn_drop``/``fail_drop`` AND outside ``mad_k`` scaled MADs, so honest noise on equal
-   hardware does not warn.
+   ``warn_drop``/``fail_drop`` AND outside ``mad_k`` scaled MADs (of the logarithms: noise
+   is a ratio), so honest noise on equal hardware does not warn.
 
 A node is judged by its worst finding, so by its slowest GPU.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -145,19 +146,30 @@ class Band:
     """The fleet's spread for one metric (and SKU, for GPUs)."""
 
     median: float  # fleet median
-    low: float  # median - k x scaled MAD
+    low: float  # below this a value is outside the spread: median / exp(k x scaled MAD of logs)
     size: int  # values the band was made from
+    high: float  # the same distance above the median (for the report's band)
 
 
 def band(values: list[float], k: float) -> Band | None:
-    """Median and MAD band of a fleet; None with fewer than 2 values (nothing to compare)."""
+    """Median and MAD band of a fleet; None with fewer than 2 values (nothing to compare).
+
+    The MAD is taken of the logarithms: throughput noise is a ratio (a busy host halves a
+    link, it does not take 10 Gbit/s off it), so the band is a ratio around the median.
+    In plain units, links of 24 and 63 Gbit/s on a loaded host made a band reaching below
+    zero, and a node at 0.05 Gbit/s, bisected and blamed, passed. For a tight fleet the two
+    agree (log(1+x) ~ x)."""
     if len(values) < 2:
         return None
     med = statistics.median(values)
-    mad = statistics.median(abs(v - med) for v in values)
     # With 2 values the MAD is half their gap, which says nothing; only the drop counts then.
-    low = med - k * 1.4826 * mad if len(values) >= 3 else med
-    return Band(med, low, len(values))
+    if len(values) < 3 or med <= 0:
+        return Band(med, med, len(values), med)
+    tiny = med * 1e-9  # a measured 0 is a huge outlier, not a math error
+    logs = [math.log(max(v, tiny)) for v in values]
+    centre = statistics.median(logs)
+    spread = k * 1.4826 * statistics.median(abs(x - centre) for x in logs)
+    return Band(med, math.exp(centre - spread), len(values), math.exp(centre + spread))
 
 
 # With two values there is no spread to tell noise from a fault, and no third value to say

@@ -76,8 +76,7 @@ def _band(values: list[float], y: Callable[[float], float], plot_w: float) -> li
     b = band(values, 3.0)
     if b is None:
         return []
-    high = b.median + (b.median - b.low)
-    low = max(b.low, 0.0)
+    high, low = b.high, max(b.low, 0.0)
     return [
         f'<rect class="band" x="{PAD_L}" y="{y(high):.1f}" width="{plot_w:.1f}" '
         f'height="{max(y(low) - y(high), 1.0):.1f}" fill="{BAND_COLOR}" opacity="0.45"/>',

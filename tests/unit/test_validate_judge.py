@@ -242,6 +242,25 @@ def test_links_and_disks_get_a_wider_fleet_band_than_memory():
     assert findings(x, "ram_triad_gbs")[0].verdict == "warn"
 
 
+def test_noisy_links_pass_but_a_link_hundreds_of_times_slower_fails():
+    # Healthy veth links on a loaded host spread 24..63 Gbit/s (a CI run saw this); in plain
+    # units that spread made the MAD band reach below zero and a 0.05 Gbit/s node passed.
+    healthy = {"n0": 62.9, "n1": 24.2, "n3": 40.0}
+    nodes = [cpu_node(n, net_gbits=v) for n, v in healthy.items()] + [cpu_node("n2", net_gbits=0.05)]
+    results = by_node(judge.judge(nodes))
+    assert results["n2"].verdict == "fail"
+    assert "below the fleet median" in findings(results["n2"], "net_gbits")[0].reason
+    assert all(results[n].verdict == "pass" for n in healthy)
+
+
+def test_a_measured_zero_is_an_outlier_not_a_math_error():
+    nodes = [cpu_node(f"n{i}", disk_seq_read_mibs=v) for i, v in enumerate([900.0, 1500.0, 1200.0])]
+    nodes.append(cpu_node("dead", disk_seq_read_mibs=0.0))
+    results = by_node(judge.judge(nodes))
+    assert results["dead"].verdict == "fail"
+    assert all(results[f"n{i}"].verdict == "pass" for i in range(3))
+
+
 def test_user_fleet_rule_applies_to_every_metric():
     ov = parse_flat({"fleet.warn_drop": 0.05, "fleet.fail_drop": 0.1}, "expect")
     nodes = [cpu_node(f"n{i}", net_gbits=30.0) for i in range(3)]
