@@ -108,10 +108,9 @@ REBOOT_STEP = runner.Step("reboot", _reboot_deploy(), "reboot hosts that need it
 
 def candidates(nodes: list[Node], results: dict[str, runner.HostResult]) -> list[Node]:
     """Healthy hosts the nvidia step ran on in this run. A host it did not run on (nvidia:
-    skip, --skip nvidia, no GPU) is not this run's to reboot, even when its module and
-    driver disagree (an admin's own driver upgrade)."""
-    return [n for n in nodes if results[n.name].ok and "nvidia" in results[n.name].steps
-            and not any(note.startswith("nvidia: skipped") for note in results[n.name].notes)]
+    skip, --skip nvidia, no GPU: runner.skip keeps it out of the host's steps) is not this
+    run's to reboot, even when its module and driver disagree (an admin's own driver upgrade)."""
+    return [n for n in nodes if results[n.name].ok and "nvidia" in results[n.name].steps]
 
 
 def reboot_where_needed(

@@ -87,6 +87,9 @@ _cluster: Cluster | None = None
 _step_names: tuple[str, ...] = ()
 # Notes deploys leave for the summary ("nvidia: skipped (no NVIDIA GPU)"), by host name.
 _notes: dict[str, list[str]] = {}
+# Steps whose deploy found nothing to do on a host and said so with skip(), by host name:
+# such a step did not run there, so it is not listed in the host's steps (reboots read that).
+_skips: dict[str, set[str]] = {}
 
 
 def current_cluster() -> Cluster:
@@ -117,6 +120,16 @@ def note(text: str) -> None:
     from pyinfra import host
 
     _notes.setdefault(host.name, []).append(text)
+
+
+def skip(step: str, reason: str) -> None:
+    """Inside a deploy: this step does not apply to the current host after all (a fact only
+    the host knows, such as no NVIDIA GPU); the summary notes why and the step is not counted
+    as run there."""
+    from pyinfra import host
+
+    note(f"{step}: skipped ({reason})")
+    _skips.setdefault(host.name, set()).add(step)
 
 
 def _take_notes(results: dict[str, HostResult]) -> None:
@@ -267,7 +280,9 @@ def run_step(
         disconnect_all(state)
     for node in targets:
         result = results[node.name]
-        if result.ok and not any(f.startswith(f"{step.name}:") for f in result.failures):
+        if step.name in _skips.pop(node.name, set()):
+            on_event(node.name, f"{step.name}: skipped")
+        elif result.ok and not any(f.startswith(f"{step.name}:") for f in result.failures):
             result.steps.append(step.name)
             on_event(node.name, f"{step.name}: done")
 
@@ -460,6 +475,7 @@ def plan_steps(
                     _plan_step(step, alive, plans, on_event)
     finally:
         _notes.clear()
+        _skips.clear()
     return plans
 
 
@@ -591,6 +607,7 @@ def plan_with_facts(step: Step, node: Node, facts: Callable[[type, dict[str, Any
             planned = _changing_ops(state, host)
     finally:
         _notes.clear()
+        _skips.clear()
     return planned, _refusals.pop(node.name, [])
 
 

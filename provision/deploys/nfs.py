@@ -32,7 +32,7 @@ from provision.deploys.base import training_account
 from provision.deploys.volumes import install
 from provision.inventory import Cluster, Node
 from provision.resources import render_template
-from provision.runner import Step, current_cluster, current_node, note, refuse
+from provision.runner import Step, current_cluster, current_node, refuse, skip
 from provision.settings import Settings
 
 EXPORTS_FILE = "/etc/exports.d/provision.exports"
@@ -151,7 +151,7 @@ def nfs() -> None:
     cluster = current_cluster()
     storage = cluster.storage_node()
     if storage is None:
-        note("nfs: skipped (no storage host: put one host in the 'storage' group)")
+        skip("nfs", "no storage host: put one host in the 'storage' group")
         return
     if node.name == storage.name:
         problems = export_problems(node.settings, node.name)

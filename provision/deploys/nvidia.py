@@ -26,7 +26,7 @@ from provision.facts.gpus import Gpus, NvidiaDevices
 from provision.facts.system import Os, OsInfo
 from provision.inventory import Node
 from provision.resources import templates_dir
-from provision.runner import Step, current_node, note, refuse
+from provision.runner import Step, current_node, note, refuse, skip
 from provision.settings import Settings
 
 KEYRING = "/etc/apt/keyrings/cuda-archive-keyring.gpg"
@@ -333,7 +333,7 @@ def nvidia() -> None:
     gpus = host.get_fact(NvidiaDevices)
     reason = skip_reason(node, gpus)
     if reason:
-        note(f"nvidia: skipped ({reason})")
+        skip("nvidia", reason)
         return
     os_info = host.get_fact(Os)
     open_modules = pkgs.use_open_modules(settings.nvidia_kernel_modules, [g.device_id for g in gpus.gpus])

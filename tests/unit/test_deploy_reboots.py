@@ -111,9 +111,10 @@ def results_after_nvidia(*names: str, without_nvidia: tuple[str, ...] = ()) -> d
 
 def test_only_hosts_the_nvidia_step_ran_on_this_run_are_rebooted(stand_in) -> None:
     # node2 has nvidia: skip (or the run had --skip nvidia); node3's nvidia step skipped
-    # itself. Both have a mismatched module, say from an admin's own driver upgrade.
+    # itself (runner.skip: it is not in the host's steps). Both have a mismatched module,
+    # say from an admin's own driver upgrade.
     hosts = stand_in({"node1": MISMATCH, "node2": MISMATCH, "node3": MISMATCH})
-    results = results_after_nvidia("node1", "node2", "node3", without_nvidia=("node2",))
+    results = results_after_nvidia("node1", "node2", "node3", without_nvidia=("node2", "node3"))
     results["node3"].notes.append("nvidia: skipped (no NVIDIA GPU on the PCI bus)")
     reboots.reboot_where_needed([node("node1"), node("node2"), node("node3")], results, {}, batch=None)
     assert hosts.asked[0] == ["node1"] and hosts.batches == [["node1"]]

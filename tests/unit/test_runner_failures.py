@@ -39,3 +39,22 @@ def test_an_error_on_every_host_is_recorded_for_each(monkeypatch) -> None:
     run = run_fake(STEP, [bad], monkeypatch)
     assert run.results[bad.name].failures == [
         "raising: internal error: OSError: state directory is read-only"]
+
+
+@deploy("Skips itself on one host")
+def skips_on_quiet() -> None:
+    if runner.current_node().name.endswith("/quiet"):
+        runner.skip("selfskip", "nothing here for it")
+        return
+    server.shell(name="say hello", commands=["echo hello"])
+
+
+def test_a_step_that_skips_itself_is_noted_and_not_counted_as_run(monkeypatch) -> None:
+    # reboots.candidates trusts a host's steps: a skipped nvidia step must not be listed.
+    step = runner.Step("selfskip", skips_on_quiet, "a step that finds nothing to do on one host")
+    busy = fake_node("busy", Settings(), {})
+    quiet = fake_node("quiet", Settings(), {})
+    run = run_fake(step, [busy, quiet], monkeypatch)
+    assert run.results[busy.name].steps == ["selfskip"] and run.results[busy.name].notes == []
+    assert run.results[quiet.name].ok and run.results[quiet.name].steps == []
+    assert run.results[quiet.name].notes == ["selfskip: skipped (nothing here for it)"]
