@@ -22,7 +22,7 @@ from pyinfra.facts.files import FileContents
 from pyinfra.operations import apt, files, server, systemd
 
 from provision.deploys.packages import BASE_PACKAGES, UNATTENDED_BLACKLIST
-from provision.deploys.probes import Account, AccountFact, DpkgInterrupted, HostKeys
+from provision.deploys.probes import Account, AccountFact, CloudInitFact, DpkgInterrupted, HostKeys
 from provision.inventory import Cluster, Node
 from provision.resources import templates_dir
 from provision.runner import Step, current_cluster, current_node, note, secret_upload
@@ -34,6 +34,13 @@ UNATTENDED_FILE = "/etc/apt/apt.conf.d/51provision-unattended-upgrades"
 APT_LOCK_FILE = "/etc/apt/apt.conf.d/90provision-dpkg-lock-timeout"
 CHRONY_SOURCES = "/etc/chrony/sources.d/provision.sources"
 HOSTS_MARKER = "# {mark} provision cluster nodes"
+CLOUD_INIT_HOSTS = "/etc/cloud/cloud.cfg.d/99-provision-etc-hosts.cfg"
+CLOUD_INIT_TEXT = """\
+# Written by provision. cloud-init must not rewrite /etc/hosts at boot: it would drop the
+# cluster nodes' names that provision keeps there (with manage_etc_hosts: true it renders
+# /etc/hosts from its template on every boot). Later files in cloud.cfg.d win, hence 99.
+manage_etc_hosts: false
+"""
 
 
 def state_dir() -> Path:
@@ -183,7 +190,21 @@ def hosts_first(block: str, shadowed: list[str]):
         yield hosts_first_command(block)
 
 
+def cloud_init_leaves_hosts() -> None:
+    """Keep cloud-init's hands off /etc/hosts (the block would not survive the driver reboot)."""
+    cloud = host.get_fact(CloudInitFact)
+    if not cloud.installed:
+        return
+    files.put(name="cloud-init: leave /etc/hosts to provision", src=StringIO(CLOUD_INIT_TEXT),
+              dest=CLOUD_INIT_HOSTS, mode="644")
+    if cloud.overriding:
+        note(f"base: {', '.join(cloud.overriding)} sets cloud-init's manage_etc_hosts, which outranks "
+             f"{CLOUD_INIT_HOSTS}: the next boot rewrites /etc/hosts without the cluster nodes; "
+             "set manage_etc_hosts: false there (the provider's user-data), then run up again")
+
+
 def cluster_names() -> None:
+    cloud_init_leaves_hosts()
     cluster = current_cluster()
     block = hosts_block(list(cluster.nodes))
     shadowed = shadowing_lines(host.get_fact(FileContents, path="/etc/hosts"),

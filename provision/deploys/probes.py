@@ -319,3 +319,37 @@ def lock_wait_command(seconds: int) -> str:
         "(wait for it, or raise apt_lock_wait_s)\" >&2; exit 1; fi; "
         "sleep 3; done"
     )
+
+
+@dataclass(frozen=True)
+class CloudInit:
+    """What cloud-init would do to /etc/hosts at the next boot."""
+
+    installed: bool  # /etc/cloud/cloud.cfg.d exists: a drop-in there is read
+    overriding: tuple[str, ...]  # user-/vendor-data files that set manage_etc_hosts (they outrank cfg.d)
+
+
+class CloudInitFact(FactBase):
+    """cloud-init with manage_etc_hosts: true (Debian's cloud images set it in
+    01_debian_cloud.cfg; some providers in vendor-data) rewrites /etc/hosts from its template
+    on every boot, which drops the cluster block after the driver reboot."""
+
+    def command(self) -> str:
+        data = " ".join(f"/var/lib/cloud/instance/{f}" for f in CLOUD_INIT_DATA)
+        return ("test -d /etc/cloud/cloud.cfg.d && echo installed; "
+                f"grep -ls '^[[:space:]]*manage_etc_hosts:[[:space:]]*[\"'\\'']*\\(true\\|True\\|template\\)' "
+                f"{data} 2>/dev/null || true")
+
+    @staticmethod
+    def default() -> CloudInit:
+        return CloudInit(False, ())
+
+    def process(self, output: list[str]) -> CloudInit:
+        return parse_cloud_init(output)
+
+
+CLOUD_INIT_DATA = ("user-data.txt", "vendor-data.txt", "vendor-data2.txt")
+
+
+def parse_cloud_init(lines: list[str]) -> CloudInit:
+    return CloudInit("installed" in lines, tuple(line for line in lines if line.startswith("/")))

@@ -41,6 +41,14 @@ def test_every_node_resolves_to_its_cluster_address(host: Any, expected: dict[st
         assert answer[:1] == [address], f"{name} resolves to {answer[:1]}, not its cluster address {address}"
 
 
+def test_cloud_init_leaves_etc_hosts_alone(host: Any) -> None:
+    """cloud-init's manage_etc_hosts: true would rewrite /etc/hosts at boot without the
+    cluster nodes (Debian's cloud images set it)."""
+    if not host.file("/etc/cloud/cloud.cfg.d").is_directory:
+        pytest.skip("no cloud-init on this host")
+    assert host.file("/etc/cloud/cloud.cfg.d/99-provision-etc-hosts.cfg").contains("^manage_etc_hosts: false$")
+
+
 def test_training_user_has_the_cluster_key(host: Any, settings: dict[str, Any]) -> None:
     user = settings["training_user"]
     home = f"/home/{user}"

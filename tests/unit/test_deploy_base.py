@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from provision import runner
-from provision.deploys import base
+from provision.deploys import base, probes
 from provision.deploys.packages import BASE_PACKAGES
 from provision.inventory import Cluster
 from tests.helpers.deploy_facts import FakeHost, node, os_info
@@ -221,3 +221,48 @@ def test_the_lock_timeout_config_already_in_place_changes_nothing() -> None:
     other = FakeHost(Os=os_info("debian-12-bookworm"), File=present, Directory=present, Sha1File="0" * 40,
                      Date=datetime.datetime.now())
     assert LOCK_STEP in by_name(runner.plan_with_facts(base.step, cluster().nodes[0], other, cluster())[0])
+
+
+def test_cloud_init_is_told_to_leave_etc_hosts_alone_where_it_is_installed(monkeypatch) -> None:
+    said: list[str] = []
+    monkeypatch.setattr(base, "note", said.append)
+    fake = FakeHost(Os=os_info("debian-12-bookworm"), CloudInitFact=probes.CloudInit(True, ()))
+    ops = by_name(runner.plan_with_facts(base.step, cluster().nodes[0], fake, cluster())[0])
+    diff = ops["cloud-init: leave /etc/hosts to provision"].diffs[0]
+    assert "+manage_etc_hosts: false" in diff and base.CLOUD_INIT_HOSTS == \
+        "/etc/cloud/cloud.cfg.d/99-provision-etc-hosts.cfg"
+    assert said == []
+    # No cloud-init: nothing written there.
+    bare = FakeHost(Os=os_info("debian-12-bookworm"), CloudInitFact=probes.CloudInit(False, ()))
+    assert "cloud-init: leave /etc/hosts to provision" not in by_name(
+        runner.plan_with_facts(base.step, cluster().nodes[0], bare, cluster())[0])
+
+
+def test_user_data_that_sets_manage_etc_hosts_is_named_in_a_note(monkeypatch) -> None:
+    said: list[str] = []
+    monkeypatch.setattr(base, "note", said.append)
+    data = ("/var/lib/cloud/instance/vendor-data.txt",)
+    fake = FakeHost(Os=os_info("debian-12-bookworm"), CloudInitFact=probes.CloudInit(True, data))
+    runner.plan_with_facts(base.step, cluster().nodes[0], fake, cluster())
+    (text,) = said
+    assert text.startswith("base: /var/lib/cloud/instance/vendor-data.txt sets cloud-init's manage_etc_hosts")
+
+
+def test_the_cloud_init_probe_finds_the_setting_in_user_and_vendor_data(tmp_path: Path) -> None:
+    (tmp_path / "etc/cloud/cloud.cfg.d").mkdir(parents=True)
+    instance = tmp_path / "var/lib/cloud/instance"
+    instance.mkdir(parents=True)
+    (instance / "user-data.txt").write_text("#cloud-config\nmanage_etc_hosts: false\n")
+    (instance / "vendor-data.txt").write_text("#cloud-config\ndisable_root: false\nmanage_etc_hosts: true\n")
+    (instance / "vendor-data2.txt").write_text("#cloud-config\n  manage_etc_hosts: 'template'\n")
+    command = probes.CloudInitFact().command().replace("/etc/cloud", f"{tmp_path}/etc/cloud") \
+        .replace("/var/lib/cloud", f"{tmp_path}/var/lib/cloud")
+    out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True).stdout
+    found = probes.parse_cloud_init(out.splitlines())
+    assert found.installed
+    assert found.overriding == (f"{instance}/vendor-data.txt", f"{instance}/vendor-data2.txt")
+    (tmp_path / "etc/cloud/cloud.cfg.d").rmdir()
+    for f in instance.iterdir():
+        f.unlink()
+    out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True).stdout
+    assert probes.parse_cloud_init(out.splitlines()) == probes.CloudInit(False, ())
