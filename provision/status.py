@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from provision.deploys.packages import upstream
 from provision.facts.stack import InstalledStack
 from provision.inventory import Cluster, Node
 
@@ -56,11 +57,6 @@ def _driver_version(stack: InstalledStack) -> str | None:
             if name.startswith(prefix):
                 return upstream(version)
     return None
-
-
-def upstream(version: str) -> str:
-    """580.95.05-0ubuntu1 -> 580.95.05; 1:580.95.05-1 -> 580.95.05."""
-    return version.split(":", 1)[-1].split("-", 1)[0]
 
 
 def _package_starting(stack: InstalledStack, prefix: str) -> tuple[str, str] | None:

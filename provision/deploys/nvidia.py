@@ -105,23 +105,27 @@ def held(explicit: list[str], branch: str):
 
 @operation()
 def fabricmanager(package: str, driver_package: str, version: str | None):
-    """Install fabric manager at exactly the driver's version (it refuses to run otherwise).
+    """Install fabric manager at the driver's version (it refuses to run otherwise).
 
     ``version`` is the exact apt version when known up front; otherwise the driver's
     version is read at execution time, after the driver was installed, from the
-    installed metapackage.
+    installed metapackage. Without an exact version only the upstream part must match
+    (``580.95.05-*``): Canonical builds fabric manager and the -server driver from separate
+    sources, whose revisions (0ubuntu0.22.04.N) need not be equal.
     """
     installed, _ = host.get_fact(AptHolds)
-    want = version or installed.get(driver_package)
-    if want is None:
+    driver_version = installed.get(driver_package)
+    if version is None and driver_version is None:
         if host.state.is_executing:  # the driver step ran before this, so this is a real error
             yield (f"echo 'fabric manager: no installed version of {driver_package} to match' >&2; exit 1")
         else:  # planning: the driver is not installed yet, so its version is not known
             yield f"apt-get install -y {package}=<driver version>"
         return
-    if installed.get(package) != want:
+    want = version or f"{pkgs.upstream(driver_version or '')}-*"
+    if not fnmatch.fnmatchcase(installed.get(package, ""), want):
         yield (f"DEBIAN_FRONTEND=noninteractive apt-get install -y --allow-change-held-packages "
-               f"-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold {package}={want}")
+               f"-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold "
+               f"{shlex.quote(f'{package}={want}')}")
 
 
 @operation()

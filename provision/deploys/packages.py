@@ -63,6 +63,12 @@ def apt_version(version: str) -> str:
     return version if "-" in version else f"{version}-1"
 
 
+def upstream(version: str) -> str:
+    """The driver's own version in a package version: 580.95.05-0ubuntu1 -> 580.95.05;
+    1:580.95.05-1 -> 580.95.05. Kernel module, nvidia-smi and fabric manager compare this."""
+    return version.split(":", 1)[-1].split("-", 1)[0]
+
+
 def exact_apt_version(version: str | None, source: DriverSource) -> str | None:
     """The exact apt version of a driver version setting, or None when it cannot be known
     before the driver is installed: Canonical's revisions (0ubuntu0.24.04.1) are not NVIDIA's

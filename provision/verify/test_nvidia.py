@@ -165,7 +165,7 @@ def test_fabric_manager_is_held_running_and_matches_the_driver(nvidia_host: Any,
     found = {name: installed[name] for name in names if name in installed}
     assert found, f"fabric manager is not installed (none of {sorted(names)})"
     for name, version in found.items():
-        assert version.split("-")[0] == driver_version(nvidia_host), (name, version)
+        assert pkgs.upstream(version) == driver_version(nvidia_host), (name, version)
         assert name in held, f"{name} is not held"
     assert unit_state(nvidia_host, "is-enabled", "nvidia-fabricmanager") == "enabled"
     assert unit_state(nvidia_host, "is-active", "nvidia-fabricmanager") == "active"

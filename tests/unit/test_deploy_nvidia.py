@@ -168,10 +168,29 @@ def test_fabricmanager_installs_the_driver_version_once_the_driver_is_there() ->
     holds = ({"nvidia-open-580": "580.95.05-1"}, set())
     fake = FakeHost(Os=os_info("ubuntu-22.04-jammy"), NvidiaDevices=Gpus((H100, NVSWITCH), ()), AptHolds=holds)
     ops = {o.name: o for o in runner.plan_with_facts(nvidia.step, node(), fake)[0]}
+    # apt resolves the glob to the newest 580.95.05 build (checked against real apt-get -s).
     assert ops["NVIDIA stack | fabric manager nvidia-fabricmanager=580.*"].commands == [
         "DEBIAN_FRONTEND=noninteractive apt-get install -y --allow-change-held-packages "
-        "-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold nvidia-fabricmanager=580.95.05-1"]
+        "-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold 'nvidia-fabricmanager=580.95.05-*'"]
     assert ops["NVIDIA stack | hold NVIDIA driver packages"].commands == ["apt-mark hold nvidia-open-580"]
+
+
+def test_canonicals_fabricmanager_matches_the_driver_upstream_not_its_revision() -> None:
+    # Canonical builds the -server driver and fabric manager from separate sources: their
+    # revisions differ while the driver version (what fabric manager checks) is the same.
+    signed = pkgs.signed_modules_package("580", True, os_info("ubuntu-22.04-jammy").kernel)
+    sb = probe(secure_boot=SecureBoot(True, "SecureBoot enabled"), candidates={signed: "580.95.05-0ubuntu0.22.04.1"})
+    driver = {"nvidia-driver-580-server-open": "580.95.05-0ubuntu0.22.04.3"}
+    fresh = plan("ubuntu-22.04-jammy", Gpus((H100, NVSWITCH), ()), probe=sb, facts={"AptHolds": (driver, set())})
+    assert fresh["fabric manager nvidia-fabricmanager-580=580.*"].commands[0].endswith(
+        "'nvidia-fabricmanager-580=580.95.05-*'")
+    matched = {**driver, "nvidia-fabricmanager-580": "580.95.05-0ubuntu0.22.04.1"}
+    done = plan("ubuntu-22.04-jammy", Gpus((H100, NVSWITCH), ()), probe=sb, facts={"AptHolds": (matched, set())})
+    assert "fabric manager nvidia-fabricmanager-580=580.*" not in done
+    stale = {**driver, "nvidia-fabricmanager-580": "580.82.07-0ubuntu0.22.04.1"}
+    moved = plan("ubuntu-22.04-jammy", Gpus((H100, NVSWITCH), ()), probe=sb, facts={"AptHolds": (stale, set())})
+    assert moved["fabric manager nvidia-fabricmanager-580=580.*"].commands[0].endswith(
+        "'nvidia-fabricmanager-580=580.95.05-*'")
 
 
 def test_branch_570_uses_suffixed_fabricmanager() -> None:
