@@ -121,11 +121,9 @@ def fabricmanager(package: str, driver_package: str, version: str | None):
         else:  # planning: the driver is not installed yet, so its version is not known
             yield f"apt-get install -y {package}=<driver version>"
         return
-    want = version or f"{pkgs.upstream(driver_version or '')}-*"
-    if not fnmatch.fnmatchcase(installed.get(package, ""), want):
-        yield (f"DEBIAN_FRONTEND=noninteractive apt-get install -y --allow-change-held-packages "
-               f"-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold "
-               f"{shlex.quote(f'{package}={want}')}")
+    command = install_matching(installed, {package: version or f"{pkgs.upstream(driver_version or '')}-*"})
+    if command:
+        yield command
 
 
 @operation()
@@ -135,11 +133,22 @@ def apt_pinned(packages: dict[str, str]):
     as ``*+cuda12.8`` would reinstall at every run; apt itself resolves the glob to the
     newest matching version. Held packages may be moved: the pin is what decides."""
     installed, _ = host.get_fact(AptHolds)
+    command = install_matching(installed, packages, recommends=False)
+    if command:
+        yield command
+
+
+def install_matching(installed: dict[str, str], packages: dict[str, str], recommends: bool = True) -> str | None:
+    """The apt-get line that brings each package to a version matching its pattern (an exact
+    version or an apt version glob), or None when every installed one already matches.
+    Held packages may be moved: the pin is what decides."""
     todo = [shlex.quote(f"{name}={pattern}") for name, pattern in packages.items()
             if not fnmatch.fnmatchcase(installed.get(name, ""), pattern)]
-    if todo:
-        yield (f"DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "
-               f"--allow-change-held-packages {' '.join(todo)}")
+    if not todo:
+        return None
+    return (f"DEBIAN_FRONTEND=noninteractive apt-get install -y {'' if recommends else '--no-install-recommends '}"
+            f"--allow-change-held-packages -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold "
+            f"{' '.join(todo)}")
 
 
 def download_commands(src: str, dest: str, sha256: str | None) -> list[str]:

@@ -202,6 +202,7 @@ def test_nccl_is_pinned_to_the_toolkit_cuda_version_and_held() -> None:
     ops = plan("ubuntu-24.04.3-noble", Gpus((H100,), ()), install_nccl=True)
     assert ops["NCCL *+cuda12.8"].commands == [
         "DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends --allow-change-held-packages "
+        "-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold "
         "'libnccl2=*+cuda12.8' 'libnccl-dev=*+cuda12.8'"]
     assert ops["CUDA toolkit and extras"].commands == [f"{INSTALL} --no-install-recommends cuda-toolkit-12-8"]
     exact = plan("debian-12-bookworm", Gpus((H100,), ()), install_nccl=True, nccl_version="2.27.7-1",
@@ -230,7 +231,8 @@ def test_installed_nccl_for_the_right_cuda_changes_nothing_and_is_held() -> None
                     AptHolds=(other, {"libnccl2"}))
     ops = {o.name: o for o in runner.plan_with_facts(nvidia.step, node(install_nccl=True), fake)[0]}
     assert ops["NVIDIA stack | NCCL *+cuda12.8"].commands[0].endswith(
-        "--allow-change-held-packages 'libnccl2=*+cuda12.8'")
+        "--force-confold 'libnccl2=*+cuda12.8'")
+    assert "--allow-change-held-packages" in ops["NVIDIA stack | NCCL *+cuda12.8"].commands[0]
 
 
 def run_download(tmp_path: Path, sha256: str | None) -> subprocess.CompletedProcess[str]:
