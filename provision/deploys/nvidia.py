@@ -109,9 +109,9 @@ def fabricmanager(package: str, driver_package: str, version: str | None):
 
     ``version`` is the exact apt version when known up front; otherwise the driver's
     version is read at execution time, after the driver was installed, from the
-    installed metapackage. Without an exact version only the upstream part must match
-    (``580.95.05-*``): Canonical builds fabric manager and the -server driver from separate
-    sources, whose revisions (0ubuntu0.22.04.N) need not be equal.
+    installed metapackage. Only the upstream part must match (``580.95.05-*``): Canonical
+    builds fabric manager and the -server driver from separate sources, whose revisions
+    (0ubuntu0.22.04.N) need not be equal; in NVIDIA's repository both are ``-1``.
     """
     installed, _ = host.get_fact(AptHolds)
     driver_version = installed.get(driver_package)
@@ -121,7 +121,7 @@ def fabricmanager(package: str, driver_package: str, version: str | None):
         else:  # planning: the driver is not installed yet, so its version is not known
             yield f"apt-get install -y {package}=<driver version>"
         return
-    command = install_matching(installed, {package: version or f"{pkgs.upstream(driver_version or '')}-*"})
+    command = install_matching(installed, {package: f"{pkgs.upstream(version or driver_version or '')}-*"})
     if command:
         yield command
 

@@ -206,12 +206,12 @@ def fabricmanager_package(branch: str, version: str | None, source: DriverSource
     Fabric manager refuses to start unless its version equals the driver's, so it is
     always pinned: to the exact driver version when one is set, else to the branch
     (``=<branch>.*`` is an apt version glob). NVIDIA's repository drops the branch suffix
-    from 580 on; Canonical's archive (the signed ``-server`` drivers) keeps it and has its
-    own revisions, so there an exact version needs the revision written out.
+    from 580 on; Canonical's archive (the signed ``-server`` drivers) keeps it and builds it
+    from its own source, with its own revisions: only the upstream version is matched there.
     """
     if source == "ubuntu-server":
         name = f"nvidia-fabricmanager-{branch}"
-        pinned = version if version and "-" in version else f"{branch}.*"
+        pinned = f"{upstream(version)}-*" if version and "-" in version else f"{branch}.*"
         return f"{name}={pinned}", name
     name = (
         "nvidia-fabricmanager" if int(branch) >= FABRICMANAGER_UNSUFFIXED_FROM

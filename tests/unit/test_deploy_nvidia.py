@@ -187,6 +187,11 @@ def test_canonicals_fabricmanager_matches_the_driver_upstream_not_its_revision()
     matched = {**driver, "nvidia-fabricmanager-580": "580.95.05-0ubuntu0.22.04.1"}
     done = plan("ubuntu-22.04-jammy", Gpus((H100, NVSWITCH), ()), probe=sb, facts={"AptHolds": (matched, set())})
     assert "fabric manager nvidia-fabricmanager-580=580.*" not in done
+    # An exact driver version names the driver's revision, never fabric manager's.
+    exact = plan("ubuntu-22.04-jammy", Gpus((H100, NVSWITCH), ()), probe=sb,
+                 nvidia_driver_version="580.95.05-0ubuntu0.22.04.3")
+    assert exact["fabric manager nvidia-fabricmanager-580=580.95.05-*"].commands[0].endswith(
+        "'nvidia-fabricmanager-580=580.95.05-*'")
     stale = {**driver, "nvidia-fabricmanager-580": "580.82.07-0ubuntu0.22.04.1"}
     moved = plan("ubuntu-22.04-jammy", Gpus((H100, NVSWITCH), ()), probe=sb, facts={"AptHolds": (stale, set())})
     assert moved["fabric manager nvidia-fabricmanager-580=580.*"].commands[0].endswith(
