@@ -194,7 +194,9 @@ class Settings:
         None, "SHA-256 the downloaded keyring must have (sha256sum of the file); null trusts HTTPS alone",
         _sha256)
     nvidia_driver_branch: str = knob("580", "driver branch to pin, e.g. 570 or 580", _branch)
-    nvidia_driver_version: str | None = knob(None, "exact driver version; default: newest of the branch",
+    nvidia_driver_version: str | None = knob(None, "exact driver version (580.95.05); default: newest of the "
+                                             "branch. Canonical's signed driver needs the version apt offers "
+                                             "or one with its revision (580.95.05-0ubuntu0.22.04.1)",
                                              _version)
     nvidia_driver_source: Literal["auto", "cuda-repo", "ubuntu-server"] = knob(
         "auto", "auto: CUDA repo, or Canonical's signed -server modules under Secure Boot (Ubuntu)"

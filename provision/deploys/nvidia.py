@@ -72,13 +72,22 @@ def sources_text(url: str) -> str:
 
 
 def driver_choice(settings: Settings, os_info: OsInfo, gpus: Gpus, secure_boot: bool,
-                  signed_available: bool) -> pkgs.DriverChoice:
+                  candidates: dict[str, str | None]) -> pkgs.DriverChoice:
+    """Which driver packages, from where. ``candidates``: apt's candidate versions of the
+    signed modules and Canonical's driver package (Ubuntu). Raises ValueError with advice
+    when no driver can be chosen (Secure Boot without signed modules, a bare version
+    Canonical does not have)."""
+    branch = settings.nvidia_driver_branch
     open_modules = pkgs.use_open_modules(settings.nvidia_kernel_modules,
                                          [g.device_id for g in gpus.gpus])
-    source = pkgs.choose_driver_source(os_info, secure_boot, signed_available,
+    signed = pkgs.signed_modules_package(branch, open_modules, os_info.kernel)
+    source = pkgs.choose_driver_source(os_info, secure_boot, candidates.get(signed) is not None,
                                        settings.nvidia_driver_source)
-    return pkgs.driver_packages(source, settings.nvidia_driver_branch, settings.nvidia_driver_version,
-                                open_modules, os_info.kernel)
+    version = settings.nvidia_driver_version
+    if source == "ubuntu-server":
+        driver = pkgs.canonical_driver_package(branch, open_modules)
+        version = pkgs.canonical_version(version, driver, candidates.get(driver))
+    return pkgs.driver_packages(source, branch, version, open_modules, os_info.kernel)
 
 
 def wants_fabricmanager(settings: Settings, gpus: Gpus) -> bool:
@@ -292,7 +301,7 @@ def driver(settings: Settings, choice: pkgs.DriverChoice, gpus: Gpus) -> list[st
                  packages=choice.install, extra_install_args="--allow-change-held-packages")
     hold = list(choice.hold)
     if wants_fabricmanager(settings, gpus):
-        version = settings.nvidia_driver_version
+        version = choice.version
         arg, name = pkgs.fabricmanager_package(settings.nvidia_driver_branch, version, choice.source)
         fabricmanager(name=f"fabric manager {arg}", package=name, driver_package=choice.hold[0],
                       version=pkgs.exact_apt_version(version, choice.source))
@@ -352,12 +361,12 @@ def nvidia() -> None:
     open_modules = pkgs.use_open_modules(settings.nvidia_kernel_modules, [g.device_id for g in gpus.gpus])
     signed = pkgs.signed_modules_package(settings.nvidia_driver_branch, open_modules, os_info.kernel)
     meta = pkgs.cuda_driver_metapackage(settings.nvidia_driver_branch, open_modules)
-    probe = host.get_fact(Probe, packages=(signed, meta) if os_info.id == "ubuntu" else (meta,))
+    canonical = pkgs.canonical_driver_package(settings.nvidia_driver_branch, open_modules)
+    probe = host.get_fact(Probe, packages=(signed, canonical, meta) if os_info.id == "ubuntu" else (meta,))
     try:
-        choice = driver_choice(settings, os_info, gpus, probe.secure_boot.enabled,
-                               probe.candidates.get(signed) is not None)
-    except ValueError as e:  # Secure Boot with no signed modules (preflight could not tell yet)
-        refuse("nvidia", str(e))
+        choice = driver_choice(settings, os_info, gpus, probe.secure_boot.enabled, probe.candidates)
+    except ValueError as e:  # Secure Boot with no signed modules (preflight could not tell yet), or
+        refuse("nvidia", str(e))  # a bare version Canonical's archive does not have
         return
     # The driver comes from NVIDIA's repository, or (Secure Boot on Ubuntu) from Canonical's
     # signed packages; the CUDA toolkit, NCCL and the container toolkit come only from

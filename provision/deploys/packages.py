@@ -97,6 +97,7 @@ class DriverChoice:
     install: list[str]  # apt arguments, versions pinned with '='
     hold: list[str]  # package names to apt-mark hold
     open_modules: bool  # open kernel modules (True) or proprietary
+    version: str | None = None  # the driver version setting, made exact where it had to be
 
 
 def driver_packages(source: DriverSource, branch: str, version: str | None, open_modules: bool,
@@ -110,14 +111,34 @@ def driver_packages(source: DriverSource, branch: str, version: str | None, open
     if source == "cuda-repo":
         name = cuda_driver_metapackage(branch, open_modules)
         install = [f"{name}={apt_version(version)}" if version else name]
-        return DriverChoice(source, install, [name], open_modules)
-    flavour = f"{branch}-server-open" if open_modules else f"{branch}-server"
-    driver = f"nvidia-driver-{flavour}"
-    modules = f"linux-modules-nvidia-{flavour}-{kernel}"
+        return DriverChoice(source, install, [name], open_modules, version)
+    driver = canonical_driver_package(branch, open_modules)
+    modules = f"linux-modules-nvidia-{driver.removeprefix('nvidia-driver-')}-{kernel}"
     # Canonical's versions carry an Ubuntu revision (580.95.05-0ubuntu0.24.04.1), so only a
-    # version with a revision can be pinned exactly; a bare one would never match.
+    # version with a revision can be pinned exactly (canonical_version resolves a bare one).
     pinned = f"{driver}={version}" if version and "-" in version else driver
-    return DriverChoice(source, [pinned, modules], [driver, modules], open_modules)
+    return DriverChoice(source, [pinned, modules], [driver, modules], open_modules, version)
+
+
+def canonical_driver_package(branch: str, open_modules: bool) -> str:
+    """Canonical's driver package for the signed-modules path: nvidia-driver-580-server[-open]."""
+    return f"nvidia-driver-{branch}-server{'-open' if open_modules else ''}"
+
+
+def canonical_version(version: str | None, package: str, candidate: str | None) -> str | None:
+    """The exact Canonical version for a driver version setting. A bare version (580.95.05)
+    names no package there; it is taken when it is the upstream part of apt's candidate,
+    and otherwise refused: installing the branch's newest instead would leave the host on
+    another driver than the rest of the fleet, found only after its reboot."""
+    if not version or "-" in version:
+        return version
+    if candidate is not None and upstream(candidate) == version:
+        return candidate
+    offered = f"offers {package} {candidate}" if candidate else f"has no {package}"
+    raise ValueError(
+        f"nvidia_driver_version {version}: this host takes Canonical's signed driver (Secure Boot), and apt "
+        f"{offered}; set nvidia_driver_version to a version it has, revision included "
+        f"(apt-cache policy {package}), or unset it to take the branch's newest")
 
 
 def cuda_driver_metapackage(branch: str, open_modules: bool) -> str:

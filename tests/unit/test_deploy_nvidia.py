@@ -104,17 +104,37 @@ def test_ubuntu_2204_pascal_host_gets_the_proprietary_branch_metapackage() -> No
 def test_ubuntu_2204_secure_boot_pascal_host_gets_canonicals_signed_proprietary_modules() -> None:
     kernel = os_info("ubuntu-22.04-jammy").kernel
     sb = probe(secure_boot=SecureBoot(True, "SecureBoot enabled"),
-               candidates={f"linux-modules-nvidia-580-server-{kernel}": "580.95.05-0ubuntu0.22.04.1"})
+               candidates={f"linux-modules-nvidia-580-server-{kernel}": "5.15.0-185.195+1",
+                           "nvidia-driver-580-server": "580.95.05-0ubuntu0.22.04.1"})
     ops = plan("ubuntu-22.04-jammy", Gpus((P100, NVSWITCH), ()), probe=sb, nvidia_driver_version="580.95.05")
-    # A bare version names no Canonical package (their revisions are not NVIDIA's "-1"), so
-    # the driver is the branch's newest; fabric manager is matched to it when it is installed.
+    # A bare version names no Canonical package (their revisions are not NVIDIA's "-1"): it
+    # is apt's candidate when that is the same upstream version; fabric manager follows it.
     assert ops["NVIDIA driver 580 (proprietary modules, ubuntu-server)"].commands == [
+        f"{INSTALL} --allow-change-held-packages nvidia-driver-580-server=580.95.05-0ubuntu0.22.04.1 "
+        f"linux-modules-nvidia-580-server-{kernel}"]
+    assert "fabric manager nvidia-fabricmanager-580=580.95.05-*" in ops
+    unpinned = plan("ubuntu-22.04-jammy", Gpus((P100,), ()), probe=sb)
+    assert unpinned["NVIDIA driver 580 (proprietary modules, ubuntu-server)"].commands == [
         f"{INSTALL} --allow-change-held-packages nvidia-driver-580-server linux-modules-nvidia-580-server-{kernel}"]
-    assert "fabric manager nvidia-fabricmanager-580=580.*" in ops
     exact = plan("ubuntu-22.04-jammy", Gpus((P100,), ()), probe=sb, nvidia_driver_version="580.95.05-0ubuntu0.22.04.1")
     assert exact["NVIDIA driver 580 (proprietary modules, ubuntu-server)"].commands == [
         f"{INSTALL} --allow-change-held-packages nvidia-driver-580-server=580.95.05-0ubuntu0.22.04.1 "
         f"linux-modules-nvidia-580-server-{kernel}"]
+
+
+def test_a_bare_version_canonical_does_not_offer_stops_the_host_before_any_change() -> None:
+    # Installing the branch's newest instead would put this host on another driver than the
+    # fleet, and its post-reboot check would fail it only after the reboot.
+    kernel = os_info("ubuntu-22.04-jammy").kernel
+    sb = probe(secure_boot=SecureBoot(True, "SecureBoot enabled"),
+               candidates={f"linux-modules-nvidia-580-server-{kernel}": "5.15.0-185.195+1",
+                           "nvidia-driver-580-server": "580.105.08-0ubuntu0.22.04.1"})
+    fake = FakeHost(Os=os_info("ubuntu-22.04-jammy"), NvidiaDevices=Gpus((P100,), ()), Probe=sb)
+    ops, refused = runner.plan_with_facts(nvidia.step, node(nvidia_driver_version="580.95.05"), fake)
+    (reason,) = refused
+    assert reason.startswith("nvidia_driver_version 580.95.05: this host takes Canonical's signed driver")
+    assert "apt offers nvidia-driver-580-server 580.105.08-0ubuntu0.22.04.1" in reason
+    assert [o.name for o in ops] == ["NVIDIA stack | nvidia checks"]
 
 
 def test_secure_boot_without_signed_modules_stops_the_host_with_the_advice() -> None:
