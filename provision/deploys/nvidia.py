@@ -116,9 +116,9 @@ def held(explicit: list[str], branch: str):
 def fabricmanager(package: str, driver_package: str, version: str | None):
     """Install fabric manager at the driver's version (it refuses to run otherwise).
 
-    ``version`` is the exact apt version when known up front; otherwise the driver's
-    version is read at execution time, after the driver was installed, from the
-    installed metapackage. Only the upstream part must match (``580.95.05-*``): Canonical
+    ``version`` is the driver version when pinned (bare or with its revision); otherwise
+    the driver's version is read at execution time, after the driver was installed, from
+    the installed metapackage. Only the upstream part must match (``580.95.05-*``): Canonical
     builds fabric manager and the -server driver from separate sources, whose revisions
     (0ubuntu0.22.04.N) need not be equal; in NVIDIA's repository both are ``-1``.
     """
@@ -303,8 +303,7 @@ def driver(settings: Settings, choice: pkgs.DriverChoice, gpus: Gpus) -> list[st
     if wants_fabricmanager(settings, gpus):
         version = choice.version
         arg, name = pkgs.fabricmanager_package(settings.nvidia_driver_branch, version, choice.source)
-        fabricmanager(name=f"fabric manager {arg}", package=name, driver_package=choice.hold[0],
-                      version=pkgs.exact_apt_version(version, choice.source))
+        fabricmanager(name=f"fabric manager {arg}", package=name, driver_package=choice.hold[0], version=version)
         hold.append(name)
     extras = extra_packages(settings)
     if extras:

@@ -69,17 +69,6 @@ def upstream(version: str) -> str:
     return version.split(":", 1)[-1].split("-", 1)[0]
 
 
-def exact_apt_version(version: str | None, source: DriverSource) -> str | None:
-    """The exact apt version of a driver version setting, or None when it cannot be known
-    before the driver is installed: Canonical's revisions (0ubuntu0.24.04.1) are not NVIDIA's
-    "-1", so a version without its revision names no exact package there."""
-    if not version:
-        return None
-    if source == "cuda-repo":
-        return apt_version(version)
-    return version if "-" in version else None
-
-
 def use_open_modules(setting: str, device_ids: list[str]) -> bool:
     """Open vs proprietary kernel modules. ``auto`` takes open modules when every GPU is
     Turing or newer (the open modules refuse older GPUs), and when there are no GPUs at all

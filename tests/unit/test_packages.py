@@ -51,10 +51,8 @@ def test_fabricmanager_name_drops_branch_suffix_from_580() -> None:
 def test_fabricmanager_from_canonical_keeps_the_branch_suffix_and_its_own_revisions() -> None:
     assert pkgs.fabricmanager_package("580", None, "ubuntu-server") == ("nvidia-fabricmanager-580=580.*",
                                                                        "nvidia-fabricmanager-580")
-    assert pkgs.exact_apt_version("580.95.05", "cuda-repo") == "580.95.05-1"
-    assert pkgs.exact_apt_version("580.95.05", "ubuntu-server") is None  # read from the installed driver
-    assert pkgs.exact_apt_version("580.95.05-0ubuntu0.24.04.1", "ubuntu-server") == "580.95.05-0ubuntu0.24.04.1"
-    assert pkgs.exact_apt_version(None, "cuda-repo") is None
+    assert pkgs.fabricmanager_package("580", "580.95.05-0ubuntu0.24.04.1", "ubuntu-server") == (
+        "nvidia-fabricmanager-580=580.95.05-*", "nvidia-fabricmanager-580")
 
 
 def test_secure_boot_on_debian_stops_with_what_to_do() -> None:
