@@ -21,7 +21,8 @@ import time
 
 import pyinfra_cli  # noqa: F401  (gevent's patches before paramiko's threads, as the CLI does)
 
-from provision import backup, inventory, remote
+from provision import inventory, remote
+from provision.backup import runs as backup
 
 FILE_MIB = 128  # size of each checkpoint-like file
 

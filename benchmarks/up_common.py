@@ -8,9 +8,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from provision import inventory, pipeline
-from provision.runner import RunReport
+from provision import inventory
+from provision.engine import RunReport
 from provision.testbed import Testbed
+from provision.up import pipeline
 
 # The steps `up` runs on the testbed for these figures (storage has its own benchmarks).
 STEPS = "base,nvidia,frameworks"

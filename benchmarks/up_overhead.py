@@ -16,7 +16,7 @@ from up_common import FreshTestbed, verdict
 
 from provision import inventory
 from provision.deploys.frameworks import REMOTE_WHEELHOUSE
-from provision.deploys.packages import BASE_PACKAGES
+from provision.rules.packages import BASE_PACKAGES
 
 
 def by_hand(tb: FreshTestbed) -> float:

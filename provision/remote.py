@@ -1,6 +1,6 @@
 """The ONLY module that opens fabric/paramiko connections.
 
-pyinfra owns desired state (``runner.py``); everything imperative (benchmarks, training,
+pyinfra owns desired state (``provision.engine``); everything imperative (benchmarks, training,
 backup and restore commands, waiting for a booting VM) goes through here. Keeping one
 seam means host-key policy, timeouts and retries are decided once, and tests can hand in
 a double.

@@ -143,7 +143,7 @@ def _data_disks(value: list[str] | str) -> str | None:
 
 
 def _validate_expect(value: dict[str, float]) -> str | None:
-    from provision.validate.expectations import check_flat  # the metric names live there
+    from provision.rules.expectations import check_flat  # the metric names live there
 
     return check_flat(value)
 
@@ -358,7 +358,7 @@ def parse_settings(data: dict[str, Any], where: str) -> tuple[Settings, list[Pro
         values["nfs_export_root"] = f"{values['data_mount'].rstrip('/')}/shared"
     settings = Settings(**values)
     if settings.install_nccl:
-        from provision.deploys.packages import nccl_version_pattern  # the rule lives with the names
+        from provision.rules.packages import nccl_version_pattern  # the rule lives with the names
 
         try:
             nccl_version_pattern(settings.cuda_toolkit_version, settings.nccl_version)

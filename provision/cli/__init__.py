@@ -12,7 +12,7 @@ import sys
 import pyinfra_cli  # noqa: F401, I001
 import typer
 
-from provision.console import report_error
+from provision.cli.console import report_error
 from provision.errors import ProvisionError
 
 app = typer.Typer(

@@ -16,9 +16,9 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from provision import backup
 from provision import inventory as inventory_lib
-from provision.console import err, host_progress, out, print_json
+from provision.backup import runs as backup
+from provision.cli.console import err, host_progress, out, print_json
 from provision.errors import EXIT_FAILED, InputError, Problem
 from provision.inventory import Cluster, Node
 from provision.remote import on_all
@@ -50,7 +50,7 @@ def _hosts(cluster: Cluster, host: str | None) -> list[Node]:
 
 def _finish(outcomes: dict[str, backup.Outcome], as_json: bool, title: str, passed: str = "ok") -> None:
     if as_json:
-        print_json({"schema": "provision.backup/1", "ok": all(o.ok for o in outcomes.values()),
+        print_json({"schema": "provision.backup.runs/1", "ok": all(o.ok for o in outcomes.values()),
                     "hosts": [asdict(o) for o in outcomes.values()]})
     else:
         table = Table(title=title)

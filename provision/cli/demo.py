@@ -8,8 +8,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from provision.console import err, out, print_json
-from provision.demo import DemoPaths, Stage, as_json, run_demo
+from provision.cli.console import err, out, print_json
+from provision.demo.stages import DemoPaths, Stage, as_json, run_demo
 
 
 def demo(

@@ -9,9 +9,9 @@ import typer
 from rich.table import Table
 
 from provision import inventory as inventory_lib
-from provision.console import host_progress, out, print_json
+from provision.cli.console import host_progress, out, print_json
 from provision.errors import EXIT_FAILED
-from provision.hostfacts import HOST_FACTS, summarize
+from provision.facts.host import HOST_FACTS, summarize
 
 InventoryArg = typer.Argument(..., help="pyinfra inventory file, e.g. inventories/testbed.py")
 
@@ -27,7 +27,7 @@ def facts(
 
     Example: provision facts inventories/testbed.py --json
     """
-    from provision.runner import gather_facts
+    from provision.engine import gather_facts
 
     cluster = inventory_lib.load(inventory)
     with host_progress([n.name for n in cluster.nodes], enabled=not as_json) as progress:

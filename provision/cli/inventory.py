@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from provision import inventory as inventory_lib
-from provision.console import out, print_json
+from provision.cli.console import out, print_json
 from provision.settings import ROLES, knob_docs
 
 app = typer.Typer(help="Check inventories. Nothing here contacts a host.", no_args_is_help=True)

@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 
 from provision import inventory as inventory_lib
-from provision.console import host_progress, out, print_json
+from provision.cli.console import host_progress, out, print_json
 from provision.errors import EXIT_FAILED
 
 InventoryArg = typer.Argument(..., help="pyinfra inventory file, e.g. inventories/testbed.py")
@@ -27,8 +27,8 @@ def status(
 
     Example: provision status inventories/testbed.py --json
     """
-    from provision import status as status_lib
-    from provision.fleet_status import gather_status
+    from provision.status import judge as status_lib
+    from provision.status.gather import gather_status
 
     cluster = inventory_lib.load(inventory)
     with host_progress([n.name for n in cluster.nodes], enabled=not as_json) as progress:

@@ -17,7 +17,7 @@ import typer
 from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from provision.console import err, out, print_json
+from provision.cli.console import err, out, print_json
 
 if TYPE_CHECKING:
     from provision.testbed import Testbed

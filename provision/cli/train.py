@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from provision import inventory as inventory_lib
-from provision.console import err, out, print_json
+from provision.cli.console import err, out, print_json
 from provision.errors import EXIT_FAILED, InputError, Problem, ProvisionError
 
 InventoryArg = typer.Argument(..., help="pyinfra inventory file, e.g. inventories/testbed.py")

@@ -1,5 +1,5 @@
 """`provision up`, `provision plan`, `provision verify`: apply, preview and check the
-desired state of every host. Thin: the work is in provision.pipeline and provision.verify."""
+desired state of every host. Thin: the work is in provision.up.pipeline and provision.verify."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import typer
 from rich.table import Table
 
 from provision import inventory as inventory_lib
-from provision import pipeline
-from provision.console import err, host_progress, out, print_json
+from provision.cli.console import err, host_progress, out, print_json
+from provision.engine import HostPlan, RunReport
 from provision.errors import EXIT_FAILED, EXIT_OK
-from provision.runner import HostPlan, RunReport
+from provision.up import pipeline
 
 InventoryArg = typer.Argument(..., help="pyinfra inventory file, e.g. inventories/testbed.py")
 _STEPS = ", ".join(pipeline.step_names())
@@ -62,7 +62,8 @@ def print_summary(report: RunReport) -> None:
     for column in ("host", "steps done", "changed", "rebooted", "result"):
         table.add_column(column)
     for h in report.hosts.values():
-        result = "[green]ok[/]" if h.ok else "[red]" + "\n".join(h.failures or ["unreachable"]) + "[/]"
+        failures = [str(f) for f in h.failures] or ["unreachable"]
+        result = "[green]ok[/]" if h.ok else "[red]" + "\n".join(failures) + "[/]"
         if h.notes:
             result += "\n[dim]" + "\n".join(h.notes) + "[/]"
         table.add_row(h.name, ", ".join(h.steps) or "-", str(h.changed), "yes" if h.rebooted else "no", result)

@@ -1,6 +1,6 @@
 """The `backups` step: restic (the distribution's package) on every host that backs up,
 a systemd service + timer that backs up and applies retention, and, for the default
-SFTP repository, the dedicated account on the storage host. See provision.backup for
+SFTP repository, the dedicated account on the storage host. See provision.backup.runs for
 which hosts back up, where the repository is, and how the password is kept secret.
 """
 
@@ -15,14 +15,14 @@ from pyinfra.context import ctx_state
 from pyinfra.facts.files import Sha1File
 from pyinfra.operations import files, server, systemd
 
-from provision import backup
-from provision.deploys.probes import HostKeys
+from provision.backup import runs as backup
 from provision.deploys.volumes import install
+from provision.engine import Step, current_cluster, current_node, note, refuse, secret_upload
 from provision.errors import InputError
+from provision.facts.probes import HostKeys
 from provision.facts.stack import BACKUP_STAMP
 from provision.inventory import Cluster, Node
 from provision.resources import render_template
-from provision.runner import Step, current_cluster, current_node, note, refuse, secret_upload
 
 
 def unit_files(node: Node, cluster: Cluster) -> dict[str, str]:

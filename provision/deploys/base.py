@@ -21,11 +21,11 @@ from pyinfra.context import ctx_state
 from pyinfra.facts.files import FileContents
 from pyinfra.operations import apt, files, server, systemd
 
-from provision.deploys.packages import BASE_PACKAGES, UNATTENDED_BLACKLIST
-from provision.deploys.probes import Account, AccountFact, CloudInitFact, DpkgInterrupted, HostKeys
+from provision.engine import Step, current_cluster, current_node, note, secret_upload
+from provision.facts.probes import Account, AccountFact, CloudInitFact, DpkgInterrupted, HostKeys
 from provision.inventory import Cluster, Node
 from provision.resources import templates_dir
-from provision.runner import Step, current_cluster, current_node, note, secret_upload
+from provision.rules.packages import BASE_PACKAGES, UNATTENDED_BLACKLIST
 from provision.settings import Settings
 
 SYSCTL_FILE = "/etc/sysctl.d/90-provision-network.conf"

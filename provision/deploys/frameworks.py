@@ -22,8 +22,8 @@ from pyinfra.api.state import StateStage
 from pyinfra.context import ctx_state
 from pyinfra.operations import files, pip
 
+from provision.engine import Step, current_node
 from provision.facts.gpus import NvidiaDevices
-from provision.runner import Step, current_node
 from provision.settings import Settings
 
 REMOTE_WHEELHOUSE = "/opt/provision/wheelhouse"

@@ -30,9 +30,9 @@ from pyinfra.operations import files, server, systemd
 
 from provision.deploys.base import training_account
 from provision.deploys.volumes import install
+from provision.engine import Step, current_cluster, current_node, refuse, skip
 from provision.inventory import Cluster, Node
 from provision.resources import render_template
-from provision.runner import Step, current_cluster, current_node, refuse, skip
 from provision.settings import Settings
 
 EXPORTS_FILE = "/etc/exports.d/provision.exports"

@@ -3,7 +3,7 @@ nouveau blacklisted, headers, holds, persistence daemon, fabric manager, CUDA to
 
 Runs on hosts with an NVIDIA GPU (lspci), on hosts in the gpu_nodes group, and wherever
 the ``nvidia`` setting says ``force``. Package names come from the pure helpers in
-``packages.py``. Reboots are not done here: ``provision.reboots`` decides after the step.
+``packages.py``. Reboots are not done here: ``provision.up.reboots`` decides after the step.
 """
 
 from __future__ import annotations
@@ -19,14 +19,14 @@ from pyinfra.facts.apt import AptRepo
 from pyinfra.facts.files import File, Sha256File
 from pyinfra.operations import apt, files, server, systemd
 
-from provision.deploys import packages as pkgs
-from provision.deploys.probes import AptHolds, HostProbe, Probe, RebootProbe, lock_wait_command
+from provision.engine import Step, current_node, note, refuse, skip
 from provision.facts.apt import AptSourceFiles
 from provision.facts.gpus import Gpus, NvidiaDevices
+from provision.facts.probes import AptHolds, HostProbe, Probe, RebootProbe, lock_wait_command
 from provision.facts.system import Os, OsInfo
 from provision.inventory import Node
 from provision.resources import templates_dir
-from provision.runner import Step, current_node, note, refuse, skip
+from provision.rules import packages as pkgs
 from provision.settings import Settings
 
 KEYRING = "/etc/apt/keyrings/cuda-archive-keyring.gpg"

@@ -20,17 +20,17 @@ from pyinfra.operations import server
 
 from provision.deploys import nvidia as nvidia_deploy
 from provision.deploys import volumes
-from provision.deploys.packages import (
+from provision.engine import Step, current_node, current_steps, note, refuse
+from provision.facts.blockdevices import BlockDevice, BlockDevices
+from provision.facts.gpus import Gpus, NvidiaDevices
+from provision.facts.probes import HostProbe, Probe, lock_wait_command
+from provision.facts.system import SUPPORTED_OS, Os, OsInfo
+from provision.rules.packages import (
     choose_driver_source,
     kernel_headers,
     signed_modules_package,
     use_open_modules,
 )
-from provision.deploys.probes import HostProbe, Probe, lock_wait_command
-from provision.facts.blockdevices import BlockDevice, BlockDevices
-from provision.facts.gpus import Gpus, NvidiaDevices
-from provision.facts.system import SUPPORTED_OS, Os, OsInfo
-from provision.runner import Step, current_node, current_steps, note, refuse
 from provision.settings import Settings
 
 

@@ -41,11 +41,11 @@ from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.server import Mounts
 from pyinfra.operations import apt, files, server
 
-from provision.deploys.probes import lock_wait_command
+from provision.engine import Step, current_node, note, refuse
 from provision.errors import InputError, Problem
 from provision.facts.blockdevices import BlockDevice, BlockDevices
+from provision.facts.probes import lock_wait_command
 from provision.inventory import Cluster, Node
-from provision.runner import Step, current_node, note, refuse
 from provision.settings import Settings, disk_id_problem
 
 LABEL = "PVDATA"  # filesystem label that marks our data volume (xfs allows 12 characters)

@@ -11,8 +11,8 @@ import html
 from collections.abc import Callable
 from pathlib import Path
 
+from provision.rules.metrics import METRICS
 from provision.validate.judge import band
-from provision.validate.metrics import METRICS
 from provision.validate.records import Finding, NodeResult
 
 COLORS = {"pass": "#2e7d32", "warn": "#f9a825", "fail": "#c62828", "not_run": "#9e9e9e"}

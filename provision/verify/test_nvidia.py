@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 
 from provision.deploys import nvidia
-from provision.deploys import packages as pkgs
-from provision.deploys.packages import NCCL_PACKAGES, cuda_toolkit_package, nccl_version_pattern
-from provision.deploys.probes import AptHolds, parse_holds
 from provision.facts.gpus import Gpus, NvidiaDevices
+from provision.facts.probes import AptHolds, parse_holds
+from provision.rules import packages as pkgs
+from provision.rules.packages import NCCL_PACKAGES, cuda_toolkit_package, nccl_version_pattern
 from provision.settings import Settings
 from provision.verify.conftest import nvidia_applies
 

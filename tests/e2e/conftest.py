@@ -48,7 +48,8 @@ def provisioned(testbed: SharedTestbed):
     """`provision up` once on the shared testbed, all steps (nvidia skips itself: no GPU),
     frameworks from the CPU-torch wheelhouse the testbed inventory names. Returns the
     RunReport; tests assert on it."""
-    from provision import inventory, pipeline
+    from provision import inventory
+    from provision.up import pipeline
 
     cluster = inventory.load(testbed.inventory_path)
     return pipeline.up(cluster, pipeline.select())

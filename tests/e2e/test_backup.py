@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from provision import backup, inventory
+from provision import inventory
+from provision.backup import runs as backup
 from provision.inventory import Cluster
 from tests.e2e.storage_helpers import cli, sh
 

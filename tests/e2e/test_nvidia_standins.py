@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from provision import inventory, pipeline, remote, verify
+from provision import inventory, remote, verify
+from provision.up import pipeline
 from tests.e2e.storage_helpers import FINGERPRINT
 from tests.standins import nvidia_repo
 

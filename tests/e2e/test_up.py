@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from provision import inventory, pipeline, remote, verify
+from provision import inventory, remote, verify
+from provision.up import pipeline
 from tests.e2e.storage_helpers import FINGERPRINT
 
 pytestmark = pytest.mark.e2e

@@ -8,7 +8,8 @@ import threading
 
 import pytest
 
-from provision import inventory, pipeline
+from provision import inventory
+from provision.up import pipeline
 
 pytestmark = [pytest.mark.e2e, pytest.mark.destructive]
 

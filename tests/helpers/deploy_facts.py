@@ -1,16 +1,20 @@
 """Captured-fact hosts for the deploy tests: an OsInfo from a real os-release file, and
-a fact answerer for provision.runner.plan_with_facts (pyinfra's "fake state")."""
+a fact answerer, and plan_with_facts, which prepares a deploy against them (pyinfra's "fake state")."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from provision.deploys.probes import HostProbe, SecureBoot, parse_reboot_state
+from provision.engine import PlannedOp, RunContext, Step
+from provision.engine.plan import changing_ops
+from provision.engine.pyinfra_state import new_state
 from provision.facts.gpus import Gpus, PciDevice
+from provision.facts.probes import HostProbe, SecureBoot, parse_reboot_state
 from provision.facts.system import OsInfo, parse_os_release
-from provision.inventory import Node, SshTarget
+from provision.inventory import Cluster, Node, SshTarget
 from provision.settings import Settings
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
@@ -57,3 +61,32 @@ class FakeHost:
         if cls.__name__ in self.facts:
             return self.facts[cls.__name__]
         return cls().default()
+
+
+def plan_with_facts(step: Step, node: Node, facts: Callable[[type, dict[str, Any]], Any],
+                    cluster: Cluster | None = None,
+                    steps: list[Step] | None = None) -> tuple[list[PlannedOp], list[str]]:
+    """Prepare one step for one node against given facts instead of a live host: pyinfra's
+    "fake state". Returns the operations that would change and the refusals. Nothing is
+    contacted; ``facts(FactClass, kwargs)`` answers every fact the deploy reads. ``steps``
+    are the steps of the run it pretends to be part of (default: this step alone).
+
+    This is how deploys are tested on captured facts (an Ubuntu host, a GPU host): the real
+    engine prepares the deploy, and only pyinfra's Host.get_fact is answered from the test.
+    """
+    from unittest import mock
+
+    from pyinfra.api.deploy import add_deploy
+    from pyinfra.api.host import Host
+
+    run = RunContext(cluster or Cluster(Path("fake-inventory.py"), (node,)), tuple(s.name for s in steps or [step]))
+    state = new_state([node], parallel=1, run=run)
+
+    def get_fact(self: Any, cls: type, *args: Any, **kwargs: Any) -> Any:
+        return facts(cls, kwargs)
+
+    with mock.patch.object(Host, "get_fact", get_fact):
+        host = state.inventory.get_host(node.name)
+        add_deploy(state, step.deploy, host=host)
+        planned = changing_ops(state, host, run)
+    return planned, run.take_refusals(node.name)

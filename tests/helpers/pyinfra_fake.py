@@ -13,12 +13,12 @@ from typing import Any
 
 from pyinfra.connectors.fake import FakeConnector
 
-from provision import runner
+from provision import engine
 from provision.inventory import Cluster, Node, SshTarget
 from provision.settings import Settings
 
 # Facts pyinfra's own operations ask every Linux host for, and the one shell behaviour
-# the fake must copy: runner.refuse()'s command fails.
+# the fake must copy: engine.refuse()'s command fails.
 BASELINE: dict[Any, Any] = {"uname -s": ["Linux"], "command -v useradd": ["/usr/sbin/useradd"],
                             re.compile(r">&2; exit 1$"): {"success": False}}
 
@@ -27,7 +27,7 @@ BASELINE: dict[Any, Any] = {"uname -s": ["Linux"], "command -v useradd": ["/usr/
 class FakeRun:
     """What one step did on fake hosts."""
 
-    results: dict[str, runner.HostResult]  # per host, as `provision up` reports them
+    results: dict[str, engine.HostResult]  # per host, as `provision up` reports them
     commands: dict[str, list[str]] = field(default_factory=dict)  # host -> every command sent
 
     def ran(self, host: str, pattern: str) -> list[str]:
@@ -44,8 +44,8 @@ def fake_node(name: str, settings: Settings, responses: dict[Any, Any],
     return Node(f"@fake/{name}", ssh, groups, settings, data)
 
 
-def run_fake(step: runner.Step, nodes: list[Node], monkeypatch: Any) -> FakeRun:
-    """Run one step through runner.run_steps on fake hosts, recording commands."""
+def run_fake(step: engine.Step, nodes: list[Node], monkeypatch: Any) -> FakeRun:
+    """Run one step through engine.run_steps on fake hosts, recording commands."""
     commands: dict[str, list[str]] = {}
     original = FakeConnector.run_shell_command
 
@@ -55,5 +55,5 @@ def run_fake(step: runner.Step, nodes: list[Node], monkeypatch: Any) -> FakeRun:
         return original(self, command, *args, **kwargs)
 
     monkeypatch.setattr(FakeConnector, "run_shell_command", recording)
-    report = runner.run_steps(Cluster(path=None, nodes=tuple(nodes)), [step])  # type: ignore[arg-type]
+    report = engine.run_steps(Cluster(path=None, nodes=tuple(nodes)), [step])  # type: ignore[arg-type]
     return FakeRun(report.hosts, commands)

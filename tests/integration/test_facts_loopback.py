@@ -100,16 +100,16 @@ def test_a_rewritten_known_hosts_file_is_read_again_in_the_same_process(sshd, tm
     # gets a new entry, and the next run in the same process (the e2e drills) must see it.
     from pyinfra.facts.server import Hostname
 
-    from provision import inventory, runner
+    from provision import engine, inventory
 
     known = tmp_path / "known_hosts"
     known.write_text("")
     inv = write_inventory(tmp_path / "inv.py", [("local", dict(sshd.host_data(), ssh_known_hosts_file=str(known)))])
     wanted = {"hostname": (Hostname, {})}
-    before = runner.gather_facts(list(inventory.load(inv).nodes), wanted)
+    before = engine.gather_facts(list(inventory.load(inv).nodes), wanted)
     assert "local" in before.failed
     known.write_text(sshd.known_hosts.read_text())
-    after = runner.gather_facts(list(inventory.load(inv).nodes), wanted)
+    after = engine.gather_facts(list(inventory.load(inv).nodes), wanted)
     assert after.failed == {}
     assert after.facts["local"]["hostname"] == subprocess.check_output(["hostname"], text=True).strip()
 
@@ -121,7 +121,7 @@ def test_a_fact_failing_on_one_host_leaves_the_others_their_facts(sshd, tmp_path
     from pyinfra.api import FactBase
     from pyinfra.facts.server import Hostname
 
-    from provision import inventory, runner
+    from provision import engine, inventory
 
     class TestStandInFailsWhenAsked(FactBase):
         def command(self) -> str:
@@ -138,7 +138,7 @@ def test_a_fact_failing_on_one_host_leaves_the_others_their_facts(sshd, tmp_path
                   cluster_address="127.0.0.2", _env={"PROVISION_TEST_FAIL": "1"})
     inv = write_inventory(tmp_path / "inv.py", [("local", sshd.host_data()), ("broken", broken)])
     wanted = {"hostname": (Hostname, {}), "probe": (TestStandInFailsWhenAsked, {})}
-    result = runner.gather_facts(list(inventory.load(inv).nodes), wanted)
+    result = engine.gather_facts(list(inventory.load(inv).nodes), wanted)
     assert result.facts["local"]["probe"] == "fine"
     assert "broken" not in result.facts
     assert result.failed["broken"].startswith("fact probe")

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from provision import backup, runner
+from provision import engine
+from provision.backup import runs as backup
 from provision.deploys import backups
 from provision.errors import InputError
 from provision.facts.stack import BACKUP_STAMP
@@ -122,8 +123,10 @@ def test_plan_never_shows_the_contents_of_a_secret_upload(tmp_path):
 
     secret = tmp_path / "pw"
     secret.write_text("hunter2-not-shown\n")
-    dest = runner.secret_upload("/etc/provision/backup/password")
-    diff = runner._upload_diff(None, FileUploadCommand(str(secret), dest))
+    from provision.engine.plan import upload_diff
+
+    dest = "/etc/provision/backup/password"  # as the deploy marks it with engine.secret_upload
+    diff = upload_diff(None, FileUploadCommand(str(secret), dest), {dest})
     assert "hunter2" not in diff and "secret" in diff
 
 
@@ -133,7 +136,7 @@ def test_deploy_sets_up_account_secrets_and_timer_without_the_password_in_any_co
     client = fake_node("node2", Settings(cluster_address="10.77.0.2"), {})
     cluster = Cluster(tmp_path / "inv.py", (server, client))
     password = backup.password_file(cluster, server).read_text().strip()
-    monkeypatch.setattr(runner, "run_steps", _run_steps_with_path(runner.run_steps, tmp_path / "inv.py"))
+    monkeypatch.setattr(engine, "run_steps", _run_steps_with_path(engine.run_steps, tmp_path / "inv.py"))
     run = run_fake(backups.step, [server, client], monkeypatch)
     s, c = server.name, client.name
     assert run.results[s].ok, run.results[s].failures
@@ -300,7 +303,7 @@ def test_a_configured_password_file_that_differs_from_the_hosts_is_named(tmp_pat
 def _deploy_with_host_password(tmp_path, monkeypatch, sha1: str):
     server = fake_node("node1", Settings(cluster_address="10.77.0.1", cluster_cidr="10.77.0.0/24"),
                        {f"sha1sum {HOST_PASSWORD}": [f"{sha1}  {HOST_PASSWORD}"]}, groups=("storage",))
-    monkeypatch.setattr(runner, "run_steps", _run_steps_with_path(runner.run_steps, tmp_path / "inv.py"))
+    monkeypatch.setattr(engine, "run_steps", _run_steps_with_path(engine.run_steps, tmp_path / "inv.py"))
     return server, run_fake(backups.step, [server], monkeypatch)
 
 
@@ -308,7 +311,7 @@ def test_deploy_refuses_to_replace_a_different_password_on_the_host(tmp_path, mo
     server, run = _deploy_with_host_password(tmp_path, monkeypatch, "0" * 40)
     s = server.name
     assert not run.results[s].ok
-    (failure,) = run.results[s].failures
+    (failure,) = map(str, run.results[s].failures)
     assert "backups checks" in failure
     (refusal,) = run.ran(s, "exit 1$")  # the reason the summary shows, as the host prints it
     assert f"{s}:{HOST_PASSWORD} holds a different restic password" in refusal

@@ -3,7 +3,7 @@ processes (the stages themselves are tested end to end by their own suites)."""
 
 from __future__ import annotations
 
-from provision.demo import DemoPaths, run_demo
+from provision.demo.stages import DemoPaths, run_demo
 
 
 class RecordingRunner:
@@ -85,7 +85,7 @@ def test_the_testbed_is_asked_to_write_the_inventory_the_demo_reads(tmp_path):
 
 
 def test_a_real_child_is_shown_and_logged(tmp_path, capfd):
-    from provision.demo import last_line, run_provision
+    from provision.demo.stages import last_line, run_provision
 
     log = tmp_path / "logs" / "version.log"
     assert run_provision(["--help"], log) == 0
@@ -94,7 +94,7 @@ def test_a_real_child_is_shown_and_logged(tmp_path, capfd):
 
 
 def test_a_command_that_ends_with_a_table_is_summed_up_by_its_rows(tmp_path):
-    from provision.demo import last_line
+    from provision.demo.stages import last_line
 
     log = tmp_path / "backup.log"
     log.write_text("⠙ node1            done 0:00:14\n                   backup run\n"

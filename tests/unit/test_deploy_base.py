@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from provision import runner
-from provision.deploys import base, probes
-from provision.deploys.packages import BASE_PACKAGES
+from provision import engine
+from provision.deploys import base
+from provision.facts import probes
 from provision.inventory import Cluster
-from tests.helpers.deploy_facts import FakeHost, node, os_info
+from provision.rules.packages import BASE_PACKAGES
+from tests.helpers.deploy_facts import FakeHost, node, os_info, plan_with_facts
 
 APT_INSTALL = ('DEBIAN_FRONTEND=noninteractive apt-get -y -o Dpkg::Options::="--force-confdef" '
                '-o Dpkg::Options::="--force-confold" install --no-install-recommends')
@@ -29,12 +30,12 @@ def cluster() -> Cluster:
                                     node("node2", cluster_address="10.77.0.12")))
 
 
-def by_name(ops: list[runner.PlannedOp]) -> dict[str, runner.PlannedOp]:
+def by_name(ops: list[engine.PlannedOp]) -> dict[str, engine.PlannedOp]:
     return {o.name.removeprefix("Base | "): o for o in ops}
 
 
 def test_fresh_debian_host_gets_packages_with_cache_window() -> None:
-    ops, _ = runner.plan_with_facts(base.step, cluster().nodes[0], FakeHost(Os=os_info("debian-12-bookworm")),
+    ops, _ = plan_with_facts(base.step, cluster().nodes[0], FakeHost(Os=os_info("debian-12-bookworm")),
                                     cluster())
     assert by_name(ops)["Install base packages"].commands == [
         "apt-get update",
@@ -46,7 +47,7 @@ def test_fresh_debian_host_gets_packages_with_cache_window() -> None:
 
 
 def test_hosts_block_lists_every_node_of_the_inventory() -> None:
-    ops, _ = runner.plan_with_facts(base.step, cluster().nodes[0], FakeHost(Os=os_info("debian-12-bookworm")),
+    ops, _ = plan_with_facts(base.step, cluster().nodes[0], FakeHost(Os=os_info("debian-12-bookworm")),
                                     cluster())
     command = by_name(ops)["/etc/hosts: cluster nodes"].commands[0]
     assert "# BEGIN provision cluster nodes\n10.77.0.11 node1\n10.77.0.12 node2\n# END provision cluster nodes" \
@@ -88,7 +89,7 @@ def test_a_shadowed_hosts_block_is_moved_first_keeping_every_other_line(tmp_path
 
 def test_base_moves_the_block_only_while_a_line_shadows_it() -> None:
     fake = FakeHost(Os=os_info("debian-12-bookworm"), FileContents=INSTALLER_HOSTS)
-    ops = by_name(runner.plan_with_facts(base.step, cluster().nodes[0], fake, cluster())[0])
+    ops = by_name(plan_with_facts(base.step, cluster().nodes[0], fake, cluster())[0])
     (moved,) = [o for n, o in ops.items() if n.startswith("/etc/hosts: cluster nodes first")]
     assert "127.0.1.1\tnode1.example.com\tnode1" in [o for o in ops if o.startswith("/etc/hosts")][0]
     assert moved.commands[0].startswith("{ printf '%s\\n' '# BEGIN provision cluster nodes'")
@@ -100,7 +101,7 @@ def test_training_user_key_is_generated_once_and_shared(state_dir: Path) -> None
     mtime = first.stat().st_mtime_ns
     assert base.training_key(cluster(), "train") == first and first.stat().st_mtime_ns == mtime
     assert first.stat().st_mode & 0o777 == 0o600 and first.with_suffix(".pub").is_file()
-    ops, _ = runner.plan_with_facts(base.step, cluster().nodes[1], FakeHost(Os=os_info("debian-12-bookworm")),
+    ops, _ = plan_with_facts(base.step, cluster().nodes[1], FakeHost(Os=os_info("debian-12-bookworm")),
                                     cluster())
     assert f"upload {first} -> /home/train/.ssh/id_ed25519" in by_name(ops)["training user: private key"].commands
     # The plan shows that the key is uploaded, never the key itself.
@@ -120,7 +121,7 @@ def test_known_hosts_name_each_node_by_name_and_cluster_address() -> None:
 
 
 def test_unattended_upgrades_blacklist_names_nvidia_and_cuda() -> None:
-    ops, _ = runner.plan_with_facts(base.step, cluster().nodes[0], FakeHost(Os=os_info("debian-12-bookworm")),
+    ops, _ = plan_with_facts(base.step, cluster().nodes[0], FakeHost(Os=os_info("debian-12-bookworm")),
                                     cluster())
     diff = by_name(ops)["unattended-upgrades: never NVIDIA/CUDA"].diffs[0]
     assert "+/etc/apt/apt.conf.d/51provision-unattended-upgrades (planned)" in diff.replace("+++ ", "+")
@@ -135,7 +136,7 @@ def test_sysctls_are_each_commented_and_applied_only_when_changed() -> None:
     for setting in settings:
         above = lines[lines.index(setting) - 1]
         assert above.startswith("#") or "=" in above, f"{setting} has no comment"
-    ops, _ = runner.plan_with_facts(base.step, cluster().nodes[0], FakeHost(Os=os_info("debian-12-bookworm")),
+    ops, _ = plan_with_facts(base.step, cluster().nodes[0], FakeHost(Os=os_info("debian-12-bookworm")),
                                     cluster())
     assert by_name(ops)["apply networking sysctls"].commands == [
         "sysctl -q -p /etc/sysctl.d/90-provision-network.conf"]
@@ -143,7 +144,7 @@ def test_sysctls_are_each_commented_and_applied_only_when_changed() -> None:
 
 def test_ntp_servers_setting_writes_chrony_sources() -> None:
     n = node("node1", ntp_servers=["time1.example.org", "time2.example.org"])
-    ops, _ = runner.plan_with_facts(base.step, n, FakeHost(Os=os_info("debian-12-bookworm")),
+    ops, _ = plan_with_facts(base.step, n, FakeHost(Os=os_info("debian-12-bookworm")),
                                     Cluster(Path("inv.py"), (n,)))
     diff = by_name(ops)["chrony servers (ntp_servers)"].diffs[0]
     assert "+server time1.example.org iburst" in diff and "+server time2.example.org iburst" in diff
@@ -155,40 +156,40 @@ def test_packages_and_cache_already_current_change_nothing() -> None:
     fake = FakeHost(Os=os_info("debian-12-bookworm"), DebPackages=installed,
                     File={"mtime": now, "mode": 644, "user": "root", "group": "root", "size": 1},
                     Date=datetime.datetime.now())
-    ops, _ = runner.plan_with_facts(base.step, cluster().nodes[0], fake, cluster())
+    ops, _ = plan_with_facts(base.step, cluster().nodes[0], fake, cluster())
     assert "Install base packages" not in by_name(ops)
 
 
 def test_an_interrupted_dpkg_run_is_finished_before_installing(state_dir: Path) -> None:
-    from provision.deploys.probes import parse_dpkg_interrupted
+    from provision.facts.probes import parse_dpkg_interrupted
 
     assert parse_dpkg_interrupted(["3", "0"]) and parse_dpkg_interrupted(["0", "12"])
     assert not parse_dpkg_interrupted(["0", "0"])
     fake = FakeHost(Os=os_info("debian-12-bookworm"), DpkgInterrupted=True)
-    ops, _ = runner.plan_with_facts(base.step, cluster().nodes[0], fake, cluster())
+    ops, _ = plan_with_facts(base.step, cluster().nodes[0], fake, cluster())
     names = [o.name for o in ops]
     finish = "Base | Finish an interrupted dpkg run"
     assert by_name(ops)["Finish an interrupted dpkg run"].commands == [
         "DEBIAN_FRONTEND=noninteractive dpkg --force-confdef --force-confold --configure -a"]
     assert names.index(finish) < names.index("Base | Install base packages")
     clean = FakeHost(Os=os_info("debian-12-bookworm"))
-    assert "Finish an interrupted dpkg run" not in by_name(runner.plan_with_facts(base.step, cluster().nodes[0],
+    assert "Finish an interrupted dpkg run" not in by_name(plan_with_facts(base.step, cluster().nodes[0],
                                                                                    clean, cluster())[0])
 
 
 def test_an_account_already_as_wanted_skips_pyinfras_user_and_group_ops() -> None:
     # Re-runs pay only for one getent, not for pyinfra's Users fact over every account.
-    from provision.deploys.probes import Account, parse_account
+    from provision.facts.probes import Account, parse_account
 
     lines = ["train:x:2000:2000::/home/train:/bin/bash", "--", "train:x:2000:", "--", "train:x:2000:"]
     assert parse_account(lines) == Account(2000, 2000, "/home/train", "/bin/bash", "train", 2000)
     assert parse_account(["--", "--"]) is None  # no such user
     ready = FakeHost(Os=os_info("debian-12-bookworm"), AccountFact=parse_account(lines))
-    names = by_name(runner.plan_with_facts(base.step, cluster().nodes[0], ready, cluster())[0])
+    names = by_name(plan_with_facts(base.step, cluster().nodes[0], ready, cluster())[0])
     assert "training user train" not in names and "training group train" not in names
     other_shell = Account(2000, 2000, "/home/train", "/bin/sh", "train", 2000)
     fix = FakeHost(Os=os_info("debian-12-bookworm"), AccountFact=other_shell)
-    names = by_name(runner.plan_with_facts(base.step, cluster().nodes[0], fix, cluster())[0])
+    names = by_name(plan_with_facts(base.step, cluster().nodes[0], fix, cluster())[0])
     assert "training user train" in names
 
 
@@ -198,7 +199,7 @@ LOCK_STEP = "apt: wait for the dpkg lock (apt_lock_wait_s)"
 def test_every_later_apt_run_waits_for_the_dpkg_lock_by_a_config_written_before_the_first_install() -> None:
     # After provision's own reboot apt-daily/unattended-upgrades often hold the lock while the
     # nvidia and storage steps run apt; the apt.conf.d file makes all of them wait, not only base.
-    ops, _ = runner.plan_with_facts(base.step, node("node1", apt_lock_wait_s=120),
+    ops, _ = plan_with_facts(base.step, node("node1", apt_lock_wait_s=120),
                                     FakeHost(Os=os_info("debian-12-bookworm")), cluster())
     assert base.apt_lock_conf(120).splitlines()[-1] == 'DPkg::Lock::Timeout "120";'
     assert all(line.startswith("//") for line in base.apt_lock_conf(120).splitlines()[:-1])
@@ -217,17 +218,17 @@ def test_the_lock_timeout_config_already_in_place_changes_nothing() -> None:
     present = {"mtime": now, "mode": 644, "user": "root", "group": "root", "size": 1}
     same = FakeHost(Os=os_info("debian-12-bookworm"), File=present, Directory=present, Sha1File=written,
                     Date=datetime.datetime.now())
-    assert LOCK_STEP not in by_name(runner.plan_with_facts(base.step, cluster().nodes[0], same, cluster())[0])
+    assert LOCK_STEP not in by_name(plan_with_facts(base.step, cluster().nodes[0], same, cluster())[0])
     other = FakeHost(Os=os_info("debian-12-bookworm"), File=present, Directory=present, Sha1File="0" * 40,
                      Date=datetime.datetime.now())
-    assert LOCK_STEP in by_name(runner.plan_with_facts(base.step, cluster().nodes[0], other, cluster())[0])
+    assert LOCK_STEP in by_name(plan_with_facts(base.step, cluster().nodes[0], other, cluster())[0])
 
 
 def test_cloud_init_is_told_to_leave_etc_hosts_alone_where_it_is_installed(monkeypatch) -> None:
     said: list[str] = []
     monkeypatch.setattr(base, "note", said.append)
     fake = FakeHost(Os=os_info("debian-12-bookworm"), CloudInitFact=probes.CloudInit(True, ()))
-    ops = by_name(runner.plan_with_facts(base.step, cluster().nodes[0], fake, cluster())[0])
+    ops = by_name(plan_with_facts(base.step, cluster().nodes[0], fake, cluster())[0])
     diff = ops["cloud-init: leave /etc/hosts to provision"].diffs[0]
     assert "+manage_etc_hosts: false" in diff and base.CLOUD_INIT_HOSTS == \
         "/etc/cloud/cloud.cfg.d/99-provision-etc-hosts.cfg"
@@ -235,7 +236,7 @@ def test_cloud_init_is_told_to_leave_etc_hosts_alone_where_it_is_installed(monke
     # No cloud-init: nothing written there.
     bare = FakeHost(Os=os_info("debian-12-bookworm"), CloudInitFact=probes.CloudInit(False, ()))
     assert "cloud-init: leave /etc/hosts to provision" not in by_name(
-        runner.plan_with_facts(base.step, cluster().nodes[0], bare, cluster())[0])
+        plan_with_facts(base.step, cluster().nodes[0], bare, cluster())[0])
 
 
 def test_user_data_that_sets_manage_etc_hosts_is_named_in_a_note(monkeypatch) -> None:
@@ -243,7 +244,7 @@ def test_user_data_that_sets_manage_etc_hosts_is_named_in_a_note(monkeypatch) ->
     monkeypatch.setattr(base, "note", said.append)
     data = ("/var/lib/cloud/instance/vendor-data.txt",)
     fake = FakeHost(Os=os_info("debian-12-bookworm"), CloudInitFact=probes.CloudInit(True, data))
-    runner.plan_with_facts(base.step, cluster().nodes[0], fake, cluster())
+    plan_with_facts(base.step, cluster().nodes[0], fake, cluster())
     (text,) = said
     assert text.startswith("base: /var/lib/cloud/instance/vendor-data.txt sets cloud-init's manage_etc_hosts")
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from provision import runner
 from provision.deploys import frameworks
 from provision.settings import Settings
-from tests.helpers.deploy_facts import FakeHost, node
+from tests.helpers.deploy_facts import FakeHost, node, plan_with_facts
 
 WHEELS = ["torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl", "numpy-2.2.6-cp311-cp311-manylinux_2_17_x86_64.whl",
           "nvidia_ml_py-13.580.126-py3-none-any.whl"]
@@ -17,7 +16,7 @@ PINS = "numpy==2.2.6 nvidia-ml-py==13.580.126"  # the default pins
 def test_wheelhouse_is_uploaded_and_installed_without_an_index(tmp_path: Path) -> None:
     for name in WHEELS:
         (tmp_path / name).write_bytes(b"wheel")
-    ops, _ = runner.plan_with_facts(frameworks.step, node(wheelhouse=str(tmp_path)), FakeHost())
+    ops, _ = plan_with_facts(frameworks.step, node(wheelhouse=str(tmp_path)), FakeHost())
     names = [o.name.removeprefix("Frameworks | ") for o in ops]
     assert names[:1] == ["wheelhouse directory"]
     assert sorted(n for n in names if n.startswith("wheel ")) == sorted(f"wheel {w}" for w in WHEELS)
@@ -27,7 +26,7 @@ def test_wheelhouse_is_uploaded_and_installed_without_an_index(tmp_path: Path) -
 
 
 def test_index_url_setting_goes_to_pip() -> None:
-    ops, _ = runner.plan_with_facts(frameworks.step, node(pip_index_url="http://10.0.0.5/simple"), FakeHost())
+    ops, _ = plan_with_facts(frameworks.step, node(pip_index_url="http://10.0.0.5/simple"), FakeHost())
     install = {o.name: o for o in ops}["Frameworks | torch, numpy, nvidia-ml-py"].commands
     assert install == ["/opt/provision/venv/bin/pip install --index-url http://10.0.0.5/simple "
                        f"torch==2.13.0 {PINS}"]
@@ -39,8 +38,8 @@ def test_installed_pins_change_nothing(tmp_path: Path) -> None:
                                       "sympy==1.14.0"])
     fake = FakeHost(VenvPackages=freeze, Directory={"mode": 755}, File={"mode": 644},
                     WheelSizes={WHEELS[0]: len(b"wheel")})
-    assert runner.plan_with_facts(frameworks.step, node(wheelhouse=str(tmp_path)), fake)[0] == []
-    assert runner.plan_with_facts(frameworks.step, node(), fake)[0] == []
+    assert plan_with_facts(frameworks.step, node(wheelhouse=str(tmp_path)), fake)[0] == []
+    assert plan_with_facts(frameworks.step, node(), fake)[0] == []
     # A wheel is identified by its name and size, never by a sha1 of it on the host.
     assert not any(name == "Sha1File" for name, _ in fake.asked)
 
@@ -48,7 +47,7 @@ def test_installed_pins_change_nothing(tmp_path: Path) -> None:
 def test_a_torn_wheel_upload_is_sent_again(tmp_path: Path) -> None:
     (tmp_path / WHEELS[0]).write_bytes(b"wheel")
     torn = FakeHost(Directory={"mode": 755}, WheelSizes={WHEELS[0]: 2})
-    ops, _ = runner.plan_with_facts(frameworks.step, node(wheelhouse=str(tmp_path)), torn)
+    ops, _ = plan_with_facts(frameworks.step, node(wheelhouse=str(tmp_path)), torn)
     (upload,) = [o for o in ops if o.name.endswith(WHEELS[0])]
     assert upload.commands[-1] == f"chmod 644 /opt/provision/wheelhouse/{WHEELS[0]}"
 
@@ -76,7 +75,7 @@ def test_a_pinned_numpy_or_nvml_that_the_installed_venv_lacks_is_installed() -> 
     # A venv made before the pins (numpy 2.4.6, the newest nvidia-ml-py) is brought to them.
     old = FakeHost(VenvPackages=frameworks.parse_freeze(
         ["torch==2.13.0+cpu", "numpy==2.4.6", "nvidia-ml-py==13.615.71"]))
-    ops, _ = runner.plan_with_facts(frameworks.step, node(), old)
+    ops, _ = plan_with_facts(frameworks.step, node(), old)
     install = {o.name: o for o in ops}["Frameworks | torch, numpy, nvidia-ml-py"].commands
     assert install == [f"/opt/provision/venv/bin/pip install {PINS}"]
 
@@ -105,7 +104,7 @@ def test_torch_check_verdicts() -> None:
 def test_pip_compile_false_installs_without_byte_compiling(tmp_path: Path) -> None:
     for name in WHEELS:
         (tmp_path / name).write_bytes(b"wheel")
-    ops, _ = runner.plan_with_facts(frameworks.step, node(wheelhouse=str(tmp_path), pip_compile=False), FakeHost())
+    ops, _ = plan_with_facts(frameworks.step, node(wheelhouse=str(tmp_path), pip_compile=False), FakeHost())
     install = {o.name: o for o in ops}["Frameworks | torch, numpy, nvidia-ml-py"].commands
     assert install[-1] == ("/opt/provision/venv/bin/pip install --no-compile --no-index --find-links "
                            f"/opt/provision/wheelhouse torch==2.13.0+cpu {PINS}")

@@ -13,24 +13,24 @@ import pytest
 from pyinfra.api.util import get_template
 from pyinfra.operations import systemd
 
-from provision import runner
+from provision import engine
 from provision.deploys import nvidia
-from provision.deploys import packages as pkgs
-from provision.deploys.probes import SecureBoot, parse_probe, parse_reboot_state
 from provision.facts.apt import parse_source_files
 from provision.facts.gpus import Gpus
+from provision.facts.probes import SecureBoot, parse_probe, parse_reboot_state
 from provision.resources import templates_dir
-from tests.helpers.deploy_facts import FIXTURES, H100, NVSWITCH, P100, FakeHost, node, os_info, probe
+from provision.rules import packages as pkgs
+from tests.helpers.deploy_facts import FIXTURES, H100, NVSWITCH, P100, FakeHost, node, os_info, plan_with_facts, probe
 
 INSTALL = ('DEBIAN_FRONTEND=noninteractive apt-get -y -o Dpkg::Options::="--force-confdef" '
            '-o Dpkg::Options::="--force-confold" install')
 
 
 def plan(fixture: str, gpus: Gpus, groups: tuple[str, ...] = (), facts: dict[str, Any] | None = None,
-         **settings: object) -> dict[str, runner.PlannedOp]:
+         **settings: object) -> dict[str, engine.PlannedOp]:
     fake = FakeHost(**{"Os": os_info(fixture), "NvidiaDevices": gpus, "Probe": settings.pop("probe", probe()),
                        **(facts or {})})
-    ops, _ = runner.plan_with_facts(nvidia.step, node(groups=groups, **settings), fake)  # type: ignore[arg-type]
+    ops, _ = plan_with_facts(nvidia.step, node(groups=groups, **settings), fake)  # type: ignore[arg-type]
     return {o.name.removeprefix("NVIDIA stack | "): o for o in ops}
 
 
@@ -130,7 +130,7 @@ def test_a_bare_version_canonical_does_not_offer_stops_the_host_before_any_chang
                candidates={f"linux-modules-nvidia-580-server-{kernel}": "5.15.0-185.195+1",
                            "nvidia-driver-580-server": "580.105.08-0ubuntu0.22.04.1"})
     fake = FakeHost(Os=os_info("ubuntu-22.04-jammy"), NvidiaDevices=Gpus((P100,), ()), Probe=sb)
-    ops, refused = runner.plan_with_facts(nvidia.step, node(nvidia_driver_version="580.95.05"), fake)
+    ops, refused = plan_with_facts(nvidia.step, node(nvidia_driver_version="580.95.05"), fake)
     (reason,) = refused
     assert reason.startswith("nvidia_driver_version 580.95.05: this host takes Canonical's signed driver")
     assert "apt offers nvidia-driver-580-server 580.105.08-0ubuntu0.22.04.1" in reason
@@ -141,7 +141,7 @@ def test_secure_boot_without_signed_modules_stops_the_host_with_the_advice() -> 
     # Preflight leaves this to the nvidia step when apt had no lists yet.
     sb = probe(secure_boot=SecureBoot(True, "SecureBoot enabled"), candidates={})
     fake = FakeHost(Os=os_info("ubuntu-24.04.3-noble"), NvidiaDevices=Gpus((H100,), ()), Probe=sb)
-    ops, _ = runner.plan_with_facts(nvidia.step, node(), fake)
+    ops, _ = plan_with_facts(nvidia.step, node(), fake)
     (stop,) = ops
     assert stop.name == "NVIDIA stack | nvidia checks"
     assert "no signed NVIDIA modules exist for kernel 6.8.0-45-generic" in stop.commands[0]
@@ -187,7 +187,7 @@ def test_holds_cover_the_branch_dependencies_not_yet_held() -> None:
 def test_fabricmanager_installs_the_driver_version_once_the_driver_is_there() -> None:
     holds = ({"nvidia-open-580": "580.95.05-1"}, set())
     fake = FakeHost(Os=os_info("ubuntu-22.04-jammy"), NvidiaDevices=Gpus((H100, NVSWITCH), ()), AptHolds=holds)
-    ops = {o.name: o for o in runner.plan_with_facts(nvidia.step, node(), fake)[0]}
+    ops = {o.name: o for o in plan_with_facts(nvidia.step, node(), fake)[0]}
     # apt resolves the glob to the newest 580.95.05 build (checked against real apt-get -s).
     assert ops["NVIDIA stack | fabric manager nvidia-fabricmanager=580.*"].commands == [
         "DEBIAN_FRONTEND=noninteractive apt-get install -y --allow-change-held-packages "
@@ -246,7 +246,7 @@ def test_installed_nccl_for_the_right_cuda_changes_nothing_and_is_held() -> None
                  "libnccl-dev": "2.27.7-1+cuda12.8"}
     fake = FakeHost(Os=os_info("ubuntu-22.04-jammy"), NvidiaDevices=Gpus((H100,), ()), Probe=probe(),
                     AptHolds=(installed, set()))
-    ops = {o.name.removeprefix("NVIDIA stack | "): o for o in runner.plan_with_facts(
+    ops = {o.name.removeprefix("NVIDIA stack | "): o for o in plan_with_facts(
         nvidia.step, node(install_nccl=True), fake)[0]}
     assert "NCCL *+cuda12.8" not in ops
     assert ops["hold NVIDIA driver packages"].commands == ["apt-mark hold libnccl-dev libnccl2 nvidia-open-580"]
@@ -254,7 +254,7 @@ def test_installed_nccl_for_the_right_cuda_changes_nothing_and_is_held() -> None
     other = {**installed, "libnccl2": "2.28.3-1+cuda13.0"}
     fake = FakeHost(Os=os_info("ubuntu-22.04-jammy"), NvidiaDevices=Gpus((H100,), ()), Probe=probe(),
                     AptHolds=(other, {"libnccl2"}))
-    ops = {o.name: o for o in runner.plan_with_facts(nvidia.step, node(install_nccl=True), fake)[0]}
+    ops = {o.name: o for o in plan_with_facts(nvidia.step, node(install_nccl=True), fake)[0]}
     assert ops["NVIDIA stack | NCCL *+cuda12.8"].commands[0].endswith(
         "--force-confold 'libnccl2=*+cuda12.8'")
     assert "--allow-change-held-packages" in ops["NVIDIA stack | NCCL *+cuda12.8"].commands[0]
@@ -289,7 +289,7 @@ def test_keyring_is_fetched_again_only_when_missing_or_its_sha256_differs() -> N
         "CUDA repository keyring"].commands)
     for facts, sha in (({"Sha256File": digest}, digest), ({"File": {"mode": 644}}, None)):
         fake = FakeHost(Os=os_info("debian-12-bookworm"), NvidiaDevices=Gpus((H100,), ()), Probe=probe(), **facts)
-        names = [o.name for o in runner.plan_with_facts(nvidia.step, node(nvidia_keyring_sha256=sha), fake)[0]]
+        names = [o.name for o in plan_with_facts(nvidia.step, node(nvidia_keyring_sha256=sha), fake)[0]]
         assert "NVIDIA stack | CUDA repository keyring" not in names
 
 
@@ -367,10 +367,10 @@ class SetUpHost(FakeHost):
 
 
 def test_rerun_changes_nothing_but_updates_apt_when_the_driver_has_no_candidate() -> None:
-    assert runner.plan_with_facts(nvidia.step, node(), SetUpHost())[0] == []
+    assert plan_with_facts(nvidia.step, node(), SetUpHost())[0] == []
     # A first run that died after writing the repository files but before apt update read
     # them: nothing differs on disk, and only the missing candidate tells.
-    stale = {o.name: o for o in runner.plan_with_facts(nvidia.step, node(), SetUpHost(Probe=probe()))[0]}
+    stale = {o.name: o for o in plan_with_facts(nvidia.step, node(), SetUpHost(Probe=probe()))[0]}
     assert stale["NVIDIA stack | apt update (CUDA repository not read yet)"].commands == ["apt-get update"]
 
 
@@ -408,7 +408,7 @@ def test_nvidias_own_list_for_the_repository_is_removed_before_ours_is_written(n
 def test_a_file_that_also_names_other_sources_stops_the_host_unedited(path: str, extra: list[str]) -> None:
     lines = [f"##PYINFRA_FILE {path}", CUDA_KEYRING_LIST[1], *extra]
     fake = FakeHost(Os=os_info("ubuntu-22.04-jammy"), NvidiaDevices=Gpus((H100,), ()), **source_files(*lines))
-    ops, refusals = runner.plan_with_facts(nvidia.step, node(), fake)
+    ops, refusals = plan_with_facts(nvidia.step, node(), fake)
     assert refusals == [
         f"{path} names NVIDIA's CUDA repository (deb https://developer.download.nvidia.com/compute/cuda/repos/"
         "ubuntu2204/x86_64/ /), which the nvidia step configures in /etc/apt/sources.list.d/cuda-ubuntu2204.sources "

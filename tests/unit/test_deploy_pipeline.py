@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from provision import pipeline
 from provision.errors import InputError
 from provision.remote import ssh_config
+from provision.up import pipeline
 from tests.helpers.deploy_facts import node
 
 
@@ -76,7 +76,7 @@ def test_ssh_config_pins_host_keys_and_key_file() -> None:
 
 def test_missing_backup_password_file_is_bad_input_before_any_host(cli, tmp_path, monkeypatch) -> None:
     contacted = []
-    monkeypatch.setattr(pipeline.runner, "run_steps",
+    monkeypatch.setattr(pipeline.engine, "run_steps",
                         lambda *args, **kwargs: contacted.append("run_steps_stand_in"))  # test stand-in
     inventory = tmp_path / "inv.py"
     inventory.write_text(f"nodes = [('n1', {{'ssh_hostname': '127.0.0.1', 'ssh_port': 1, "

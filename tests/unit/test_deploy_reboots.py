@@ -6,11 +6,12 @@ from collections.abc import Callable
 
 import pytest
 
-from provision import reboots, runner
-from provision.deploys.probes import RebootState, parse_reboot_state
+from provision import engine
 from provision.facts.gpus import Gpus
+from provision.facts.probes import RebootState, parse_reboot_state
 from provision.inventory import Node, SshTarget
 from provision.settings import Settings
+from provision.up import reboots
 from tests.helpers.deploy_facts import H100, node
 
 NO_GPU = Gpus((), ())
@@ -80,15 +81,15 @@ class StandInHosts:
         self.asked: list[list[str]] = []  # host names per gather_facts call
 
     def stand_in_gather_facts(self, nodes: list, wanted: dict,
-                              on_event: Callable = lambda h, t: None) -> runner.FactsResult:
+                              on_event: Callable = lambda h, t: None) -> engine.FactsResult:
         self.asked.append([n.name for n in nodes])
         facts = {}
         for n in nodes:
             probe = self.after.get(n.name, DRIVER_UP) if n.name in self.rebooted else self.before[n.name]
             facts[n.name] = {"probe": probe, "gpus": Gpus((H100,), ())}
-        return runner.FactsResult(facts, {})
+        return engine.FactsResult(facts, {})
 
-    def stand_in_reboot_step(self, step: runner.Step, nodes: list, results: dict, on_event: Callable) -> None:
+    def stand_in_reboot_step(self, step: engine.Step, nodes: list, results: dict, on_event: Callable) -> None:
         assert step is reboots.REBOOT_STEP
         self.batches.append([n.name for n in nodes])
         self.rebooted.update(n.name for n in nodes)
@@ -98,20 +99,20 @@ class StandInHosts:
 def stand_in(monkeypatch: pytest.MonkeyPatch) -> Callable[..., StandInHosts]:
     def install(before: dict[str, RebootState], after: dict[str, RebootState] | None = None) -> StandInHosts:
         hosts = StandInHosts(before, after)
-        monkeypatch.setattr(runner, "gather_facts", hosts.stand_in_gather_facts)
-        monkeypatch.setattr(runner, "run_step", hosts.stand_in_reboot_step)
+        monkeypatch.setattr(engine, "gather_facts", hosts.stand_in_gather_facts)
+        monkeypatch.setattr(engine, "run_step", hosts.stand_in_reboot_step)
         return hosts
     return install
 
 
-def results_after_nvidia(*names: str, without_nvidia: tuple[str, ...] = ()) -> dict[str, runner.HostResult]:
-    return {n: runner.HostResult(n, steps=["preflight", "base"] + ([] if n in without_nvidia else ["nvidia"]))
+def results_after_nvidia(*names: str, without_nvidia: tuple[str, ...] = ()) -> dict[str, engine.HostResult]:
+    return {n: engine.HostResult(n, steps=["preflight", "base"] + ([] if n in without_nvidia else ["nvidia"]))
             for n in names}
 
 
 def test_only_hosts_the_nvidia_step_ran_on_this_run_are_rebooted(stand_in) -> None:
     # node2 has nvidia: skip (or the run had --skip nvidia); node3's nvidia step skipped
-    # itself (runner.skip: it is not in the host's steps). Both have a mismatched module,
+    # itself (engine.skip: it is not in the host's steps). Both have a mismatched module,
     # say from an admin's own driver upgrade.
     hosts = stand_in({"node1": MISMATCH, "node2": MISMATCH, "node3": MISMATCH})
     results = results_after_nvidia("node1", "node2", "node3", without_nvidia=("node2", "node3"))
@@ -139,10 +140,10 @@ def test_a_batch_that_fails_its_driver_check_stops_the_later_batches(stand_in) -
     reboots.reboot_where_needed([node(n) for n in names], results, {}, batch=2)
     assert hosts.batches == [["node1", "node2"]]
     assert results["node1"].ok and results["node1"].rebooted
-    assert results["node2"].failures == [
+    assert [str(f) for f in results["node2"].failures] == [
         "reboot: nvidia-smi does not answer after the reboot (driver 580.* expected)"]
     for name in ("node3", "node4", "node5"):
         assert not results[name].rebooted
-        assert results[name].failures == [
+        assert [str(f) for f in results[name].failures] == [
             "reboot: not rebooted because an earlier batch failed (node2); it still needs one "
             "(kernel runs NVIDIA module 570.195.03, 580.95.05 is installed): fix those hosts and re-run"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from provision.deploys import packages as pkgs
+from provision.rules import packages as pkgs
 from tests.helpers.deploy_facts import H100, P100, os_info
 
 

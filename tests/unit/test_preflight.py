@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from provision import runner
 from provision.deploys import preflight
-from provision.deploys.probes import parse_apt_candidate, parse_probe, parse_sb_state
 from provision.facts.blockdevices import BlockDevice
 from provision.facts.gpus import Gpus
+from provision.facts.probes import parse_apt_candidate, parse_probe, parse_sb_state
 from provision.settings import Settings
-from tests.helpers.deploy_facts import FIXTURES, H100, P100, FakeHost, node, os_info, probe
+from tests.helpers.deploy_facts import FIXTURES, H100, P100, FakeHost, node, os_info, plan_with_facts, probe
 
 NO_GPU = Gpus((), ())
 
@@ -160,7 +159,7 @@ def test_pending_reboot_is_a_note_not_a_refusal() -> None:
 
 def test_deploy_refuses_host_with_reason_and_adds_nothing_else() -> None:
     fake = FakeHost(Os=os_info("debian-12-bookworm"), Probe=probe(root_free_gb=1.0))
-    ops, refusals = runner.plan_with_facts(preflight.step, node(), fake)
+    ops, refusals = plan_with_facts(preflight.step, node(), fake)
     assert refusals == ["only 1.0 GB free on /, 20 GB needed (free space, or lower min_root_free_gb)"]
     assert [o.name for o in ops] == ["Preflight | preflight checks"]
     assert ops[0].commands == ["echo 'only 1.0 GB free on /, 20 GB needed (free space, or lower "
@@ -172,20 +171,20 @@ def test_deploy_checks_data_disks_when_the_volumes_step_is_in_the_run() -> None:
 
     fake = FakeHost(Os=os_info("debian-12-bookworm"), BlockDevices=[disk("vda", "ROOT", ("/",))])
     gpu1 = node("gpu1", data_disks=["NVME-DATA-0009"])
-    _, refusals = runner.plan_with_facts(preflight.step, gpu1, fake, steps=[preflight.step, volumes.step])
+    _, refusals = plan_with_facts(preflight.step, gpu1, fake, steps=[preflight.step, volumes.step])
     assert len(refusals) == 1 and refusals[0].startswith("data disk NVME-DATA-0009 does not exist")
-    assert runner.plan_with_facts(preflight.step, gpu1, fake) == ([], [])  # volumes not in this run
+    assert plan_with_facts(preflight.step, gpu1, fake) == ([], [])  # volumes not in this run
 
 
 def test_deploy_on_a_healthy_host_changes_nothing() -> None:
     fake = FakeHost(Os=os_info("debian-12-bookworm"))
-    assert runner.plan_with_facts(preflight.step, node(), fake) == ([], [])
+    assert plan_with_facts(preflight.step, node(), fake) == ([], [])
 
 
 def test_deploy_waits_bounded_for_a_held_apt_lock() -> None:
     fake = FakeHost(Os=os_info("debian-12-bookworm"),
                     Probe=probe(apt_locks_held=("/var/lib/dpkg/lock-frontend",), lock_holders="unattended-upgr"))
-    ops, refusals = runner.plan_with_facts(preflight.step, node(apt_lock_wait_s=120), fake)
+    ops, refusals = plan_with_facts(preflight.step, node(apt_lock_wait_s=120), fake)
     assert refusals == []
     assert [o.name for o in ops] == ["Preflight | Wait for apt/dpkg lock (unattended-upgr)"]
     assert ops[0].commands == [preflight.lock_wait_command(120)]
@@ -194,7 +193,7 @@ def test_deploy_waits_bounded_for_a_held_apt_lock() -> None:
 
 def test_deploy_asks_ubuntu_for_signed_module_candidates() -> None:
     fake = FakeHost(Os=os_info("ubuntu-24.04.3-noble"), NvidiaDevices=Gpus((H100,), ()))
-    runner.plan_with_facts(preflight.step, node(), fake)
+    plan_with_facts(preflight.step, node(), fake)
     asked = dict(fake.asked)["Probe"]
     assert asked == {"packages": ("linux-modules-nvidia-580-server-open-6.8.0-45-generic",
                                   "linux-modules-nvidia-580-server-6.8.0-45-generic"),
@@ -204,7 +203,7 @@ def test_deploy_asks_ubuntu_for_signed_module_candidates() -> None:
 def test_held_packages_count_as_installed():
     # After the first run the driver is held: dpkg reports "hi", and the fabric manager step
     # must still find the driver's version to match (a second run failed on exactly this).
-    from provision.deploys.probes import parse_holds
+    from provision.facts.probes import parse_holds
 
     installed, held = parse_holds(["pkg nvidia-open-580 580.95.05-1 hi ", "pkg fio 3.33-3 ii ",
                                    "pkg old 1.0 rc ", "hold nvidia-open-580"])
@@ -240,8 +239,8 @@ def test_nvidia_checks_apply_only_when_the_nvidia_step_is_in_the_run() -> None:
     secure = probe(secure_boot=parse_sb_state("SecureBoot enabled", efi=True))
     fake = FakeHost(Os=os_info("debian-12-bookworm"), NvidiaDevices=Gpus((H100,), ()), Probe=secure)
     skip_nvidia = [preflight.step, base.step]
-    assert runner.plan_with_facts(preflight.step, node(), fake, steps=skip_nvidia) == ([], [])
-    _, refusals = runner.plan_with_facts(preflight.step, node(), fake, steps=[*skip_nvidia, nvidia.step])
+    assert plan_with_facts(preflight.step, node(), fake, steps=skip_nvidia) == ([], [])
+    _, refusals = plan_with_facts(preflight.step, node(), fake, steps=[*skip_nvidia, nvidia.step])
     assert len(refusals) == 1 and "enroll a MOK" in refusals[0]
 
 
@@ -259,5 +258,5 @@ def test_an_aarch64_gpu_host_stops_in_preflight_before_base_changes_it() -> None
     from provision.deploys import base, nvidia
 
     fake = FakeHost(Os=replace(os_info("ubuntu-22.04-jammy"), arch="aarch64"), NvidiaDevices=Gpus((H100,), ()))
-    _, refusals = runner.plan_with_facts(preflight.step, node(), fake, steps=[preflight.step, base.step, nvidia.step])
+    _, refusals = plan_with_facts(preflight.step, node(), fake, steps=[preflight.step, base.step, nvidia.step])
     assert len(refusals) == 1 and refusals[0].startswith("architecture aarch64 (uname -m)")

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from provision.runner import HostResult, _Collector
+from provision.engine import HostResult
+from provision.engine.collector import Collector
 
 
 def state_with(connected: dict[str, bool]):
@@ -16,7 +17,7 @@ def state_with(connected: dict[str, bool]):
 def settled(name: str, step: str, connected: bool, error: str) -> HostResult:
     """A host's row after one connection error and pyinfra's final connected state."""
     results = {name: HostResult(name)}
-    collector = _Collector(results, step, lambda host, text: None)
+    collector = Collector(results, step, lambda host, text: None)
     state, hosts = state_with({name: connected})
     collector.host_connect_error(state, hosts[name], error)
     collector.settle_connections(state)
@@ -31,4 +32,4 @@ def test_host_that_reconnected_after_early_errors_stays_reachable():
 def test_host_never_connected_is_unreachable_with_the_last_error():
     row = settled("node2", "base", False, "Connection refused")
     assert not row.reachable
-    assert row.failures == ["base: unreachable: Connection refused"]
+    assert [str(f) for f in row.failures] == ["base: unreachable: Connection refused"]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from provision import inventory
 from provision.facts.stack import InstalledStack, MountState, parse_stack, stack_command
-from provision.status import judge_host
+from provision.status.judge import judge_host
 
 
 def cluster(tmp_path: Path, **data):
@@ -128,7 +128,7 @@ def test_held_driver_package_is_still_installed():
 
 
 def test_last_validate_verdict_and_age_come_from_validates_history(tmp_path, monkeypatch):
-    from provision.fleet_status import last_validate
+    from provision.status.gather import last_validate
     from provision.validate import history
     from provision.validate.records import NodeResult
 

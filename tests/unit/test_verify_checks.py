@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from provision.deploys import nvidia
-from provision.deploys.packages import apt_pin_preferences
-from provision.deploys.probes import AptHolds
 from provision.facts.gpus import NvidiaDevices
+from provision.facts.probes import AptHolds
+from provision.rules.packages import apt_pin_preferences
 from provision.settings import Settings
 from provision.verify import test_base as base_checks
 from provision.verify import test_nvidia as nvidia_checks

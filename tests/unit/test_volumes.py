@@ -187,8 +187,8 @@ def test_force_format_flag_refuses_kernel_names_and_other_by_paths():
 
 
 def test_up_with_force_format_of_a_kernel_name_is_bad_input_before_any_host_is_contacted(cli, monkeypatch):
-    from provision import pipeline
     from provision.resources import inventories_dir
+    from provision.up import pipeline
 
     def test_stand_in_for_pipeline_up(*args: object, **kwargs: object) -> None:
         raise AssertionError("provision up went on to contact hosts")

@@ -7,7 +7,7 @@ import json
 import re
 
 from provision.deploys import volumes
-from provision.deploys.probes import lock_wait_command
+from provision.facts.probes import lock_wait_command
 from provision.settings import Settings
 from tests.helpers.pyinfra_fake import fake_node, run_fake
 
@@ -86,7 +86,7 @@ def test_disk_holding_a_filesystem_is_refused_and_nothing_is_written(monkeypatch
     node = fake_node("node1", _settings(data_disks=[ID.format("b"), ID.format("c")]),
                      {"lsblk -J -O -b": _lsblk(_disk("vdb"), used)})
     run = run_fake(volumes.step, [node], monkeypatch)
-    (failure,) = run.results[HOST].failures
+    (failure,) = map(str, run.results[HOST].failures)
     assert failure.startswith("volumes: Data volume | volumes checks")
     (refusal,) = run.ran(HOST, "exit 1$")
     assert f"@fake/node1: refusing to format {ID.format('c')} (vdc): it holds a ext4 filesystem" in refusal
@@ -181,15 +181,15 @@ def test_our_array_without_a_filesystem_gets_one_after_the_blank_check(monkeypat
 
 
 def test_plan_shows_exactly_which_disks_auto_picked_and_which_it_left_out():
-    from provision import runner
+    from provision import engine
     from provision.cli import up
-    from provision.console import out
+    from provision.cli.console import out
     from provision.inventory import Cluster
 
     used = _disk("vdc", fstype="xfs", uuid="u2", label="backup")
     node = fake_node("node1", _settings(data_disks="auto"),
                      {"lsblk -J -O -b": _lsblk(_disk("vdb"), used, _disk("vdd"))})
-    plans = runner.plan_steps(Cluster(path=None, nodes=(node,)), [volumes.step])  # type: ignore[arg-type]
+    plans = engine.plan_steps(Cluster(path=None, nodes=(node,)), [volumes.step])  # type: ignore[arg-type]
     notes = plans[HOST].notes
     assert f"volumes: data disk {ID.format('b')} (vdb) 1 GiB: blank, will be formatted" in notes
     assert f"volumes: data disk {ID.format('d')} (vdd) 1 GiB: blank, will be formatted" in notes

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from provision.errors import InputError, Problem
-from provision.validate.metrics import METRICS
+from provision.rules.metrics import METRICS
 
 
 @dataclass(frozen=True)

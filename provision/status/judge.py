@@ -13,9 +13,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from provision.deploys.packages import upstream
 from provision.facts.stack import InstalledStack
 from provision.inventory import Cluster, Node
+from provision.rules.packages import upstream
 
 
 @dataclass(frozen=True)
@@ -194,7 +194,7 @@ def as_json(statuses: list[HostStatus]) -> dict[str, Any]:
     from dataclasses import asdict
 
     return {
-        "schema": "provision.status/1",
+        "schema": "provision.status.judge/1",
         "ok": all(s.reachable and not s.drift for s in statuses),
         "hosts": [asdict(s) for s in statuses],
     }

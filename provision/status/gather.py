@@ -10,12 +10,12 @@ from typing import Any
 from provision.facts.stack import StackFact
 from provision.facts.system import Os
 from provision.inventory import Cluster
-from provision.status import HostStatus, expected_mounts, format_age, judge_host
+from provision.status.judge import HostStatus, expected_mounts, format_age, judge_host
 from provision.validate import history
 
 
 def gather_status(cluster: Cluster, on_event: Callable[[str, str], None] = lambda h, t: None) -> list[HostStatus]:
-    from provision.runner import gather_facts
+    from provision.engine import gather_facts
 
     statuses = []
     # Each host's fact arguments differ (its own venv and mounts), so facts are gathered

@@ -11,11 +11,13 @@ import shlex
 from collections.abc import Callable
 from pathlib import Path
 
-from provision import backup, reboots, runner
+from provision import engine
+from provision.backup import runs as backup
 from provision.deploys import backups, base, frameworks, nfs, nvidia, preflight, volumes
+from provision.engine import HostResult, RunReport, Step
 from provision.errors import InputError, Problem
 from provision.inventory import Cluster, Node
-from provision.runner import HostResult, RunReport, Step
+from provision.up import reboots
 
 STEPS: list[Step] = [preflight.step, base.step, nvidia.step, frameworks.step, volumes.step, nfs.step,
                      backups.step]
@@ -115,11 +117,11 @@ def up(
         changed = {n: r.changed > before.get(n, 0) and "nvidia" in r.steps for n, r in results.items()}
         reboots.reboot_where_needed(list(cluster.nodes), results, changed, reboot_batch, on_event)
 
-    return runner.run_steps(cluster, steps, on_event, after_step)
+    return engine.run_steps(cluster, steps, on_event, after_step)
 
 
 def plan(cluster: Cluster, steps: list[Step],
-         on_event: Callable[[str, str], None] = lambda host, text: None) -> dict[str, runner.HostPlan]:
+         on_event: Callable[[str, str], None] = lambda host, text: None) -> dict[str, engine.HostPlan]:
     """What `up` would change, per host and step; changes nothing."""
     check_inputs(cluster, steps)
-    return runner.plan_steps(cluster, steps, on_event)
+    return engine.plan_steps(cluster, steps, on_event)

@@ -232,5 +232,5 @@ def _not_run(rest: list[Stage]) -> list[StageResult]:
 
 
 def as_json(results: list[StageResult]) -> dict[str, object]:
-    return {"schema": "provision.demo/1", "stages": [asdict(r) for r in results],
+    return {"schema": "provision.demo.stages/1", "stages": [asdict(r) for r in results],
             "ok": all(r.status in ("done", "done earlier") for r in results)}

@@ -18,11 +18,11 @@ from pathlib import Path
 from pyinfra.api import deploy
 from pyinfra.operations import server
 
-from provision import runner
-from provision.deploys.packages import driver_version_ok
-from provision.deploys.probes import RebootProbe, RebootState
+from provision import engine
 from provision.facts.gpus import Gpus, NvidiaDevices
+from provision.facts.probes import RebootProbe, RebootState
 from provision.inventory import Node
+from provision.rules.packages import driver_version_ok
 
 # Seconds pyinfra waits after issuing the reboot before it tries to reconnect.
 RECONNECT_DELAY_S = 10
@@ -96,26 +96,26 @@ def plan(nodes: list[Node], probes: dict[str, RebootState], gpus: dict[str, Gpus
 def _reboot_deploy() -> Callable[..., object]:
     @deploy("Reboot")
     def reboot() -> None:
-        node = runner.current_node()
+        node = engine.current_node()
         server.reboot(name="reboot and wait for SSH", delay=RECONNECT_DELAY_S, interval=2,
                       reboot_timeout=node.settings.reboot_timeout_s)
 
     return reboot
 
 
-REBOOT_STEP = runner.Step("reboot", _reboot_deploy(), "reboot hosts that need it, a batch at a time")
+REBOOT_STEP = engine.Step("reboot", _reboot_deploy(), "reboot hosts that need it, a batch at a time")
 
 
-def candidates(nodes: list[Node], results: dict[str, runner.HostResult]) -> list[Node]:
+def candidates(nodes: list[Node], results: dict[str, engine.HostResult]) -> list[Node]:
     """Healthy hosts the nvidia step ran on in this run. A host it did not run on (nvidia:
-    skip, --skip nvidia, no GPU: runner.skip keeps it out of the host's steps) is not this
+    skip, --skip nvidia, no GPU: engine.skip keeps it out of the host's steps) is not this
     run's to reboot, even when its module and driver disagree (an admin's own driver upgrade)."""
     return [n for n in nodes if results[n.name].ok and "nvidia" in results[n.name].steps]
 
 
 def reboot_where_needed(
     nodes: list[Node],
-    results: dict[str, runner.HostResult],
+    results: dict[str, engine.HostResult],
     changed: dict[str, bool],
     batch: int | None,
     on_event: Callable[[str, str], None] = lambda host, text: None,
@@ -124,11 +124,11 @@ def reboot_where_needed(
     alive = candidates(nodes, results)
     if not alive:
         return
-    facts = runner.gather_facts(alive, {"probe": (RebootProbe, {}), "gpus": (NvidiaDevices, {})})
+    facts = engine.gather_facts(alive, {"probe": (RebootProbe, {}), "gpus": (NvidiaDevices, {})})
     # A host that cannot be asked whether it needs a reboot has not converged: it fails here
     # rather than passing as "no reboot needed".
     for name, why in facts.failed.items():
-        results[name].failures.append(f"reboot check: {why}")
+        results[name].fail("reboot check", why)
     alive = [n for n in alive if n.name in facts.facts]
     probes = {h: v["probe"] for h, v in facts.facts.items()}
     gpus = {h: v["gpus"] for h, v in facts.facts.items()}
@@ -140,42 +140,42 @@ def reboot_where_needed(
 
 
 def reboot_batches(groups: list[list[str]], by_name: dict[str, Node], decision: RebootPlan,
-                   results: dict[str, runner.HostResult], on_event: Callable[[str, str], None]) -> None:
+                   results: dict[str, engine.HostResult], on_event: Callable[[str, str], None]) -> None:
     """One batch after another. A batch with a host that did not come back with the pinned
     driver stops the rest: whatever broke it would likely break the next batch too."""
     for index, group in enumerate(groups):
         for name in group:
             on_event(name, f"reboot: {decision.reboot[name]}")
-        runner.run_step(REBOOT_STEP, [by_name[n] for n in group], results, on_event)
+        engine.run_step(REBOOT_STEP, [by_name[n] for n in group], results, on_event)
         for name in group:
             results[name].rebooted = results[name].ok
         verify_driver([by_name[n] for n in group if results[n].ok], results)
         failed = [n for n in group if not results[n].ok]
         if failed:
             for name in (n for later in groups[index + 1:] for n in later):
-                results[name].failures.append(
-                    f"reboot: not rebooted because an earlier batch failed ({', '.join(failed)}); "
+                results[name].fail(
+                    "reboot", f"not rebooted because an earlier batch failed ({', '.join(failed)}); "
                     f"it still needs one ({decision.reboot[name]}): fix those hosts and re-run")
                 on_event(name, "reboot: not rebooted (an earlier batch failed)")
             return
 
 
-def verify_driver(nodes: list[Node], results: dict[str, runner.HostResult]) -> None:
+def verify_driver(nodes: list[Node], results: dict[str, engine.HostResult]) -> None:
     """After a reboot: nvidia-smi must answer with the pinned driver version."""
     if not nodes:
         return
-    facts = runner.gather_facts(nodes, {"probe": (RebootProbe, {})})
+    facts = engine.gather_facts(nodes, {"probe": (RebootProbe, {})})
     for node in nodes:
         probe = facts.facts.get(node.name, {}).get("probe")
         settings = node.settings
         pinned = settings.nvidia_driver_version or f"{settings.nvidia_driver_branch}.*"
         if probe is None:
-            results[node.name].failures.append(f"reboot: {facts.failed.get(node.name, 'no answer')}")
+            results[node.name].fail("reboot", facts.failed.get(node.name, "no answer"))
         elif not probe.smi_version:
-            results[node.name].failures.append(
-                f"reboot: nvidia-smi does not answer after the reboot (driver {pinned} expected)")
+            results[node.name].fail(
+                "reboot", f"nvidia-smi does not answer after the reboot (driver {pinned} expected)")
         elif not driver_version_ok(probe.smi_version, settings.nvidia_driver_branch,
                                    settings.nvidia_driver_version):
-            results[node.name].failures.append(
-                f"reboot: nvidia-smi reports driver {probe.smi_version}, {pinned} is pinned")
+            results[node.name].fail(
+                "reboot", f"nvidia-smi reports driver {probe.smi_version}, {pinned} is pinned")
 

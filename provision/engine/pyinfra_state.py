@@ -1,0 +1,52 @@
+"""The ONLY place that builds pyinfra's Inventory, Config and State.
+
+Every pass of the engine (a step, a plan, a round of facts) starts from new_state(), so
+the facts a step reads are gathered after the previous step changed the host.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from provision.engine.context import NODE_KEY, RUN_KEY, RunContext
+from provision.inventory import Node
+
+# pyinfra logs every connection and operation itself; the progress display replaces that.
+logging.getLogger("pyinfra").setLevel(logging.CRITICAL)
+
+CONNECT_TIMEOUT_S = 15  # one SSH connection attempt
+
+
+def pyinfra_inventory(nodes: Iterable[Node], run: RunContext | None = None) -> Any:
+    """A pyinfra Inventory for these nodes, with provision's SSH defaults applied; each
+    host's data carries its typed Node and, inside a run, the RunContext."""
+    from pyinfra.api import Inventory
+
+    names_data = []
+    groups: dict[str, list[str]] = {}
+    for node in nodes:
+        data = dict(node.data)
+        data[NODE_KEY] = node
+        if run is not None:
+            data[RUN_KEY] = run
+        data["ssh_strict_host_key_checking"] = node.ssh.strict_host_key_checking
+        if node.ssh.key:
+            data["ssh_key"] = node.ssh.key
+        names_data.append((node.name, data))
+        for group in node.groups:
+            groups.setdefault(group, []).append(node.name)
+    return Inventory((names_data, {}), **{g: (names, {}) for g, names in groups.items()})
+
+
+def new_state(nodes: list[Node], parallel: int, run: RunContext | None = None) -> Any:
+    """A fresh pyinfra State over these nodes."""
+    from pyinfra.api import Config, State
+    from pyinfra.connectors.sshuserclient import client
+
+    # pyinfra memoizes every known_hosts file it reads for the life of the process. Each run
+    # must see the file as it is now: a testbed VM restarted on a new port has a new entry.
+    client.get_host_keys.cache.clear()
+    config = Config(PARALLEL=parallel, CONNECT_TIMEOUT=CONNECT_TIMEOUT_S)
+    return State(pyinfra_inventory(nodes, run), config)

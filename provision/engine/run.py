@@ -1,0 +1,125 @@
+"""Run the steps of `provision up`: one pyinfra pass per step, every host in parallel.
+
+A fresh pass per step means the facts a step reads are gathered after the previous step
+changed the host (mdadm is installed before the volumes step looks for it), and a host
+that failed a step is left out of the later ones while the other hosts go on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from provision.engine.collector import Collector
+from provision.engine.context import RunContext
+from provision.engine.pyinfra_state import new_state
+from provision.engine.results import HostResult, OnEvent, RunReport, Step, no_events
+from provision.inventory import Cluster, Node
+
+
+def run_step(
+    step: Step,
+    nodes: list[Node],
+    results: dict[str, HostResult],
+    on_event: OnEvent = no_events,
+    parallel: int = 0,
+    run: RunContext | None = None,
+) -> None:
+    """Apply one step to the given nodes (all reachable so far), recording into results.
+    ``run`` is the run it belongs to; without one (a reboot pass) it gets a context of its own."""
+    run = run or RunContext(None, (step.name,))
+    from pyinfra.api.connect import connect_all, disconnect_all
+    from pyinfra.api.exceptions import PyinfraError
+    from pyinfra.api.operations import run_ops
+
+    targets = targets_of(step, nodes, results)
+    if not targets:
+        return
+    state = new_state(targets, parallel, run)
+    collector = Collector(results, step.name, on_event)
+    state.add_callback_handler(collector)
+    try:
+        connect_all(state)
+        for host in list(state.active_hosts):
+            _prepare(state, step, host, results[host.name])
+        if state.active_hosts:
+            run_ops(state, no_wait=True)
+    except PyinfraError as e:
+        # "No hosts remaining!": every host failed. Each failure is recorded by settle().
+        collector.settle(state)
+        _record_unexplained(state, targets, results, step.name, str(e))
+    finally:
+        collector.settle(state)
+        disconnect_all(state)
+    for node in targets:
+        _finish(step, results[node.name], run, on_event)
+
+
+def _prepare(state: Any, step: Step, host: Any, result: HostResult) -> None:
+    """Add the step's operations for one host; an error doing so fails that host alone."""
+    from pyinfra.api.deploy import add_deploy
+    from pyinfra.api.exceptions import PyinfraError
+
+    try:
+        add_deploy(state, step.deploy, host=host)
+    except PyinfraError as e:  # an operation rejected its facts or arguments while prepared
+        result.fail(step.name, f"{type(e).__name__}: {e}")
+        state.fail_hosts({host})
+    except Exception as e:  # noqa: BLE001
+        # Anything else raised while preparing this host's operations (a controller file
+        # that cannot be written, a fact shape a deploy did not expect) is this host's
+        # failure: the other hosts go on, and the summary names the error.
+        result.fail(step.name, f"internal error: {type(e).__name__}: {e}")
+        state.fail_hosts({host})
+
+
+def _finish(step: Step, result: HostResult, run: RunContext, on_event: OnEvent) -> None:
+    result.notes.extend(run.take_notes(result.name))
+    if step.name in run.take_skips(result.name):
+        on_event(result.name, f"{step.name}: skipped")
+    elif result.ok and not result.failed_in(step.name):
+        result.steps.append(step.name)
+        on_event(result.name, f"{step.name}: done")
+
+
+def targets_of(step: Step, nodes: list[Node], rows: Mapping[str, Any]) -> list[Node]:
+    """The nodes a step applies to; each one it skips gets a note in its row (a HostResult
+    when running, a HostPlan when planning) saying why."""
+    targets = []
+    for node in nodes:
+        reason = step.applies(node)
+        if reason:
+            rows[node.name].notes.append(f"{step.name}: skipped ({reason})")
+        else:
+            targets.append(node)
+    return targets
+
+
+def _record_unexplained(state: Any, targets: list[Node], results: dict[str, HostResult], step: str, why: str) -> None:
+    failed = {h.name for h in state.failed_hosts}
+    for node in targets:
+        if results[node.name].ok and node.name in failed:
+            results[node.name].fail(step, why)
+
+
+def run_steps(
+    cluster: Cluster,
+    steps: list[Step],
+    on_event: OnEvent = no_events,
+    after_step: Callable[[Step, dict[str, HostResult]], None] | None = None,
+) -> RunReport:
+    """Run steps in order over all nodes; a host that fails stops there, the rest go on.
+
+    ``after_step`` is called with each step and the results so far (the pipeline
+    reboots hosts after the nvidia step there)."""
+    results = {n.name: HostResult(n.name) for n in cluster.nodes}
+    run = RunContext(cluster, tuple(s.name for s in steps))
+    for step in steps:
+        alive = [n for n in cluster.nodes if results[n.name].ok]
+        if not alive:
+            break
+        run_step(step, alive, results, on_event, run=run)
+        run.refusals.clear()  # a run reports refusals as failures; only a plan reads them
+        if after_step is not None:
+            after_step(step, results)
+    return RunReport(results)
