@@ -19,6 +19,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Literal, get_args, get_origin
 
 from provision.errors import Problem
+from provision.metrics import check_flat
 
 # Group names with a meaning to provision. Hosts in no role group are plain nodes.
 ROLES: dict[str, str] = {
@@ -143,8 +144,6 @@ def _data_disks(value: list[str] | str) -> str | None:
 
 
 def _validate_expect(value: dict[str, float]) -> str | None:
-    from provision.rules.expectations import check_flat  # the metric names live there
-
     return check_flat(value)
 
 
@@ -358,8 +357,6 @@ def parse_settings(data: dict[str, Any], where: str) -> tuple[Settings, list[Pro
         values["nfs_export_root"] = f"{values['data_mount'].rstrip('/')}/shared"
     settings = Settings(**values)
     if settings.install_nccl:
-        from provision.rules.packages import nccl_version_pattern  # the rule lives with the names
-
         try:
             nccl_version_pattern(settings.cuda_toolkit_version, settings.nccl_version)
         except ValueError as e:
@@ -373,3 +370,22 @@ def _unknown_key(where: str, key: str) -> Problem:
     close = difflib.get_close_matches(key, [f.name for f in fields(Settings)], n=1)
     fix = f"did you mean {close[0]!r}?" if close else "see `provision inventory knobs`"
     return Problem(f"{where}: key {key}", "unknown setting", fix)
+
+
+def nccl_version_pattern(cuda_toolkit: str | None, nccl_version: str | None) -> str:
+    """The apt version NCCL is pinned to: built for the CUDA toolkit that is installed.
+
+    NVIDIA's repository publishes each NCCL release once per CUDA version
+    (2.27.7-1+cuda12.9, 2.27.7-1+cuda13.0); unpinned, apt takes the newest, built for the
+    newest CUDA, whatever toolkit and driver the host has. The pattern is an apt version
+    glob (fnmatch): ``*+cuda12.8`` is the newest NCCL for CUDA 12.8. A version with its
+    ``+cudaX.Y`` suffix is taken as written. ValueError when nothing names the CUDA version
+    (settings refuse that combination before any host is contacted).
+    """
+    if nccl_version and "+" in nccl_version:
+        return nccl_version
+    if not cuda_toolkit:
+        raise ValueError("install_nccl without cuda_toolkit_version needs nccl_version with its "
+                         "+cudaX.Y suffix, e.g. 2.27.7-1+cuda12.8")
+    cuda = cuda_toolkit.replace("-", ".")
+    return f"{nccl_version or '*'}+cuda{cuda}"

@@ -43,7 +43,7 @@ def up(
 
     Example: provision up inventories/testbed.py --skip nvidia
     """
-    from provision.deploys.volumes import apply_force_format
+    from provision.up.force_format import apply_force_format
 
     cluster = apply_force_format(inventory_lib.load(inventory), force_format)
     steps = pipeline.select(only, skip)

@@ -55,7 +55,7 @@ def validate(
 
 
 def _groups(only: str) -> frozenset[str]:
-    from provision.rules.metrics import GROUPS
+    from provision.metrics import GROUPS
 
     groups = frozenset(g.strip() for g in only.split(",") if g.strip())
     unknown = sorted(groups - set(GROUPS))
@@ -97,8 +97,8 @@ def _run(
     warn_ok: bool,
 ) -> int:
     from provision import inventory as inventory_lib
-    from provision.rules.expectations import Overrides, load_expect_file, parse_flat
     from provision.validate import controller, history, judge, report_html, report_json, report_junit
+    from provision.validate.expectations import Overrides, load_expect_file, parse_flat
 
     # Every input is checked before the first host is contacted.
     groups = _groups(only)

@@ -16,12 +16,12 @@ from pyinfra.facts.files import Sha1File
 from pyinfra.operations import files, server, systemd
 
 from provision.backup import runs as backup
-from provision.deploys.volumes import install
 from provision.engine import Step, current_cluster, current_node, note, refuse, secret_upload
 from provision.errors import InputError
 from provision.facts.probes import HostKeys
 from provision.facts.stack import BACKUP_STAMP
 from provision.inventory import Cluster, Node
+from provision.operations.apt import install
 from provision.resources import render_template
 
 
@@ -133,7 +133,7 @@ def _backups(node: Node, cluster: Cluster) -> None:
     serves = storage is not None and storage.name == node.name and any(
         backup.uses_default_repository(n) and backup.skip_reason(n, cluster) is None for n in cluster.nodes)
     if runs_here:
-        install("Install restic", ["restic", "openssh-client"])
+        install("Install restic", ["restic", "openssh-client"], node.settings.apt_lock_wait_s)
     if serves:
         sftp_account(node, cluster)
     if runs_here:

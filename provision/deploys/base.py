@@ -22,8 +22,9 @@ from pyinfra.facts.files import FileContents
 from pyinfra.operations import apt, files, server, systemd
 
 from provision.engine import Step, current_cluster, current_node, note, secret_upload
-from provision.facts.probes import Account, AccountFact, CloudInitFact, DpkgInterrupted, HostKeys
+from provision.facts.probes import CloudInitFact, DpkgInterrupted, HostKeys
 from provision.inventory import Cluster, Node
+from provision.operations.accounts import training_account
 from provision.resources import templates_dir
 from provision.rules.packages import BASE_PACKAGES, UNATTENDED_BLACKLIST
 from provision.settings import Settings
@@ -214,19 +215,6 @@ def cluster_names() -> None:
                     block=block, shadowed=shadowed)
         return
     files.block(name="/etc/hosts: cluster nodes", path="/etc/hosts", content=block, marker=HOSTS_MARKER)
-
-
-def training_account(settings: Settings) -> None:
-    """The training user and its group, with the pinned uid/gid. The one place that makes
-    the account: the nfs step calls it too, so `up --only nfs` on a fresh host gives the
-    same ids (NFS maps owners by number; preflight refuses an account with other ids)."""
-    user, uid = settings.training_user, settings.training_uid
-    wanted = Account(uid, uid, f"/home/{user}", "/bin/bash", user, uid)
-    if host.get_fact(AccountFact, user=user) == wanted:
-        return  # already so: pyinfra's user/group ops would only re-read every account
-    server.group(name=f"training group {user}", group=user, gid=uid)
-    server.user(name=f"training user {user}", user=user, uid=uid, group=user, home=f"/home/{user}",
-                shell="/bin/bash", create_home=True)
 
 
 def training_user() -> None:

@@ -28,10 +28,10 @@ from pyinfra.api import deploy
 from pyinfra.facts.server import Mounts
 from pyinfra.operations import files, server, systemd
 
-from provision.deploys.base import training_account
-from provision.deploys.volumes import install
 from provision.engine import Step, current_cluster, current_node, refuse, skip
 from provision.inventory import Cluster, Node
+from provision.operations.accounts import training_account
+from provision.operations.apt import install
 from provision.resources import render_template
 from provision.settings import Settings
 
@@ -108,7 +108,7 @@ def _mount_now(path: str) -> None:
 
 def nfs_server(settings: Settings) -> None:
     """Export the shares to the cluster network and bind them at nfs_mount_root."""
-    install("Install nfs-kernel-server", ["nfs-kernel-server"])
+    install("Install nfs-kernel-server", ["nfs-kernel-server"], settings.apt_lock_wait_s)
     training_account(settings)
     user = settings.training_user
     for path in export_paths(settings):
@@ -132,7 +132,7 @@ def nfs_server(settings: Settings) -> None:
 
 def nfs_client(settings: Settings, address: str) -> None:
     """Mount every share from the server on first access (systemd automount)."""
-    install("Install nfs-common", ["nfs-common"])
+    install("Install nfs-common", ["nfs-common"], settings.apt_lock_wait_s)
     training_account(settings)
     changes = []
     for share, path in zip(settings.nfs_exports, mount_paths(settings), strict=True):

@@ -27,7 +27,7 @@ from provision.facts.system import Os, OsInfo
 from provision.inventory import Node
 from provision.resources import templates_dir
 from provision.rules import packages as pkgs
-from provision.settings import Settings
+from provision.settings import Settings, nccl_version_pattern
 
 KEYRING = "/etc/apt/keyrings/cuda-archive-keyring.gpg"
 PIN_FILE = "/etc/apt/preferences.d/90-provision-nvidia"
@@ -286,7 +286,7 @@ def nccl_pins(settings: Settings) -> dict[str, str]:
     """NCCL package -> apt version glob, or nothing when NCCL is not wanted."""
     if not settings.install_nccl:
         return {}
-    pattern = pkgs.nccl_version_pattern(settings.cuda_toolkit_version, settings.nccl_version)
+    pattern = nccl_version_pattern(settings.cuda_toolkit_version, settings.nccl_version)
     return {name: pattern for name in pkgs.NCCL_PACKAGES}
 
 

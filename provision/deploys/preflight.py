@@ -19,12 +19,12 @@ from pyinfra.api import deploy
 from pyinfra.operations import server
 
 from provision.deploys import nvidia as nvidia_deploy
-from provision.deploys import volumes
 from provision.engine import Step, current_node, current_steps, note, refuse
 from provision.facts.blockdevices import BlockDevice, BlockDevices
 from provision.facts.gpus import Gpus, NvidiaDevices
 from provision.facts.probes import HostProbe, Probe, lock_wait_command
 from provision.facts.system import SUPPORTED_OS, Os, OsInfo
+from provision.rules import disks as disk_rules
 from provision.rules.packages import (
     choose_driver_source,
     kernel_headers,
@@ -60,7 +60,7 @@ def judge(os_info: OsInfo, probe: HostProbe, gpus: Gpus, disks: list[BlockDevice
             "(free space, or lower min_root_free_gb)"
         )
     if volumes_runs:
-        problems += [p.removeprefix(f"{hostname}: ") for p in volumes.check_disks(settings, disks, hostname)]
+        problems += [p.removeprefix(f"{hostname}: ") for p in disk_rules.check_disks(settings, disks, hostname)]
     problems += account_problems(probe, settings)
     if probe.reboot_pending:
         notes.append("a reboot was already pending before this run (/var/run/reboot-required)")
@@ -166,7 +166,7 @@ def preflight() -> None:
     checks = (signed_modules_package(branch, True, kernel), signed_modules_package(branch, False, kernel))
     probe = host.get_fact(Probe, packages=checks if os_info.id == "ubuntu" else (),
                           user=settings.training_user, uid=settings.training_uid)
-    volumes_runs = "volumes" in current_steps() and volumes.applies(node) is None
+    volumes_runs = "volumes" in current_steps() and disk_rules.applies(node) is None
     verdict = judge(os_info, probe, gpus, host.get_fact(BlockDevices) or [], settings, runs,
                     volumes_runs=volumes_runs, hostname=node.name)
     for text in verdict.notes:

@@ -241,25 +241,6 @@ def cuda_toolkit_package(version: str | None) -> str | None:
 NCCL_PACKAGES = ["libnccl2", "libnccl-dev"]
 
 
-def nccl_version_pattern(cuda_toolkit: str | None, nccl_version: str | None) -> str:
-    """The apt version NCCL is pinned to: built for the CUDA toolkit that is installed.
-
-    NVIDIA's repository publishes each NCCL release once per CUDA version
-    (2.27.7-1+cuda12.9, 2.27.7-1+cuda13.0); unpinned, apt takes the newest, built for the
-    newest CUDA, whatever toolkit and driver the host has. The pattern is an apt version
-    glob (fnmatch): ``*+cuda12.8`` is the newest NCCL for CUDA 12.8. A version with its
-    ``+cudaX.Y`` suffix is taken as written. ValueError when nothing names the CUDA version
-    (settings refuse that combination before any host is contacted).
-    """
-    if nccl_version and "+" in nccl_version:
-        return nccl_version
-    if not cuda_toolkit:
-        raise ValueError("install_nccl without cuda_toolkit_version needs nccl_version with its "
-                         "+cudaX.Y suffix, e.g. 2.27.7-1+cuda12.8")
-    cuda = cuda_toolkit.replace("-", ".")
-    return f"{nccl_version or '*'}+cuda{cuda}"
-
-
 def apt_pin_preferences(branch: str) -> str:
     """apt_preferences(5) text that keeps every NVIDIA driver package on the branch, so a
     plain `apt upgrade` never jumps to the next branch even for packages we did not hold."""

@@ -18,9 +18,9 @@ from pathlib import Path
 
 from provision import remote
 from provision.inventory import Cluster, Node
-from provision.rules.expectations import Overrides, parse_flat
-from provision.rules.metrics import GROUPS
+from provision.metrics import GROUPS
 from provision.validate import judge, netrun, parsers
+from provision.validate.expectations import Overrides, parse_flat
 from provision.validate.records import Measurement, NodeResult
 
 AGENT_PATH = Path(__file__).with_name("agent.py")

@@ -21,8 +21,8 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from provision.rules.expectations import DEFAULT_FLOORS, GpuSpec, Overrides, find_sku
-from provision.rules.metrics import METRICS, Metric
+from provision.metrics import METRICS, Metric
+from provision.validate.expectations import DEFAULT_FLOORS, GpuSpec, Overrides, find_sku
 from provision.validate.records import SEVERITY, Finding, GpuInfo, Measurement, NodeResult
 
 NO_GPU = "not run: no GPU"  # the agent's not_run text on a machine without NVIDIA GPUs

@@ -11,7 +11,7 @@ import html
 from collections.abc import Callable
 from pathlib import Path
 
-from provision.rules.metrics import METRICS
+from provision.metrics import METRICS
 from provision.validate.judge import band
 from provision.validate.records import Finding, NodeResult
 

@@ -18,8 +18,8 @@ from provision.deploys import nvidia
 from provision.facts.gpus import Gpus, NvidiaDevices
 from provision.facts.probes import AptHolds, parse_holds
 from provision.rules import packages as pkgs
-from provision.rules.packages import NCCL_PACKAGES, cuda_toolkit_package, nccl_version_pattern
-from provision.settings import Settings
+from provision.rules.packages import NCCL_PACKAGES, cuda_toolkit_package
+from provision.settings import Settings, nccl_version_pattern
 from provision.verify.conftest import nvidia_applies
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-LABEL = "PVDATA"  # provision.deploys.volumes.LABEL; the suite runs without the package's deps
+LABEL = "PVDATA"  # provision.rules.disks.LABEL; the suite runs without the package's deps
 ARRAY_NAME = "provision:data"
 BACKUP_DIR = "/etc/provision/backup"
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from provision.rules.expectations import find_sku
 from provision.validate import agent
+from provision.validate.expectations import find_sku
 from provision.validate.parsers import gpu_from_nvml
 
 pytestmark = pytest.mark.gpu

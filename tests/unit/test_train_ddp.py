@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from provision.resources import training_script
-from provision.rules import expectations
+from provision.validate import expectations
 
 TRAINER = training_script()
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -7,9 +7,8 @@ import json
 import pytest
 
 from provision.errors import InputError
-from provision.rules import expectations
-from provision.rules.expectations import Overrides, find_sku, load_expect_file, parse_flat
-from provision.validate import judge
+from provision.validate import expectations, judge
+from provision.validate.expectations import Overrides, find_sku, load_expect_file, parse_flat
 from provision.validate.records import GpuInfo, Measurement
 from tests.helpers.validate_records import h100
 

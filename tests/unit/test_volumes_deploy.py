@@ -8,6 +8,7 @@ import re
 
 from provision.deploys import volumes
 from provision.facts.probes import lock_wait_command
+from provision.operations import volumes as vol_ops
 from provision.settings import Settings
 from tests.helpers.pyinfra_fake import fake_node, run_fake
 
@@ -42,8 +43,8 @@ DESTRUCTIVE = r"mdadm --create|mkfs|wipefs|^mount "
 
 
 def _guarded(*devices: str) -> str:
-    """Regex for the blank checks (volumes.blank_guard) that open an unforced command."""
-    return "".join(re.escape(volumes.blank_guard(d) + "; ") for d in devices)
+    """Regex for the blank checks (vol_ops.blank_guard) that open an unforced command."""
+    return "".join(re.escape(vol_ops.blank_guard(d) + "; ") for d in devices)
 
 
 def test_two_blank_disks_become_raid0_xfs_mounted_by_uuid(monkeypatch):
@@ -116,8 +117,8 @@ def test_rerun_on_our_assembled_array_changes_nothing_on_disk(monkeypatch):
         "lsblk -J -O -b": _lsblk(*members),
         "blkid -p -o export /dev/md127": ["DEVNAME=/dev/md127", f"UUID={fs_uuid}", "TYPE=xfs", "LABEL=PVDATA",
                                           "provision-blkid-exit=0"],
-        re.compile(r"grep .*/etc/fstab"): [volumes.fstab_line(fs_uuid, s)],
-        re.compile(r"grep .*mdadm\.conf"): [volumes.mdadm_conf_line(md_uuid)],
+        re.compile(r"grep .*/etc/fstab"): [vol_ops.fstab_line(fs_uuid, s)],
+        re.compile(r"grep .*mdadm\.conf"): [vol_ops.mdadm_conf_line(md_uuid)],
         "/proc/self/mountinfo": ["40 25 9:127 / /data rw,noatime shared:30 - xfs /dev/md127 rw,attr2"],
         "dpkg -l": ["ii  mdadm  4.2-5  amd64  Tool to administer Linux MD arrays",
                                    "ii  xfsprogs  6.1.0-1  amd64  Utilities for managing the XFS filesystem"],
@@ -138,7 +139,7 @@ def test_forced_member_is_erased_and_only_the_blank_member_is_checked_before_the
     wipe, create, mkfs = run.ran(HOST, DESTRUCTIVE)[:3]
     assert wipe == f"wipefs -a {ID.format('b')}"
     assert re.match(_guarded(ID.format("c")) + "mdadm --create ", create)
-    assert volumes.blank_guard(ID.format("b")) not in create
+    assert vol_ops.blank_guard(ID.format("b")) not in create
     # stale signatures of an earlier array on the erased member may show through the new one
     assert mkfs.startswith("mkfs.xfs -q -f -L PVDATA")
 

@@ -18,7 +18,49 @@ from pathlib import Path
 from typing import Any
 
 from provision.errors import InputError, Problem
-from provision.rules.metrics import METRICS
+from provision.metrics import METRICS, parse_flat_keys
+
+
+@dataclass(frozen=True)
+class FleetRule:
+    """How far below the fleet median a node may fall (see judge._fleet_check)."""
+
+    warn_drop: float = 0.10  # warn when > 10% below the median and outside the MAD band
+    fail_drop: float = 0.25  # fail when > 25% below the median and outside the MAD band
+    mad_k: float = 3.0  # band half-width in scaled MADs (1.4826 x MAD ~ one sigma)
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """User thresholds: absolute floors, fractions of spec and counter ceilings."""
+
+    floors: dict[str, float] = field(default_factory=dict)  # metric -> minimum value
+    fractions: dict[str, float] = field(default_factory=dict)  # metric -> share of spec
+    ceilings: dict[str, float] = field(default_factory=dict)  # counter metric -> maximum
+    fleet: FleetRule | None = None  # outlier rule for every metric; None: per-group defaults
+
+    def fraction(self, metric: str) -> float | None:
+        return self.fractions.get(metric, DEFAULT_FRACTIONS.get(metric))
+
+    def floor(self, metric: str) -> float | None:
+        return self.floors.get(metric, DEFAULT_FLOORS.get(metric))
+
+    def ceiling(self, metric: str) -> float | None:
+        return self.ceilings.get(metric, DEFAULT_CEILINGS.get(metric))
+
+    def fleet_rule(self, metric: str) -> FleetRule:
+        if self.fleet is not None:
+            return self.fleet
+        return GROUP_FLEET_RULES.get(METRICS[metric].group, FleetRule())
+
+    def merged(self, other: Overrides) -> Overrides:
+        """``other`` wins key by key (a --expect file over the settings)."""
+        return Overrides(
+            {**self.floors, **other.floors},
+            {**self.fractions, **other.fractions},
+            {**self.ceilings, **other.ceilings},
+            other.fleet if other.fleet is not None else self.fleet,
+        )
 
 
 @dataclass(frozen=True)
@@ -239,15 +281,6 @@ def find_sku(name: str, pci_device_id: int | None) -> GpuSpec | None:
     return None
 
 
-@dataclass(frozen=True)
-class FleetRule:
-    """How far below the fleet median a node may fall (see judge._fleet_check)."""
-
-    warn_drop: float = 0.10  # warn when > 10% below the median and outside the MAD band
-    fail_drop: float = 0.25  # fail when > 25% below the median and outside the MAD band
-    mad_k: float = 3.0  # band half-width in scaled MADs (1.4826 x MAD ~ one sigma)
-
-
 # Links, disks and collectives vary more run to run than compute and memory do (shared
 # switches, SSD garbage collection, TCP), so their fleet rule is wider by default.
 GROUP_FLEET_RULES: dict[str, FleetRule] = {
@@ -255,94 +288,6 @@ GROUP_FLEET_RULES: dict[str, FleetRule] = {
     "disk": FleetRule(0.20, 0.50),
     "allreduce": FleetRule(0.20, 0.50),
 }
-
-
-@dataclass(frozen=True)
-class Overrides:
-    """User thresholds: absolute floors, fractions of spec and counter ceilings."""
-
-    floors: dict[str, float] = field(default_factory=dict)  # metric -> minimum value
-    fractions: dict[str, float] = field(default_factory=dict)  # metric -> share of spec
-    ceilings: dict[str, float] = field(default_factory=dict)  # counter metric -> maximum
-    fleet: FleetRule | None = None  # outlier rule for every metric; None: per-group defaults
-
-    def fraction(self, metric: str) -> float | None:
-        return self.fractions.get(metric, DEFAULT_FRACTIONS.get(metric))
-
-    def floor(self, metric: str) -> float | None:
-        return self.floors.get(metric, DEFAULT_FLOORS.get(metric))
-
-    def ceiling(self, metric: str) -> float | None:
-        return self.ceilings.get(metric, DEFAULT_CEILINGS.get(metric))
-
-    def fleet_rule(self, metric: str) -> FleetRule:
-        if self.fleet is not None:
-            return self.fleet
-        return GROUP_FLEET_RULES.get(METRICS[metric].group, FleetRule())
-
-    def merged(self, other: Overrides) -> Overrides:
-        """``other`` wins key by key (a --expect file over the settings)."""
-        return Overrides(
-            {**self.floors, **other.floors},
-            {**self.fractions, **other.fractions},
-            {**self.ceilings, **other.ceilings},
-            other.fleet if other.fleet is not None else self.fleet,
-        )
-
-
-_FLEET_KEYS = {"warn_drop", "fail_drop", "mad_k"}
-
-
-def parse_flat(values: dict[str, Any], where: str) -> Overrides:
-    """Overrides from flat keys, the form of the ``validate_expect`` setting:
-
-    ``"<metric>": floor``, ``"<metric>.fraction": share of spec``, ``"<metric>.max": ceiling``,
-    ``"fleet.warn_drop" / "fleet.fail_drop" / "fleet.mad_k"``.
-    """
-    problems: list[Problem] = []
-    floors: dict[str, float] = {}
-    fractions: dict[str, float] = {}
-    ceilings: dict[str, float] = {}
-    fleet: dict[str, float] = {}
-    for key, value in values.items():
-        if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
-            problems.append(Problem(f"{where}: {key}", f"{value!r} is not a number >= 0"))
-            continue
-        head, _, tail = str(key).partition(".")
-        if head == "fleet" and tail in _FLEET_KEYS:
-            fleet[tail] = float(value)
-        elif head not in METRICS:
-            problems.append(_unknown(where, key))
-        elif tail == "":
-            floors[head] = float(value)
-        elif tail == "fraction" and value <= 1.5:
-            fractions[head] = float(value)
-        elif tail == "max":
-            ceilings[head] = float(value)
-        else:
-            problems.append(Problem(f"{where}: {key}", "suffix must be .fraction (<= 1.5) or .max"))
-    if problems:
-        raise InputError(problems)
-    return Overrides(floors, fractions, ceilings, replace(FleetRule(), **fleet) if fleet else None)
-
-
-def check_flat(values: dict[str, float]) -> str | None:
-    """The settings validator's form: None when fine, else the problems in one message."""
-    try:
-        parse_flat(values, "validate_expect")
-    except InputError as e:
-        return "; ".join(
-            f"{p.what} at {p.where.split(': ', 1)[-1]}" + (f" ({p.fix})" if p.fix else "") for p in e.problems
-        )
-    return None
-
-
-def _unknown(where: str, key: str) -> Problem:
-    import difflib
-
-    close = difflib.get_close_matches(str(key).split(".")[0], list(METRICS), n=1)
-    fix = f"did you mean {close[0]!r}?" if close else "metric names: " + ", ".join(METRICS)
-    return Problem(f"{where}: {key}", "unknown metric", fix)
 
 
 def load_expect_file(path: str | Path) -> Overrides:
@@ -364,3 +309,11 @@ def load_expect_file(path: str | Path) -> Overrides:
     if not isinstance(data, dict):
         raise InputError(Problem(str(p), "expect file must hold a JSON object of metric: number"))
     return parse_flat(data, str(p))
+
+
+def parse_flat(values: dict[str, Any], where: str) -> Overrides:
+    """Overrides from flat keys, the form of the ``validate_expect`` setting (the grammar:
+    provision.metrics.parse_flat_keys)."""
+    keys = parse_flat_keys(values, where)
+    fleet = replace(FleetRule(), **keys.fleet) if keys.fleet else None
+    return Overrides(keys.floors, keys.fractions, keys.ceilings, fleet)

@@ -6,7 +6,10 @@ A metric name is the key everywhere: in the agent's JSON, in --expect files, in 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
+
+from provision.errors import InputError, Problem
 
 
 @dataclass(frozen=True)
@@ -65,3 +68,65 @@ def metric(name: str) -> Metric:
 
 def in_groups(groups: set[str]) -> list[Metric]:
     return [m for m in METRICS.values() if m.group in groups]
+
+
+_FLEET_KEYS = {"warn_drop", "fail_drop", "mad_k"}
+
+
+def check_flat(values: dict[str, float]) -> str | None:
+    """The settings validator's form: None when fine, else the problems in one message."""
+    try:
+        parse_flat_keys(values, "validate_expect")
+    except InputError as e:
+        return "; ".join(
+            f"{p.what} at {p.where.split(': ', 1)[-1]}" + (f" ({p.fix})" if p.fix else "") for p in e.problems
+        )
+    return None
+
+
+def _unknown(where: str, key: str) -> Problem:
+    import difflib
+
+    close = difflib.get_close_matches(str(key).split(".")[0], list(METRICS), n=1)
+    fix = f"did you mean {close[0]!r}?" if close else "metric names: " + ", ".join(METRICS)
+    return Problem(f"{where}: {key}", "unknown metric", fix)
+
+
+@dataclass(frozen=True)
+class FlatKeys:
+    """Expectation overrides in flat-key form, checked against the catalogue."""
+
+    floors: dict[str, float] = field(default_factory=dict)  # metric -> minimum value
+    fractions: dict[str, float] = field(default_factory=dict)  # metric -> share of spec
+    ceilings: dict[str, float] = field(default_factory=dict)  # counter metric -> maximum
+    fleet: dict[str, float] = field(default_factory=dict)  # warn_drop / fail_drop / mad_k
+
+
+def parse_flat_keys(values: dict[str, Any], where: str) -> FlatKeys:
+    """The grammar of the ``validate_expect`` setting and of --expect files:
+
+    ``"<metric>": floor``, ``"<metric>.fraction": share of spec``, ``"<metric>.max": ceiling``,
+    ``"fleet.warn_drop" / "fleet.fail_drop" / "fleet.mad_k"``. InputError names every bad key.
+    """
+    problems: list[Problem] = []
+    keys = FlatKeys()
+    for key, value in values.items():
+        if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
+            problems.append(Problem(f"{where}: {key}", f"{value!r} is not a number >= 0"))
+            continue
+        head, _, tail = str(key).partition(".")
+        if head == "fleet" and tail in _FLEET_KEYS:
+            keys.fleet[tail] = float(value)
+        elif head not in METRICS:
+            problems.append(_unknown(where, key))
+        elif tail == "":
+            keys.floors[head] = float(value)
+        elif tail == "fraction" and value <= 1.5:
+            keys.fractions[head] = float(value)
+        elif tail == "max":
+            keys.ceilings[head] = float(value)
+        else:
+            problems.append(Problem(f"{where}: {key}", "suffix must be .fraction (<= 1.5) or .max"))
+    if problems:
+        raise InputError(problems)
+    return keys
