@@ -23,6 +23,7 @@ import pyinfra_cli  # noqa: F401  (gevent's patches before paramiko's threads, a
 
 from provision import inventory, remote
 from provision.backup import runs as backup
+from provision.rules import backups as backup_layout
 
 FILE_MIB = 128  # size of each checkpoint-like file
 
@@ -65,7 +66,7 @@ def main() -> int:
             raise SystemExit(f"restore failed: {restored.detail}")
     finally:
         remote.run(node, f"rm -rf {data} {copy} {node.settings.data_mount}/restores/bench-{tag}", timeout=600)
-    remote.run(node, backup.as_root(node, f"{backup.WRAPPER} forget {snapshot} --prune"), timeout=1800)
+    remote.run(node, backup.as_root(node, f"{backup_layout.WRAPPER} forget {snapshot} --prune"), timeout=1800)
     print(f"{args.size_mib} MiB in {files} files on {node.name}: copy {copy_s:.1f}s, "
           f"backup {ran.seconds:.1f}s, restore {restored.seconds:.1f}s")
     code = 0

@@ -22,6 +22,7 @@ from provision.cli.console import err, host_progress, out, print_json
 from provision.errors import EXIT_FAILED, InputError, Problem
 from provision.inventory import Cluster, Node
 from provision.remote import on_all
+from provision.rules import backups as backup_layout
 
 app = typer.Typer(help="Back up, list and restore training data (restic).", no_args_is_help=True)
 
@@ -37,11 +38,11 @@ def _hosts(cluster: Cluster, host: str | None) -> list[Node]:
         except KeyError:
             raise InputError(Problem(f"--host {host}", "not a host of this inventory",
                                      f"hosts: {', '.join(n.name for n in cluster.nodes)}")) from None
-        reason = backup.skip_reason(node, cluster)
+        reason = backup_layout.skip_reason(node, cluster)
         if reason:
             raise InputError(Problem(f"--host {host}", "this host has no backups", reason))
         return [node]
-    nodes = [n for n in cluster.nodes if backup.skip_reason(n, cluster) is None]
+    nodes = [n for n in cluster.nodes if backup_layout.skip_reason(n, cluster) is None]
     if not nodes:
         raise InputError(Problem(str(cluster.path), "no host backs up",
                                  "put a host in the 'storage' group, or set backup_paths"))

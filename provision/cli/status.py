@@ -27,8 +27,8 @@ def status(
 
     Example: provision status inventories/testbed.py --json
     """
-    from provision.status.gather import gather_status
     from provision.status import judge as status_lib
+    from provision.status.gather import gather_status
 
     cluster = inventory_lib.load(inventory)
     with host_progress([n.name for n in cluster.nodes], enabled=not as_json) as progress:

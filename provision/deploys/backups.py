@@ -15,7 +15,6 @@ from pyinfra.context import ctx_state
 from pyinfra.facts.files import Sha1File
 from pyinfra.operations import files, server, systemd
 
-from provision.backup import runs as backup
 from provision.engine import Step, current_cluster, current_node, note, refuse, secret_upload
 from provision.errors import InputError
 from provision.facts.probes import HostKeys
@@ -23,6 +22,7 @@ from provision.facts.stack import BACKUP_STAMP
 from provision.inventory import Cluster, Node
 from provision.operations.apt import install
 from provision.resources import render_template
+from provision.rules import backups as backup
 
 
 def unit_files(node: Node, cluster: Cluster) -> dict[str, str]:

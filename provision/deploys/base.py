@@ -8,10 +8,7 @@ unattended-upgrades blacklist for NVIDIA/CUDA packages.
 
 from __future__ import annotations
 
-import hashlib
-import os
 import shlex
-import subprocess
 from io import StringIO
 from pathlib import Path
 
@@ -28,6 +25,7 @@ from provision.operations.accounts import training_account
 from provision.resources import templates_dir
 from provision.rules.packages import BASE_PACKAGES, UNATTENDED_BLACKLIST
 from provision.settings import Settings
+from provision.state import generated_key, inventory_dir
 
 SYSCTL_FILE = "/etc/sysctl.d/90-provision-network.conf"
 LIMITS_FILE = "/etc/security/limits.d/90-provision.conf"
@@ -44,26 +42,12 @@ manage_etc_hosts: false
 """
 
 
-def state_dir() -> Path:
-    """Where the controller keeps what it generates (the training user's key pair)."""
-    base = os.environ.get("PROVISION_STATE_DIR") or os.path.expanduser("~/.local/state/provision")
-    return Path(base)
-
-
 def training_key(cluster: Cluster, user: str) -> Path:
     """The cluster's training-user private key on the controller, generated once.
 
     One key pair per inventory file (named by its path), so two clusters never share one.
     """
-    digest = hashlib.sha256(str(cluster.path.resolve()).encode()).hexdigest()[:10]
-    key = state_dir() / f"{cluster.path.stem}-{digest}" / f"{user}_ed25519"
-    if not key.exists():
-        key.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        subprocess.run(
-            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{user}@provision", "-f", str(key)],
-            check=True, capture_output=True, timeout=30,
-        )
-    return key
+    return generated_key(inventory_dir(cluster.path) / f"{user}_ed25519", f"{user}@provision")
 
 
 def hosts_block(nodes: list[Node]) -> str:

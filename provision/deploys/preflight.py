@@ -18,13 +18,13 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import server
 
-from provision.deploys import nvidia as nvidia_deploy
 from provision.engine import Step, current_node, current_steps, note, refuse
 from provision.facts.blockdevices import BlockDevice, BlockDevices
 from provision.facts.gpus import Gpus, NvidiaDevices
 from provision.facts.probes import HostProbe, Probe, lock_wait_command
 from provision.facts.system import SUPPORTED_OS, Os, OsInfo
 from provision.rules import disks as disk_rules
+from provision.rules import nvidia as nvidia_rules
 from provision.rules.packages import (
     choose_driver_source,
     kernel_headers,
@@ -160,7 +160,7 @@ def preflight() -> None:
     gpus = host.get_fact(NvidiaDevices)
     # Like the volumes check: the nvidia checks are this run's business only when the
     # nvidia step is in it (`up --skip nvidia` on a Secure Boot host must not stop).
-    runs = "nvidia" in current_steps() and nvidia_deploy.skip_reason(node, gpus) is None
+    runs = "nvidia" in current_steps() and nvidia_rules.skip_reason(node, gpus) is None
     kernel = os_info.kernel
     branch = settings.nvidia_driver_branch
     checks = (signed_modules_package(branch, True, kernel), signed_modules_package(branch, False, kernel))

@@ -12,11 +12,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from provision import engine
-from provision.backup import runs as backup
 from provision.deploys import backups, base, frameworks, nfs, nvidia, preflight, volumes
 from provision.engine import HostResult, RunReport, Step
 from provision.errors import InputError, Problem
 from provision.inventory import Cluster, Node
+from provision.rules import backups as backup_layout
 from provision.up import reboots
 
 STEPS: list[Step] = [preflight.step, base.step, nvidia.step, frameworks.step, volumes.step, nfs.step,
@@ -89,12 +89,12 @@ def _backup_problems(cluster: Cluster) -> list[Problem]:
     file and a repository, found here rather than after other steps changed the hosts."""
     problems = []
     for node in cluster.nodes:
-        if backup.skip_reason(node, cluster) is not None:
+        if backup_layout.skip_reason(node, cluster) is not None:
             continue
-        problem = backup.password_problem(node, cluster)
+        problem = backup_layout.password_problem(node, cluster)
         problems += [problem] if problem else []
         try:
-            backup.repository(node, cluster)
+            backup_layout.repository(node, cluster)
         except InputError as e:
             problems += e.problems
     return problems

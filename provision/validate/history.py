@@ -1,25 +1,26 @@
 """Validate results kept per host, so a slow decline shows before it becomes a failure.
 
-One JSON line per run and host in ``<state>/provision/validate/<host>.jsonl``, where
-``<state>`` is $XDG_STATE_HOME or ~/.local/state. ``trend()`` turns a host's lines into
+One JSON line per run and host in ``<state>/validate/<host>.jsonl``, where ``<state>`` is
+the controller's state directory (provision.state: $PROVISION_STATE_DIR, else
+$XDG_STATE_HOME/provision, else ~/.local/state/provision). ``trend()`` turns a host's lines into
 rows: first, previous and latest value per metric, and the change since the previous run.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from provision import state
 from provision.errors import InputError, Problem
 from provision.validate.records import NodeResult
 
 
 def state_dir() -> Path:
-    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
-    return Path(base) / "provision" / "validate"
+    """Where the history lives: validate/ in the controller's state directory."""
+    return state.state_dir() / "validate"
 
 
 def _file(host: str, base: Path) -> Path:

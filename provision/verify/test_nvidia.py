@@ -4,8 +4,8 @@ blacklisted and not loaded, headers for the running kernel, persistence daemon r
 persistence mode, fabric manager where wanted (held, running, matching the driver), the
 pinned CUDA toolkit, NCCL built for it and held.
 
-Where the deploy has a rule or a name, the checks import it (nvidia.wants_fabricmanager,
-nvidia.hold_names, packages.apt_pin_preferences) rather than restate it."""
+Where the deploy has a rule or a name, the checks import it (nvidia_rules.wants_fabricmanager,
+nvidia_rules.hold_names, packages.apt_pin_preferences) rather than restate it."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import pytest
 from provision.deploys import nvidia
 from provision.facts.gpus import Gpus, NvidiaDevices
 from provision.facts.probes import AptHolds, parse_holds
+from provision.rules import nvidia as nvidia_rules
 from provision.rules import packages as pkgs
 from provision.rules.packages import NCCL_PACKAGES, cuda_toolkit_package
 from provision.settings import Settings, nccl_version_pattern
@@ -96,7 +97,7 @@ def test_driver_answers_with_the_pinned_version(nvidia_host: Any, settings: dict
 def test_every_driver_package_of_the_branch_is_held(nvidia_host: Any, settings: dict[str, Any]) -> None:
     """A held metapackage alone does not stop apt upgrading its dependencies (libnvidia-*,
     the module package) under a loaded driver; the deploy holds every installed package of
-    the branch (nvidia.hold_names), so every one of them must be held."""
+    the branch (nvidia_rules.hold_names), so every one of them must be held."""
     installed, held = apt_state(nvidia_host)
     branch = settings["nvidia_driver_branch"]
     kernel = nvidia_host.check_output("uname -r")
@@ -104,7 +105,7 @@ def test_every_driver_package_of_the_branch_is_held(nvidia_host: Any, settings: 
     # keeps only the installed ones.
     explicit = [name for source in ("cuda-repo", "ubuntu-server") for open_modules in (True, False)
                 for name in pkgs.driver_packages(source, branch, None, open_modules, kernel).hold]
-    driver = nvidia.hold_names(installed, set(), explicit, branch)
+    driver = nvidia_rules.hold_names(installed, set(), explicit, branch)
     assert driver, f"no driver package of branch {branch} is installed"
     assert sorted(set(driver) - held) == []
 
@@ -155,9 +156,9 @@ def nvidia_devices(host: Any) -> Gpus:
 def test_fabric_manager_is_held_running_and_matches_the_driver(nvidia_host: Any, settings: dict[str, Any]) -> None:
     """On NVSwitch hosts (or fabric_manager: force) the GPUs cannot use NVLink without fabric
     manager, and it refuses to start at any version but the driver's. Where the nvidia step
-    wants it (its own rule, nvidia.wants_fabricmanager), it must be installed at the driver's
+    wants it (its own rule, nvidia_rules.wants_fabricmanager), it must be installed at the driver's
     version, held, enabled and running."""
-    if not nvidia.wants_fabricmanager(Settings(**settings), nvidia_devices(nvidia_host)):
+    if not nvidia_rules.wants_fabricmanager(Settings(**settings), nvidia_devices(nvidia_host)):
         pytest.skip("fabric manager is not wanted here (no NVSwitch on lspci, fabric_manager not force)")
     installed, held = apt_state(nvidia_host)
     branch = settings["nvidia_driver_branch"]

@@ -11,6 +11,7 @@ import pytest
 from provision import inventory
 from provision.backup import runs as backup
 from provision.inventory import Cluster
+from provision.rules import backups as backup_layout
 from tests.e2e.storage_helpers import cli, sh
 
 pytestmark = pytest.mark.e2e
@@ -55,8 +56,8 @@ def test_backup_round_trip_restores_identical_files_and_never_logs_the_password(
     listed = [s["id"] for h in outputs[-1].json()["hosts"] for s in h["data"]["snapshots"]]
     assert snapshot["id"] in listed
 
-    password = backup.password_file(cluster, node).read_text().strip()
-    journal = sh(node, f"journalctl -u {backup.UNIT} --no-pager -o cat")
+    password = backup_layout.password_file(cluster, node).read_text().strip()
+    journal = sh(node, f"journalctl -u {backup_layout.UNIT} --no-pager -o cat")
     assert "snapshot" in journal  # restic's own output is there ...
     logs = [o.stdout + o.stderr for o in outputs] + [journal]
     assert all(password not in log for log in logs)  # ... and the password is not
@@ -84,7 +85,7 @@ def test_restore_check_compares_against_live_data(cluster, testbed):
 def test_check_passes_on_every_backing_up_host_after_a_backup(cluster, testbed):
     inv = str(testbed.inventory_path)
     assert cli("backup", "run", inv).exit_code == 0  # a snapshot to check, whatever ran before
-    expected = [n.name for n in cluster.nodes if backup.skip_reason(n, cluster) is None]
+    expected = [n.name for n in cluster.nodes if backup_layout.skip_reason(n, cluster) is None]
     outputs = [cli("backup", "check", inv, "--json")]
     assert outputs[-1].exit_code == 0, outputs[-1].stdout + outputs[-1].stderr
     hosts = outputs[-1].json()["hosts"]
@@ -96,16 +97,16 @@ def test_check_passes_on_every_backing_up_host_after_a_backup(cluster, testbed):
     for name in expected:
         row = next(line for line in outputs[-1].stdout.splitlines() if name in line)
         assert "passed" in row and "FAILED" not in row
-    password = backup.password_file(cluster, cluster.node(expected[0])).read_text().strip()
+    password = backup_layout.password_file(cluster, cluster.node(expected[0])).read_text().strip()
     assert all(password not in o.stdout + o.stderr for o in outputs)
 
 
 def test_secrets_on_the_host_are_root_only(cluster):
     node = cluster.node("node1")
-    assert sh(node, f"stat -c '%a %U %G' {backup.PASSWORD_FILE}").strip() == "600 root root"
-    assert sh(node, f"stat -c '%a %U' {backup.KEY_FILE}").strip() == "600 root"
-    assert sh(node, f"stat -c '%a' {backup.CONFIG_DIR}").strip() == "700"
-    controller = backup.password_file(cluster, node)
+    assert sh(node, f"stat -c '%a %U %G' {backup_layout.PASSWORD_FILE}").strip() == "600 root root"
+    assert sh(node, f"stat -c '%a %U' {backup_layout.KEY_FILE}").strip() == "600 root"
+    assert sh(node, f"stat -c '%a' {backup_layout.CONFIG_DIR}").strip() == "700"
+    controller = backup_layout.password_file(cluster, node)
     assert oct(controller.stat().st_mode & 0o777) == "0o600"
 
 

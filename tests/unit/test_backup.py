@@ -18,6 +18,7 @@ from provision.deploys import backups
 from provision.errors import InputError
 from provision.facts.stack import BACKUP_STAMP
 from provision.inventory import Cluster, Node, SshTarget
+from provision.rules import backups as backup_layout
 from provision.settings import Settings
 from tests.helpers.pyinfra_fake import fake_node, run_fake
 
@@ -39,40 +40,40 @@ def _cluster(tmp_path: Path, *nodes: Node) -> Cluster:
 
 def test_generated_password_file_has_mode_0600_under_the_state_dir(tmp_path, state_dir):
     cluster = _cluster(tmp_path, _node("node1", ("storage",)))
-    path = backup.password_file(cluster, cluster.nodes[0])
+    path = backup_layout.password_file(cluster, cluster.nodes[0])
     assert path.parent.parent == state_dir
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert len(path.read_text().strip()) >= 32
-    assert backup.password_file(cluster, cluster.nodes[0]).read_text() == path.read_text()  # generated once
+    assert backup_layout.password_file(cluster, cluster.nodes[0]).read_text() == path.read_text()  # generated once
 
 
 def test_a_configured_password_file_that_is_missing_is_bad_input(tmp_path):
     node = _node("node1", ("storage",), backup_password_file=str(tmp_path / "nope"))
     with pytest.raises(InputError, match="does not exist"):
-        backup.password_file(_cluster(tmp_path, node), node)
+        backup_layout.password_file(_cluster(tmp_path, node), node)
 
 
 def test_default_repository_is_per_host_sftp_on_the_storage_hosts_cluster_address(tmp_path):
     storage, other = _node("node1", ("storage",)), _node("node2", backup_paths=["/home"])
     cluster = _cluster(tmp_path, storage, other)
-    assert backup.repository(other, cluster) == "sftp:provision-backup@10.77.0.1:/data/backups/restic/node2"
+    assert backup_layout.repository(other, cluster) == "sftp:provision-backup@10.77.0.1:/data/backups/restic/node2"
     custom = _node("node3", backup_repository="s3:s3.example/bucket/{host}")
-    assert backup.repository(custom, cluster) == "s3:s3.example/bucket/node3"
+    assert backup_layout.repository(custom, cluster) == "s3:s3.example/bucket/node3"
 
 
 def test_storage_host_backs_up_the_checkpoints_share_and_others_only_when_asked(tmp_path):
     storage, plain, asked = _node("node1", ("storage",)), _node("node2"), _node("node3", backup_paths=["/x"])
     cluster = _cluster(tmp_path, storage, plain, asked)
-    assert backup.skip_reason(storage, cluster) is None
-    assert backup.backup_paths(storage) == ["/shared/checkpoints"]
-    assert "storage host" in str(backup.skip_reason(plain, cluster))
-    assert backup.skip_reason(asked, cluster) is None and backup.backup_paths(asked) == ["/x"]
+    assert backup_layout.skip_reason(storage, cluster) is None
+    assert backup_layout.backup_paths(storage) == ["/shared/checkpoints"]
+    assert "storage host" in str(backup_layout.skip_reason(plain, cluster))
+    assert backup_layout.skip_reason(asked, cluster) is None and backup_layout.backup_paths(asked) == ["/x"]
 
 
 def test_restic_command_lines_never_hold_the_password(tmp_path):
     node = _node("node1", ("storage",))
     cluster = _cluster(tmp_path, node)
-    password = backup.password_file(cluster, node).read_text().strip()
+    password = backup_layout.password_file(cluster, node).read_text().strip()
     commands = [backup.run_command(), backup.journal_command(), backup.snapshots_command("node1"),
                 backup.restore_command("latest", "/data/restores/x", "node1"),
                 backup.checksum_command("/shared/checkpoints"), backup.as_root(replace(
@@ -80,12 +81,12 @@ def test_restic_command_lines_never_hold_the_password(tmp_path):
     files = backups.unit_files(node, cluster)
     assert all(password not in c for c in commands)
     assert all(password not in text for text in files.values())
-    assert f"RESTIC_PASSWORD_FILE={backup.PASSWORD_FILE}" in files[backup.ENV_FILE]
+    assert f"RESTIC_PASSWORD_FILE={backup_layout.PASSWORD_FILE}" in files[backup_layout.ENV_FILE]
 
 
 def test_backup_script_backs_up_then_forgets_with_the_retention_settings(tmp_path):
     node = _node("node1", ("storage",), backup_keep_daily=3, backup_keep_weekly=2, backup_keep_monthly=1)
-    script = backups.unit_files(node, _cluster(tmp_path, node))[backup.SCRIPT]
+    script = backups.unit_files(node, _cluster(tmp_path, node))[backup_layout.SCRIPT]
     lines = [line.strip() for line in script.splitlines() if line.strip().startswith("$restic")]
     assert lines == [
         "$restic init",
@@ -102,19 +103,19 @@ def test_backup_script_backs_up_then_forgets_with_the_retention_settings(tmp_pat
 def test_service_and_timer_render_with_schedule_and_paths(tmp_path):
     node = _node("node1", ("storage",), backup_schedule="*-*-* 02:30:00")
     files = backups.unit_files(node, _cluster(tmp_path, node))
-    service = files[f"/etc/systemd/system/{backup.UNIT}"]
-    timer = files[f"/etc/systemd/system/{backup.TIMER}"]
-    assert "Type=oneshot" in service and f"ExecStart={backup.SCRIPT}" in service
+    service = files[f"/etc/systemd/system/{backup_layout.UNIT}"]
+    timer = files[f"/etc/systemd/system/{backup_layout.TIMER}"]
+    assert "Type=oneshot" in service and f"ExecStart={backup_layout.SCRIPT}" in service
     assert "RequiresMountsFor=/shared/checkpoints" in service
     assert "OnCalendar=*-*-* 02:30:00" in timer and "Persistent=true" in timer
-    wrapper = files[backup.WRAPPER]
-    assert f'-o sftp.command="ssh -F {backup.SSH_CONFIG} 10.77.0.1 -s sftp"' in wrapper
+    wrapper = files[backup_layout.WRAPPER]
+    assert f'-o sftp.command="ssh -F {backup_layout.SSH_CONFIG} 10.77.0.1 -s sftp"' in wrapper
 
 
 def test_ssh_config_pins_the_storage_host_key_when_known():
     text = backups.ssh_config_text("10.77.0.1", "yes")
     assert "User provision-backup" in text and "StrictHostKeyChecking yes" in text
-    assert f"IdentityFile {backup.KEY_FILE}" in text and "BatchMode yes" in text
+    assert f"IdentityFile {backup_layout.KEY_FILE}" in text and "BatchMode yes" in text
     assert backups.known_hosts_text("10.77.0.1", ["ssh-ed25519 AAAA"]) == "10.77.0.1 ssh-ed25519 AAAA\n"
 
 
@@ -135,7 +136,7 @@ def test_deploy_sets_up_account_secrets_and_timer_without_the_password_in_any_co
                        groups=("storage",))
     client = fake_node("node2", Settings(cluster_address="10.77.0.2"), {})
     cluster = Cluster(tmp_path / "inv.py", (server, client))
-    password = backup.password_file(cluster, server).read_text().strip()
+    password = backup_layout.password_file(cluster, server).read_text().strip()
     monkeypatch.setattr(engine, "run_steps", _run_steps_with_path(engine.run_steps, tmp_path / "inv.py"))
     run = run_fake(backups.step, [server, client], monkeypatch)
     s, c = server.name, client.name
@@ -184,11 +185,11 @@ def test_restore_check_passes_only_when_files_were_compared_and_matched():
 
 
 def test_check_command_runs_restic_check_through_the_wrapper_with_an_optional_subset(tmp_path):
-    assert backup.check_command() == f"{backup.WRAPPER} check"
-    assert backup.check_command("10%") == f"{backup.WRAPPER} check --read-data-subset 10%"
+    assert backup.check_command() == f"{backup_layout.WRAPPER} check"
+    assert backup.check_command("10%") == f"{backup_layout.WRAPPER} check --read-data-subset 10%"
     ops = replace(_node("node1"), ssh=replace(_node("node1").ssh, user="ops"))
     assert backup.as_root(ops, backup.check_command("1/5")) == (
-        f"sudo -n sh -c '{backup.WRAPPER} check --read-data-subset 1/5'")
+        f"sudo -n sh -c '{backup_layout.WRAPPER} check --read-data-subset 1/5'")
 
 
 @pytest.mark.parametrize("value", ["10%", "2.5%", "100%", "1/5", "5/5", "256/256"])
@@ -250,7 +251,7 @@ def test_cli_check_reports_pass_and_fail_per_host_and_exits_1_when_one_fails(cli
     hosts = {h["host"]: (h["ok"], h["detail"]) for h in json.loads(result.out)["hosts"]}
     assert hosts == {"node1": (True, "no errors found, 1/5 of the data read back"),
                      "node2": (False, "check failed: Fatal: wrong password or no key found")}
-    assert sent == {n: [f"{backup.WRAPPER} check --read-data-subset 1/5"] for n in ("node1", "node2")}
+    assert sent == {n: [f"{backup_layout.WRAPPER} check --read-data-subset 1/5"] for n in ("node1", "node2")}
 
 
 def test_cli_check_exits_0_and_says_passed_for_every_host_when_all_pass(cli, tmp_path, monkeypatch):
@@ -279,23 +280,23 @@ HOST_PASSWORD = "/etc/provision/backup/password"
 
 def test_a_moved_inventory_is_refused_and_pointed_at_its_original_password(tmp_path):
     node = _node("node1", ("storage",))
-    original = backup.password_file(Cluster(tmp_path / "old" / "inv.py", (node,)), node)
+    original = backup_layout.password_file(Cluster(tmp_path / "old" / "inv.py", (node,)), node)
     on_host = hashlib.sha1(original.read_bytes()).hexdigest()
     moved = Cluster(tmp_path / "new" / "inv.py", (node,))
-    conflict = backup.password_conflict(node, moved, on_host)
+    conflict = backup_layout.password_conflict(node, moved, on_host)
     assert conflict is not None and conflict.startswith(f"node1:{HOST_PASSWORD} holds a different restic password")
     assert f'set backup_password_file = "{original}"' in conflict
-    assert not backup.generated_password_file(moved).exists()  # nothing new generated
-    assert backup.password_conflict(node, moved, None) is None  # a host with no password yet
+    assert not backup_layout.generated_password_file(moved).exists()  # nothing new generated
+    assert backup_layout.password_conflict(node, moved, None) is None  # a host with no password yet
     at_original = replace(node, settings=replace(node.settings, backup_password_file=str(original)))
-    assert backup.password_conflict(at_original, moved, on_host.upper()) is None
+    assert backup_layout.password_conflict(at_original, moved, on_host.upper()) is None
 
 
 def test_a_configured_password_file_that_differs_from_the_hosts_is_named(tmp_path):
     mine = tmp_path / "pw"
     mine.write_text("not-the-hosts\n")
     node = _node("node1", ("storage",), backup_password_file=str(mine))
-    conflict = backup.password_conflict(node, _cluster(tmp_path, node), "0" * 40)
+    conflict = backup_layout.password_conflict(node, _cluster(tmp_path, node), "0" * 40)
     assert conflict is not None and f"than backup_password_file {mine};" in conflict
     assert "set backup_password_file to the original password file" in conflict
 
@@ -320,7 +321,7 @@ def test_deploy_refuses_to_replace_a_different_password_on_the_host(tmp_path, mo
 
 def test_deploy_goes_on_when_the_host_holds_the_same_password(tmp_path, monkeypatch):
     cluster = Cluster(tmp_path / "inv.py", ())
-    password = backup.password_file(cluster, _node("node1", ("storage",)))
+    password = backup_layout.password_file(cluster, _node("node1", ("storage",)))
     server, run = _deploy_with_host_password(tmp_path, monkeypatch, hashlib.sha1(password.read_bytes()).hexdigest())
     assert run.results[server.name].ok, run.results[server.name].failures
     assert run.ran(server.name, r"systemctl enable provision-backup\.timer")

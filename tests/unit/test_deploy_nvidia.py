@@ -18,7 +18,9 @@ from provision.deploys import nvidia
 from provision.facts.apt import parse_source_files
 from provision.facts.gpus import Gpus
 from provision.facts.probes import SecureBoot, parse_probe, parse_reboot_state
+from provision.operations import nvidia as nvidia_ops
 from provision.resources import templates_dir
+from provision.rules import nvidia as nvidia_rules
 from provision.rules import packages as pkgs
 from tests.helpers.deploy_facts import FIXTURES, H100, NVSWITCH, P100, FakeHost, node, os_info, plan_with_facts, probe
 
@@ -173,14 +175,14 @@ def test_gpu_nodes_group_and_force_run_without_a_gpu() -> None:
     assert "NVIDIA driver 580 (open modules, cuda-repo)" in plan("debian-12-bookworm", Gpus((), ()),
                                                                 groups=("gpu_nodes",))
     assert plan("debian-12-bookworm", Gpus((), ()), nvidia="force") != {}
-    assert nvidia.applies(node(nvidia="skip")) == "nvidia: skip"
+    assert nvidia_rules.applies(node(nvidia="skip")) == "nvidia: skip"
 
 
 def test_holds_cover_the_branch_dependencies_not_yet_held() -> None:
     installed = {"nvidia-open-580": "580.95.05-1", "nvidia-open": "580.95.05-1",
                  "libnvidia-compute-580": "580.95.05-1", "nvidia-fabricmanager": "580.95.05-1",
                  "nvidia-container-toolkit": "1.17.8-1", "bash": "5.2"}
-    names = nvidia.hold_names(installed, {"nvidia-open"}, ["nvidia-open-580", "nvidia-fabricmanager"], "580")
+    names = nvidia_rules.hold_names(installed, {"nvidia-open"}, ["nvidia-open-580", "nvidia-fabricmanager"], "580")
     assert names == ["libnvidia-compute-580", "nvidia-fabricmanager", "nvidia-open-580"]
 
 
@@ -264,7 +266,7 @@ def run_download(tmp_path: Path, sha256: str | None) -> subprocess.CompletedProc
     """The keyring download's own commands, run by bash on a file:// URL."""
     src, dest = tmp_path / "served.gpg", tmp_path / "keyrings" / "cuda-archive-keyring.gpg"
     dest.parent.mkdir(exist_ok=True)
-    script = " && ".join(f"( {c} )" for c in nvidia.download_commands(src.as_uri(), str(dest), sha256))
+    script = " && ".join(f"( {c} )" for c in nvidia_ops.download_commands(src.as_uri(), str(dest), sha256))
     return subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
 
 
@@ -436,11 +438,11 @@ def test_running_persistenced_is_restarted_when_its_drop_in_changed(monkeypatch:
                     SystemdEnabled={"nvidia-persistenced.service": True})
     executing = SimpleNamespace(get_fact=lambda cls, **kwargs: fake(cls, kwargs), noop=lambda text: None,
                                 state=SimpleNamespace(is_executing=True))
-    monkeypatch.setattr(nvidia, "host", executing)
+    monkeypatch.setattr(nvidia_ops, "host", executing)
     monkeypatch.setattr(systemd, "host", executing)
 
     def commands(changed: bool) -> list[str]:
-        return [str(c) for c in nvidia.driver_daemon._inner(service="nvidia-persistenced",
+        return [str(c) for c in nvidia_ops.driver_daemon._inner(service="nvidia-persistenced",
                                                             config_changed=lambda: changed)]
 
     assert commands(True) == ["systemctl restart nvidia-persistenced.service"]
