@@ -15,7 +15,7 @@ from pathlib import Path
 from up_common import FreshTestbed, verdict
 
 from provision import inventory
-from provision.deploys.frameworks import REMOTE_WHEELHOUSE
+from provision.rules.frameworks import REMOTE_WHEELHOUSE
 from provision.rules.packages import BASE_PACKAGES
 
 

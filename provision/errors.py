@@ -1,6 +1,6 @@
 """Typed errors. The library raises these; the CLI turns them into lines and exit codes.
 
-Exit codes (DESIGN.md): 0 success, 1 some host failed or some node did not pass,
+Exit codes (docs/ARCHITECTURE.md): 0 success, 1 some host failed or some node did not pass,
 2 bad input with nothing touched.
 """
 

@@ -1,5 +1,5 @@
 """The typer app: thin, one sub-app per noun, no logic. Library errors become one line
-per problem and the exit codes from DESIGN.md (0 ok, 1 failed, 2 bad input)."""
+per problem and the exit codes from docs/ARCHITECTURE.md (0 ok, 1 failed, 2 bad input)."""
 
 from __future__ import annotations
 

@@ -19,6 +19,7 @@ from rich.table import Table
 from provision import inventory as inventory_lib
 from provision.backup import runs as backup
 from provision.cli.console import err, host_progress, out, print_json
+from provision.cli.options import InventoryArg, JsonOpt
 from provision.errors import EXIT_FAILED, InputError, Problem
 from provision.inventory import Cluster, Node
 from provision.remote import on_all
@@ -26,8 +27,6 @@ from provision.rules import backups as backup_layout
 
 app = typer.Typer(help="Back up, list and restore training data (restic).", no_args_is_help=True)
 
-InventoryArg = typer.Argument(..., help="pyinfra inventory file, e.g. inventories/testbed.py")
-JsonOpt = typer.Option(False, "--json", help="print the result as JSON on stdout")
 
 
 def _hosts(cluster: Cluster, host: str | None) -> list[Node]:

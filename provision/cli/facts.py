@@ -10,10 +10,9 @@ from rich.table import Table
 
 from provision import inventory as inventory_lib
 from provision.cli.console import host_progress, out, print_json
+from provision.cli.options import InventoryArg
 from provision.errors import EXIT_FAILED
 from provision.facts.host import HOST_FACTS, summarize
-
-InventoryArg = typer.Argument(..., help="pyinfra inventory file, e.g. inventories/testbed.py")
 
 
 def facts(

@@ -10,11 +10,11 @@ from rich.table import Table
 
 from provision import inventory as inventory_lib
 from provision.cli.console import out, print_json
+from provision.cli.options import InventoryArg
 from provision.settings import ROLES, knob_docs
 
 app = typer.Typer(help="Check inventories. Nothing here contacts a host.", no_args_is_help=True)
 
-InventoryArg = typer.Argument(..., help="pyinfra inventory file, e.g. inventories/example.py")
 
 
 @app.command("check")

@@ -9,9 +9,8 @@ from rich.table import Table
 
 from provision import inventory as inventory_lib
 from provision.cli.console import host_progress, out, print_json
+from provision.cli.options import InventoryArg
 from provision.errors import EXIT_FAILED
-
-InventoryArg = typer.Argument(..., help="pyinfra inventory file, e.g. inventories/testbed.py")
 
 
 def status(

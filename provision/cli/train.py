@@ -11,9 +11,8 @@ from rich.table import Table
 
 from provision import inventory as inventory_lib
 from provision.cli.console import err, out, print_json
+from provision.cli.options import InventoryArg
 from provision.errors import EXIT_FAILED, InputError, Problem, ProvisionError
-
-InventoryArg = typer.Argument(..., help="pyinfra inventory file, e.g. inventories/testbed.py")
 
 
 class TrainFailed(ProvisionError):

@@ -11,15 +11,14 @@ from rich.table import Table
 
 from provision import inventory as inventory_lib
 from provision.cli.console import err, host_progress, out, print_json
+from provision.cli.options import InventoryArg, JsonOpt
 from provision.engine import HostPlan, RunReport
 from provision.errors import EXIT_FAILED, EXIT_OK
 from provision.up import pipeline
 
-InventoryArg = typer.Argument(..., help="pyinfra inventory file, e.g. inventories/testbed.py")
 _STEPS = ", ".join(pipeline.step_names())
 OnlyOpt = typer.Option(None, "--only", help=f"comma-separated steps to run ({_STEPS}); preflight always runs")
 SkipOpt = typer.Option(None, "--skip", help="comma-separated steps to leave out")
-JsonOpt = typer.Option(False, "--json", help="print the result as JSON on stdout")
 
 
 def up(

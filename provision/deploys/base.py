@@ -8,12 +8,11 @@ unattended-upgrades blacklist for NVIDIA/CUDA packages.
 
 from __future__ import annotations
 
-import shlex
 from io import StringIO
 from pathlib import Path
 
 from pyinfra import host
-from pyinfra.api import deploy, operation
+from pyinfra.api import deploy
 from pyinfra.context import ctx_state
 from pyinfra.facts.files import FileContents
 from pyinfra.operations import apt, files, server, systemd
@@ -22,6 +21,7 @@ from provision.engine import Step, current_cluster, current_node, note, secret_u
 from provision.facts.probes import CloudInitFact, DpkgInterrupted, HostKeys
 from provision.inventory import Cluster, Node
 from provision.operations.accounts import training_account
+from provision.operations.hosts import HOSTS_MARKER, hosts_first, shadowing_lines
 from provision.resources import templates_dir
 from provision.rules.packages import BASE_PACKAGES, UNATTENDED_BLACKLIST
 from provision.settings import Settings
@@ -32,7 +32,6 @@ LIMITS_FILE = "/etc/security/limits.d/90-provision.conf"
 UNATTENDED_FILE = "/etc/apt/apt.conf.d/51provision-unattended-upgrades"
 APT_LOCK_FILE = "/etc/apt/apt.conf.d/90provision-dpkg-lock-timeout"
 CHRONY_SOURCES = "/etc/chrony/sources.d/provision.sources"
-HOSTS_MARKER = "# {mark} provision cluster nodes"
 CLOUD_INIT_HOSTS = "/etc/cloud/cloud.cfg.d/99-provision-etc-hosts.cfg"
 CLOUD_INIT_TEXT = """\
 # Written by provision. cloud-init must not rewrite /etc/hosts at boot: it would drop the
@@ -138,41 +137,6 @@ def system_settings() -> None:
     files.template(name="unattended-upgrades: never NVIDIA/CUDA",
                    src=str(templates_dir() / "base" / "unattended-upgrades.j2"),
                    dest=UNATTENDED_FILE, blacklist=UNATTENDED_BLACKLIST)
-
-
-def shadowing_lines(lines: list[str] | None, addresses: dict[str, str]) -> list[str]:
-    """Lines of /etc/hosts above provision's block that give a cluster node's name another
-    address, such as the installer's "127.0.1.1 node1". The resolver answers with the first
-    match, so without this the node's own name is loopback to itself: gloo, which resolves
-    the hostname to pick its address, then tells its peers to dial 127.0.1.1."""
-    begin = HOSTS_MARKER.format(mark="BEGIN")
-    found = []
-    for line in lines or []:
-        if line.strip() == begin:
-            break
-        fields = line.split("#", 1)[0].split()
-        if len(fields) > 1 and any(addresses.get(name, fields[0]) != fields[0] for name in fields[1:]):
-            found.append(line)
-    return found
-
-
-def hosts_first_command(block: str) -> str:
-    """Rewrite /etc/hosts with provision's block first and every other line kept (an old
-    block of ours dropped from where it was). Written in place (cat >), so the file keeps
-    its inode, owner and mode."""
-    begin, end = HOSTS_MARKER.format(mark="BEGIN"), HOSTS_MARKER.format(mark="END")
-    drop_old = (f"awk -v b={shlex.quote(begin)} -v e={shlex.quote(end)} "
-                "'$0 == b {skip=1} !skip {print} $0 == e {skip=0}' /etc/hosts")
-    new = "/etc/hosts.provision-new"
-    return (f"{{ printf '%s\\n' {shlex.quote(begin)} {shlex.quote(block)} {shlex.quote(end)}; {drop_old}; }} > {new} "
-            f"&& cat {new} > /etc/hosts && rm -f {new}")
-
-
-@operation()
-def hosts_first(block: str, shadowed: list[str]):
-    """Move provision's block above the lines that shadow it."""
-    if shadowed:
-        yield hosts_first_command(block)
 
 
 def cloud_init_leaves_hosts() -> None:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import shlex
 from io import StringIO
+from typing import Any
 
 from pyinfra import host
 from pyinfra.api import deploy
@@ -95,8 +96,9 @@ def _single_disk(settings: Settings, disk: BlockDevice) -> str:
     return _make_filesystem(settings, stable_path(disk), bool(_wipe_forced(settings, [disk])))
 
 
-def _array(settings: Settings, disks: list[BlockDevice], where: str) -> str | None:
-    """Create or adopt the md array; return the filesystem UUID, or None after a refusal."""
+def _array(settings: Settings, disks: list[BlockDevice], where: str, conf_ops: list[Any]) -> str | None:
+    """Create or adopt the md array; return the filesystem UUID, or None after a refusal.
+    The mdadm.conf operation goes into ``conf_ops`` (the initramfs follows it)."""
     if all(is_ours(d) for d in disks):
         running = {c for d in disks for c in d.children}
         if len(running) != 1 or not disks[0].uuid:
@@ -104,7 +106,7 @@ def _array(settings: Settings, disks: list[BlockDevice], where: str) -> str | No
                      "not running; run `mdadm --assemble --scan` on the host, then `provision up` again"])
             return None
         md_device = f"/dev/{running.pop()}"
-        _record_array(disks[0].uuid)
+        conf_ops.append(_record_array(disks[0].uuid))
         fs = host.get_fact(DeviceFilesystem, device=md_device) or Filesystem(None, None, None, "no answer")
         if fs.error:
             _refuse([f"{where}: cannot tell what our array {md_device} holds ({fs.error}); "
@@ -120,24 +122,21 @@ def _array(settings: Settings, disks: list[BlockDevice], where: str) -> str | No
     md_uuid = new_uuid()
     server.shell(name=f"Create RAID{settings.raid_level} {ARRAY_DEVICE}",
                  commands=[mdadm_create_command(settings, disks, md_uuid, wiped), "udevadm settle"])
-    _record_array(md_uuid)
+    conf_ops.append(_record_array(md_uuid))
     # Stale signatures from an earlier array on wiped members can show through the new one.
     return _make_filesystem(settings, ARRAY_DEVICE, force=bool(wiped))
 
 
-_conf_changes: list = []  # this pass's mdadm.conf operations, for the initramfs update at the end
-
-
-def _record_array(md_uuid: str) -> None:
+def _record_array(md_uuid: str) -> Any:
     """mdadm.conf names the array (the initramfs gets it at the end of the step)."""
-    _conf_changes.append(files.line(name="Record the array in mdadm.conf", path=MDADM_CONF,
-                                    line=f"^ARRAY .*name={ARRAY_NAME}", replace=mdadm_conf_line(md_uuid)))
+    return files.line(name="Record the array in mdadm.conf", path=MDADM_CONF,
+                      line=f"^ARRAY .*name={ARRAY_NAME}", replace=mdadm_conf_line(md_uuid))
 
 
-def _update_initramfs() -> None:
+def _update_initramfs(conf_ops: list[Any]) -> None:
     """Last, so a slow initramfs rebuild never keeps the volume from being mounted."""
-    if _conf_changes:
-        conf = _conf_changes.pop()
+    if conf_ops:
+        conf = conf_ops[-1]
         server.shell(name="Update initramfs (mdadm.conf changed)", commands=["update-initramfs -u"],
                      _if=conf.did_change)
 
@@ -185,11 +184,11 @@ def data_volume() -> None:
         return
     packages = ["xfsprogs" if settings.filesystem == "xfs" else "e2fsprogs"]
     install("Install volume tools", packages + (["mdadm"] if len(disks) > 1 else []), settings.apt_lock_wait_s)
-    _conf_changes.clear()
-    fs_uuid = _single_disk(settings, disks[0]) if len(disks) == 1 else _array(settings, disks, node.name)
+    conf_ops: list[Any] = []  # this pass's mdadm.conf operation, for the initramfs update at the end
+    fs_uuid = _single_disk(settings, disks[0]) if len(disks) == 1 else _array(settings, disks, node.name, conf_ops)
     if fs_uuid:
         _mount(settings, fs_uuid)
-    _update_initramfs()
+    _update_initramfs(conf_ops)
 
 
 step = Step("volumes", data_volume, "SSD data volume: mdadm RAID, xfs/ext4, fstab by UUID", applies)

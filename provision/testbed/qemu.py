@@ -1,7 +1,7 @@
 """The qemu command line for one node (a pure function of a VmSpec), and a minimal QMP
 client for the changes made to a running VM (disk throttling, power button).
 
-Why the command line looks the way it does (DESIGN.md, measured pitfalls):
+Why the command line looks the way it does (docs/ARCHITECTURE.md, "The testbed": measured pitfalls):
 - the root disk is booted by label with the image's own kernel, because adding data
   disks shifts /dev/vdX names; NICs are pinned with net.ifnames=0;
 - data disks carry ``serial=`` on ``-device`` so they appear as

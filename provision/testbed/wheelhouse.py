@@ -35,7 +35,7 @@ def requirements() -> list[str]:
     """What the frameworks step pins by default. torch==X resolves to the CPU build (+cpu)
     where pip's configuration offers one; _complete refuses any other torch wheel, so a CUDA
     build is never installed."""
-    from provision.deploys.frameworks import requirements as pinned
+    from provision.rules.frameworks import requirements as pinned
 
     return pinned(Settings())
 
@@ -68,7 +68,7 @@ def ensure(target: Path | None = None) -> Path:
 
 
 def _complete(target: Path) -> bool:
-    from provision.deploys.frameworks import wheelhouse_gaps
+    from provision.rules.frameworks import wheelhouse_gaps
 
     names = [w.name for w in target.glob("*.whl")]
     torch = [n for n in names if n.startswith("torch-")]

@@ -17,6 +17,7 @@ from provision.engine import HostResult, RunReport, Step
 from provision.errors import InputError, Problem
 from provision.inventory import Cluster, Node
 from provision.rules import backups as backup_layout
+from provision.rules import frameworks as framework_rules
 from provision.up import reboots
 
 STEPS: list[Step] = [preflight.step, base.step, nvidia.step, frameworks.step, volumes.step, nfs.step,
@@ -75,7 +76,7 @@ def _wheelhouse_problems(cluster: Cluster, node: Node) -> list[Problem]:
     if not names:
         return [Problem(where, f"{house} holds no .whl files",
                         "build it with pip download/pip wheel, or unset wheelhouse")]
-    gaps = frameworks.wheelhouse_gaps(node.settings, names)
+    gaps = framework_rules.wheelhouse_gaps(node.settings, names)
     if not gaps:
         return []
     wanted = " ".join(shlex.quote(g) for g in gaps)

@@ -2,7 +2,7 @@
 
 Every e2e test (testbed, provision up, storage, validate, train) uses the same VMs:
 booting and provisioning them once is what keeps the suite inside its time budget
-(DESIGN.md). The testbed lives in a temporary state dir with its own inventory file
+(docs/ARCHITECTURE.md). The testbed lives in a temporary state dir with its own inventory file
 and is taken down at the end of the session; the debootstrapped base image stays in
 the user's image cache (~/.cache/provision/images) so the next run starts from it.
 """

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from provision import inventory, remote
-from provision.deploys.frameworks import REMOTE_WHEELHOUSE
+from provision.rules.frameworks import REMOTE_WHEELHOUSE
 from provision.settings import Settings
 from tests.e2e.storage_helpers import cli, sh
 

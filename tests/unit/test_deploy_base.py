@@ -12,6 +12,7 @@ from provision import engine
 from provision.deploys import base
 from provision.facts import probes
 from provision.inventory import Cluster
+from provision.operations import hosts as hosts_ops
 from provision.rules.packages import BASE_PACKAGES
 from tests.helpers.deploy_facts import FakeHost, node, os_info, plan_with_facts
 
@@ -61,12 +62,12 @@ INSTALLER_HOSTS = ["127.0.0.1\tlocalhost", "127.0.1.1\tnode1.example.com\tnode1"
 
 def test_the_installers_loopback_line_for_the_nodes_own_name_is_found() -> None:
     addresses = {"node1": "10.77.0.11", "node2": "10.77.0.12"}
-    assert base.shadowing_lines(INSTALLER_HOSTS, addresses) == ["127.0.1.1\tnode1.example.com\tnode1"]
+    assert hosts_ops.shadowing_lines(INSTALLER_HOSTS, addresses) == ["127.0.1.1\tnode1.example.com\tnode1"]
     # Below our block it resolves second, and the cluster address itself is no shadow.
     ours = ["# BEGIN provision cluster nodes", "10.77.0.11 node1", "# END provision cluster nodes"]
-    assert base.shadowing_lines([*ours, *INSTALLER_HOSTS], addresses) == []
-    assert base.shadowing_lines(["10.77.0.11 node1 # same address", "#127.0.1.1 node1"], addresses) == []
-    assert base.shadowing_lines(None, addresses) == []
+    assert hosts_ops.shadowing_lines([*ours, *INSTALLER_HOSTS], addresses) == []
+    assert hosts_ops.shadowing_lines(["10.77.0.11 node1 # same address", "#127.0.1.1 node1"], addresses) == []
+    assert hosts_ops.shadowing_lines(None, addresses) == []
 
 
 def test_a_shadowed_hosts_block_is_moved_first_keeping_every_other_line(tmp_path: Path) -> None:
@@ -76,7 +77,7 @@ def test_a_shadowed_hosts_block_is_moved_first_keeping_every_other_line(tmp_path
     hosts.chmod(0o644)
     inode = hosts.stat().st_ino
     block = "10.77.0.11 node1\n10.77.0.12 node2"
-    command = base.hosts_first_command(block).replace("/etc/hosts", str(hosts))
+    command = hosts_ops.hosts_first_command(block).replace("/etc/hosts", str(hosts))
     subprocess.run(["bash", "-c", command], check=True, timeout=30)
     assert hosts.read_text().splitlines() == [
         "# BEGIN provision cluster nodes", "10.77.0.11 node1", "10.77.0.12 node2", "# END provision cluster nodes",

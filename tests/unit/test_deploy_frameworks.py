@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from provision.deploys import frameworks
+from provision.facts import venv as venv_facts
+from provision.rules import frameworks as framework_rules
 from provision.settings import Settings
 from tests.helpers.deploy_facts import FakeHost, node, plan_with_facts
 
@@ -34,7 +36,7 @@ def test_index_url_setting_goes_to_pip() -> None:
 
 def test_installed_pins_change_nothing(tmp_path: Path) -> None:
     (tmp_path / WHEELS[0]).write_bytes(b"wheel")
-    freeze = frameworks.parse_freeze(["torch==2.13.0+cpu", "numpy==2.2.6", "nvidia-ml-py==13.580.126",
+    freeze = venv_facts.parse_freeze(["torch==2.13.0+cpu", "numpy==2.2.6", "nvidia-ml-py==13.580.126",
                                       "sympy==1.14.0"])
     fake = FakeHost(VenvPackages=freeze, Directory={"mode": 755}, File={"mode": 644},
                     WheelSizes={WHEELS[0]: len(b"wheel")})
@@ -55,25 +57,25 @@ def test_a_torn_wheel_upload_is_sent_again(tmp_path: Path) -> None:
 def test_local_version_label_counts_as_installed_and_other_versions_do_not() -> None:
     # pyinfra's own PipPackages regex drops "torch==2.13.0+cpu" entirely: every re-run
     # would reinstall torch. The venv fact keeps it.
-    installed = frameworks.parse_freeze(["torch==2.13.0+cpu", "nvidia_ml_py==13.580.82"])
-    assert frameworks.missing(["torch==2.13.0+cpu", "numpy", "nvidia-ml-py"], installed) == ["numpy"]
-    assert frameworks.missing(["torch==2.13.0"], installed) == []
-    assert frameworks.missing(["torch==2.12.1", "torch==2.13.0+cu128"], installed) == [
+    installed = venv_facts.parse_freeze(["torch==2.13.0+cpu", "nvidia_ml_py==13.580.82"])
+    assert framework_rules.missing(["torch==2.13.0+cpu", "numpy", "nvidia-ml-py"], installed) == ["numpy"]
+    assert framework_rules.missing(["torch==2.13.0"], installed) == []
+    assert framework_rules.missing(["torch==2.12.1", "torch==2.13.0+cu128"], installed) == [
         "torch==2.12.1", "torch==2.13.0+cu128"]
 
 
 def test_torch_pin_takes_the_wheel_local_label_and_numpy_pin() -> None:
-    assert frameworks.torch_version("2.13.0", WHEELS) == "2.13.0+cpu"
-    assert frameworks.torch_version("2.13.0", []) == "2.13.0"
-    assert frameworks.requirements(Settings()) == ["torch==2.13.0", "numpy==2.2.6", "nvidia-ml-py==13.580.126"]
-    assert frameworks.requirements(Settings(numpy_version="2.3.4", nvml_version=None)) == [
+    assert framework_rules.torch_version("2.13.0", WHEELS) == "2.13.0+cpu"
+    assert framework_rules.torch_version("2.13.0", []) == "2.13.0"
+    assert framework_rules.requirements(Settings()) == ["torch==2.13.0", "numpy==2.2.6", "nvidia-ml-py==13.580.126"]
+    assert framework_rules.requirements(Settings(numpy_version="2.3.4", nvml_version=None)) == [
         "torch==2.13.0", "numpy==2.3.4", "nvidia-ml-py"]
-    assert frameworks.requirements(Settings(nvml_version="13.580.82"))[2] == "nvidia-ml-py==13.580.82"
+    assert framework_rules.requirements(Settings(nvml_version="13.580.82"))[2] == "nvidia-ml-py==13.580.82"
 
 
 def test_a_pinned_numpy_or_nvml_that_the_installed_venv_lacks_is_installed() -> None:
     # A venv made before the pins (numpy 2.4.6, the newest nvidia-ml-py) is brought to them.
-    old = FakeHost(VenvPackages=frameworks.parse_freeze(
+    old = FakeHost(VenvPackages=venv_facts.parse_freeze(
         ["torch==2.13.0+cpu", "numpy==2.4.6", "nvidia-ml-py==13.615.71"]))
     ops, _ = plan_with_facts(frameworks.step, node(), old)
     install = {o.name: o for o in ops}["Frameworks | torch, numpy, nvidia-ml-py"].commands
@@ -81,24 +83,24 @@ def test_a_pinned_numpy_or_nvml_that_the_installed_venv_lacks_is_installed() -> 
 
 
 def test_wheelhouse_gaps_name_each_pin_no_wheel_satisfies() -> None:
-    assert frameworks.wheelhouse_gaps(Settings(), WHEELS) == []
+    assert framework_rules.wheelhouse_gaps(Settings(), WHEELS) == []
     newer = [WHEELS[0], "numpy-2.4.6-cp311-cp311-manylinux_2_28_x86_64.whl",
              "nvidia_ml_py-13.615.71-py3-none-any.whl", "not-a-wheel.whl"]
-    assert frameworks.wheelhouse_gaps(Settings(), newer) == ["numpy==2.2.6", "nvidia-ml-py==13.580.126"]
+    assert framework_rules.wheelhouse_gaps(Settings(), newer) == ["numpy==2.2.6", "nvidia-ml-py==13.580.126"]
     # Several versions of a package side by side: one matching wheel is enough.
-    assert frameworks.wheelhouse_gaps(Settings(), [*newer, WHEELS[1], WHEELS[2]]) == []
+    assert framework_rules.wheelhouse_gaps(Settings(), [*newer, WHEELS[1], WHEELS[2]]) == []
     # Unpinned, any version will do; a torch of another release is a gap.
-    assert frameworks.wheelhouse_gaps(Settings(numpy_version=None, nvml_version=None), newer) == []
-    assert frameworks.wheelhouse_gaps(Settings(torch_version="2.12.1"), WHEELS) == ["torch==2.12.1"]
+    assert framework_rules.wheelhouse_gaps(Settings(numpy_version=None, nvml_version=None), newer) == []
+    assert framework_rules.wheelhouse_gaps(Settings(torch_version="2.12.1"), WHEELS) == ["torch==2.12.1"]
 
 
 def test_torch_check_verdicts() -> None:
-    assert frameworks.torch_problem("torch-ok 2.13.0+cpu", "2.13.0") is None
-    assert frameworks.torch_problem("torch-ok 2.12.1", "2.13.0") == "torch 2.12.1 is installed, 2.13.0 is pinned"
-    assert frameworks.torch_problem("AssertionError: torch.cuda.is_available() is False", "2.13.0") == \
+    assert framework_rules.torch_problem("torch-ok 2.13.0+cpu", "2.13.0") is None
+    assert framework_rules.torch_problem("torch-ok 2.12.1", "2.13.0") == "torch 2.12.1 is installed, 2.13.0 is pinned"
+    assert framework_rules.torch_problem("AssertionError: torch.cuda.is_available() is False", "2.13.0") == \
         "AssertionError: torch.cuda.is_available() is False"
-    assert "torch.cuda.is_available()" in frameworks.check_script(need_cuda=True)
-    assert "cuda" not in frameworks.check_script(need_cuda=False)
+    assert "torch.cuda.is_available()" in venv_facts.check_script(need_cuda=True)
+    assert "cuda" not in venv_facts.check_script(need_cuda=False)
 
 
 def test_pip_compile_false_installs_without_byte_compiling(tmp_path: Path) -> None:
@@ -111,5 +113,5 @@ def test_pip_compile_false_installs_without_byte_compiling(tmp_path: Path) -> No
 
 
 def test_wheel_sizes_come_from_one_listing() -> None:
-    sizes = frameworks.WheelSizes().process([f"{WHEELS[0]} 191234567", "numpy-2.3.4-cp311.whl 17000000", "junk"])
+    sizes = venv_facts.WheelSizes().process([f"{WHEELS[0]} 191234567", "numpy-2.3.4-cp311.whl 17000000", "junk"])
     assert sizes == {WHEELS[0]: 191234567, "numpy-2.3.4-cp311.whl": 17000000}

@@ -1,0 +1,49 @@
+"""Custom pyinfra operations of the frameworks step: install what the venv lacks, check torch
+imports, upload a wheel unless the host has it."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from pyinfra import host
+from pyinfra.api import operation
+from pyinfra.api.command import FileUploadCommand
+from pyinfra.api.state import StateStage
+from pyinfra.context import ctx_state
+
+from provision.facts.venv import TorchCheck, VenvPackages, WheelSizes
+from provision.rules.frameworks import missing, torch_problem
+
+
+@operation()
+def venv_packages(pip: str, requirements: list[str], source_args: str | None):
+    """pip install what the venv lacks (pinned versions compared exactly)."""
+    todo = missing(requirements, host.get_fact(VenvPackages, pip=pip))
+    if todo:
+        yield " ".join([pip, "install", *([source_args] if source_args else []), *todo])
+
+
+@operation()
+def torch_works(python: str, version: str, need_cuda: bool):
+    """Fail the host unless torch imports (and sees CUDA on GPU hosts). Checked when the
+    run executes, after the install; changes nothing when torch works."""
+    if ctx_state.get().current_stage != StateStage.Execute:
+        return
+    problem = torch_problem(host.get_fact(TorchCheck, python=python, need_cuda=need_cuda), version)
+    if problem:
+        yield f"echo {shlex.quote('torch check failed: ' + problem)} >&2; exit 1"
+
+
+@operation()
+def wheel_file(src: str, dest: str):
+    """Upload a wheel unless the host has a file of that name and size. A wheel's name
+    carries its version and build (PEP 427), so name and size identify it: unlike
+    files.put, no sha1 of a 190 MB torch wheel is computed on the host at every run
+    (about 10 s on a small node), and one listing answers for every wheel. A torn upload
+    has another size and is sent again."""
+    directory, _, name = dest.rpartition("/")
+    if host.get_fact(WheelSizes, directory=directory).get(name) == Path(src).stat().st_size:
+        return
+    yield FileUploadCommand(src, dest)
+    yield f"chmod 644 {shlex.quote(dest)}"

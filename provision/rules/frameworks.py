@@ -1,0 +1,91 @@
+"""Pure decisions of the frameworks step: the pinned requirements, the pip source, which pins a
+wheelhouse lacks, and what a venv's pip freeze and the torch check say. The testbed's
+wheelhouse downloads exactly these requirements."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from pathlib import Path
+
+from provision.facts.venv import normalize
+from provision.settings import Settings
+
+
+def requirements(settings: Settings, wheel_names: Sequence[str] = ()) -> list[str]:
+    """pip requirement strings: torch pinned, numpy and nvidia-ml-py pinned when asked.
+
+    A CPU or CUDA build from PyTorch's own index carries a local version label
+    (2.13.0+cpu) and `pip freeze` reports it so; the pin takes the label from the
+    wheelhouse's torch wheel, so a re-run sees the pin satisfied and installs nothing.
+    """
+    numpy = f"numpy=={settings.numpy_version}" if settings.numpy_version else "numpy"
+    nvml = f"nvidia-ml-py=={settings.nvml_version}" if settings.nvml_version else "nvidia-ml-py"
+    return [f"torch=={torch_version(settings.torch_version, wheel_names)}", numpy, nvml]
+
+
+def torch_version(pinned: str, wheel_names: Sequence[str]) -> str:
+    """The pinned torch version, with the local label of a matching wheelhouse wheel."""
+    for name in wheel_names:
+        parts = name.split("-")
+        if parts[0] == "torch" and len(parts) > 1 and parts[1].split("+")[0] == pinned:
+            return parts[1]
+    return pinned
+
+
+def pip_source_args(settings: Settings) -> str | None:
+    """Where pip looks (the uploaded wheelhouse only, or the index URL), and whether it
+    byte-compiles what it installs."""
+    args = [] if settings.pip_compile else ["--no-compile"]
+    if settings.wheelhouse:
+        args.append(f"--no-index --find-links {REMOTE_WHEELHOUSE}")
+    elif settings.pip_index_url:
+        args.append(f"--index-url {shlex.quote(settings.pip_index_url)}")
+    return " ".join(args) or None
+
+
+def wheel_files(directory: str) -> list[Path]:
+    """The .whl files of a controller wheelhouse, sorted, or ValueError when there are none."""
+    found = sorted(Path(directory).expanduser().glob("*.whl"))
+    if not found:
+        raise ValueError(f"wheelhouse {directory} holds no .whl files")
+    return found
+
+
+def wheelhouse_gaps(settings: Settings, wheel_names: Sequence[str]) -> list[str]:
+    """The requirements that no wheel of a wheelhouse satisfies (pip would stop on the
+    host with "No matching distribution"; this finds it on the controller, before any
+    host is changed). A wheel's name and version are the first two fields of its file
+    name (PEP 427). Only the name and version are checked, not the Python tag."""
+    wheels = [name.split("-")[:2] for name in wheel_names if name.count("-") >= 4]
+    return [req for req in requirements(settings, wheel_names)
+            if all(missing([req], {normalize(n): v}) for n, v in wheels)]
+
+
+def missing(requirements: Sequence[str], installed: dict[str, str]) -> list[str]:
+    """Requirements not satisfied: absent, or pinned to another version. As in PEP 440, a
+    pin without a local label (2.13.0) is met by a local build of it (2.13.0+cpu)."""
+    todo = []
+    for req in requirements:
+        name, _, version = req.partition("==")
+        have = installed.get(normalize(name))
+        if have is not None and "+" not in version:
+            have = have.split("+")[0]
+        if have is None or (version and have != version):
+            todo.append(req)
+    return todo
+
+
+def torch_problem(output: str, version: str) -> str | None:
+    """None when the check printed torch-ok with the pinned version, else why not."""
+    for line in output.splitlines():
+        if line.startswith("torch-ok"):
+            got = line.split()[1] if len(line.split()) > 1 else "?"
+            # A local version label (2.13.0+cpu) still pins the same release.
+            if got.split("+")[0] != version:
+                return f"torch {got} is installed, {version} is pinned"
+            return None
+    return output.strip().splitlines()[-1] if output.strip() else "python printed nothing"
+
+
+REMOTE_WHEELHOUSE = "/opt/provision/wheelhouse"
