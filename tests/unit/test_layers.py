@@ -31,7 +31,6 @@ LAYERS: list[tuple[str, ...]] = [
 # Imports between siblings of one layer that the architecture allows, each with its reason.
 ALLOWED: dict[tuple[str, str], str] = {
     ("provision.status", "provision.validate"): "status reports the last verdict validate recorded (its history)",
-    ("provision.up", "provision.verify"): "up --verify runs verify's suite after the steps",
 }
 
 
