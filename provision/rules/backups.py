@@ -133,7 +133,10 @@ def password_conflict(node: Node, cluster: Cluster, on_host_sha1: str | None) ->
     else:
         ours = f"the password generated at {local}" if local.exists() else f"a new password for {local}"
     # The usual cause is a moved or renamed inventory: its old state dir holds the original.
-    found = [p for p in sorted(state_dir().glob("*/backup-password")) if p != local and sha1_of(p) == on_host_sha1]
+    # ~/.local/state/provision held every generated secret before XDG_STATE_HOME was honoured.
+    roots = dict.fromkeys([state_dir(), Path("~/.local/state/provision").expanduser()])
+    candidates = [p for root in roots for p in sorted(root.glob("*/backup-password"))]
+    found = [p for p in candidates if p != local and sha1_of(p) == on_host_sha1]
     fix = (f"{found[0]} holds the host's password: set backup_password_file = \"{found[0]}\"" if found else
            "set backup_password_file to the original password file, or to a 0600 copy of the host's")
     return (f"{node.name}:{PASSWORD_FILE} holds a different restic password than {ours}; replacing it "
