@@ -36,10 +36,25 @@ def cli(capsys, monkeypatch):
     return run
 
 
+# The tier of a test is its folder: tests/integration, tests/e2e and tests/gpu give their
+# marker to every test in them (tests/unit gives none), so `-m` selects by folder too.
+TIER_MARKERS = {"integration": "integration", "e2e": "e2e", "gpu": "gpu"}
+
+
+def _tier(item) -> str | None:
+    parts = item.path.relative_to(item.config.rootpath).parts
+    return TIER_MARKERS.get(parts[1]) if len(parts) > 2 and parts[0] == "tests" else None
+
+
 def pytest_collection_modifyitems(config, items):
-    """Fast tiers first (unit, integration), then end-to-end tests on the shared testbed,
-    and the destructive drills (killing VMs, rebooting the NFS server) last of all, so the
-    testbed is whole for every other test. Order is otherwise kept."""
+    """Every test gets its folder's tier marker. Then: fast tiers first (unit,
+    integration), then end-to-end tests on the shared testbed, and the destructive drills
+    (killing VMs, rebooting the NFS server) last of all, so the testbed is whole for every
+    other test. Order is otherwise kept."""
+    for item in items:
+        tier = _tier(item)
+        if tier is not None:
+            item.add_marker(getattr(pytest.mark, tier))
     items.sort(key=lambda item: (item.get_closest_marker("destructive") is not None,
                                  item.get_closest_marker("e2e") is not None))
 

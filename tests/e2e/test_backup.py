@@ -14,8 +14,6 @@ from provision.inventory import Cluster
 from provision.rules import backups as backup_layout
 from tests.e2e.storage_helpers import cli, sh
 
-pytestmark = pytest.mark.e2e
-
 FILES = 3  # checkpoint-like files written for the round trip
 SIZE_KIB = 512  # each
 

@@ -18,8 +18,6 @@ import pytest
 from provision import inventory, remote
 from tests.e2e.storage_helpers import cli, sh
 
-pytestmark = pytest.mark.e2e
-
 
 def sshd_cursor(node) -> str:
     """The journal position of the guest's sshd log, to read only what comes after it."""

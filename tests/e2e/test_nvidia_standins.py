@@ -22,8 +22,6 @@ from provision.up import pipeline
 from tests.e2e.storage_helpers import FINGERPRINT
 from tests.standins import nvidia_repo
 
-pytestmark = pytest.mark.e2e
-
 BOOT_ID = "cat /proc/sys/kernel/random/boot_id"
 CLEANUP = ("apt-mark unhold $(apt-mark showhold) >/dev/null 2>&1; "
            "DEBIAN_FRONTEND=noninteractive apt-get purge -y 'nvidia-*' 'libnvidia-*' 'cuda-*' 'libnccl*' >/dev/null; "

@@ -7,14 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from provision import inventory, remote
 from provision.rules.frameworks import REMOTE_WHEELHOUSE
 from provision.settings import Settings
 from tests.e2e.storage_helpers import cli, sh
-
-pytestmark = pytest.mark.e2e
 
 OTHER_NUMPY = "1.26.4"  # any release other than the pinned one; a real wheel from PyPI
 

@@ -12,8 +12,6 @@ from provision import inventory
 from provision.inventory import Cluster
 from tests.e2e.storage_helpers import cli, sh
 
-pytestmark = pytest.mark.e2e
-
 
 @pytest.fixture(scope="module")
 def cluster(testbed, provisioned) -> Cluster:

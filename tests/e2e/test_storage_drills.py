@@ -13,7 +13,7 @@ import pytest
 from provision import inventory
 from tests.e2e.storage_helpers import cli, derived_inventory, sh
 
-pytestmark = [pytest.mark.e2e, pytest.mark.destructive]
+pytestmark = pytest.mark.destructive
 
 DISK = "/dev/disk/by-id/virtio-NVME-node2-{}"
 

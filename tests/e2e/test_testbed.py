@@ -15,8 +15,6 @@ from provision import remote
 from provision.inventory import SshTarget
 from provision.testbed import Testbed, apt_sources, keys, procs
 
-pytestmark = pytest.mark.e2e
-
 PROVISION = [sys.executable, "-m", "provision"]
 
 

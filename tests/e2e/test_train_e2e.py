@@ -16,8 +16,6 @@ import pytest
 from provision import inventory, remote
 from tests.e2e.storage_helpers import sh
 
-pytestmark = pytest.mark.e2e
-
 CLEAN_WITHIN_S = 30  # the bound for teardown on every host
 # Small enough for TCG guests: 1 MiB of text, a checkpoint every 2 steps.
 TRAINER = ["--", "--data-max-mb", "1", "--eval-interval", "4", "--eval-samples", "8", "--ckpt-interval", "2"]

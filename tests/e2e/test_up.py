@@ -3,13 +3,9 @@ nothing. Uses the session's one provisioning run (the `provisioned` fixture)."""
 
 from __future__ import annotations
 
-import pytest
-
 from provision import inventory, remote, verify
 from provision.up import pipeline
 from tests.e2e.storage_helpers import FINGERPRINT
-
-pytestmark = pytest.mark.e2e
 
 
 def test_up_brings_every_host_through_its_steps(provisioned) -> None:

@@ -11,7 +11,7 @@ import pytest
 from provision import inventory
 from provision.up import pipeline
 
-pytestmark = [pytest.mark.e2e, pytest.mark.destructive]
+pytestmark = pytest.mark.destructive
 
 VICTIM = "node2"
 

@@ -10,10 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-pytestmark = pytest.mark.e2e
-
 DISK_LIMIT_BPS = 20_000_000  # 20 MB/s: far below an unthrottled virtio disk, fio still ends
 
 

@@ -12,7 +12,6 @@ import pytest
 
 from provision.resources import training_script
 
-pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)

@@ -8,7 +8,6 @@ from provision.validate import agent
 from provision.validate.expectations import find_sku
 from provision.validate.parsers import gpu_from_nvml
 
-pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)

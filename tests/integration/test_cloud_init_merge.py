@@ -17,8 +17,6 @@ import pytest
 
 from provision.deploys import base
 
-pytestmark = pytest.mark.integration
-
 MERGED = "from cloudinit import util; print(util.read_conf_with_confd(sys.argv[1]).get('manage_etc_hosts'))"
 
 

@@ -12,8 +12,6 @@ import pytest
 
 from tests.helpers import loopback_sshd
 
-pytestmark = pytest.mark.integration
-
 
 @pytest.fixture(scope="module")
 def sshd(tmp_path_factory):

@@ -17,8 +17,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.integration
-
 RUN_TIMEOUT_S = 240  # a whole `provision train` call, bounded
 CLEAN_WITHIN_S = 30  # the bound: every host clean this long after a failure
 # Tiny and quick on 2 shared cores: 1 MiB of text, evaluation every 3 steps.

@@ -13,8 +13,6 @@ import pytest
 from provision.validate import agent as agent_module
 from provision.validate import parsers
 
-pytestmark = pytest.mark.integration
-
 AGENT = Path(agent_module.__file__)
 
 

@@ -16,8 +16,6 @@ from provision.validate import judge, report_html
 from provision.validate.records import Measurement
 from tests.helpers.validate_records import h100
 
-pytestmark = pytest.mark.integration
-
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 

@@ -12,8 +12,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.integration
-
 VENV = Path(__file__).resolve().parents[2] / ".venv"
 PROVISION = VENV / "bin" / "provision"
 

@@ -84,15 +84,6 @@ def test_the_testbed_is_asked_to_write_the_inventory_the_demo_reads(tmp_path):
     assert testbed_argv[testbed_argv.index("--inventory") + 1] == str(tmp_path / "testbed.py")
 
 
-def test_a_real_child_is_shown_and_logged(tmp_path, capfd):
-    from provision.demo.stages import last_line, run_provision
-
-    log = tmp_path / "logs" / "version.log"
-    assert run_provision(["--help"], log) == 0
-    assert "provision" in capfd.readouterr().out and "Usage" in log.read_text()
-    assert last_line(log)
-
-
 def test_a_command_that_ends_with_a_table_is_summed_up_by_its_rows(tmp_path):
     from provision.demo.stages import last_line
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,8 @@ from provision.facts import probes
 from provision.inventory import Cluster
 from provision.operations import hosts as hosts_ops
 from provision.rules.packages import BASE_PACKAGES
-from tests.helpers.deploy_facts import FakeHost, node, os_info, plan_with_facts
+from provision.state import inventory_dir
+from tests.helpers.deploy_facts import FIXTURES, FakeHost, node, os_info, plan_with_facts
 
 APT_INSTALL = ('DEBIAN_FRONTEND=noninteractive apt-get -y -o Dpkg::Options::="--force-confdef" '
                '-o Dpkg::Options::="--force-confold" install --no-install-recommends')
@@ -24,6 +24,18 @@ APT_INSTALL = ('DEBIAN_FRONTEND=noninteractive apt-get -y -o Dpkg::Options::="--
 def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("PROVISION_STATE_DIR", str(tmp_path / "state"))
     return tmp_path / "state"
+
+
+@pytest.fixture(autouse=True)
+def seeded_training_key(state_dir: Path) -> None:
+    """The controller's training key as a second run finds it (already generated), so these
+    unit tests run no ssh-keygen; its generation is tested in tests/integration."""
+    key = inventory_dir(Path("inv.py")) / "train_ed25519"
+    for suffix in ("", ".pub"):
+        source = FIXTURES / f"ssh-ed25519_test-stand-in_not-a-secret{suffix}"
+        target = key.with_name(key.name + suffix)
+        target.write_bytes(source.read_bytes())
+        target.chmod(0o600 if not suffix else 0o644)
 
 
 def cluster() -> Cluster:
@@ -70,24 +82,6 @@ def test_the_installers_loopback_line_for_the_nodes_own_name_is_found() -> None:
     assert hosts_ops.shadowing_lines(None, addresses) == []
 
 
-def test_a_shadowed_hosts_block_is_moved_first_keeping_every_other_line(tmp_path: Path) -> None:
-    hosts = tmp_path / "hosts"
-    old_block = ["# BEGIN provision cluster nodes", "10.77.0.99 node1", "# END provision cluster nodes"]
-    hosts.write_text("\n".join([*INSTALLER_HOSTS, *old_block]) + "\n")
-    hosts.chmod(0o644)
-    inode = hosts.stat().st_ino
-    block = "10.77.0.11 node1\n10.77.0.12 node2"
-    command = hosts_ops.hosts_first_command(block).replace("/etc/hosts", str(hosts))
-    subprocess.run(["bash", "-c", command], check=True, timeout=30)
-    assert hosts.read_text().splitlines() == [
-        "# BEGIN provision cluster nodes", "10.77.0.11 node1", "10.77.0.12 node2", "# END provision cluster nodes",
-        *INSTALLER_HOSTS]
-    assert hosts.stat().st_ino == inode and list(tmp_path.iterdir()) == [hosts]
-    # The first match of the rewritten file is the cluster address: what getent answers.
-    first = next(line for line in hosts.read_text().splitlines() if line.split()[1:2] == ["node1"])
-    assert first == "10.77.0.11 node1"
-
-
 def test_base_moves_the_block_only_while_a_line_shadows_it() -> None:
     fake = FakeHost(Os=os_info("debian-12-bookworm"), FileContents=INSTALLER_HOSTS)
     ops = by_name(plan_with_facts(base.step, cluster().nodes[0], fake, cluster())[0])
@@ -95,23 +89,6 @@ def test_base_moves_the_block_only_while_a_line_shadows_it() -> None:
     assert "127.0.1.1\tnode1.example.com\tnode1" in [o for o in ops if o.startswith("/etc/hosts")][0]
     assert moved.commands[0].startswith("{ printf '%s\\n' '# BEGIN provision cluster nodes'")
     assert "/etc/hosts: cluster nodes" not in ops
-
-
-def test_training_user_key_is_generated_once_and_shared(state_dir: Path) -> None:
-    first = base.training_key(cluster(), "train")
-    mtime = first.stat().st_mtime_ns
-    assert base.training_key(cluster(), "train") == first and first.stat().st_mtime_ns == mtime
-    assert first.stat().st_mode & 0o777 == 0o600 and first.with_suffix(".pub").is_file()
-    ops, _ = plan_with_facts(base.step, cluster().nodes[1], FakeHost(Os=os_info("debian-12-bookworm")),
-                                    cluster())
-    assert f"upload {first} -> /home/train/.ssh/id_ed25519" in by_name(ops)["training user: private key"].commands
-    # The plan shows that the key is uploaded, never the key itself.
-    everything = "\n".join(c for o in ops for c in (*o.commands, *o.diffs))
-    assert "PRIVATE KEY" not in everything and first.read_text().splitlines()[1] not in everything
-    # The pinned uid/gid (training_uid), group first: NFS files carry numeric ids.
-    assert by_name(ops)["training group train"].commands == ["groupadd train --gid 2000"]
-    assert by_name(ops)["training user train"].commands[0] == (
-        "useradd -d /home/train -s /bin/bash -g train --uid 2000 -m train")
 
 
 def test_known_hosts_name_each_node_by_name_and_cluster_address() -> None:
@@ -248,23 +225,3 @@ def test_user_data_that_sets_manage_etc_hosts_is_named_in_a_note(monkeypatch) ->
     plan_with_facts(base.step, cluster().nodes[0], fake, cluster())
     (text,) = said
     assert text.startswith("base: /var/lib/cloud/instance/vendor-data.txt sets cloud-init's manage_etc_hosts")
-
-
-def test_the_cloud_init_probe_finds_the_setting_in_user_and_vendor_data(tmp_path: Path) -> None:
-    (tmp_path / "etc/cloud/cloud.cfg.d").mkdir(parents=True)
-    instance = tmp_path / "var/lib/cloud/instance"
-    instance.mkdir(parents=True)
-    (instance / "user-data.txt").write_text("#cloud-config\nmanage_etc_hosts: false\n")
-    (instance / "vendor-data.txt").write_text("#cloud-config\ndisable_root: false\nmanage_etc_hosts: true\n")
-    (instance / "vendor-data2.txt").write_text("#cloud-config\n  manage_etc_hosts: 'template'\n")
-    command = probes.CloudInitFact().command().replace("/etc/cloud", f"{tmp_path}/etc/cloud") \
-        .replace("/var/lib/cloud", f"{tmp_path}/var/lib/cloud")
-    out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True).stdout
-    found = probes.parse_cloud_init(out.splitlines())
-    assert found.installed
-    assert found.overriding == (f"{instance}/vendor-data.txt", f"{instance}/vendor-data2.txt")
-    (tmp_path / "etc/cloud/cloud.cfg.d").rmdir()
-    for f in instance.iterdir():
-        f.unlink()
-    out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True).stdout
-    assert probes.parse_cloud_init(out.splitlines()) == probes.CloudInit(False, ())

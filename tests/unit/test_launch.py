@@ -8,7 +8,6 @@ import dataclasses
 import json
 import os
 import shlex
-import signal
 import subprocess
 import sys
 import time
@@ -78,17 +77,6 @@ def test_as_root_the_trainer_runs_as_the_training_user_in_the_same_process_group
     assert cmd.startswith("mkdir -p /var/tmp/pt/runs/r1/n1 /var/tmp/pt && "
                           "chown -R train: /var/tmp/pt /var/tmp/pt/runs/r1/n1 && cd /var/tmp/pt && exec ")
     assert "runuser" not in plan.node_command(base, base.nodes[1])  # a non-root SSH user runs it itself
-
-
-def test_the_run_as_probe_names_the_user_only_for_root_and_an_existing_account(tmp_path):
-    import subprocess
-
-    me = subprocess.run(["id", "-un"], capture_output=True, text=True, check=True).stdout.strip()
-    out = subprocess.run(["sh", "-c", plan.run_as_probe(me)], capture_output=True, text=True).stdout
-    assert out.strip() == (f"RUN_AS={me}" if os.geteuid() == 0 else "")
-    missing = subprocess.run(["sh", "-c", plan.run_as_probe("no-such-user-provision")],
-                             capture_output=True, text=True).stdout
-    assert missing == ""
 
 
 def test_global_batch_grows_with_the_world_and_user_flags_come_last():
@@ -350,29 +338,6 @@ def spawn_fake_run(tmp_path: Path, run_id: str, node: str) -> tuple[subprocess.P
             break
         time.sleep(0.05)
     return proc, run_dir
-
-
-def test_reaper_stops_the_group_and_workers_in_their_own_sessions(tmp_path, capsys):
-    proc, run_dir = spawn_fake_run(tmp_path, "run-x", "n0")
-    root = int((run_dir / "torchrun.pid").read_text())
-    found = reaper.targets(root, "run-x", "n0")
-    assert root in found and len(found) >= 3  # sh, sleep, the setsid'd python
-    assert reaper.main([str(run_dir), "run-x", "n0", "--grace", "2"]) == 0
-    proc.wait(timeout=10)
-    result = json.loads(capsys.readouterr().out)
-    assert result["left"] == [] and set(result["signalled"]) >= found
-    assert not reaper.alive(found)
-
-
-def test_reaper_finds_strays_by_run_marker_when_the_run_file_is_gone(tmp_path, capsys):
-    proc, run_dir = spawn_fake_run(tmp_path, "run-y", "n1")
-    (run_dir / "torchrun.pid").unlink()
-    os.kill(int(proc.pid), signal.SIGKILL)  # torchrun gone: its children are orphans now
-    proc.wait(timeout=10)
-    assert reaper.targets(None, "run-y", "n1"), "orphans carry the run marker"
-    assert reaper.targets(None, "run-y", "other-node") == set()
-    assert reaper.main([str(run_dir), "run-y", "n1", "--grace", "2"]) == 0
-    assert reaper.targets(None, "run-y", "n1") == set()
 
 
 def test_blame_names_the_killed_rank_but_not_after_ctrl_c_and_not_an_errored_peer_after_a_lost_link():

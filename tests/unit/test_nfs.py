@@ -4,9 +4,6 @@ and the deploy's exact commands on pyinfra's @fake connector."""
 from __future__ import annotations
 
 import re
-import subprocess
-
-import pytest
 
 from provision.deploys import nfs
 from provision.settings import Settings
@@ -60,13 +57,6 @@ def test_nfsd_dropin_waits_for_the_export_root_mount():
 
     text = render_template("nfs/nfs-server.conf.j2", export_root="/data/shared")
     assert "[Unit]\nRequiresMountsFor=/data/shared\n" in text
-
-
-@pytest.mark.parametrize("path", ["/shared/checkpoints", "/shared/my-data.x/.hid", "/.a/b c"])
-def test_unit_names_match_systemd_escape(path):
-    expected = subprocess.run(["systemd-escape", "-p", "--suffix=automount", path],
-                              capture_output=True, text=True, check=True).stdout.strip()
-    assert nfs.systemd_unit(path, "automount") == expected
 
 
 def _nodes(**kw: object):

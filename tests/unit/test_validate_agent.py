@@ -352,11 +352,3 @@ def test_gpu_step_that_raises_leaves_a_reason_on_every_metric_even_after_earlier
     node_rows = [r for r in res.rows if r["device"] == ""]
     assert {r["metric"] for r in node_rows} == set(agent.GPU_METRICS)
     assert all(r["not_run"].startswith("not run: gpu: RuntimeError") for r in node_rows)
-
-
-def test_nvidia_smi_output_that_is_not_xml_is_not_taken_for_a_report(monkeypatch, tmp_path):
-    smi = tmp_path / "nvidia-smi"
-    smi.write_text("#!/bin/sh\necho 565.57.01\n")  # test stand-in: prints a version, exits 0
-    smi.chmod(0o755)
-    monkeypatch.setenv("PATH", str(tmp_path))
-    assert agent._nvidia_smi_xml() == ""

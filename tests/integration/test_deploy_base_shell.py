@@ -1,0 +1,68 @@
+"""The base deploy's shell run for real: the /etc/hosts rewrite on a file, the cloud-init
+probe on a tree, the training key generated with ssh-keygen."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from provision.deploys import base
+from provision.facts import probes
+from provision.operations import hosts as hosts_ops
+from tests.helpers.deploy_facts import FakeHost, os_info, plan_with_facts
+from tests.unit.test_deploy_base import INSTALLER_HOSTS, by_name, cluster
+
+
+def test_a_shadowed_hosts_block_is_moved_first_keeping_every_other_line(tmp_path: Path) -> None:
+    hosts = tmp_path / "hosts"
+    old_block = ["# BEGIN provision cluster nodes", "10.77.0.99 node1", "# END provision cluster nodes"]
+    hosts.write_text("\n".join([*INSTALLER_HOSTS, *old_block]) + "\n")
+    hosts.chmod(0o644)
+    inode = hosts.stat().st_ino
+    block = "10.77.0.11 node1\n10.77.0.12 node2"
+    command = hosts_ops.hosts_first_command(block).replace("/etc/hosts", str(hosts))
+    subprocess.run(["bash", "-c", command], check=True, timeout=30)
+    assert hosts.read_text().splitlines() == [
+        "# BEGIN provision cluster nodes", "10.77.0.11 node1", "10.77.0.12 node2", "# END provision cluster nodes",
+        *INSTALLER_HOSTS]
+    assert hosts.stat().st_ino == inode and list(tmp_path.iterdir()) == [hosts]
+    # The first match of the rewritten file is the cluster address: what getent answers.
+    first = next(line for line in hosts.read_text().splitlines() if line.split()[1:2] == ["node1"])
+    assert first == "10.77.0.11 node1"
+
+
+def test_training_user_key_is_generated_once_and_shared(state_dir: Path) -> None:
+    first = base.training_key(cluster(), "train")
+    mtime = first.stat().st_mtime_ns
+    assert base.training_key(cluster(), "train") == first and first.stat().st_mtime_ns == mtime
+    assert first.stat().st_mode & 0o777 == 0o600 and first.with_suffix(".pub").is_file()
+    ops, _ = plan_with_facts(base.step, cluster().nodes[1], FakeHost(Os=os_info("debian-12-bookworm")),
+                                    cluster())
+    assert f"upload {first} -> /home/train/.ssh/id_ed25519" in by_name(ops)["training user: private key"].commands
+    # The plan shows that the key is uploaded, never the key itself.
+    everything = "\n".join(c for o in ops for c in (*o.commands, *o.diffs))
+    assert "PRIVATE KEY" not in everything and first.read_text().splitlines()[1] not in everything
+    # The pinned uid/gid (training_uid), group first: NFS files carry numeric ids.
+    assert by_name(ops)["training group train"].commands == ["groupadd train --gid 2000"]
+    assert by_name(ops)["training user train"].commands[0] == (
+        "useradd -d /home/train -s /bin/bash -g train --uid 2000 -m train")
+
+
+def test_the_cloud_init_probe_finds_the_setting_in_user_and_vendor_data(tmp_path: Path) -> None:
+    (tmp_path / "etc/cloud/cloud.cfg.d").mkdir(parents=True)
+    instance = tmp_path / "var/lib/cloud/instance"
+    instance.mkdir(parents=True)
+    (instance / "user-data.txt").write_text("#cloud-config\nmanage_etc_hosts: false\n")
+    (instance / "vendor-data.txt").write_text("#cloud-config\ndisable_root: false\nmanage_etc_hosts: true\n")
+    (instance / "vendor-data2.txt").write_text("#cloud-config\n  manage_etc_hosts: 'template'\n")
+    command = probes.CloudInitFact().command().replace("/etc/cloud", f"{tmp_path}/etc/cloud") \
+        .replace("/var/lib/cloud", f"{tmp_path}/var/lib/cloud")
+    out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True).stdout
+    found = probes.parse_cloud_init(out.splitlines())
+    assert found.installed
+    assert found.overriding == (f"{instance}/vendor-data.txt", f"{instance}/vendor-data2.txt")
+    (tmp_path / "etc/cloud/cloud.cfg.d").rmdir()
+    for f in instance.iterdir():
+        f.unlink()
+    out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True).stdout
+    assert probes.parse_cloud_init(out.splitlines()) == probes.CloudInit(False, ())
