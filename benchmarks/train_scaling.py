@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.helpers import netns  # noqa: E402
+from tests.helpers import netns
 
 
 def train(inventory: Path, runs: Path, steps: int, model: str, limit: str | None) -> dict:

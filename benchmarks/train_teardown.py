@@ -23,8 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.helpers import netns  # noqa: E402
-from tests.integration.test_train_launch import (  # noqa: E402
+from tests.helpers import netns
+from tests.integration.test_train_launch import (
     TRAINER,
     finish,
     processes_of,

@@ -9,7 +9,7 @@ import sys
 # pyinfra's CLI package monkey-patches threading with gevent when first imported (the
 # inventory loader imports it). Patched after paramiko was imported, fabric's SSH threads
 # deadlock (seen: `provision validate` hung in remote.run), so it is imported first.
-import pyinfra_cli  # noqa: F401, I001
+import pyinfra_cli  # noqa: F401
 import typer
 
 from provision.cli.console import report_error

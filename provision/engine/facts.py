@@ -68,7 +68,7 @@ def _host_facts(state: Any, host: Any, wanted: dict[str, tuple[type, dict[str, A
         on_event(host.name, f"fact {name}")
         try:
             values[name] = host.get_fact(fact, **kwargs)
-        except Exception as e:  # noqa: BLE001 -- any error is this host's alone
+        except Exception as e:  # any error is this host's alone
             return values, f"fact {name}: {type(e).__name__}: {e}".rstrip(": ")
         # pyinfra answers a failed fact command with the fact's default (None) and drops
         # the host from the run; a half-gathered host is reported, not summarised.

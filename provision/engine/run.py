@@ -65,7 +65,7 @@ def _prepare(state: Any, step: Step, host: Any, result: HostResult) -> None:
     except PyinfraError as e:  # an operation rejected its facts or arguments while prepared
         result.fail(step.name, f"{type(e).__name__}: {e}")
         state.fail_hosts({host})
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # the host's failure alone (below)
         # Anything else raised while preparing this host's operations (a controller file
         # that cannot be written, a fact shape a deploy did not expect) is this host's
         # failure: the other hosts go on, and the summary names the error.

@@ -50,7 +50,7 @@ class Os(FactBase):
     def process(self, output: list[str]) -> OsInfo:
         split = output.index("---")
         release = parse_os_release("\n".join(output[:split]))
-        kernel, arch, hostname = (output[split + 1:] + ["", "", ""])[:3]
+        kernel, arch, hostname = ([*output[split + 1:], "", "", ""])[:3]
         return OsInfo(
             id=release.get("ID", "unknown"),
             version_id=release.get("VERSION_ID", ""),

@@ -90,7 +90,7 @@ def load_records(path: Path) -> list[Record]:
 
 
 def save_record(path: Path, record: Record) -> None:
-    records = load_records(path) + [record]
+    records = [*load_records(path), record]
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps([asdict(r) for r in records], indent=1))
     tmp.replace(path)

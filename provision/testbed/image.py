@@ -186,7 +186,7 @@ def _debootstrap(recipe: Recipe, rootfs: Path, progress: Progress) -> None:
     deadline = time.monotonic() + DEBOOTSTRAP_TIMEOUT_S
     assert proc.stdout is not None
     for line in proc.stdout:
-        tail = (tail + [line.rstrip()])[-15:]
+        tail = ([*tail, line.rstrip()])[-15:]
         if line.startswith(("I: Retrieving", "I: Unpacking", "I: Configuring", "I: Extracting")):
             progress("debootstrap: " + line[3:].strip())
         if time.monotonic() > deadline:

@@ -26,7 +26,7 @@ from pathlib import Path
 # happens after paramiko's transport threads have run (wait_for_ssh below), the next
 # import fails with "cannot release un-acquired lock". provision.inventory imports it
 # lazily, so import it now, before any SSH connection is made.
-import pyinfra_cli  # noqa: F401, I001
+import pyinfra_cli  # noqa: F401
 
 from provision.errors import InputError, Problem, TestbedError
 from provision.inventory import SshTarget

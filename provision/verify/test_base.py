@@ -18,7 +18,8 @@ def test_base_package_installed(host: Any, name: str) -> None:
 
 def test_chrony_runs_and_starts_at_boot(host: Any) -> None:
     chrony = host.service("chrony")
-    assert chrony.is_running and chrony.is_enabled
+    assert chrony.is_running
+    assert chrony.is_enabled
 
 
 def test_memlock_and_nofile_limits(host: Any, settings: dict[str, Any]) -> None:
@@ -54,9 +55,11 @@ def test_training_user_has_the_cluster_key(host: Any, settings: dict[str, Any]) 
     home = f"/home/{user}"
     assert host.user(user).exists
     # One uid/gid on every node, so files on the NFS shares belong to the same account.
-    assert host.user(user).uid == settings["training_uid"] and host.user(user).gid == settings["training_uid"]
+    assert host.user(user).uid == settings["training_uid"]
+    assert host.user(user).gid == settings["training_uid"]
     key = host.file(f"{home}/.ssh/id_ed25519")
-    assert key.user == user and key.mode == 0o600
+    assert key.user == user
+    assert key.mode == 0o600
     assert host.file(f"{home}/.ssh/authorized_keys").contains("ssh-ed25519")
     assert host.file(f"{home}/.ssh/known_hosts").size > 0
 

@@ -65,7 +65,8 @@ def test_keyring_has_the_pinned_sha256(nvidia_host: Any, settings: dict[str, Any
     if not settings["nvidia_keyring_sha256"]:
         pytest.skip("nvidia_keyring_sha256 is not set")
     keyring = nvidia_host.file("/etc/apt/keyrings/cuda-archive-keyring.gpg")
-    assert keyring.exists and keyring.sha256sum == settings["nvidia_keyring_sha256"]
+    assert keyring.exists
+    assert keyring.sha256sum == settings["nvidia_keyring_sha256"]
 
 
 def test_cuda_toolkit_is_the_pinned_one(nvidia_host: Any, settings: dict[str, Any]) -> None:
@@ -82,7 +83,8 @@ def test_nccl_is_built_for_the_toolkit_cuda_and_held(nvidia_host: Any, settings:
     held = nvidia_host.check_output("apt-mark showhold").split()
     for name in NCCL_PACKAGES:
         package = nvidia_host.package(name)
-        assert package.is_installed and fnmatch.fnmatchcase(package.version, pattern), (name, package.version)
+        assert package.is_installed, (name, package.version)
+        assert fnmatch.fnmatchcase(package.version, pattern), (name, package.version)
         assert name in held
 
 

@@ -36,7 +36,8 @@ def _volume(settings: dict[str, Any]) -> None:
 def test_data_volume_is_mounted_with_our_label_and_filesystem(host: Any, settings: dict[str, Any]) -> None:
     _volume(settings)
     mount = host.mount_point(settings["data_mount"])
-    assert mount.exists and mount.filesystem == settings["filesystem"]
+    assert mount.exists
+    assert mount.filesystem == settings["filesystem"]
     label = host.run(f"findmnt -n -o LABEL {settings['data_mount']}").stdout.strip()
     assert label == LABEL
     assert host.file(f"{settings['data_mount']}/.provision-volume").is_file
@@ -45,11 +46,13 @@ def test_data_volume_is_mounted_with_our_label_and_filesystem(host: Any, setting
 def test_data_volume_fstab_entry_is_by_uuid_nofail_with_device_timeout(host: Any, settings: dict[str, Any]) -> None:
     _volume(settings)
     fields = _fstab(host, settings["data_mount"])
-    assert fields and fields[0].startswith("UUID=")
+    assert fields
+    assert fields[0].startswith("UUID=")
     mounted_uuid = host.run(f"findmnt -n -o UUID {settings['data_mount']}").stdout.strip()
     assert fields[0] == f"UUID={mounted_uuid}"
     options = fields[3].split(",")
-    assert "noatime" in options and "nofail" in options
+    assert "noatime" in options
+    assert "nofail" in options
     assert any(o.startswith("x-systemd.device-timeout=") for o in options)
 
 
@@ -67,7 +70,8 @@ def test_nfs_server_exports_to_the_cluster_network_only(host: Any, settings: dic
                                                         expected: dict[str, Any]) -> None:
     if not _is_server(host, expected):
         pytest.skip("not the storage host")
-    assert host.service("nfs-server").is_running and host.service("nfs-server").is_enabled
+    assert host.service("nfs-server").is_running
+    assert host.service("nfs-server").is_enabled
     exports = parse_exportfs(host.run("exportfs -v").stdout)
     for share in settings["nfs_exports"]:
         clients = exports.get(f"{settings['nfs_export_root']}/{share}")
@@ -75,7 +79,8 @@ def test_nfs_server_exports_to_the_cluster_network_only(host: Any, settings: dic
         # Exactly the cluster network, never a wider one or everyone.
         assert [c for c, _ in clients] == [settings["cluster_cidr"]]
         options = clients[0][1]
-        assert {"rw", "sync", "root_squash"} <= options and not {"async", "no_root_squash"} & options
+        assert {"rw", "sync", "root_squash"} <= options
+        assert not {"async", "no_root_squash"} & options
 
 
 def parse_exportfs(text: str) -> dict[str, list[tuple[str, set[str]]]]:
@@ -124,7 +129,8 @@ def test_backup_timer_is_enabled_and_waiting(host: Any, settings: dict[str, Any]
     if not _backs_up(host, settings, expected):
         pytest.skip("this host has no backups")
     timer = host.service("provision-backup.timer")
-    assert timer.is_enabled and timer.is_running
+    assert timer.is_enabled
+    assert timer.is_running
     assert host.package("restic").is_installed
 
 
@@ -132,7 +138,9 @@ def test_backup_secrets_are_root_only(host: Any, settings: dict[str, Any], expec
     if not _backs_up(host, settings, expected):
         pytest.skip("this host has no backups")
     password = host.file(f"{BACKUP_DIR}/password")
-    assert password.mode == 0o600 and password.user == "root" and password.group == "root"
+    assert password.mode == 0o600
+    assert password.user == "root"
+    assert password.group == "root"
     assert host.file(BACKUP_DIR).mode == 0o700
     if settings["backup_repository"] is None:
         assert host.file(f"{BACKUP_DIR}/id_ed25519").mode == 0o600

@@ -65,7 +65,8 @@ def test_restore_refuses_a_non_empty_target(cluster, testbed):
     node = cluster.node("node1")
     sh(node, "mkdir -p /data/e2e-busy && echo live > /data/e2e-busy/keep")
     run = cli("backup", "restore", str(testbed.inventory_path), "--host", "node1", "--target", "/data/e2e-busy")
-    assert run.exit_code == 1 and "not empty" in run.stdout + run.stderr
+    assert run.exit_code == 1
+    assert "not empty" in run.stdout + run.stderr
     assert sh(node, "cat /data/e2e-busy/keep").strip() == "live"
 
 
@@ -94,7 +95,8 @@ def test_check_passes_on_every_backing_up_host_after_a_backup(cluster, testbed):
     assert outputs[-1].exit_code == 0, outputs[-1].stdout + outputs[-1].stderr
     for name in expected:
         row = next(line for line in outputs[-1].stdout.splitlines() if name in line)
-        assert "passed" in row and "FAILED" not in row
+        assert "passed" in row
+        assert "FAILED" not in row
     password = backup_layout.password_file(cluster, cluster.node(expected[0])).read_text().strip()
     assert all(password not in o.stdout + o.stderr for o in outputs)
 
@@ -110,4 +112,5 @@ def test_secrets_on_the_host_are_root_only(cluster):
 
 def test_unknown_host_is_bad_input(testbed):
     run = cli("backup", "run", str(testbed.inventory_path), "--host", "nosuch")
-    assert run.exit_code == 2 and "not a host of this inventory" in run.stderr
+    assert run.exit_code == 2
+    assert "not a host of this inventory" in run.stderr

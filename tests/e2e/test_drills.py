@@ -67,7 +67,8 @@ def test_bad_inventory_of_every_class_exits_2_and_contacts_no_host(testbed, tmp_
         outcomes[name] = (run.exit_code, lines)
     for name, (code, lines) in outcomes.items():
         assert code == 2, (name, lines)
-        assert lines and all(line.startswith("error: ") for line in lines), (name, lines)
+        assert lines, (name, lines)
+        assert all(line.startswith("error: ") for line in lines), (name, lines)
         assert not any("Traceback" in line for line in lines), name
     for node in cluster.nodes:
         new = sshd_lines_since(node, cursors[node.name])

@@ -113,7 +113,8 @@ def test_second_run_changes_nothing_and_reboots_nothing(first_and_second) -> Non
     _, _, second, (_, after, final), _ = first_and_second
     assert second.exit_code == 0, second.as_json()
     for name, host in second.hosts.items():
-        assert host.changed == 0 and host.rebooted is False
+        assert host.changed == 0
+        assert host.rebooted is False
         assert after[name] == final[name]
 
 
@@ -121,7 +122,8 @@ def test_repository_is_deb822_signed(first_and_second) -> None:
     cluster, *_ = first_and_second
     for node in cluster.nodes:
         text = sh(node, "cat /etc/apt/sources.list.d/cuda-debian12.sources")
-        assert "Types: deb\n" in text and "Suites: /\n" in text
+        assert "Types: deb\n" in text
+        assert "Suites: /\n" in text
         assert "Signed-By: /etc/apt/keyrings/cuda-archive-keyring.gpg" in text
 
 
@@ -161,7 +163,8 @@ def test_verify_suite_passes_on_the_nvidia_hosts(provisioned, first_and_second, 
                   "test_apt_pin_keeps_driver_packages_on_the_branch", "test_nouveau_is_not_loaded",
                   "test_persistence_daemon_runs_in_persistence_mode"):
         lines = [line for line in result.output.splitlines() if f"::{check}[" in line]
-        assert len(lines) == len(cluster.nodes) and all("PASSED" in line for line in lines), result.output
+        assert len(lines) == len(cluster.nodes), result.output
+        assert all("PASSED" in line for line in lines), result.output
 
 
 def test_driver_packages_are_held(first_and_second) -> None:

@@ -21,7 +21,8 @@ def cluster(testbed, provisioned) -> Cluster:
 def test_data_volume_is_raid0_xfs_of_two_disks_mounted_by_uuid(cluster):
     node = cluster.node("node1")
     source, fstype, uuid = sh(node, "findmnt -n -o SOURCE,FSTYPE,UUID /data").split()
-    assert source.startswith("/dev/md") and fstype == "xfs"
+    assert source.startswith("/dev/md")
+    assert fstype == "xfs"
     md = sh(node, f"basename $(readlink -f {source})").strip()
     assert sh(node, f"cat /sys/block/{md}/md/level").strip() == "raid0"
     assert sh(node, f"cat /sys/block/{md}/md/raid_disks").strip() == "2"
@@ -75,7 +76,8 @@ def test_a_file_written_by_one_client_is_read_by_another_with_the_same_checksum(
 def test_root_on_a_client_is_squashed(cluster, provisioned):
     client = cluster.node("node2")
     result = sh(client, "touch /shared/scratch/e2e-root 2>&1; echo rc=$?")
-    assert "rc=0" not in result and "Permission denied" in result
+    assert "rc=0" not in result
+    assert "Permission denied" in result
 
 
 def test_client_mounts_are_nfs_4_2_over_the_cluster_network(cluster, provisioned):
@@ -84,4 +86,5 @@ def test_client_mounts_are_nfs_4_2_over_the_cluster_network(cluster, provisioned
     mounts = sh(client, "findmnt -n -t nfs4 -o SOURCE,OPTIONS /shared/checkpoints")
     source, options = mounts.split()
     assert source == f"{server.cluster_address}:/data/shared/checkpoints"
-    assert "vers=4.2" in options and "hard" in options
+    assert "vers=4.2" in options
+    assert "hard" in options

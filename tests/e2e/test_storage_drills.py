@@ -43,9 +43,12 @@ def test_disk_holding_data_is_refused_and_stays_intact_until_force_format(testbe
         refused = cli("up", str(plain), "--only", "base,volumes", "--json")
         said = refused.stdout + refused.stderr
         assert refused.exit_code == 1
-        assert "node2" in said and DISK.format(2) in said and "ext4 filesystem" in said
+        assert "node2" in said
+        assert DISK.format(2) in said
+        assert "ext4 filesystem" in said
         (row,) = refused.json()["hosts"]
-        assert row["steps"] == [] and row["changed"] == 0, row
+        assert row["steps"] == [], row
+        assert row["changed"] == 0, row
         assert row["failures"][0].startswith("preflight:"), row
         assert sh(node, f"blkid -o value -s LABEL {DISK.format(2)}").strip() == "mine"
         assert sh(node, f"mount -o ro {DISK.format(2)} /mnt/mine && cat /mnt/mine/precious; "
@@ -54,7 +57,8 @@ def test_disk_holding_data_is_refused_and_stays_intact_until_force_format(testbe
         rebuilt = cli("up", str(forced), "--only", "volumes", "--json")
         assert rebuilt.exit_code == 0, rebuilt.stdout + rebuilt.stderr
         source_dev, fstype = sh(node, "findmnt -n -o SOURCE,FSTYPE /data").split()
-        assert source_dev.startswith("/dev/md") and fstype == "xfs"
+        assert source_dev.startswith("/dev/md")
+        assert fstype == "xfs"
     finally:
         plain.unlink(missing_ok=True)
         forced.unlink(missing_ok=True)

@@ -34,7 +34,8 @@ def test_inventory_passes_inventory_check(testbed) -> None:
     assert done.returncode == 0, done.stderr
     hosts = {h["name"]: h for h in json.loads(done.stdout)["hosts"]}
     assert set(hosts) == {"node1", "node2"}
-    assert "storage" in hosts["node1"]["groups"] and "storage" not in hosts["node2"]["groups"]
+    assert "storage" in hosts["node1"]["groups"]
+    assert "storage" not in hosts["node2"]["groups"]
 
 
 def test_nodes_answer_ssh_with_their_own_pinned_host_keys(testbed) -> None:
@@ -48,7 +49,7 @@ def test_nodes_answer_ssh_with_their_own_pinned_host_keys(testbed) -> None:
 
 
 def test_a_wrong_pinned_host_key_is_refused(testbed, tmp_path: Path) -> None:
-    node1, node2 = _cluster(testbed).nodes
+    node1, _node2 = _cluster(testbed).nodes
     node2_key = testbed.testbed.state_dir / "nodes" / "node2" / "ssh_host_ed25519_key"
     wrong = tmp_path / "known_hosts"
     keys.write_known_hosts(wrong, [(node1.ssh.port, keys.public(node2_key))])
@@ -128,14 +129,17 @@ def test_lifecycle_up_is_idempotent_restarts_killed_nodes_and_down_leaves_nothin
         assert not procs.alive(first[0].pid)
         assert [r.running for r in tb.status()] == [False]
         restarted = tb.up(nodes=1, disks=1, memory_mb=1024)
-        assert restarted[0].running and restarted[0].pid != first[0].pid
+        assert restarted[0].running
+        assert restarted[0].pid != first[0].pid
         node = inventory_lib.load(inventory).nodes[0]
         assert node.ssh.port == restarted[0].ssh_port
         hosts = _run(node, "cat /etc/hosts").stdout
-        assert "added-by-test" in hosts and "node1" in hosts, hosts
+        assert "added-by-test" in hosts, hosts
+        assert "node1" in hosts, hosts
         recorded = [restarted[0].pid, json.loads((state_dir / "state.json").read_text())["vde_pid"]]
     finally:
         stopped = tb.down()
     assert sorted(stopped) == sorted(recorded)
     assert not any(procs.alive(pid) for pid in recorded)
-    assert not state_dir.exists() and not inventory.exists()
+    assert not state_dir.exists()
+    assert not inventory.exists()

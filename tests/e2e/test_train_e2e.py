@@ -83,7 +83,8 @@ def test_a_vm_dying_mid_train_tears_down_the_run_and_resume_continues(provisione
     logs = "\n".join(p.read_text() for p in Path(report_of(tmp_path / "again")["out_dir"]).glob("*.log"))
     assert "resumed from" in logs
     steps = [int(line.split("step ")[1].split("/")[0]) for line in logs.splitlines() if "| train loss" in line]
-    assert steps and steps[0] > 1, steps  # continued, not started over
+    assert steps, steps
+    assert steps[0] > 1, steps
 
 
 def _wait_for_checkpointed_step(cwd: Path, step: int, timeout: float = 900) -> str:

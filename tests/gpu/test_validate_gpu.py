@@ -29,7 +29,8 @@ def test_gpu_benchmarks_give_a_value_for_every_gpu_and_metric():
             "gpu_h2d_gbs",
             "gpu_d2h_gbs",
         ):
-            assert got[metric] and got[metric] > 0, metric
+            assert got[metric], metric
+            assert got[metric] > 0, metric
         assert got["gpu_burn_mismatches"] == 0
         # tensor cores beat CUDA cores on any datacenter GPU
         assert got["gpu_bf16_tflops"] > got["gpu_fp32_tflops"]
@@ -39,5 +40,6 @@ def test_nvml_inventory_names_a_known_sku():
     gpus, _, why = agent.gpu_inventory()
     assert gpus, why
     info = gpu_from_nvml(gpus[0])
-    assert info.pci_device_id and info.pcie_gen_max
+    assert info.pci_device_id
+    assert info.pcie_gen_max
     assert find_sku(info.name, info.pci_device_id) is not None, info.name

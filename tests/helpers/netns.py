@@ -33,7 +33,7 @@ from pathlib import Path
 # pyinfra's CLI package monkey-patches threading with gevent when first imported; if that
 # happens after paramiko's threads have run (wait_for_ssh below), later SSH calls in this
 # process hang. Import it before any SSH, as provision/testbed/lifecycle.py does.
-import pyinfra_cli  # noqa: F401, I001
+import pyinfra_cli  # noqa: F401
 
 from provision.inventory import SshTarget
 from provision.remote import wait_for_ssh

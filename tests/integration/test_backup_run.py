@@ -31,7 +31,8 @@ def test_deploy_sets_up_account_secrets_and_timer_without_the_password_in_any_co
     assert not run.ran(c, r"restic|provision-backup")  # node2 has no backup_paths
     assert any("checkpoints share is backed up on the storage host" in n for n in run.results[c].notes)
     everything = [cmd for cmds in run.commands.values() for cmd in cmds]
-    assert everything and all(password not in cmd for cmd in everything)
+    assert everything
+    assert all(password not in cmd for cmd in everything)
 
 
 def test_deploy_goes_on_when_the_host_holds_the_same_password(tmp_path, monkeypatch):

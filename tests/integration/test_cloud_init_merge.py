@@ -33,7 +33,8 @@ def cloud_init(tmp_path_factory: pytest.TempPathFactory) -> Path:
         subprocess.run(["apt-get", "update", "-qq"], capture_output=True, timeout=600)
         done = download()
     debs = list(where.glob("cloud-init_*.deb"))
-    assert done.returncode == 0 and debs, f"apt-get download cloud-init failed: {done.stderr.strip()}"
+    assert done.returncode == 0, f"apt-get download cloud-init failed: {done.stderr.strip()}"
+    assert debs, f"apt-get download cloud-init failed: {done.stderr.strip()}"
     subprocess.run(["dpkg-deb", "-x", str(debs[0]), str(where / "root")], check=True, timeout=120)
     return where / "root"
 

@@ -8,5 +8,6 @@ def test_a_real_child_is_shown_and_logged(tmp_path, capfd):
 
     log = tmp_path / "logs" / "version.log"
     assert run_provision(["--help"], log) == 0
-    assert "provision" in capfd.readouterr().out and "Usage" in log.read_text()
+    assert "provision" in capfd.readouterr().out
+    assert "Usage" in log.read_text()
     assert last_line(log)

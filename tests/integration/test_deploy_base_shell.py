@@ -25,7 +25,8 @@ def test_a_shadowed_hosts_block_is_moved_first_keeping_every_other_line(tmp_path
     assert hosts.read_text().splitlines() == [
         "# BEGIN provision cluster nodes", "10.77.0.11 node1", "10.77.0.12 node2", "# END provision cluster nodes",
         *INSTALLER_HOSTS]
-    assert hosts.stat().st_ino == inode and list(tmp_path.iterdir()) == [hosts]
+    assert hosts.stat().st_ino == inode
+    assert list(tmp_path.iterdir()) == [hosts]
     # The first match of the rewritten file is the cluster address: what getent answers.
     first = next(line for line in hosts.read_text().splitlines() if line.split()[1:2] == ["node1"])
     assert first == "10.77.0.11 node1"
@@ -34,14 +35,17 @@ def test_a_shadowed_hosts_block_is_moved_first_keeping_every_other_line(tmp_path
 def test_training_user_key_is_generated_once_and_shared(state_dir: Path) -> None:
     first = base.training_key(cluster(), "train")
     mtime = first.stat().st_mtime_ns
-    assert base.training_key(cluster(), "train") == first and first.stat().st_mtime_ns == mtime
-    assert first.stat().st_mode & 0o777 == 0o600 and first.with_suffix(".pub").is_file()
+    assert base.training_key(cluster(), "train") == first
+    assert first.stat().st_mtime_ns == mtime
+    assert first.stat().st_mode & 0o777 == 0o600
+    assert first.with_suffix(".pub").is_file()
     ops, _ = plan_with_facts(base.step, cluster().nodes[1], FakeHost(Os=os_info("debian-12-bookworm")),
                                     cluster())
     assert f"upload {first} -> /home/train/.ssh/id_ed25519" in by_name(ops)["training user: private key"].commands
     # The plan shows that the key is uploaded, never the key itself.
     everything = "\n".join(c for o in ops for c in (*o.commands, *o.diffs))
-    assert "PRIVATE KEY" not in everything and first.read_text().splitlines()[1] not in everything
+    assert "PRIVATE KEY" not in everything
+    assert first.read_text().splitlines()[1] not in everything
     # The pinned uid/gid (training_uid), group first: NFS files carry numeric ids.
     assert by_name(ops)["training group train"].commands == ["groupadd train --gid 2000"]
     assert by_name(ops)["training user train"].commands[0] == (

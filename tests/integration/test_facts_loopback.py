@@ -38,9 +38,11 @@ def test_facts_reports_the_local_machine_over_ssh(sshd, tmp_path):
     assert host["reachable"] is True
     assert host["hostname"] == subprocess.check_output(["hostname"], text=True).strip()
     assert host["kernel"] == subprocess.check_output(["uname", "-r"], text=True).strip()
-    assert host["cpu"]["threads"] >= 1 and host["memory_bytes"] > 2**30
+    assert host["cpu"]["threads"] >= 1
+    assert host["memory_bytes"] > 2**30
     root = [d for d in host["block_devices"] if d["is_root"]]
-    assert root and root[0]["holds"], "the root disk must be reported as holding data"
+    assert root, "the root disk must be reported as holding data"
+    assert root[0]["holds"], "the root disk must be reported as holding data"
     assert any("127.0.0.1/8" not in n["addresses"] for n in host["nics"])
 
 
@@ -51,7 +53,8 @@ def test_unreachable_host_is_reported_and_does_not_stop_the_others(sshd, tmp_pat
     assert result.returncode == 1
     hosts = {h["name"]: h for h in json.loads(result.stdout)["hosts"]}
     assert hosts["local"]["reachable"] is True
-    assert hosts["dead"]["reachable"] is False and hosts["dead"]["error"]
+    assert hosts["dead"]["reachable"] is False
+    assert hosts["dead"]["error"]
 
 
 def test_unknown_host_key_is_refused(sshd, tmp_path):
@@ -77,7 +80,8 @@ def test_status_reports_no_drift_when_the_venv_matches_the_pins(sshd, tmp_path):
     report = json.loads(result.stdout)
     assert result.returncode == 0, report
     (host,) = report["hosts"]
-    assert host["versions"]["torch"] == torch.__version__ and host["drift"] == []
+    assert host["versions"]["torch"] == torch.__version__
+    assert host["drift"] == []
 
 
 def test_status_names_host_package_and_both_versions_on_drift(sshd, tmp_path):
@@ -89,8 +93,11 @@ def test_status_names_host_package_and_both_versions_on_drift(sshd, tmp_path):
     result = run_provision("status", str(inv))
     assert result.returncode == 1
     flat = " ".join(result.stdout.split())
-    assert "drift" in flat and "local" in flat and "torch" in flat
-    assert "2.0.1" in flat and torch.__version__ in flat
+    assert "drift" in flat
+    assert "local" in flat
+    assert "torch" in flat
+    assert "2.0.1" in flat
+    assert torch.__version__ in flat
 
 
 def test_a_rewritten_known_hosts_file_is_read_again_in_the_same_process(sshd, tmp_path):
@@ -155,11 +162,13 @@ def test_accept_new_trusts_a_new_host_once_and_refuses_a_changed_key(sshd, tmp_p
     saved = known.read_text()
     name, key_type, _ = saved.split()[:3]
     assert name == f"[127.0.0.1]:{sshd.port}"
-    assert remote.run(node, "echo again").stdout.strip() == "again" and known.read_text() == saved
+    assert remote.run(node, "echo again").stdout.strip() == "again"
+    assert known.read_text() == saved
     # Another key of the same type for the same host: a man in the middle, or a reinstalled server.
     kind = {"ssh-ed25519": "ed25519", "ecdsa-sha2-nistp256": "ecdsa", "ssh-rsa": "rsa"}[key_type]
     subprocess.run(["ssh-keygen", "-q", "-t", kind, "-N", "", "-f", str(tmp_path / "forged")], check=True)
     forged = (tmp_path / "forged.pub").read_text().split()[1]
     known.write_text(f"{name} {key_type} {forged}\n")
     refused = remote.run(node, "echo should-not-run")
-    assert refused.exited == -1 and "should-not-run" not in refused.stdout
+    assert refused.exited == -1
+    assert "should-not-run" not in refused.stdout

@@ -25,11 +25,13 @@ def test_reaper_stops_the_group_and_workers_in_their_own_sessions(tmp_path, caps
     proc, run_dir = spawn_fake_run(tmp_path, "run-x", "n0")
     root = int((run_dir / "torchrun.pid").read_text())
     found = reaper.targets(root, "run-x", "n0")
-    assert root in found and len(found) >= 3  # sh, sleep, the setsid'd python
+    assert root in found
+    assert len(found) >= 3
     assert reaper.main([str(run_dir), "run-x", "n0", "--grace", "2"]) == 0
     proc.wait(timeout=10)
     result = json.loads(capsys.readouterr().out)
-    assert result["left"] == [] and set(result["signalled"]) >= found
+    assert result["left"] == []
+    assert set(result["signalled"]) >= found
     assert not reaper.alive(found)
 
 

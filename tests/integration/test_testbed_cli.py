@@ -34,7 +34,8 @@ def test_bad_counts_are_bad_input_and_nothing_is_created(tmp_path: Path) -> None
 
 def test_status_without_a_testbed_says_so(tmp_path: Path) -> None:
     done = _run("status", "--state-dir", str(tmp_path / "none"))
-    assert done.returncode == 0 and "no testbed" in done.stdout
+    assert done.returncode == 0
+    assert "no testbed" in done.stdout
     as_json = _run("status", "--json", "--state-dir", str(tmp_path / "none"))
     assert json.loads(as_json.stdout)["nodes"] == []
 
@@ -47,5 +48,6 @@ def test_ssh_without_a_testbed_is_one_error_line(tmp_path: Path) -> None:
 
 def test_down_without_a_testbed_stops_nothing(tmp_path: Path) -> None:
     done = _run("down", "--state-dir", str(tmp_path / "none"))
-    assert done.returncode == 0 and "stopped 0 processes" in done.stdout
+    assert done.returncode == 0
+    assert "stopped 0 processes" in done.stdout
     assert not (tmp_path / "none").exists()

@@ -17,7 +17,8 @@ def test_default_run_is_a_tiny_cpu_smoke_test(tmp_path):
                           capture_output=True, text=True, timeout=TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.splitlines()[-1].removeprefix("summary "))
-    assert summary["steps"] == 20 and summary["world_size"] == 1
+    assert summary["steps"] == 20
+    assert summary["world_size"] == 1
     # The untrained model scores about ln(256) = 5.55; twenty steps must learn something.
     assert summary["final_val_loss"] < 5.2
     assert "step 20/20 | val loss" in proc.stdout
@@ -42,9 +43,11 @@ def test_two_ranks_match_one_rank_at_every_step(tmp_path, cache):
     (tmp_path / "two").mkdir()
     one = single(args, tmp_path / "one")
     two = two_nodes(args, tmp_path / "two")
-    assert two["world_size"] == 2 and set(two["nodes"]) == {"node0", "node1"}
+    assert two["world_size"] == 2
+    assert set(two["nodes"]) == {"node0", "node1"}
     for r in two["ranks"]:  # each rank measured its own pace: its step less its wait
-        assert 0 <= r["wait_ms"] < r["step_ms"] and r["forward_ms"] > 0
+        assert 0 <= r["wait_ms"] < r["step_ms"]
+        assert r["forward_ms"] > 0
         assert r["tokens_per_s"] == pytest.approx(4 * 64 / ((r["step_ms"] - r["wait_ms"]) / 1000))
     a, b = np.array(one["train_losses"]), np.array(two["train_losses"])
     assert a.shape == b.shape == (8, 2)

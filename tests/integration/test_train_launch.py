@@ -128,10 +128,11 @@ def worker(run_id: str, host: str) -> tuple[int, int]:
 
 
 def test_two_hosts_train_together_and_exit_0(hosts, tmp_path):
-    cluster, node_dir = hosts
+    cluster, _node_dir = hosts
     code, report = finish(start(cluster.inventory, tmp_path, "--steps", "6", *TRAINER), tmp_path)
     assert code == 0, (tmp_path / "err.txt").read_text()[-3000:]
-    assert report["ok"] and report["world_size"] == 2
+    assert report["ok"]
+    assert report["world_size"] == 2
     nodes = {n["name"]: n for n in report["nodes"]}
     assert sorted(r for n in nodes.values() for r in n["ranks"]) == [0, 1]
     assert all(n["tokens_per_s"] > 0 and n["exited"] == 0 and n["clean"] for n in nodes.values())
@@ -160,7 +161,8 @@ def test_a_killed_rank_stops_every_host_and_exits_1(hosts, tmp_path):
     assert left == {}, f"left after {CLEAN_WITHIN_S}s: {left}"
     assert not any(alive(p) for p in pgids)
     assert code == 1
-    assert report["failed_host"] == "ns1" and report["failed_rank"] == rank
+    assert report["failed_host"] == "ns1"
+    assert report["failed_rank"] == rank
     assert "killed by signal 9" in report["failure"]
     assert all(n["clean"] for n in report["nodes"])
     out = (tmp_path / "out.txt").read_text()
@@ -181,7 +183,8 @@ def test_ctrl_c_or_sigterm_stops_every_host_and_exits_1(hosts, tmp_path, sig, sa
     run = run_dir(tmp_path)
     wait_for_steps(run, 2)
     pgids = recorded_pids(node_dir, run.name)
-    assert len(pgids) == 2 and all(alive(p) for p in pgids)
+    assert len(pgids) == 2
+    assert all(alive(p) for p in pgids)
     proc.send_signal(sig)
     sent_at = time.monotonic()
     left = wait_clean(run.name, sent_at)
@@ -194,7 +197,7 @@ def test_ctrl_c_or_sigterm_stops_every_host_and_exits_1(hosts, tmp_path, sig, sa
 
 
 def test_resume_continues_from_the_checkpoint_step(hosts, tmp_path):
-    cluster, node_dir = hosts
+    cluster, _node_dir = hosts
     (tmp_path / "first").mkdir()
     (tmp_path / "again").mkdir()
     code, first = finish(start(cluster.inventory, tmp_path / "first", "--steps", "4", *TRAINER),
@@ -204,7 +207,8 @@ def test_resume_continues_from_the_checkpoint_step(hosts, tmp_path):
                                *TRAINER), tmp_path / "again")
     assert code == 0, (tmp_path / "again" / "err.txt").read_text()[-3000:]
     text = "\n".join(p.read_text() for p in Path(again["out_dir"]).glob("*.log"))
-    assert "resumed from" in text and "at step 4" in text
+    assert "resumed from" in text
+    assert "at step 4" in text
     steps = [int(line.split("step ")[1].split("/")[0]) for line in text.splitlines()
              if "| train loss" in line]
     assert steps == [5, 6]
@@ -237,7 +241,7 @@ def test_a_lost_ssh_connection_stops_every_host_and_exits_1(hosts, tmp_path):
     """Drop the controller's SSH connection to ns1 (kill its sshd session processes): the
     trainer there keeps running in its own session, so the launcher must reconnect to
     stop it, and stop ns0 too."""
-    cluster, node_dir = hosts
+    cluster, _node_dir = hosts
     proc = start(cluster.inventory, tmp_path, "--steps", "100000", *TRAINER)
     run = run_dir(tmp_path)
     wait_for_steps(run, 2)
@@ -249,7 +253,8 @@ def test_a_lost_ssh_connection_stops_every_host_and_exits_1(hosts, tmp_path):
     code, report = finish(proc, tmp_path)
     assert left == {}, f"left after {CLEAN_WITHIN_S}s: {left}"
     assert code == 1
-    assert report["failed_host"] == "ns1" and "ns1: SSH connection lost" in report["failure"]
+    assert report["failed_host"] == "ns1"
+    assert "ns1: SSH connection lost" in report["failure"]
     assert all(n["clean"] for n in report["nodes"])
 
 
@@ -280,7 +285,8 @@ def test_as_root_the_trainer_runs_as_the_training_user(netns_hosts, tmp_path):
         cluster = netns_hosts(2, venv_path=str(venv), train_dir=str(node_dir), training_user="nobody")
         code, report = finish(start(cluster.inventory, tmp_path, "--steps", "4", *TRAINER), tmp_path)
         assert code == 0, why(tmp_path, report)
-        assert report["world_size"] == 2 and all(n["clean"] for n in report["nodes"])
+        assert report["world_size"] == 2
+        assert all(n["clean"] for n in report["nodes"])
         checkpoints = list((node_dir / "checkpoints").glob("*.pt"))
         assert checkpoints, sorted(str(p) for p in node_dir.rglob("*"))[:50]
         assert {pwd.getpwuid(p.stat().st_uid).pw_name for p in checkpoints} == {"nobody"}

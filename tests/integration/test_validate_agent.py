@@ -46,7 +46,8 @@ def test_agent_measures_cpu_ram_and_disk_and_cleans_up(tmp_path):
         "disk_seq_write_mibs",
         "disk_rand_read_iops",
     ):
-        assert v[metric] is not None and v[metric] > 0, metric
+        assert v[metric] is not None, metric
+        assert v[metric] > 0, metric
     assert 0 < v["cpu_gemm_peak_fraction"] < 2
     assert report.inventory["cpu"]["threads"] >= 1
     assert report.inventory["ram"]["total_bytes"] > 0
@@ -58,7 +59,8 @@ def test_agent_measures_cpu_ram_and_disk_and_cleans_up(tmp_path):
 def test_agent_without_gpu_says_not_run_no_gpu(tmp_path):
     report = run_agent(sys.executable, tmp_path, "gpu,allreduce")
     gpu = [m for m in report.measurements if m.metric.startswith("gpu_")]
-    assert gpu and all(m.value is None and m.not_run == "not run: no GPU" for m in gpu)
+    assert gpu
+    assert all(m.value is None and m.not_run == "not run: no GPU" for m in gpu)
 
 
 def test_agent_without_torch_names_the_frameworks_step(tmp_path):

@@ -33,7 +33,9 @@ def inventory(tmp_path):
 def assert_one_error_line(p: subprocess.CompletedProcess, text: str) -> None:
     assert p.returncode == 2, (p.stdout, p.stderr)
     lines = [line for line in p.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error:") and text in lines[0], p.stderr
+    assert len(lines) == 1, p.stderr
+    assert lines[0].startswith("error:"), p.stderr
+    assert text in lines[0], p.stderr
     assert "Traceback" not in p.stderr
 
 
@@ -63,7 +65,9 @@ def test_bad_validate_expect_setting_exits_2(tmp_path):
         "nodes = [('n1', {'ssh_hostname': '127.0.0.1', 'ssh_port': 9, 'validate_expect': {'disk_seq_read': 10.0}})]\n"
     )
     p = run(str(inv))
-    assert p.returncode == 2 and "validate_expect" in p.stderr and "unknown metric" in p.stderr
+    assert p.returncode == 2
+    assert "validate_expect" in p.stderr
+    assert "unknown metric" in p.stderr
 
 
 def test_history_without_runs_exits_2(tmp_path):
@@ -76,7 +80,8 @@ def test_history_shows_the_trend(tmp_path):
         history.append(results, "2026-01-01T00:00:00+00:00", "quick", tmp_path / "provision" / "validate")
     p = run("--history", "n1", state=tmp_path)
     assert p.returncode == 0, p.stderr
-    assert "ram_triad_gbs" in p.stdout and "-25.0%" in p.stdout
+    assert "ram_triad_gbs" in p.stdout
+    assert "-25.0%" in p.stdout
     doc = json.loads(run("--history", "n1", "--json", "-", state=tmp_path).stdout)
     assert [r["values"]["ram_triad_gbs"] for r in doc["runs"]] == [20.0, 15.0]
 

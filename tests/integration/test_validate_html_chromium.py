@@ -63,7 +63,8 @@ def test_html_report_charts_render_in_headless_chromium(tmp_path):
     parsed = SvgCount()
     parsed.feed(html.read_text())
     # disk, RAM, bf16, and the five GPU health metrics from the inventory; a bar per node
-    assert parsed.svgs == 8 and parsed.bars == 8 * 4
+    assert parsed.svgs == 8
+    assert parsed.bars == 8 * 4
 
     png = tmp_path / "shot.png"
     subprocess.run(
@@ -88,7 +89,8 @@ def test_html_report_charts_render_in_headless_chromium(tmp_path):
         check=True,
     )
     image = matplotlib.image.imread(str(png))
-    assert image.shape[0] >= 1000 and image.shape[1] >= 1500
+    assert image.shape[0] >= 1000
+    assert image.shape[1] >= 1500
     assert image[:, :, :3].std() > 0.05  # not a blank page
     # Bars in the verdict colours, the fleet band and the expectation ticks were drawn.
     assert colour_pixels(image, report_html.COLORS["pass"]) > 500

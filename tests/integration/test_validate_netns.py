@@ -63,7 +63,8 @@ def test_three_hosts_measured_judged_and_reported(netns_hosts, tmp_path):
             "allreduce_nodes_busbw_gbs",
         ):
             (rec,) = records(doc, host, metric)
-            assert rec["value"] is not None and rec["value"] > 0, (host, metric, rec)
+            assert rec["value"] is not None, (host, metric, rec)
+            assert rec["value"] > 0, (host, metric, rec)
         assert all(r["reason"] == "not run: no GPU" for r in records(doc, host, "gpu_bf16_tflops"))
     assert doc["network"]["links"]["rounds"] == 3  # ring of 3: each node in one pair per round
     assert doc["network"]["allreduce"]["world"] == 3
@@ -91,7 +92,8 @@ def test_degraded_link_is_bisected_to_its_node(netns_hosts, tmp_path):
     assert p.returncode == 1, (p.stderr[-2000:], doc.get("network"))
     assert set(doc["network"]["links"]["blamed"]) == {"ns2"}
     (slow,) = records(doc, "ns2", "net_gbits")
-    assert slow["verdict"] == "fail" and "bisected against" in slow["reason"]
+    assert slow["verdict"] == "fail"
+    assert "bisected against" in slow["reason"]
     verdicts = {n["node"]: n["verdict"] for n in doc["nodes"]}
     assert verdicts["ns2"] == "fail"
     assert all(verdicts[h] != "fail" for h in ("ns0", "ns1", "ns3"))
@@ -103,11 +105,12 @@ def test_unreachable_host_fails_and_the_others_are_still_judged(netns_hosts, tmp
     hosts = [(h.name, {**cluster.host_data(h), **extra}) for h in cluster.hosts]
     ghost = {**hosts[0][1], "ssh_hostname": "127.0.0.1", "ssh_port": 1, "cluster_address": "127.0.0.1"}
     inventory = tmp_path / "inv.py"
-    inventory.write_text(f"nodes = {hosts + [('ghost', ghost)]!r}\n")
+    inventory.write_text(f"nodes = {[*hosts, ('ghost', ghost)]!r}\n")
     p, doc = validate(inventory, tmp_path, "--only", "cpu,net")
     assert p.returncode == 1
     verdicts = {n["node"]: n for n in doc["nodes"]}
-    assert verdicts["ghost"]["verdict"] == "fail" and verdicts["ghost"]["errors"]
+    assert verdicts["ghost"]["verdict"] == "fail"
+    assert verdicts["ghost"]["errors"]
     (ns0_cpu,) = records(doc, "ns0", "cpu_gemm_gflops")
     assert ns0_cpu["value"] > 0
     (ns0_net,) = records(doc, "ns0", "net_gbits")

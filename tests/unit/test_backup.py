@@ -67,7 +67,8 @@ def test_storage_host_backs_up_the_checkpoints_share_and_others_only_when_asked(
     assert backup_layout.skip_reason(storage, cluster) is None
     assert backup_layout.backup_paths(storage) == ["/shared/checkpoints"]
     assert "storage host" in str(backup_layout.skip_reason(plain, cluster))
-    assert backup_layout.skip_reason(asked, cluster) is None and backup_layout.backup_paths(asked) == ["/x"]
+    assert backup_layout.skip_reason(asked, cluster) is None
+    assert backup_layout.backup_paths(asked) == ["/x"]
 
 
 def test_restic_command_lines_never_hold_the_password(tmp_path):
@@ -105,17 +106,21 @@ def test_service_and_timer_render_with_schedule_and_paths(tmp_path):
     files = backups.unit_files(node, _cluster(tmp_path, node))
     service = files[f"/etc/systemd/system/{backup_layout.UNIT}"]
     timer = files[f"/etc/systemd/system/{backup_layout.TIMER}"]
-    assert "Type=oneshot" in service and f"ExecStart={backup_layout.SCRIPT}" in service
+    assert "Type=oneshot" in service
+    assert f"ExecStart={backup_layout.SCRIPT}" in service
     assert "RequiresMountsFor=/shared/checkpoints" in service
-    assert "OnCalendar=*-*-* 02:30:00" in timer and "Persistent=true" in timer
+    assert "OnCalendar=*-*-* 02:30:00" in timer
+    assert "Persistent=true" in timer
     wrapper = files[backup_layout.WRAPPER]
     assert f'-o sftp.command="ssh -F {backup_layout.SSH_CONFIG} 10.77.0.1 -s sftp"' in wrapper
 
 
 def test_ssh_config_pins_the_storage_host_key_when_known():
     text = backups.ssh_config_text("10.77.0.1", "yes")
-    assert "User provision-backup" in text and "StrictHostKeyChecking yes" in text
-    assert f"IdentityFile {backup_layout.KEY_FILE}" in text and "BatchMode yes" in text
+    assert "User provision-backup" in text
+    assert "StrictHostKeyChecking yes" in text
+    assert f"IdentityFile {backup_layout.KEY_FILE}" in text
+    assert "BatchMode yes" in text
     assert backups.known_hosts_text("10.77.0.1", ["ssh-ed25519 AAAA"]) == "10.77.0.1 ssh-ed25519 AAAA\n"
 
 
@@ -128,7 +133,8 @@ def test_plan_never_shows_the_contents_of_a_secret_upload(tmp_path):
 
     dest = "/etc/provision/backup/password"  # as the deploy marks it with engine.secret_upload
     diff = upload_diff(None, FileUploadCommand(str(secret), dest), {dest})
-    assert "hunter2" not in diff and "secret" in diff
+    assert "hunter2" not in diff
+    assert "secret" in diff
 
 
 def _run_steps_with_path(original, path):
@@ -238,7 +244,8 @@ def test_cli_check_exits_0_and_says_passed_for_every_host_when_all_pass(cli, tmp
     result = cli("backup", "check", str(_inventory(tmp_path, TWO_BACKING_UP)))
     assert result.code == 0, result.err
     rows = [line for line in result.out.splitlines() if "node" in line]
-    assert len(rows) == 2 and all("passed" in row and "no errors found" in row for row in rows)
+    assert len(rows) == 2
+    assert all("passed" in row and "no errors found" in row for row in rows)
 
 
 def test_a_repository_that_hosts_share_is_checked_once(cli, tmp_path, monkeypatch):
@@ -263,7 +270,8 @@ def test_a_moved_inventory_is_refused_and_pointed_at_its_original_password(tmp_p
     on_host = hashlib.sha1(original.read_bytes()).hexdigest()
     moved = Cluster(tmp_path / "new" / "inv.py", (node,))
     conflict = backup_layout.password_conflict(node, moved, on_host)
-    assert conflict is not None and conflict.startswith(f"node1:{HOST_PASSWORD} holds a different restic password")
+    assert conflict is not None
+    assert conflict.startswith(f"node1:{HOST_PASSWORD} holds a different restic password")
     assert f'set backup_password_file = "{original}"' in conflict
     assert not backup_layout.generated_password_file(moved).exists()  # nothing new generated
     assert backup_layout.password_conflict(node, moved, None) is None  # a host with no password yet
@@ -276,7 +284,8 @@ def test_a_configured_password_file_that_differs_from_the_hosts_is_named(tmp_pat
     mine.write_text("not-the-hosts\n")
     node = _node("node1", ("storage",), backup_password_file=str(mine))
     conflict = backup_layout.password_conflict(node, _cluster(tmp_path, node), "0" * 40)
-    assert conflict is not None and f"than backup_password_file {mine};" in conflict
+    assert conflict is not None
+    assert f"than backup_password_file {mine};" in conflict
     assert "set backup_password_file to the original password file" in conflict
 
 

@@ -86,7 +86,7 @@ def test_base_moves_the_block_only_while_a_line_shadows_it() -> None:
     fake = FakeHost(Os=os_info("debian-12-bookworm"), FileContents=INSTALLER_HOSTS)
     ops = by_name(plan_with_facts(base.step, cluster().nodes[0], fake, cluster())[0])
     (moved,) = [o for n, o in ops.items() if n.startswith("/etc/hosts: cluster nodes first")]
-    assert "127.0.1.1\tnode1.example.com\tnode1" in [o for o in ops if o.startswith("/etc/hosts")][0]
+    assert "127.0.1.1\tnode1.example.com\tnode1" in next(o for o in ops if o.startswith("/etc/hosts"))
     assert moved.commands[0].startswith("{ printf '%s\\n' '# BEGIN provision cluster nodes'")
     assert "/etc/hosts: cluster nodes" not in ops
 
@@ -125,7 +125,8 @@ def test_ntp_servers_setting_writes_chrony_sources() -> None:
     ops, _ = plan_with_facts(base.step, n, FakeHost(Os=os_info("debian-12-bookworm")),
                                     Cluster(Path("inv.py"), (n,)))
     diff = by_name(ops)["chrony servers (ntp_servers)"].diffs[0]
-    assert "+server time1.example.org iburst" in diff and "+server time2.example.org iburst" in diff
+    assert "+server time1.example.org iburst" in diff
+    assert "+server time2.example.org iburst" in diff
 
 
 def test_packages_and_cache_already_current_change_nothing() -> None:
@@ -141,7 +142,8 @@ def test_packages_and_cache_already_current_change_nothing() -> None:
 def test_an_interrupted_dpkg_run_is_finished_before_installing(state_dir: Path) -> None:
     from provision.facts.probes import parse_dpkg_interrupted
 
-    assert parse_dpkg_interrupted(["3", "0"]) and parse_dpkg_interrupted(["0", "12"])
+    assert parse_dpkg_interrupted(["3", "0"])
+    assert parse_dpkg_interrupted(["0", "12"])
     assert not parse_dpkg_interrupted(["0", "0"])
     fake = FakeHost(Os=os_info("debian-12-bookworm"), DpkgInterrupted=True)
     ops, _ = plan_with_facts(base.step, cluster().nodes[0], fake, cluster())
@@ -164,7 +166,8 @@ def test_an_account_already_as_wanted_skips_pyinfras_user_and_group_ops() -> Non
     assert parse_account(["--", "--"]) is None  # no such user
     ready = FakeHost(Os=os_info("debian-12-bookworm"), AccountFact=parse_account(lines))
     names = by_name(plan_with_facts(base.step, cluster().nodes[0], ready, cluster())[0])
-    assert "training user train" not in names and "training group train" not in names
+    assert "training user train" not in names
+    assert "training group train" not in names
     other_shell = Account(2000, 2000, "/home/train", "/bin/sh", "train", 2000)
     fix = FakeHost(Os=os_info("debian-12-bookworm"), AccountFact=other_shell)
     names = by_name(plan_with_facts(base.step, cluster().nodes[0], fix, cluster())[0])
@@ -208,7 +211,8 @@ def test_cloud_init_is_told_to_leave_etc_hosts_alone_where_it_is_installed(monke
     fake = FakeHost(Os=os_info("debian-12-bookworm"), CloudInitFact=probes.CloudInit(True, ()))
     ops = by_name(plan_with_facts(base.step, cluster().nodes[0], fake, cluster())[0])
     diff = ops["cloud-init: leave /etc/hosts to provision"].diffs[0]
-    assert "+manage_etc_hosts: false" in diff and base.CLOUD_INIT_HOSTS == \
+    assert "+manage_etc_hosts: false" in diff
+    assert base.CLOUD_INIT_HOSTS == \
         "/etc/cloud/cloud.cfg.d/99-provision-etc-hosts.cfg"
     assert said == []
     # No cloud-init: nothing written there.

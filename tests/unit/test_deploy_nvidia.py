@@ -154,7 +154,8 @@ def test_ubuntu_secure_boot_without_toolkit_or_extras_needs_no_nvidia_repository
     sb = probe(secure_boot=SecureBoot(True, "SecureBoot enabled"),
                candidates={"linux-modules-nvidia-580-server-open-6.8.0-45-generic": "580.95.05-1"})
     ops = plan("ubuntu-24.04.3-noble", Gpus((H100,), ()), probe=sb, cuda_toolkit_version=None)
-    assert "CUDA repository keyring" not in ops and "CUDA toolkit and extras" not in ops
+    assert "CUDA repository keyring" not in ops
+    assert "CUDA toolkit and extras" not in ops
 
 
 def test_debian_pascal_host_gets_proprietary_cuda_drivers_pinned_exactly() -> None:
@@ -162,7 +163,8 @@ def test_debian_pascal_host_gets_proprietary_cuda_drivers_pinned_exactly() -> No
                cuda_toolkit_version=None)
     assert ops["NVIDIA driver 580 (proprietary modules, cuda-repo)"].commands == [
         f"{INSTALL} --allow-change-held-packages cuda-drivers-580=580.95.05-1"]
-    assert "CUDA toolkit and extras" not in ops and "nvidia-fabricmanager enabled" not in ops
+    assert "CUDA toolkit and extras" not in ops
+    assert "nvidia-fabricmanager enabled" not in ops
     assert "upload (generated) -> /etc/apt/sources.list.d/cuda-debian12.sources" in \
         ops["CUDA repository (deb822, Signed-By)"].commands
 
@@ -240,7 +242,8 @@ def test_nccl_is_pinned_to_the_toolkit_cuda_version_and_held() -> None:
                  nccl_version="2.27.7-1+cuda12.8", probe=probe(
                      secure_boot=SecureBoot(True, "SecureBoot enabled"),
                      candidates={"linux-modules-nvidia-580-server-open-6.8.0-45-generic": "580.95.05-1"}))
-    assert "CUDA repository (deb822, Signed-By)" in alone and "NCCL 2.27.7-1+cuda12.8" in alone
+    assert "CUDA repository (deb822, Signed-By)" in alone
+    assert "NCCL 2.27.7-1+cuda12.8" in alone
 
 
 def test_installed_nccl_for_the_right_cuda_changes_nothing_and_is_held() -> None:
@@ -320,7 +323,8 @@ def test_headers_of_the_running_and_newest_kernel_are_asked_for_even_without_a_c
                                                           "6.1.0-18-amd64": None})
     # apt then fails the install, and the host, naming the package (preflight says it first).
     assert choice.install == ["linux-headers-6.1.0-47-amd64", "linux-headers-6.1.0-50-amd64"]
-    assert choice.missing == ["6.1.0-47-amd64", "6.1.0-50-amd64"] and choice.skipped == ["6.1.0-18-amd64"]
+    assert choice.missing == ["6.1.0-47-amd64", "6.1.0-50-amd64"]
+    assert choice.skipped == ["6.1.0-18-amd64"]
 
 
 def rendered(template: str) -> str:
@@ -390,7 +394,7 @@ def test_nvidias_own_list_for_the_repository_is_removed_before_ours_is_written(n
     assert remove in plan("ubuntu-22.04-jammy", Gpus((H100,), ()), facts=source_files(*bare))
 
 
-@pytest.mark.parametrize("path, extra", [
+@pytest.mark.parametrize(('path', 'extra'), [
     ("/etc/apt/sources.list", []),
     ("/etc/apt/sources.list.d/mixed.list", ["deb http://archive.ubuntu.com/ubuntu jammy main"]),
 ])

@@ -61,7 +61,8 @@ def test_a_wheelhouse_without_the_pinned_versions_is_bad_input_before_any_host(c
     assert result.code == 2
     said = " ".join(result.err.split())  # one message, however the terminal wraps it
     assert said.startswith(f"error: {inventory}: host n1: key wheelhouse: {house} has no wheel for numpy==2.2.6 (")
-    assert "pip download numpy==2.2.6 --only-binary=:all:" in said and "nvidia-ml-py" not in said
+    assert "pip download numpy==2.2.6 --only-binary=:all:" in said
+    assert "nvidia-ml-py" not in said
     assert result.out.strip() == ""  # said before any progress display
     # The same wheelhouse with the pinned numpy passes the check (port 1 then fails the host).
     (house / "numpy-2.2.6-cp311-cp311-manylinux_2_17_x86_64.whl").write_bytes(b"wheel")
@@ -71,7 +72,8 @@ def test_a_wheelhouse_without_the_pinned_versions_is_bad_input_before_any_host(c
 def test_ssh_config_pins_host_keys_and_key_file() -> None:
     text = ssh_config([node("node1")])
     assert "Host node1\n  HostName 10.0.0.1\n  Port 22\n" in text
-    assert "StrictHostKeyChecking yes" in text and "User root" in text
+    assert "StrictHostKeyChecking yes" in text
+    assert "User root" in text
 
 
 def test_missing_backup_password_file_is_bad_input_before_any_host(cli, tmp_path, monkeypatch) -> None:

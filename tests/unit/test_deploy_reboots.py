@@ -52,7 +52,8 @@ def test_never_reboots_the_controller() -> None:
     gpus = {"node1": Gpus((H100,), ()), "node2": NO_GPU, "@local": NO_GPU}
     decision = reboots.plan(nodes, probes, gpus, {"node1": True, "node2": True, "@local": True}, "ctrl")
     assert decision.reboot == {"node2": "packages changed and a reboot is required"}
-    assert "this machine's" in decision.refused["node1"] and "@local" in decision.refused["@local"]
+    assert "this machine's" in decision.refused["node1"]
+    assert "@local" in decision.refused["@local"]
 
 
 def test_reboot_probe_parses() -> None:
@@ -118,7 +119,8 @@ def test_only_hosts_the_nvidia_step_ran_on_this_run_are_rebooted(stand_in) -> No
     results = results_after_nvidia("node1", "node2", "node3", without_nvidia=("node2", "node3"))
     results["node3"].notes.append("nvidia: skipped (no NVIDIA GPU on the PCI bus)")
     reboots.reboot_where_needed([node("node1"), node("node2"), node("node3")], results, {}, batch=None)
-    assert hosts.asked[0] == ["node1"] and hosts.batches == [["node1"]]
+    assert hosts.asked[0] == ["node1"]
+    assert hosts.batches == [["node1"]]
     assert [n for n, r in results.items() if r.rebooted] == ["node1"]
     assert all(r.ok for r in results.values())
 
@@ -139,7 +141,8 @@ def test_a_batch_that_fails_its_driver_check_stops_the_later_batches(stand_in) -
     results = results_after_nvidia(*names)
     reboots.reboot_where_needed([node(n) for n in names], results, {}, batch=2)
     assert hosts.batches == [["node1", "node2"]]
-    assert results["node1"].ok and results["node1"].rebooted
+    assert results["node1"].ok
+    assert results["node1"].rebooted
     assert [str(f) for f in results["node2"].failures] == [
         "reboot: nvidia-smi does not answer after the reboot (driver 580.* expected)"]
     for name in ("node3", "node4", "node5"):

@@ -25,13 +25,13 @@ def fixture(name: str) -> str:
     return (FIXTURES / name).read_text()
 
 
-@pytest.mark.parametrize("name, os_id, version, codename, supported", [
+@pytest.mark.parametrize(("name", "os_id", "version", "codename", "supported"), [
     ("os-release_ubuntu-22.04-jammy", "ubuntu", "22.04", "jammy", True),
     ("os-release_ubuntu-24.04.3-noble", "ubuntu", "24.04", "noble", True),
     ("os-release_debian-12-bookworm", "debian", "12", "bookworm", True),
 ])
 def test_os_fact_reads_release_kernel_and_hostname(name, os_id, version, codename, supported):
-    lines = fixture(name).splitlines() + ["---", "6.8.0-45-generic", "x86_64", "gpu01"]
+    lines = [*fixture(name).splitlines(), "---", "6.8.0-45-generic", "x86_64", "gpu01"]
     info = Os().process(lines)
     assert (info.id, info.version_id, info.codename) == (os_id, version, codename)
     assert info.supported is supported
@@ -60,7 +60,9 @@ def test_lsblk_server_disks_and_what_they_hold():
 
 def test_lsblk_dev_vm_root_disk_holds_data():
     (root,) = parse_lsblk(fixture("lsblk-J-O-b_dev-vm.json"))
-    assert root.is_root and root.holds and root.size_bytes > 10 * 2**30
+    assert root.is_root
+    assert root.holds
+    assert root.size_bytes > 10 * 2**30
 
 
 def test_blank_disk_holds_nothing_and_matches_by_id_and_serial():
@@ -68,7 +70,8 @@ def test_blank_disk_holds_nothing_and_matches_by_id_and_serial():
             ' "serial": "NVME-node1-1", "fstype": null, "pttype": null, "mountpoints": [null]}]}')
     by_id = parse_by_id(["lrwxrwxrwx 1 root root 9 Nov 29 10:00 virtio-NVME-node1-1 -> ../../vdb"])
     (disk,) = parse_lsblk(text, by_id)
-    assert disk.holds is None and not disk.is_root
+    assert disk.holds is None
+    assert not disk.is_root
     assert disk.by_id == ("/dev/disk/by-id/virtio-NVME-node1-1",)
     assert disk.matches("/dev/disk/by-id/virtio-NVME-node1-1")
     assert disk.matches("NVME-node1-1")
@@ -86,8 +89,10 @@ def test_raid_member_and_filesystem_are_reported_as_data():
 
 
 def test_blockdevices_fact_splits_lsblk_and_by_id_sections():
-    lines = fixture("lsblk-J-O-b_dev-vm.json").splitlines() + [
-        "--- by-id ---", "total 0",
+    lines = [
+        *fixture("lsblk-J-O-b_dev-vm.json").splitlines(),
+        "--- by-id ---",
+        "total 0",
         "lrwxrwxrwx 1 root root 9 Nov 29 10:00 virtio-ROOT -> ../../vda",
     ]
     (root,) = BlockDevices().process(lines)
@@ -110,16 +115,21 @@ def test_nics_fact_combines_addresses_and_speeds():
     lines = [fixture("ip-d-j-addr_ubuntu-laptop_netplan-test.json").strip(),
              "--- speeds ---", "enp0s31f6 1000", "wlan0"]
     nics = {n.name: n for n in Nics().process(lines)}
-    assert nics["enp0s31f6"].speed_mbps == 1000 and nics["wlan0"].speed_mbps is None
+    assert nics["enp0s31f6"].speed_mbps == 1000
+    assert nics["wlan0"].speed_mbps is None
 
 
 def test_nics_fact_on_a_real_debian12_vm_reads_both_nics_and_no_speed_from_virtio():
     # The fact's exact command run on a testbed VM: virtio reports speed -1 (unknown).
     nics = {n.name: n for n in Nics().process(fixture("ip-j-addr-and-speeds_debian12-testbed-vm.txt").splitlines())}
     assert set(nics) == {"eth0", "eth1"}  # loopback left out
-    assert nics["eth1"].addresses == ("10.77.0.11/24",) and nics["eth1"].mac == "52:54:00:77:01:01"
-    assert nics["eth0"].state == "UP" and nics["eth0"].mtu == 1500 and nics["eth0"].kind == "ether"
-    assert nics["eth0"].speed_mbps is None and nics["eth1"].speed_mbps is None
+    assert nics["eth1"].addresses == ("10.77.0.11/24",)
+    assert nics["eth1"].mac == "52:54:00:77:01:01"
+    assert nics["eth0"].state == "UP"
+    assert nics["eth0"].mtu == 1500
+    assert nics["eth0"].kind == "ether"
+    assert nics["eth0"].speed_mbps is None
+    assert nics["eth1"].speed_mbps is None
 
 
 def test_lspci_without_nvidia_finds_nothing():
@@ -154,13 +164,17 @@ CONSTRUCTED_HGX_SYSFS = """\
 
 
 def test_nvidia_devices_fact_combines_sysfs_lspci_names_and_nvml():
-    lines = CONSTRUCTED_HGX_SYSFS.splitlines() + [LSPCI_SEPARATOR] + CONSTRUCTED_HGX.splitlines() + [
+    lines = [
+        *CONSTRUCTED_HGX_SYSFS.splitlines(),
+        LSPCI_SEPARATOR,
+        *CONSTRUCTED_HGX.splitlines(),
         "--- nvml ---",
         "0, NVIDIA H100 80GB HBM3, 00000000:18:00.0, 81559, 580.95.05",
         "1, NVIDIA H100 80GB HBM3, 00000000:2A:00.0, 81559, 580.95.05",
     ]
     found = NvidiaDevices().process(lines)
-    assert len(found.gpus) == 2 and found.has_nvswitch
+    assert len(found.gpus) == 2
+    assert found.has_nvswitch
     assert {g.description for g in found.gpus} == {"NVIDIA Corporation GH100 [H100 SXM5 80GB]"}
     assert [g.driver_version for g in found.nvml] == ["580.95.05", "580.95.05"]
 
@@ -168,11 +182,12 @@ def test_nvidia_devices_fact_combines_sysfs_lspci_names_and_nvml():
 def test_nvidia_devices_fact_finds_gpus_on_a_host_without_lspci():
     # Preflight runs before base installs pciutils: lspci's section is empty there, and the
     # GPUs must still be found (else preflight skips the Secure Boot and headers checks).
-    found = NvidiaDevices().process(CONSTRUCTED_HGX_SYSFS.splitlines() + [LSPCI_SEPARATOR, "--- nvml ---"])
+    found = NvidiaDevices().process([*CONSTRUCTED_HGX_SYSFS.splitlines(), LSPCI_SEPARATOR, "--- nvml ---"])
     assert [(g.slot, g.class_id, g.device_id) for g in found.gpus] == [
         ("0000:18:00.0", "0302", "2330"), ("0000:2a:00.0", "0302", "2330")]
     assert found.gpus[0].description == "PCI device 10de:2330"
-    assert found.has_nvswitch and found.nvml == ()
+    assert found.has_nvswitch
+    assert found.nvml == ()
 
 
 def test_sysfs_pci_capture_of_the_dev_vm_agrees_with_its_lspci_capture():
@@ -212,7 +227,7 @@ def test_nvml_csv_parser_reads_the_fields_of_a_real_h200_query():
     assert (gpu.name, gpu.memory_mib, gpu.driver_version) == ("NVIDIA H200", 143771, "590.48.01")
 
 
-@pytest.mark.parametrize("device_id, open_ok", [
+@pytest.mark.parametrize(("device_id", "open_ok"), [
     ("1db4", False),  # V100 (Volta): proprietary modules only
     ("1e04", True),  # RTX 2080 Ti (Turing): the first generation the open modules support
     ("20b0", True),  # A100 SXM4 (Ampere)
@@ -231,11 +246,13 @@ def test_meminfo_total_in_bytes():
 def test_apt_source_files_say_which_file_names_which_repository():
     from provision.facts.apt import AptSourceFiles
 
-    lines = fixture("apt-sources_dev-vm-debian12.txt").splitlines() + [
+    lines = [
+        *fixture("apt-sources_dev-vm-debian12.txt").splitlines(),
         "##PYINFRA_FILE /etc/apt/sources.list.d/cuda-debian12-x86_64.list",
         "# deb http://old.example/ /",
         "deb [signed-by=/usr/share/keyrings/cuda-archive-keyring.gpg] "
-        "https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/ /"]
+        "https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/ /",
+    ]
     files = AptSourceFiles().process(lines)
     assert {path: [(r.url, r.distribution) for r in repos] for path, repos in files.items()} == {
         "/etc/apt/sources.list.d/debian.sources": [

@@ -36,9 +36,11 @@ def test_loads_a_plain_pyinfra_inventory_with_groups_and_group_data(tmp_path):
     cluster = inventory.load(inv)
     gpu1 = cluster.node("gpu1")
     assert [n.name for n in cluster.nodes] == ["gpu1", "gpu2"]
-    assert gpu1.ssh.hostname == "192.0.2.1" and gpu1.ssh.user == "ubuntu"
+    assert gpu1.ssh.hostname == "192.0.2.1"
+    assert gpu1.ssh.user == "ubuntu"
     assert gpu1.cluster_address == "10.0.0.1"
-    assert gpu1.has_role("storage") and gpu1.has_role("gpu_nodes")
+    assert gpu1.has_role("storage")
+    assert gpu1.has_role("gpu_nodes")
     assert gpu1.settings.nfs_exports == ["datasets"]
     assert cluster.node("gpu2").settings.nfs_exports == ["datasets", "checkpoints", "scratch"]
     assert gpu1.settings.data_mount == "/scratch"
@@ -57,26 +59,30 @@ def test_host_keys_are_checked_by_default(tmp_path):
 
 def test_missing_file_is_named(tmp_path):
     (line,) = problems_of(tmp_path / "nope.py")
-    assert "nope.py" in line and "does not exist" in line
+    assert "nope.py" in line
+    assert "does not exist" in line
 
 
 def test_syntax_error_names_file_and_line(tmp_path):
     inv = write(tmp_path / "inv.py", "nodes = ['a'\nother = 1\n")
     (line,) = problems_of(inv)
-    assert f"{inv}:1" in line and "syntax error" in line
+    assert f"{inv}:1" in line
+    assert "syntax error" in line
 
 
 def test_inventory_that_raises_names_file_line_and_exception(tmp_path):
     inv = write(tmp_path / "inv.py", "nodes = ['a']\nimport os\nos.environ['PROVISION_NO_SUCH_VAR']\n")
     (line,) = problems_of(inv)
-    assert f"{inv}:3" in line and "KeyError" in line
+    assert f"{inv}:3" in line
+    assert "KeyError" in line
 
 
 def test_unknown_key_names_file_host_key_and_a_suggestion(tmp_path):
     inv = write(tmp_path / "inv.py", "nodes = [('n1', {'data_mout': '/data'})]\n")
     (line,) = problems_of(inv)
     assert f"{inv}: host n1: key data_mout" in line
-    assert "unknown setting" in line and "data_mount" in line
+    assert "unknown setting" in line
+    assert "data_mount" in line
 
 
 def test_known_pyinfra_keys_and_global_arguments_load(tmp_path):
@@ -89,10 +95,12 @@ def test_unknown_key_in_group_data_names_that_file(tmp_path):
     inv = write(tmp_path / "inv.py", "nodes = ['n1']\n")
     group_file = write(tmp_path / "group_data" / "all.py", "nvidia_branch = '580'\n")
     (line,) = problems_of(inv)
-    assert str(group_file) in line and "nvidia_branch" in line and "nvidia_driver_branch" in line
+    assert str(group_file) in line
+    assert "nvidia_branch" in line
+    assert "nvidia_driver_branch" in line
 
 
-@pytest.mark.parametrize("key, value, expected", [
+@pytest.mark.parametrize(("key", "value", "expected"), [
     ("raid_level", "'0'", "is not 0 or 1"),
     ("min_root_free_gb", "True", "is not int"),
     ("ssh_port", "'22'", "is not a port number"),
@@ -110,13 +118,15 @@ def test_unknown_key_in_group_data_names_that_file(tmp_path):
 def test_wrong_type_or_value_names_the_key(tmp_path, key, value, expected):
     inv = write(tmp_path / "inv.py", f"nodes = [('n1', {{'{key}': {value}}})]\n")
     (line,) = problems_of(inv)
-    assert f"host n1: key {key}" in line and expected in line
+    assert f"host n1: key {key}" in line
+    assert expected in line
 
 
 def test_missing_ssh_key_file(tmp_path):
     inv = write(tmp_path / "inv.py", f"nodes = [('n1', {{'ssh_key': '{tmp_path}/id_nope'}})]\n")
     (line,) = problems_of(inv)
-    assert "key ssh_key" in line and "id_nope does not exist" in line
+    assert "key ssh_key" in line
+    assert "id_nope does not exist" in line
 
 
 def test_duplicate_host_in_a_group(tmp_path):
@@ -130,7 +140,9 @@ def test_duplicate_cluster_address(tmp_path):
                  ("n2", {"ssh_hostname": "192.0.2.2", "cluster_address": "10.0.0.1"})]
     """)
     (line,) = problems_of(inv)
-    assert "host n2" in line and "duplicate cluster address 10.0.0.1" in line and "n1" in line
+    assert "host n2" in line
+    assert "duplicate cluster address 10.0.0.1" in line
+    assert "n1" in line
 
 
 def test_duplicate_ssh_address(tmp_path):
@@ -156,7 +168,8 @@ def test_every_problem_is_reported_at_once(tmp_path):
 def test_nfs_server_must_be_a_host_of_the_inventory(tmp_path):
     inv = write(tmp_path / "inv.py", "nodes = [('n1', {'nfs_server': 'n9'})]\n")
     (line,) = problems_of(inv)
-    assert "nfs_server" in line and "'n9' is not a host" in line
+    assert "nfs_server" in line
+    assert "'n9' is not a host" in line
 
 
 def test_example_inventory_loads():
@@ -213,6 +226,8 @@ def test_bad_input_exits_2_with_one_line_and_contacts_no_host(tmp_path, cli, bad
             listener.close()
     assert result.code == 2
     lines = [line for line in result.err.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error:") and "host bad" in lines[0]
+    assert len(lines) == 1
+    assert lines[0].startswith("error:")
+    assert "host bad" in lines[0]
     assert "Traceback" not in result.err
     assert [listener.count for listener in listeners] == [0, 0]

@@ -58,8 +58,10 @@ def test_node_command_records_the_pgid_before_torchrun_starts_under_setsid():
     record = words[start + 4]
     assert record.startswith("echo $$ > /var/tmp/pt/runs/r1/n1/torchrun.pid && exec")
     env = words[words.index("env") + 1 : words.index("/opt/provision/venv/bin/python")]
-    assert "NCCL_SOCKET_IFNAME=eth1" in env and "GLOO_SOCKET_IFNAME=eth1" in env
-    assert "PROVISION_RUN_ID=r1" in env and "PROVISION_NODE=n1" in env
+    assert "NCCL_SOCKET_IFNAME=eth1" in env
+    assert "GLOO_SOCKET_IFNAME=eth1" in env
+    assert "PROVISION_RUN_ID=r1" in env
+    assert "PROVISION_NODE=n1" in env
     assert "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE=[rank${rank}]:" in env
     assert cmd.startswith("mkdir -p /var/tmp/pt/runs/r1/n1 /var/tmp/pt && cd /var/tmp/pt && exec ")
 
@@ -151,7 +153,8 @@ def test_the_users_own_trainer_dirs_win_and_no_nfs_server_means_no_shares(monkey
     run_plan, _, _ = prepare_with_fake_nodes(monkeypatch, tmp_path, {"n0": both, "n1": both},
                                              extra=("--ckpt-dir", "/scratch/ck", "--data-cache=/scratch/data"))
     args = list(run_plan.trainer_args)
-    assert args.count("--ckpt-dir") == 1 and args[args.index("--ckpt-dir") + 1] == "/scratch/ck"
+    assert args.count("--ckpt-dir") == 1
+    assert args[args.index("--ckpt-dir") + 1] == "/scratch/ck"
     assert "/mnt/nfs/datasets/train_ddp" not in args
     settings = Settings(nfs_mount_root="/mnt/nfs", nfs_exports=["scratch"])
     assert plan.shares(settings, True, ()) == ()
@@ -168,7 +171,9 @@ def test_a_log_that_cannot_be_written_ends_the_nodes_stream_with_a_reason(tmp_pa
     sup = session.Supervisor([], {}, p, options(tmp_path / "a-file" / "runs"), lambda *a: None)
     sup._stream(p.nodes[0])
     host, end = sup._ended.get_nowait()
-    assert host == "n0" and end.exited == -1 and "log stream failed" in end.reason
+    assert host == "n0"
+    assert end.exited == -1
+    assert "log stream failed" in end.reason
 
 
 def test_interface_is_found_by_the_address_it_holds():
@@ -191,13 +196,14 @@ def test_nproc_accepts_auto_or_a_positive_integer():
     assert plan.parse_nproc("auto") is None
     assert plan.parse_nproc("4") == 4
     for bad in ("0", "-1", "many"):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match=bad):
             plan.parse_nproc(bad)
 
 
 def test_model_sizes_are_read_from_the_trainer_source():
     sizes = plan.model_sizes()
-    assert sizes["tiny"] == (2, 2, 64, 64) and "gpt2" in sizes
+    assert sizes["tiny"] == (2, 2, 64, 64)
+    assert "gpt2" in sizes
 
 
 # ---------------------------------------------------------------- logs
@@ -212,7 +218,8 @@ def test_rank0_lines_give_loss_curves_throughput_and_the_summary():
     assert [s for s, _ in curves.train] == list(range(1, 31))
     assert [s for s, _ in curves.val] == [10, 20, 30]
     assert all(tps > 0 for _, tps in curves.tokens_per_s)
-    assert curves.summary["world_size"] == 2 and set(curves.summary["nodes"]) == {"ns0", "ns1"}
+    assert curves.summary["world_size"] == 2
+    assert set(curves.summary["nodes"]) == {"ns0", "ns1"}
     assert curves.train[-1][1] == pytest.approx(curves.summary["final_train_loss"], abs=1e-4)
 
 
@@ -264,7 +271,8 @@ def test_cpu_and_ram_use_come_from_two_proc_readings():
     s = monitor.difference(a, b)
     assert s.cpu_pct == pytest.approx(100.0 * busy / busy)  # idle did not move: 100 % busy
     assert s.mem_pct == pytest.approx(100 * (1 - 14314524 / 24683656))
-    assert s.gpu_util is None and b.gpus == ()
+    assert s.gpu_util is None
+    assert b.gpus == ()
 
 
 def test_gpu_utilisation_and_memory_are_parsed_from_nvidia_smi_csv():
@@ -315,7 +323,9 @@ def test_a_run_that_failed_is_not_ok_and_names_who_failed(tmp_path):
     out = Outcome("r1", p, tmp_path, failure="n1 rank 3 failed first (killed by signal 9)",
                   failed_host="n1", failed_rank=3, teardown={"n0": {"left": []}, "n1": {"left": []}})
     r = report.build(out, tmp_path / "rec.json", "sig")
-    assert not r.ok and r.failed_host == "n1" and r.failed_rank == 3
+    assert not r.ok
+    assert r.failed_host == "n1"
+    assert r.failed_rank == 3
     assert [n.clean for n in r.nodes] == [True, True]
     assert not (tmp_path / "rec.json").exists()  # failed runs are not references
 

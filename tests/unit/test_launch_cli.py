@@ -19,7 +19,8 @@ def test_bad_nproc_and_model_are_refused_together(cli, inventory):
     assert result.code == 2
     lines = [line for line in result.err.splitlines() if line.startswith("error:")]
     assert len(lines) == 2
-    assert "--nproc-per-node" in lines[0] and "--model: unknown size 'huge'" in lines[1]
+    assert "--nproc-per-node" in lines[0]
+    assert "--model: unknown size 'huge'" in lines[1]
 
 
 def test_unknown_limit_host_is_refused(cli, inventory):
@@ -30,17 +31,20 @@ def test_unknown_limit_host_is_refused(cli, inventory):
 
 def test_relative_python_is_refused(cli, inventory):
     result = cli("train", str(inventory), "--python", "venv/bin/python")
-    assert result.code == 2 and "--python" in result.err
+    assert result.code == 2
+    assert "--python" in result.err
 
 
 def test_missing_inventory_is_refused(cli, tmp_path):
     result = cli("train", str(tmp_path / "nope.py"))
-    assert result.code == 2 and "inventory file does not exist" in result.err
+    assert result.code == 2
+    assert "inventory file does not exist" in result.err
 
 
 def test_help_has_an_example(cli):
     result = cli("train", "--help")
-    assert result.code == 0 and "Example: provision train" in result.out
+    assert result.code == 0
+    assert "Example: provision train" in result.out
 
 
 def test_unwritable_runs_dir_is_refused_before_any_host_is_contacted(cli, inventory, tmp_path, monkeypatch):
@@ -54,4 +58,6 @@ def test_unwritable_runs_dir_is_refused_before_any_host_is_contacted(cli, invent
     result = cli("train", str(inventory), "--runs-dir", str(tmp_path / "a-file" / "runs"))
     assert result.code == 2
     lines = [line for line in result.err.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1 and "--runs-dir" in lines[0] and "cannot write there" in lines[0]
+    assert len(lines) == 1
+    assert "--runs-dir" in lines[0]
+    assert "cannot write there" in lines[0]

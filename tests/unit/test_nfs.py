@@ -77,13 +77,15 @@ def test_server_exports_and_client_automounts_over_cluster_addresses(monkeypatch
     server, client = _nodes()
     run = run_fake(nfs.step, [server, client], monkeypatch)
     s, c = server.name, client.name
-    assert run.results[s].ok and run.results[c].ok, (run.results[s].failures, run.results[c].failures)
+    assert run.results[s].ok, (run.results[s].failures, run.results[c].failures)
+    assert run.results[c].ok, (run.results[s].failures, run.results[c].failures)
     assert run.ran(s, "apt-get .*install.*nfs-kernel-server")
     assert run.ran(s, r"mkdir -p /data/shared/checkpoints")
     assert run.ran(s, r"chown train:train /data/shared/checkpoints")
     # The account this step makes on a fresh host has base's pinned ids (NFS maps by number).
     for h in (s, c):
-        assert run.ran(h, r"groupadd train --gid 2000") and run.ran(h, r"useradd .*--uid 2000 .*train")
+        assert run.ran(h, r"groupadd train --gid 2000")
+        assert run.ran(h, r"useradd .*--uid 2000 .*train")
     assert run.ran(s, r"systemctl start nfs-server.service")
     assert run.ran(s, r"^exportfs -ra$")
     assert run.ran(s, re.escape("echo '/data/shared /shared none bind,nofail 0 0' >> /etc/fstab"))

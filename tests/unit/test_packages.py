@@ -8,7 +8,7 @@ from provision.rules import packages as pkgs
 from tests.helpers.deploy_facts import H100, P100, os_info
 
 
-@pytest.mark.parametrize("fixture, distro", [
+@pytest.mark.parametrize(("fixture", "distro"), [
     ("ubuntu-22.04-jammy", "ubuntu2204"), ("ubuntu-24.04.3-noble", "ubuntu2404"),
     ("debian-12-bookworm", "debian12"),
 ])
@@ -56,7 +56,7 @@ def test_fabricmanager_from_canonical_keeps_the_branch_suffix_and_its_own_revisi
 
 
 def test_secure_boot_on_debian_stops_with_what_to_do() -> None:
-    with pytest.raises(ValueError, match="enroll a MOK.*disable Secure Boot.*Debian has no signed"):
+    with pytest.raises(ValueError, match=r"enroll a MOK.*disable Secure Boot.*Debian has no signed"):
         pkgs.choose_driver_source(os_info("debian-12-bookworm"), True, False, "auto")
 
 
@@ -91,7 +91,8 @@ def test_driver_version_check_against_branch_or_exact_pin() -> None:
 
 def test_pin_preferences_keep_driver_packages_on_the_branch() -> None:
     text = pkgs.apt_pin_preferences("580")
-    assert "Pin: version 580.*\n" in text and "Pin-Priority: 1000" in text
+    assert "Pin: version 580.*\n" in text
+    assert "Pin-Priority: 1000" in text
 
 
 def test_newest_kernel_is_ordered_as_grub_orders_them_not_as_text() -> None:

@@ -22,7 +22,8 @@ def disk(name: str, serial: str, mountpoints: tuple[str, ...] = ()) -> BlockDevi
 def test_secure_boot_state_from_captured_mokutil_output() -> None:
     on = parse_sb_state((FIXTURES / "mokutil-sb-state_enabled_arch-qemu-vm.txt").read_text(), efi=True)
     off = parse_sb_state((FIXTURES / "mokutil-sb-state_disabled-setup-mode_laptop.txt").read_text(), efi=True)
-    assert on.enabled is True and off.enabled is False
+    assert on.enabled is True
+    assert off.enabled is False
     assert parse_sb_state("sh: 1: mokutil: not found", efi=False).enabled is False
     assert parse_sb_state("sh: 1: mokutil: not found", efi=True, efivar=" 0").enabled is False
     assert parse_sb_state("sh: 1: mokutil: not found", efi=True).enabled is True  # unknown: assume on
@@ -35,12 +36,15 @@ def test_probe_lines_parse_into_a_typed_record() -> None:
              "pkg:linux-modules-nvidia-580-server-open-6.8.0-45-generic=(none)",
              "kernel:6.1.0-18-amd64=", "kernel:6.1.0-47-amd64=6.1.170-3", "apt_lists=4"]
     p = parse_probe(lines)
-    assert p.apt_lists == 4 and parse_probe([]).apt_lists is None
+    assert p.apt_lists == 4
+    assert parse_probe([]).apt_lists is None
     assert p.root_free_gb == 50.0
     assert p.secure_boot.enabled is False
     assert p.apt_locks_held == ("/var/lib/dpkg/lock-frontend",)
     assert p.lock_holders == "unattended-upgr"
-    assert p.reboot_pending and p.machine_id == "0123abcd" and p.headers_candidate == "6.1.76-1"
+    assert p.reboot_pending
+    assert p.machine_id == "0123abcd"
+    assert p.headers_candidate == "6.1.76-1"
     assert p.candidates == {"linux-modules-nvidia-580-server-open-6.8.0-45-generic": None}
     assert p.kernels == {"6.1.0-18-amd64": None, "6.1.0-47-amd64": "6.1.170-3"}
 
@@ -97,7 +101,8 @@ def test_secure_boot_on_debian_gpu_host_stops_with_advice() -> None:
     sb = probe(secure_boot=parse_sb_state("SecureBoot enabled", efi=True))
     verdict = preflight.judge(os_info("debian-12-bookworm"), sb, Gpus((H100,), ()), [], Settings(), True)
     assert len(verdict.problems) == 1
-    assert "enroll a MOK" in verdict.problems[0] and "disable Secure Boot" in verdict.problems[0]
+    assert "enroll a MOK" in verdict.problems[0]
+    assert "disable Secure Boot" in verdict.problems[0]
 
 
 def test_secure_boot_ignored_where_the_nvidia_step_does_not_run() -> None:
@@ -125,7 +130,8 @@ def test_an_image_without_apt_lists_is_not_refused_for_what_apt_cannot_know_yet(
     assert len(preflight.judge(noble, replace(unread, apt_lists=3), Gpus((H100,), ()), [], Settings(),
                                True).problems) == 2
     debian = preflight.judge(os_info("debian-12-bookworm"), unread, Gpus((H100,), ()), [], Settings(), True)
-    assert len(debian.problems) == 1 and "enroll a MOK" in debian.problems[0]
+    assert len(debian.problems) == 1
+    assert "enroll a MOK" in debian.problems[0]
 
 
 def test_newest_installed_kernel_without_headers_stops_a_gpu_host() -> None:
@@ -154,7 +160,8 @@ def test_gpu_generation_chooses_modules_and_is_noted() -> None:
 def test_pending_reboot_is_a_note_not_a_refusal() -> None:
     verdict = preflight.judge(os_info("debian-12-bookworm"), probe(reboot_pending=True), NO_GPU, [],
                               Settings(), False)
-    assert verdict.problems == [] and "reboot was already pending" in verdict.notes[0]
+    assert verdict.problems == []
+    assert "reboot was already pending" in verdict.notes[0]
 
 
 def test_deploy_refuses_host_with_reason_and_adds_nothing_else() -> None:
@@ -172,7 +179,8 @@ def test_deploy_checks_data_disks_when_the_volumes_step_is_in_the_run() -> None:
     fake = FakeHost(Os=os_info("debian-12-bookworm"), BlockDevices=[disk("vda", "ROOT", ("/",))])
     gpu1 = node("gpu1", data_disks=["NVME-DATA-0009"])
     _, refusals = plan_with_facts(preflight.step, gpu1, fake, steps=[preflight.step, volumes.step])
-    assert len(refusals) == 1 and refusals[0].startswith("data disk NVME-DATA-0009 does not exist")
+    assert len(refusals) == 1
+    assert refusals[0].startswith("data disk NVME-DATA-0009 does not exist")
     assert plan_with_facts(preflight.step, gpu1, fake) == ([], [])  # volumes not in this run
 
 
@@ -241,7 +249,8 @@ def test_nvidia_checks_apply_only_when_the_nvidia_step_is_in_the_run() -> None:
     skip_nvidia = [preflight.step, base.step]
     assert plan_with_facts(preflight.step, node(), fake, steps=skip_nvidia) == ([], [])
     _, refusals = plan_with_facts(preflight.step, node(), fake, steps=[*skip_nvidia, nvidia.step])
-    assert len(refusals) == 1 and "enroll a MOK" in refusals[0]
+    assert len(refusals) == 1
+    assert "enroll a MOK" in refusals[0]
 
 
 def test_a_gpu_host_that_is_not_x86_64_is_refused_when_the_nvidia_step_would_run() -> None:
@@ -259,4 +268,5 @@ def test_an_aarch64_gpu_host_stops_in_preflight_before_base_changes_it() -> None
 
     fake = FakeHost(Os=replace(os_info("ubuntu-22.04-jammy"), arch="aarch64"), NvidiaDevices=Gpus((H100,), ()))
     _, refusals = plan_with_facts(preflight.step, node(), fake, steps=[preflight.step, base.step, nvidia.step])
-    assert len(refusals) == 1 and refusals[0].startswith("architecture aarch64 (uname -m)")
+    assert len(refusals) == 1
+    assert refusals[0].startswith("architecture aarch64 (uname -m)")

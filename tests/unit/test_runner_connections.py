@@ -26,7 +26,8 @@ def settled(name: str, step: str, connected: bool, error: str) -> HostResult:
 
 def test_host_that_reconnected_after_early_errors_stays_reachable():
     row = settled("node1", "reboot", True, "Error reading SSH protocol banner")
-    assert row.reachable and row.failures == []
+    assert row.reachable
+    assert row.failures == []
 
 
 def test_host_never_connected_is_unreachable_with_the_last_error():

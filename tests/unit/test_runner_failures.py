@@ -26,7 +26,8 @@ def test_an_error_preparing_one_host_fails_that_host_and_the_others_finish(monke
     good = fake_node("good", Settings(), {})
     bad = fake_node("bad", Settings(), {})
     run = run_fake(STEP, [good, bad], monkeypatch)
-    assert run.results[good.name].ok and "raising" in run.results[good.name].steps
+    assert run.results[good.name].ok
+    assert "raising" in run.results[good.name].steps
     assert run.ran(good.name, r"echo hello")
     assert not run.results[bad.name].ok
     assert [str(f) for f in run.results[bad.name].failures] == [
@@ -55,6 +56,8 @@ def test_a_step_that_skips_itself_is_noted_and_not_counted_as_run(monkeypatch) -
     busy = fake_node("busy", Settings(), {})
     quiet = fake_node("quiet", Settings(), {})
     run = run_fake(step, [busy, quiet], monkeypatch)
-    assert run.results[busy.name].steps == ["selfskip"] and run.results[busy.name].notes == []
-    assert run.results[quiet.name].ok and run.results[quiet.name].steps == []
+    assert run.results[busy.name].steps == ["selfskip"]
+    assert run.results[busy.name].notes == []
+    assert run.results[quiet.name].ok
+    assert run.results[quiet.name].steps == []
     assert run.results[quiet.name].notes == ["selfskip: skipped (nothing here for it)"]

@@ -9,7 +9,8 @@ from provision.settings import Settings, is_pyinfra_key, knob_docs, parse_settin
 
 def test_every_knob_has_a_one_line_comment():
     for name, _default, doc in knob_docs():
-        assert doc.strip() and "\n" not in doc, name
+        assert doc.strip(), name
+        assert "\n" not in doc, name
 
 
 def test_every_default_passes_its_own_validation():
@@ -21,7 +22,8 @@ def test_every_default_passes_its_own_validation():
 
 def test_list_defaults_are_not_shared_between_hosts():
     a, b = Settings(), Settings()
-    assert a.nfs_exports == b.nfs_exports and a.nfs_exports is not b.nfs_exports
+    assert a.nfs_exports == b.nfs_exports
+    assert a.nfs_exports is not b.nfs_exports
 
 
 @pytest.mark.parametrize("key", ["ssh_hostname", "ssh_port", "_sudo", "_env"])
@@ -32,7 +34,8 @@ def test_pyinfra_connection_keys_and_global_arguments_pass_through(key):
 
 def test_int_setting_refuses_bool_and_float_setting_takes_int():
     _, problems = parse_settings({"apt_lock_wait_s": True}, "x")
-    assert len(problems) == 1 and "apt_lock_wait_s" in str(problems[0])
+    assert len(problems) == 1
+    assert "apt_lock_wait_s" in str(problems[0])
 
 
 def test_data_disks_accepts_auto_by_id_and_serial():
@@ -41,7 +44,7 @@ def test_data_disks_accepts_auto_by_id_and_serial():
 
 
 @pytest.mark.parametrize("key", ["data_disks", "force_format"])
-@pytest.mark.parametrize("disk, expected", [
+@pytest.mark.parametrize(("disk", "expected"), [
     ("/dev/sdb", "kernel name that can change between boots"),
     ("/dev/nvme0n1", "kernel name that can change between boots"),
     ("/dev/disk/by-uuid/1b4e28ba-2fa1-11d2-883f-0016d3cca427", "not a /dev/disk/by-id path"),
@@ -53,18 +56,21 @@ def test_disk_keys_refuse_anything_but_a_by_id_path_or_a_serial_naming_host_and_
     _, problems = parse_settings({key: [disk]}, "inv.py: host node1")
     assert len(problems) == 1
     assert str(problems[0]).startswith(f"inv.py: host node1: key {key}: ")
-    assert expected in str(problems[0]) and "\n" not in str(problems[0])
+    assert expected in str(problems[0])
+    assert "\n" not in str(problems[0])
 
 
 def test_force_format_accepts_by_id_paths_and_serials():
     settings, problems = parse_settings({"force_format": ["/dev/disk/by-id/nvme-X_1", "S6EXAMPLE0001"]}, "x")
-    assert problems == [] and settings.force_format == ["/dev/disk/by-id/nvme-X_1", "S6EXAMPLE0001"]
+    assert problems == []
+    assert settings.force_format == ["/dev/disk/by-id/nvme-X_1", "S6EXAMPLE0001"]
 
 
 def test_every_wrong_disk_of_a_key_is_named_in_its_one_line():
     _, problems = parse_settings({"data_disks": ["/dev/sdb", "S6EXAMPLE0001", "/dev/disk/by-uuid/u"]}, "x")
     (problem,) = problems
-    assert "'/dev/sdb'" in str(problem) and "'/dev/disk/by-uuid/u'" in str(problem)
+    assert "'/dev/sdb'" in str(problem)
+    assert "'/dev/disk/by-uuid/u'" in str(problem)
     assert "S6EXAMPLE0001" not in str(problem)
 
 
@@ -72,13 +78,14 @@ def test_the_nfs_export_root_follows_the_data_mount_unless_set():
     from provision.settings import parse_settings
 
     moved, problems = parse_settings({"data_mount": "/srv/data"}, "inv.py: host n1")
-    assert not problems and moved.nfs_export_root == "/srv/data/shared"
+    assert not problems
+    assert moved.nfs_export_root == "/srv/data/shared"
     assert parse_settings({}, "inv.py: host n1")[0].nfs_export_root == "/data/shared"
     chosen, _ = parse_settings({"data_mount": "/srv/data", "nfs_export_root": "/export"}, "inv.py: host n1")
     assert chosen.nfs_export_root == "/export"
 
 
-@pytest.mark.parametrize("key, value, expected", [
+@pytest.mark.parametrize(("key", "value", "expected"), [
     ("numpy_version", "2.2.6; rm -rf /", "not a version number"),
     ("torch_version", "2.13.0 numpy", "not a version number"),
     ("nvml_version", ">=13", "not a version number"),
@@ -91,7 +98,8 @@ def test_the_nfs_export_root_follows_the_data_mount_unless_set():
 def test_versions_that_go_into_install_commands_are_checked(key, value, expected):
     _, problems = parse_settings({key: value}, "inv.py: host n1")
     (problem,) = problems
-    assert str(problem).startswith(f"inv.py: host n1: key {key}: ") and expected in str(problem)
+    assert str(problem).startswith(f"inv.py: host n1: key {key}: ")
+    assert expected in str(problem)
 
 
 def test_real_versions_pass_and_nulls_unpin():
@@ -100,7 +108,9 @@ def test_real_versions_pass_and_nulls_unpin():
             "nvidia_driver_branch": "1000", "cuda_toolkit_version": "12.8", "nvidia_keyring_sha256": "0" * 64}
     assert parse_settings(good, "x")[1] == []
     unpinned, problems = parse_settings({"numpy_version": None, "nvml_version": None}, "x")
-    assert problems == [] and unpinned.numpy_version is None and unpinned.nvml_version is None
+    assert problems == []
+    assert unpinned.numpy_version is None
+    assert unpinned.nvml_version is None
 
 
 def test_nccl_without_a_cuda_version_to_match_is_refused():

@@ -28,7 +28,8 @@ GOOD_VENV = {"torch": "2.13.0+cpu", "numpy": "2.2.6", "nvidia-ml-py": "13.580.12
 
 def test_matching_host_has_no_drift(tmp_path):
     status = judge(cluster(tmp_path), InstalledStack(venv=GOOD_VENV, mounts=NFS_OK))
-    assert status.drift == [] and not status.reboot_pending
+    assert status.drift == []
+    assert not status.reboot_pending
 
 
 def test_torch_version_drift_names_both_versions(tmp_path):
@@ -42,7 +43,9 @@ def test_driver_of_another_branch_is_drift(tmp_path):
     stack = InstalledStack(packages={"nvidia-driver-570-open": "570.172.08-0ubuntu1"},
                            loaded_driver="570.172.08", venv=GOOD_VENV, mounts=NFS_OK)
     (d,) = judge(c, stack).drift
-    assert d.item == "nvidia driver" and d.expected == "580.*" and d.actual == "570.172.08"
+    assert d.item == "nvidia driver"
+    assert d.expected == "580.*"
+    assert d.actual == "570.172.08"
 
 
 def test_loaded_module_older_than_installed_driver_means_reboot_pending(tmp_path):
@@ -64,7 +67,7 @@ def test_fabric_manager_must_match_the_driver_on_nvswitch_systems(tmp_path):
 
 
 def test_nfs_share_not_answering_is_drift(tmp_path):
-    mounts = (MountState("/shared/datasets", True, False, "nfs4"),) + NFS_OK[1:]
+    mounts = (MountState("/shared/datasets", True, False, "nfs4"), *NFS_OK[1:])
     (d,) = judge(cluster(tmp_path), InstalledStack(venv=GOOD_VENV, mounts=mounts)).drift
     assert (d.item, d.actual) == ("mount /shared/datasets", "not answering")
 
@@ -88,14 +91,16 @@ def test_last_backup_survives_a_reboot_and_a_later_failure_is_said(tmp_path):
     # After a reboot systemd has no Result or timestamp; the script's stamp still has the time.
     rebooted = judge(cluster(tmp_path), InstalledStack(venv=GOOD_VENV, mounts=NFS_OK,
                                                        backup_success_epoch=1_000_000 - 3 * 3600))
-    assert rebooted.last_backup == "3h ago (success)" and rebooted.last_backup_age_s == 3 * 3600
+    assert rebooted.last_backup == "3h ago (success)"
+    assert rebooted.last_backup_age_s == 3 * 3600
     failed = judge(cluster(tmp_path), InstalledStack(venv=GOOD_VENV, mounts=NFS_OK, backup_result="exit-code",
                                                      backup_finished_epoch=1_000_000 - 60,
                                                      backup_success_epoch=1_000_000 - 86400))
     assert failed.last_backup == "1d ago (last run: failed)"
     never = judge(cluster(tmp_path), InstalledStack(venv=GOOD_VENV, mounts=NFS_OK, backup_result="exit-code",
                                                     backup_finished_epoch=1_000_000 - 60))
-    assert never.last_backup == "never succeeded (last run: failed)" and never.last_backup_age_s is None
+    assert never.last_backup == "never succeeded (last run: failed)"
+    assert never.last_backup_age_s is None
 
 
 def test_stack_parser_reads_packages_venv_mounts_and_backup():
@@ -110,16 +115,20 @@ def test_stack_parser_reads_packages_venv_mounts_and_backup():
     ]
     stack = parse_stack(lines)
     assert stack.packages == {"nvidia-driver-580-open": "580.95.05-0ubuntu1"}  # rc = removed
-    assert stack.loaded_driver == "580.95.05" and stack.nvswitches == 4 and stack.nvidia_gpus == 8
+    assert stack.loaded_driver == "580.95.05"
+    assert stack.nvswitches == 4
+    assert stack.nvidia_gpus == 8
     assert stack.venv["nccl"] == "2.27.3"
     assert stack.mounts[0] == MountState("/data", True, True, "xfs")
     assert stack.mounts[1] == MountState("/shared/datasets", False, False, None)
-    assert stack.backup_finished_epoch == 1700000000 and stack.backup_success_epoch == 1699999000
+    assert stack.backup_finished_epoch == 1700000000
+    assert stack.backup_success_epoch == 1699999000
 
 
 def test_stack_command_quotes_paths():
     command = stack_command("/opt/my venv", ["/data", "/shared/x y"])
-    assert "'/opt/my venv/bin/python'" in command and "'/shared/x y'" in command
+    assert "'/opt/my venv/bin/python'" in command
+    assert "'/shared/x y'" in command
 
 
 def test_held_driver_package_is_still_installed():

@@ -26,4 +26,5 @@ def test_unknown_choice_is_bad_input(tmp_path: Path) -> None:
 
 def test_auto_without_usable_kvm_device_is_tcg(tmp_path: Path) -> None:
     verdict = accel.choose("auto", tmp_path / "v.json", _never, device_usable=lambda: False)
-    assert verdict.accel == "tcg" and "/dev/kvm" in verdict.reason
+    assert verdict.accel == "tcg"
+    assert "/dev/kvm" in verdict.reason

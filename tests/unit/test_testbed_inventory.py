@@ -48,8 +48,10 @@ def test_remove_deletes_only_files_the_testbed_wrote(tmp_path: Path) -> None:
     written = _write(tmp_path)
     foreign = tmp_path / "example.py"
     foreign.write_text("nodes = ['a']\n")
-    assert not inventory_writer.remove(foreign) and foreign.exists()
-    assert inventory_writer.remove(written) and not written.exists()
+    assert not inventory_writer.remove(foreign)
+    assert foreign.exists()
+    assert inventory_writer.remove(written)
+    assert not written.exists()
 
 
 def test_known_hosts_entries_use_the_bracketed_port_form(tmp_path: Path) -> None:

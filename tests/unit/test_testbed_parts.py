@@ -66,9 +66,11 @@ def test_baked_rootfs_has_no_host_key_and_the_seed_unit_enabled(tmp_path: Path) 
 def test_node_networks_are_matched_by_mac_with_the_route_on_eth0_only() -> None:
     files = guest_files.node_networks("52:54:00:77:00:02", "52:54:00:77:01:02", "10.77.0.12", 24)
     eth0, eth1 = files["10-eth0.network"], files["20-eth1.network"]
-    assert "MACAddress=52:54:00:77:00:02\n" in eth0 and "Address=10.0.2.15/24\n" in eth0
+    assert "MACAddress=52:54:00:77:00:02\n" in eth0
+    assert "Address=10.0.2.15/24\n" in eth0
     assert "Gateway=10.0.2.2\n" in eth0
-    assert "MACAddress=52:54:00:77:01:02\n" in eth1 and "Address=10.77.0.12/24\n" in eth1
+    assert "MACAddress=52:54:00:77:01:02\n" in eth1
+    assert "Address=10.77.0.12/24\n" in eth1
     assert "Gateway" not in eth1  # no route off the cluster network
 
 
@@ -83,7 +85,8 @@ def test_state_round_trips_and_does_not_store_the_running_flag(tmp_path: Path) -
     state.save(tmp_path, TestbedState("/img/x", "pvroot-1", "tcg", [node], vde_pid=99))
     loaded = state.load(tmp_path)
     assert loaded is not None
-    assert loaded.node("node1").pid == 123 and loaded.node("node1").running is False
+    assert loaded.node("node1").pid == 123
+    assert loaded.node("node1").running is False
     assert loaded.vde_pid == 99
     assert loaded.node("node1").data_disks == ["/dev/disk/by-id/virtio-NVME-node1-1"]
     assert state.load(tmp_path / "none") is None
@@ -109,7 +112,8 @@ def test_build_folders_of_killed_builds_are_removed_and_live_ones_kept(tmp_path:
     for folder in (dead, live):
         (folder / "rootfs" / "etc").mkdir(parents=True)
     image._remove_stale_builds(tmp_path)
-    assert not dead.exists() and live.exists()
+    assert not dead.exists()
+    assert live.exists()
 
 
 def test_initrd_is_limited_to_what_a_virtio_ext4_root_needs(tmp_path: Path) -> None:

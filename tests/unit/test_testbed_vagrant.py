@@ -27,7 +27,7 @@ def _checkout(tmp_path: Path, provider: str, make_keys: bool = True) -> Path:
     return inventory
 
 
-@pytest.mark.parametrize("provider, disk_prefix", [("libvirt", "virtio-"),
+@pytest.mark.parametrize(("provider", "disk_prefix"), [("libvirt", "virtio-"),
                                                      ("virtualbox", "ata-VBOX_HARDDISK_")])
 def test_vagrant_inventory_loads_for_each_provider(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, provider: str, disk_prefix: str

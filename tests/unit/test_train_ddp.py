@@ -120,9 +120,11 @@ def test_default_batch_splits_over_one_node_and_the_docstrings_eight_and_sixteen
 def test_default_global_batch_rounds_up_to_the_ranks_with_a_note():
     trainer = load_trainer()
     global_batch, micro, note = trainer.batch_sizes(32, None, None)
-    assert (global_batch, micro) == (32, 1) and "using 32 (1 per rank)" in note
+    assert (global_batch, micro) == (32, 1)
+    assert "using 32 (1 per rank)" in note
     global_batch, micro, note = trainer.batch_sizes(3, None, None)
-    assert (global_batch, micro) == (18, 6) and "does not split over 3 ranks" in note
+    assert (global_batch, micro) == (18, 6)
+    assert "does not split over 3 ranks" in note
 
 
 def test_given_batch_sizes_that_do_not_split_stop_with_a_message():
@@ -225,8 +227,12 @@ def test_a_training_step_reads_the_loss_from_the_device_not_once_per_micro_batch
     monkeypatch.setattr(torch.Tensor, "item", counting_item)
     loss = trainer.train_step(d, model, opt, sampler, data, cfg, 0, args, timer)
     assert reads == []
-    assert isinstance(loss, torch.Tensor) and loss.dim() == 0 and 5.0 < trainer.all_mean(d, loss) < 6.0
-    assert len(timer.forwards) == 4 and timer.forward_s() > 0 and timer.wait_s() >= 0
+    assert isinstance(loss, torch.Tensor)
+    assert loss.dim() == 0
+    assert 5.0 < trainer.all_mean(d, loss) < 6.0
+    assert len(timer.forwards) == 4
+    assert timer.forward_s() > 0
+    assert timer.wait_s() >= 0
 
 
 def test_a_node_that_waits_for_a_slow_one_reports_its_own_faster_rate():
@@ -253,7 +259,8 @@ def test_checkpoints_fall_back_to_a_local_directory_with_a_line_that_says_so(mon
     monkeypatch.setattr(trainer, "SHARED", tmp_path / "nfs")  # not mounted
     assert trainer.default_ckpt_dir(d) == Path("checkpoints")
     said = capsys.readouterr().out
-    assert f"{tmp_path}/nfs/checkpoints is not writable here" in said and "--ckpt-dir" in said
+    assert f"{tmp_path}/nfs/checkpoints is not writable here" in said
+    assert "--ckpt-dir" in said
     (tmp_path / "nfs" / "checkpoints").mkdir(parents=True)
     assert trainer.default_ckpt_dir(d) == tmp_path / "nfs" / "checkpoints"
     assert capsys.readouterr().out == ""

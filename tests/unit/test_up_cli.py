@@ -13,4 +13,5 @@ def test_force_format_for_an_unknown_host_is_bad_input(cli):
 
 def test_force_format_without_a_disk_is_bad_input(cli):
     result = cli("up", str(inventories_dir() / "example.py"), "--force-format", "gpu01")
-    assert result.code == 2 and "no disk given" in result.err
+    assert result.code == 2
+    assert "no disk given" in result.err

@@ -62,8 +62,10 @@ def test_stream_arrays_are_four_times_the_llc_and_bounded_by_ram():
 
 def test_fio_jobfile_runs_three_bounded_jobs_on_a_file():
     text = agent.fio_jobfile("/data/.x/fio.dat", "512M", 3, direct=True)
-    assert "filename=/data/.x/fio.dat" in text and "direct=1" in text
-    assert "runtime=3" in text and "time_based=1" in text
+    assert "filename=/data/.x/fio.dat" in text
+    assert "direct=1" in text
+    assert "runtime=3" in text
+    assert "time_based=1" in text
     assert [line for line in text.splitlines() if line.startswith("[")] == [
         "[global]",
         "[seq_write]",
@@ -152,7 +154,9 @@ def test_lost_gpu_is_listed_with_its_nvml_error_and_the_others_are_kept(monkeypa
     nvml = StandInPynvml(count=3, lost=(1,))
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
     gpus, xml, why = agent.gpu_inventory()
-    assert [g["index"] for g in gpus] == [0, 1, 2] and xml == "" and why == ""
+    assert [g["index"] for g in gpus] == [0, 1, 2]
+    assert xml == ""
+    assert why == ""
     assert gpus[1] == {"index": 1, "error": "StandInNvmlGpuIsLost: GPU is lost"}
     assert gpus[0]["name"] == gpus[2]["name"] == "NVIDIA H100 80GB HBM3"
     assert gpus[0]["cuda_version"] is None  # its query failed, and only that value is missing
@@ -179,7 +183,8 @@ def test_nvml_failing_after_init_keeps_every_other_metric(monkeypatch, tmp_path)
     rows = {(r["metric"], r["device"]): r for r in doc["results"]}
     assert "fio missing" in rows[("disk_seq_read_mibs", "")]["not_run"]
     gpu = rows[("gpu_bf16_tflops", "")]["not_run"]
-    assert gpu.startswith("not run: gpu inventory: StandInNvmlGpuIsLost") and gpu != agent.NO_GPU
+    assert gpu.startswith("not run: gpu inventory: StandInNvmlGpuIsLost")
+    assert gpu != agent.NO_GPU
     assert doc["inventory"]["cpu"]["threads"] >= 1
 
 
@@ -333,7 +338,8 @@ def test_disk_runs_in_a_directory_no_volume_is_meant_for(monkeypatch, tmp_path):
     monkeypatch.setattr(agent, "_run_fio", fio_stand_in(calls))
     res = agent.Results()
     agent.bench_disk(agent.MODES["quick"], str(tmp_path), res)
-    assert len(calls) == 1 and all(r["value"] == 1.0 for r in res.rows if r["metric"].endswith("mibs"))
+    assert len(calls) == 1
+    assert all(r["value"] == 1.0 for r in res.rows if r["metric"].endswith("mibs"))
 
 
 def test_fstab_mount_points_skip_comments_and_decode_spaces():

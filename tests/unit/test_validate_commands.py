@@ -24,7 +24,8 @@ def test_agent_runs_with_the_venv_python_and_falls_back_to_python3():
     cmd = controller.agent_command(node(venv_path="/opt/v", data_mount="/data"), "/tmp/a.py", plan)
     assert cmd.startswith('P=/opt/v/bin/python; [ -x "$P" ] || P=python3; ')
     assert "--only cpu,disk " in cmd  # net runs from the controller, not the agent
-    assert "--data-dir /data" in cmd and "--mode quick" in cmd
+    assert "--data-dir /data" in cmd
+    assert "--mode quick" in cmd
     assert re.search(r"timeout \d+ \"\$P\" /tmp/a.py", cmd)
 
 
@@ -36,8 +37,10 @@ def test_upload_writes_the_agent_byte_for_byte():
 
 def test_iperf3_runs_on_cluster_addresses_bounded_in_time():
     server = netrun.server_command("10.0.0.12", 5301, 3)
-    assert "iperf3 -s -1 -B 10.0.0.12 -p 5301" in server and "timeout 33" in server
-    assert "</dev/null" in server and server.endswith("& echo $!")
+    assert "iperf3 -s -1 -B 10.0.0.12 -p 5301" in server
+    assert "timeout 33" in server
+    assert "</dev/null" in server
+    assert server.endswith("& echo $!")
     client = netrun.client_command("10.0.0.11", "10.0.0.12", 5301, 3)
     assert "iperf3 -c 10.0.0.12 -B 10.0.0.11 -p 5301 -P 4 -t 3 -J" in client
     assert "timeout 23" in client
@@ -48,8 +51,11 @@ def test_torchrun_per_host_uses_cluster_network_and_can_be_torn_down_by_pid():
     cmd = netrun.torchrun_command(node("gpu02", "10.0.0.12"), 1, 2, master, "/tmp/a.py", 0, "tok")
     assert "--nnodes 2 --node-rank 1 --nproc-per-node 1" in cmd
     assert "--master-addr 10.0.0.11 --master-port 29511" in cmd
-    assert "--backend gloo" in cmd and "allreduce-worker" in cmd
+    assert "--backend gloo" in cmd
+    assert "allreduce-worker" in cmd
     assert "10[.]0[.]0[.]12" in cmd  # interface found by the node's own cluster address
-    assert "setsid timeout" in cmd and "echo $! > /tmp/provision-allreduce-tok.pid" in cmd
+    assert "setsid timeout" in cmd
+    assert "echo $! > /tmp/provision-allreduce-tok.pid" in cmd
     gpu = netrun.torchrun_command(master, 0, 2, master, "/tmp/a.py", 8, "tok")
-    assert "--nproc-per-node 8" in gpu and "--backend nccl" in gpu
+    assert "--nproc-per-node 8" in gpu
+    assert "--backend nccl" in gpu

@@ -40,7 +40,7 @@ def test_sku_found_by_pci_device_id_before_name():
 
 
 @pytest.mark.parametrize(
-    "name,key",
+    ("name", "key"),
     [
         ("NVIDIA H200 NVL", "H200-NVL"),
         ("NVIDIA GH200 480GB", "GH200-96GB"),
@@ -118,7 +118,8 @@ def test_one_slow_gpu_fails_its_node_and_only_its_node():
     results = by_node(judge.judge(nodes))
     assert results["slow"].verdict == "warn"
     (f,) = findings(results["slow"], "gpu_bf16_tflops", "gpu7")
-    assert f.verdict == "warn" and "below the fleet median" in f.reason
+    assert f.verdict == "warn"
+    assert "below the fleet median" in f.reason
     assert all(results[f"n{i}"].verdict == "pass" for i in range(3))
 
 
@@ -166,7 +167,8 @@ def test_unknown_sku_is_reported_and_judged_on_fleet():
 def test_unknown_sku_alone_warns_instead_of_passing_silently():
     (r,) = judge.judge([gpu_node("n", [100.0], [h100(0, name="NVIDIA Foo", pci_device_id=0x9999)])])
     f = findings(r, "gpu_bf16_tflops")[0]
-    assert f.verdict == "warn" and "unknown SKU (NVIDIA Foo)" in f.reason
+    assert f.verdict == "warn"
+    assert "unknown SKU (NVIDIA Foo)" in f.reason
 
 
 def test_gen5_gpu_in_gen4_slot_fails_for_unknown_sku():
@@ -230,7 +232,8 @@ def test_merged_overrides_prefer_the_run_file():
     base = parse_flat({"ram_triad_gbs": 10, "disk_seq_read_mibs": 5}, "settings")
     run = parse_flat({"ram_triad_gbs": 30}, "file")
     merged = base.merged(run)
-    assert merged.floor("ram_triad_gbs") == 30 and merged.floor("disk_seq_read_mibs") == 5
+    assert merged.floor("ram_triad_gbs") == 30
+    assert merged.floor("disk_seq_read_mibs") == 5
     assert Overrides().merged(run).floor("ram_triad_gbs") == 30
 
 
@@ -274,13 +277,15 @@ def test_active_hardware_slowdown_fails_the_gpu():
     (r,) = judge.judge([gpu_node("n", [800.0, 800.0], gpus)])
     assert findings(r, "gpu_hw_slowdown", "gpu0")[0].verdict == "pass"
     bad = findings(r, "gpu_hw_slowdown", "gpu1")[0]
-    assert bad.verdict == "fail" and "hw_thermal_slowdown" in bad.reason
+    assert bad.verdict == "fail"
+    assert "hw_thermal_slowdown" in bad.reason
 
 
 def test_slow_gpu_in_a_single_node_is_caught_against_its_siblings():
     (r,) = judge.judge([gpu_node("only", [900.0] * 7 + [720.0])])
     slow = findings(r, "gpu_bf16_tflops", "gpu7")[0]
-    assert slow.verdict == "warn" and "below the fleet median" in slow.reason
+    assert slow.verdict == "warn"
+    assert "below the fleet median" in slow.reason
     assert all(findings(r, "gpu_bf16_tflops", f"gpu{i}")[0].verdict == "pass" for i in range(7))
 
 
@@ -288,7 +293,8 @@ def test_a_two_node_fleet_fails_only_a_gap_beyond_3x():
     # Two values: no spread to judge noise by, and either node may be the odd one.
     pair = [cpu_node("a", ram_triad_gbs=2.7), cpu_node("b", ram_triad_gbs=5.4)]  # 2x apart
     (f,) = findings(by_node(judge.judge(pair))["a"], "ram_triad_gbs", "")
-    assert f.verdict == "warn" and "only 2 values" in f.reason
+    assert f.verdict == "warn"
+    assert "only 2 values" in f.reason
     far = [cpu_node("a", ram_triad_gbs=1.0), cpu_node("b", ram_triad_gbs=5.4)]  # 5.4x apart
     (f,) = findings(by_node(judge.judge(far))["a"], "ram_triad_gbs", "")
     assert f.verdict == "fail"
@@ -309,7 +315,8 @@ def test_gpu_step_that_raised_fails_a_host_with_gpus():
     m = gpu_not_run("not run: gpu0 gpu_bf16_tflops: RuntimeError: CUDA error: an illegal memory access")
     (r,) = judge.judge([judge.NodeInput("n", [m], [h100(0)])])
     (f,) = findings(r, "gpu_bf16_tflops")
-    assert f.verdict == "fail" and "RuntimeError" in f.reason
+    assert f.verdict == "fail"
+    assert "RuntimeError" in f.reason
     assert r.verdict == "fail"
 
 
@@ -339,7 +346,8 @@ def test_cuda_seeing_fewer_gpus_than_nvml_fails_naming_both_counts():
     node = gpu_node("n", [700.0], inventory={"gpu_counts": {"nvml": 8, "cuda": 7}})
     (r,) = judge.judge([node])
     (f,) = findings(r, judge.GPU_COUNT)
-    assert f.verdict == "fail" and "CUDA sees 7 GPUs, NVML sees 8" in f.reason
+    assert f.verdict == "fail"
+    assert "CUDA sees 7 GPUs, NVML sees 8" in f.reason
     assert r.verdict == "fail"
     (ok,) = judge.judge([gpu_node("n", [700.0], inventory={"gpu_counts": {"nvml": 1, "cuda": 1}})])
     assert findings(ok, judge.GPU_COUNT)[0].verdict == "pass"

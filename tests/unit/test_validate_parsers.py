@@ -56,8 +56,10 @@ def test_nvidia_smi_xml_a100_sxm4_80gb():
     assert gpu.name == "NVIDIA A100-SXM4-80GB"
     assert gpu.pci_device_id == 0x20B2
     assert (gpu.pcie_gen_max, gpu.pcie_width_max) == (4, 16)
-    assert gpu.ecc_uncorrected == 0 and gpu.ecc_corrected == 0
-    assert gpu.driver_version == "535.54.03" and gpu.cuda_version == "12.2"
+    assert gpu.ecc_uncorrected == 0
+    assert gpu.ecc_corrected == 0
+    assert gpu.driver_version == "535.54.03"
+    assert gpu.cuda_version == "12.2"
     assert gpu.memory_mib == 81920
     assert gpu.persistence_mode is False
 
@@ -75,7 +77,8 @@ def test_nvidia_smi_xml_sees_gen5_gpu_in_gen4_slot():
     assert gpu.pcie_gen_max == 4
     assert gpu.pcie_gen_current == 1  # idle link
     assert gpu.ecc_uncorrected is None  # ECC off: N/A everywhere
-    assert gpu.retired_pages == 0 and gpu.remap_failure is False
+    assert gpu.retired_pages == 0
+    assert gpu.remap_failure is False
 
 
 def test_nvidia_smi_xml_two_gpus_keep_their_minor_numbers():
@@ -91,12 +94,14 @@ def test_nvidia_smi_text_8x_h100_sxm():
     assert {(g.pcie_gen_max, g.pcie_width_max) for g in gpus} == {(5, 16)}
     assert all(g.throttle_active == () for g in gpus)  # "Idle: Active" is not a throttle
     assert gpus[0].driver_version == "565.57.01"
-    assert gpus[0].retired_pages == 0 and gpus[0].remap_pending is False
+    assert gpus[0].retired_pages == 0
+    assert gpus[0].remap_pending is False
 
 
 def test_nvidia_smi_text_h200_and_h100_nvl():
     (h200,) = parsers.nvidia_smi_text(read("nvidia-smi-a_1x-h200.txt"))
-    assert h200.name == "NVIDIA H200" and h200.pci_device_id == 0x2335
+    assert h200.name == "NVIDIA H200"
+    assert h200.pci_device_id == 0x2335
     nvl = parsers.nvidia_smi_text(read("nvidia-smi-a_2x-h100-nvl.txt"))
     assert [g.pci_device_id for g in nvl] == [0x2321, 0x2321]
 
@@ -125,7 +130,8 @@ def test_agent_output_with_nvidia_smi_fallback():
     }
     report = parsers.agent_output("noise\n" + json.dumps(doc), "node1")
     assert report.gpus[0].pci_device_id == 0x20B2
-    assert report.measurements[0].node == "node1" and report.measurements[0].value == 12.5
+    assert report.measurements[0].node == "node1"
+    assert report.measurements[0].value == 12.5
     assert report.measurements[1].value is None
     assert report.measurements[1].not_run == "not run: fio missing"
 

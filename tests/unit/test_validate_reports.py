@@ -40,9 +40,12 @@ def test_json_report_has_schema_summary_and_a_record_per_node_and_metric():
     assert doc["schema"] == "provision.validate/1"
     assert doc["summary"] == {"pass": 2, "warn": 1, "fail": 2, "exit_code": 1}
     keys = {(r["node"], r["metric"]) for r in doc["records"]}
-    assert ("c", "disk_seq_read_mibs") in keys and ("a", "gpu_bf16_tflops") in keys
+    assert ("c", "disk_seq_read_mibs") in keys
+    assert ("a", "gpu_bf16_tflops") in keys
     rec = next(r for r in doc["records"] if (r["node"], r["metric"]) == ("c", "disk_seq_read_mibs"))
-    assert rec["verdict"] == "fail" and rec["unit"] == "MiB/s" and rec["value"] == 90.0
+    assert rec["verdict"] == "fail"
+    assert rec["unit"] == "MiB/s"
+    assert rec["value"] == 90.0
     assert set(rec) == {"node", "metric", "device", "value", "unit", "expectation", "verdict", "reason"}
     json.dumps(doc)  # serialisable as is
 
@@ -56,13 +59,16 @@ def test_junit_marks_fail_warn_and_not_run_distinctly():
     c = cases(root)
     assert c[("validate.c", "disk_seq_read_mibs")].find("failure").get("type") == "fail"
     not_run = c[("validate.d", "disk_seq_read_mibs")].find("skipped")
-    assert not_run.get("type") == "not_run" and not_run.get("message").startswith("NOT RUN:")
+    assert not_run.get("type") == "not_run"
+    assert not_run.get("message").startswith("NOT RUN:")
     no_gpu = c[("validate.a", "gpu_bf16_tflops")]
     assert no_gpu.find("skipped") is not None  # a GPU that was not measured never reads as a pass
     assert c[("validate.e", "reachable")].find("error") is not None
     passed = c[("validate.a", "disk_seq_read_mibs")]
-    assert passed.find("failure") is None and passed.find("skipped") is None
-    assert root.get("failures") == "1" and root.get("errors") == "1"
+    assert passed.find("failure") is None
+    assert passed.find("skipped") is None
+    assert root.get("failures") == "1"
+    assert root.get("errors") == "1"
 
 
 def test_junit_warning_is_a_failure_unless_warnings_are_allowed():
@@ -70,7 +76,8 @@ def test_junit_warning_is_a_failure_unless_warnings_are_allowed():
     strict = cases(report_junit.document(results))[("validate.n", "cpu_gemm_peak_fraction")]
     assert strict.find("failure").get("type") == "warn"
     lenient = cases(report_junit.document(results, warn_ok=True))[("validate.n", "cpu_gemm_peak_fraction")]
-    assert lenient.find("failure") is None and lenient.find("skipped").get("type") == "warn"
+    assert lenient.find("failure") is None
+    assert lenient.find("skipped").get("type") == "warn"
 
 
 class _Collect(HTMLParser):
@@ -115,11 +122,16 @@ def test_each_gpus_full_nvml_record_reaches_the_json_inventory_and_the_html():
     report = parsers.AgentReport("g1", "g1", {"cpu": {}}, (parsers.gpu_from_nvml(gpu),), (), ())
     node = Node("g1", SshTarget("192.0.2.1", 22, None, None, None, "yes"), ("gpu_nodes",), Settings())
     record = controller._input(node, report, controller.Plan()).inventory["gpus"][0]
-    assert record["driver_version"] == "580.95.05" and record["memory_mib"] == 81559
-    assert record["clocks_mhz"] == {"sm": 1980, "sm_max": 1980} and record["nvlink_up"] == 18
-    assert record["persistence_mode"] is True and record["pcie_width_current"] == 16
+    assert record["driver_version"] == "580.95.05"
+    assert record["memory_mib"] == 81559
+    assert record["clocks_mhz"] == {"sm": 1980, "sm_max": 1980}
+    assert record["nvlink_up"] == 18
+    assert record["persistence_mode"] is True
+    assert record["pcie_width_current"] == 16
     json.dumps(record)  # JSON-ready
     (result,) = judge.judge([judge.NodeInput("g1", [], inventory={"gpus": [record]})])
     html = report_html.document([result], "t")
-    assert "GPU inventory" in html and "580.95.05" in html and "gen5 x16 / gen5 x16" in html
+    assert "GPU inventory" in html
+    assert "580.95.05" in html
+    assert "gen5 x16 / gen5 x16" in html
     assert "sw_power_cap" in html

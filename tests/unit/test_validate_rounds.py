@@ -41,7 +41,8 @@ def test_all_pairs_every_pair_once_in_n_minus_1_rounds(n):
 
 
 def test_single_node_has_no_rounds():
-    assert rounds.ring_rounds(["a"]) == [] and rounds.all_pairs_rounds(["a"]) == []
+    assert rounds.ring_rounds(["a"]) == []
+    assert rounds.all_pairs_rounds(["a"]) == []
 
 
 def links(bad: str | None, n: int = 4, good: float = 9.4, slow: float = 2.0):
@@ -66,7 +67,8 @@ def test_degraded_nic_is_bisected_to_its_node():
     blamed, extra = rounds.bisect(slow, results, nodes, measure)
     assert set(blamed) == {"n2"}
     assert "bisected against" in blamed["n2"]
-    assert extra and all(p.round == -1 for p in extra)
+    assert extra
+    assert all(p.round == -1 for p in extra)
     values = rounds.node_values(results + extra, nodes, blamed)
     assert values["n2"][0] == 2.0
     assert values["n1"][0] == 9.4  # its slow pair with n2 is not held against it
@@ -102,4 +104,5 @@ def test_equal_links_are_never_slow():
 def test_two_nodes_cannot_be_bisected_and_say_so():
     results = [PairResult("a", "b", 1.0, 0), PairResult("b", "a", 9.0, 0)]
     blamed, extra = rounds.bisect(rounds.slow_pairs(results), results, ["a", "b"], links(None))
-    assert "no third node" in blamed["a"] and extra == []
+    assert "no third node" in blamed["a"]
+    assert extra == []

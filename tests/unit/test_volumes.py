@@ -51,41 +51,50 @@ def test_blank_listed_disks_are_chosen_in_listed_order():
 
 def test_a_serial_names_the_disk_as_well_as_its_by_id_path():
     disks, problems = disk_rules.choose_disks(settings(data_disks=["NVME-node1-b"]), [ROOT, B], "node1")
-    assert problems == [] and disks == [B]
+    assert problems == []
+    assert disks == [B]
 
 
 def test_refuses_to_format_disk_with_filesystem_naming_host_device_and_content():
     used = disk("vdb", fstype="ext4", uuid="u1", label="scratch")
     _, problems = disk_rules.choose_disks(settings(data_disks=[ID_B]), [ROOT, used], "node1")
     assert len(problems) == 1
-    assert "node1" in problems[0] and ID_B in problems[0] and "ext4 filesystem" in problems[0]
+    assert "node1" in problems[0]
+    assert ID_B in problems[0]
+    assert "ext4 filesystem" in problems[0]
     assert f"--force-format node1:{ID_B}" in problems[0]
 
 
 def test_refuses_disk_with_partition_table():
     used = disk("vdb", pttype="gpt", children=("vdb1",))
     _, problems = disk_rules.choose_disks(settings(data_disks=[ID_B]), [ROOT, used], "node1")
-    assert len(problems) == 1 and "a gpt partition table" in problems[0] and ID_B in problems[0]
+    assert len(problems) == 1
+    assert "a gpt partition table" in problems[0]
+    assert ID_B in problems[0]
 
 
 def test_refuses_disk_with_raid_superblock_of_another_array():
     member = disk("vdb", fstype="linux_raid_member", label="otherhost:0", uuid="a-b")
     _, problems = disk_rules.choose_disks(settings(data_disks=[ID_B]), [ROOT, member], "node1")
-    assert len(problems) == 1 and "RAID superblock" in problems[0] and "node1" in problems[0]
+    assert len(problems) == 1
+    assert "RAID superblock" in problems[0]
+    assert "node1" in problems[0]
 
 
 def test_force_format_allows_disk_holding_data():
     used = disk("vdb", fstype="ext4", uuid="u1")
     disks, problems = disk_rules.choose_disks(
         settings(data_disks=[ID_B], force_format=[ID_B]), [ROOT, used], "node1")
-    assert problems == [] and disks == [used]
+    assert problems == []
+    assert disks == [used]
 
 
 def test_force_format_on_another_disk_does_not_allow_this_one():
     used = disk("vdb", fstype="ext4", uuid="u1")
     _, problems = disk_rules.choose_disks(
         settings(data_disks=[ID_B], force_format=[ID_C]), [ROOT, used, C], "node1")
-    assert len(problems) == 1 and "refusing to format" in problems[0]
+    assert len(problems) == 1
+    assert "refusing to format" in problems[0]
 
 
 def test_missing_disk_is_an_error_naming_the_disks_that_exist():
@@ -96,7 +105,8 @@ def test_missing_disk_is_an_error_naming_the_disks_that_exist():
 
 def test_root_disk_listed_as_data_disk_is_an_error():
     _, problems = disk_rules.choose_disks(settings(data_disks=["ROOT"]), [ROOT, B], "node1")
-    assert len(problems) == 1 and "holds the running system (/)" in problems[0]
+    assert len(problems) == 1
+    assert "holds the running system (/)" in problems[0]
 
 
 def test_check_disks_reports_the_same_problems_as_the_choice():
@@ -128,20 +138,25 @@ def test_auto_picks_a_forced_used_disk():
 def test_our_own_filesystem_is_kept_and_not_refused():
     ours = disk("vdb", fstype="xfs", uuid="f5", label=disk_rules.LABEL, mountpoints=("/data",))
     disks, problems = disk_rules.choose_disks(settings(data_disks=[ID_B]), [ROOT, ours], "node1")
-    assert problems == [] and disks == [ours] and disk_rules.is_ours(ours)
+    assert problems == []
+    assert disks == [ours]
+    assert disk_rules.is_ours(ours)
 
 
 def test_members_of_our_array_are_kept_and_auto_picks_them_again():
     members = [disk(n, fstype="linux_raid_member", label=disk_rules.ARRAY_NAME, uuid="m1", children=("md127",))
                for n in ("vdb", "vdc")]
     disks, problems = disk_rules.choose_disks(settings(data_disks="auto"), [ROOT, *members], "node1")
-    assert problems == [] and disks == members
+    assert problems == []
+    assert disks == members
 
 
 def test_adding_a_blank_disk_to_our_existing_volume_is_refused():
     ours = disk("vdb", fstype="xfs", uuid="f5", label=disk_rules.LABEL)
     _, problems = disk_rules.choose_disks(settings(data_disks=[ID_B, ID_C]), [ROOT, ours, C], "node1")
-    assert len(problems) == 1 and "already exists" in problems[0] and "not supported" in problems[0]
+    assert len(problems) == 1
+    assert "already exists" in problems[0]
+    assert "not supported" in problems[0]
 
 
 def test_describe_choice_lists_picked_and_left_out_disks():
@@ -176,7 +191,8 @@ def test_force_format_flag_extends_only_the_named_hosts_settings():
 def test_force_format_flag_for_an_unknown_host_is_bad_input():
     with pytest.raises(InputError) as e:
         force_format.apply_force_format(_cluster(), [f"node9:{ID_B}", "node1"])
-    assert len(e.value.problems) == 2 and "'node9' is not a host" in str(e.value)
+    assert len(e.value.problems) == 2
+    assert "'node9' is not a host" in str(e.value)
 
 
 def test_force_format_flag_refuses_kernel_names_and_other_by_paths():
@@ -207,9 +223,10 @@ def test_a_kernel_path_never_names_a_disk_so_forcing_it_erases_nothing():
     used = disk("vdb", fstype="ext4", uuid="u1")
     assert not used.matches("/dev/vdb")
     # Settings() skips parse_settings' validation: this is the second line of defence
-    disks, problems = disk_rules.choose_disks(
+    _disks, problems = disk_rules.choose_disks(
         settings(data_disks=[ID_B], force_format=["/dev/vdb"]), [ROOT, used], "node1")
-    assert len(problems) == 1 and "refusing to format" in problems[0]
+    assert len(problems) == 1
+    assert "refusing to format" in problems[0]
     assert disk_rules.choose_disks(settings(data_disks=["/dev/vdb"]), [ROOT, used], "node1")[1] == [
         "node1: data disk /dev/vdb does not exist (disks on the host: /dev/disk/by-id/virtio-ROOT (vda), "
         f"{ID_B} (vdb))"]
@@ -222,7 +239,7 @@ def test_every_raid_level_the_settings_allow_has_a_minimum_disk_count():
     assert set(levels) == set(disk_rules.RAID_MIN_DISKS)
 
 
-@pytest.mark.parametrize("level, count", [(1, 1), (5, 2), (6, 3), (10, 1)])
+@pytest.mark.parametrize(("level", "count"), [(1, 1), (5, 2), (6, 3), (10, 1)])
 def test_a_raid_level_the_listed_disks_cannot_make_is_refused_naming_host_level_and_count(level, count):
     listed = [B, C, D][:count]
     used = replace(listed[0], fstype="ext4", uuid="u1")  # forced: it must not be erased for nothing
@@ -241,7 +258,7 @@ def test_auto_picking_too_few_disks_for_the_raid_level_is_refused():
                         "add disks or choose another raid_level"]
 
 
-@pytest.mark.parametrize("level, count", [(0, 1), (0, 2), (1, 2), (5, 3), (6, 4), (10, 2), (10, 4)])
+@pytest.mark.parametrize(("level", "count"), [(0, 1), (0, 2), (1, 2), (5, 3), (6, 4), (10, 2), (10, 4)])
 def test_a_raid_level_the_disks_can_make_is_accepted(level, count):
     listed = [B, C, D, disk("vde")][:count]
     s = settings(data_disks=[d.by_id[0] for d in listed], raid_level=level)
@@ -279,7 +296,7 @@ def test_mdadm_create_does_not_check_members_that_were_force_erased():
     assert vol_ops.blank_guard(ID_B) not in command
 
 
-@pytest.mark.parametrize("filesystem, mkfs", [("xfs", "mkfs.xfs -q -L PVDATA -m uuid=u1 /dev/md/data"),
+@pytest.mark.parametrize(("filesystem", "mkfs"), [("xfs", "mkfs.xfs -q -L PVDATA -m uuid=u1 /dev/md/data"),
                                               ("ext4", "mkfs.ext4 -q -L PVDATA -U u1 /dev/md/data")])
 def test_mkfs_without_force_first_refuses_any_signature_itself(filesystem, mkfs):
     # mke2fs without a terminal overwrites a signature without asking: the guard is ours
@@ -332,7 +349,7 @@ def test_device_filesystem_fact_tells_blank_from_found():
     assert fact.process(["provision-blkid-exit=2"]) == filesystems.Filesystem(None, None, None)
 
 
-@pytest.mark.parametrize("lines, error", [
+@pytest.mark.parametrize(("lines", "error"), [
     (["provision-blkid-exit=4"], "blkid -p failed (exit 4)"),
     (["provision-blkid-exit=8"], "blkid -p failed (exit 8)"),  # ambivalent: more than one signature
     (["TYPE=xfs"], "blkid -p gave no exit status"),
@@ -370,8 +387,10 @@ def test_auto_on_a_captured_testbed_node_picks_both_blank_data_disks_not_root_or
 def test_captured_members_of_our_raid0_are_recognised_so_a_rerun_keeps_them():
     devices = _captured("blockdevices_debian12-testbed_raid0-provision-data.txt")
     members = [d for d in devices if d.fstype == "linux_raid_member"]
-    assert len(members) == 2 and all(disk_rules.is_ours(d) for d in members)
+    assert len(members) == 2
+    assert all(disk_rules.is_ours(d) for d in members)
     assert {c for d in members for c in d.children} == {"md127"}
     disks, problems = disk_rules.choose_disks(
         settings(data_disks=[f"/dev/disk/by-id/virtio-NVME-node1-{k}" for k in (1, 2)]), devices, "node1")
-    assert problems == [] and disks == members
+    assert problems == []
+    assert disks == members

@@ -217,4 +217,6 @@ def test_a_missing_package_is_installed_only_after_the_apt_locks_are_free(monkey
     wait = lock_wait_command(Settings().apt_lock_wait_s)
     commands = run.commands[HOST]
     installs = [i for i, c in enumerate(commands) if re.search(r"apt-get .*install", c)]
-    assert installs and wait in commands and commands.index(wait) < installs[0]
+    assert installs
+    assert wait in commands
+    assert commands.index(wait) < installs[0]
