@@ -4,13 +4,25 @@ from __future__ import annotations
 
 import hashlib
 
+import pytest
+
 from provision import engine
 from provision.deploys import backups
 from provision.inventory import Cluster
 from provision.rules import backups as backup_layout
 from provision.settings import Settings
 from tests.helpers.pyinfra_fake import fake_node, run_fake
-from tests.unit.test_backup import _deploy_with_host_password, _node, _run_steps_with_path
+from tests.unit.test_backup import (
+    _deploy_with_host_password,
+    _node,
+    _run_steps_with_path,
+)
+
+
+@pytest.fixture(autouse=True)
+def state_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("PROVISION_STATE_DIR", str(tmp_path / "state"))
+    return tmp_path / "state"
 
 
 def test_deploy_sets_up_account_secrets_and_timer_without_the_password_in_any_command(tmp_path, monkeypatch):

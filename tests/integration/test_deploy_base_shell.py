@@ -6,11 +6,23 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from provision.deploys import base
 from provision.facts import probes
 from provision.operations import hosts as hosts_ops
 from tests.helpers.deploy_facts import FakeHost, os_info, plan_with_facts
-from tests.unit.test_deploy_base import INSTALLER_HOSTS, by_name, cluster
+from tests.unit.test_deploy_base import (
+    INSTALLER_HOSTS,
+    by_name,
+    cluster,
+)
+
+
+@pytest.fixture(autouse=True)
+def state_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("PROVISION_STATE_DIR", str(tmp_path / "state"))
+    return tmp_path / "state"
 
 
 def test_a_shadowed_hosts_block_is_moved_first_keeping_every_other_line(tmp_path: Path) -> None:

@@ -5,11 +5,19 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.unit.test_train_ddp import BASE, ENV, TIMEOUT_S, TRAINER, single, two_nodes
+from tests.unit.test_train_ddp import (
+    BASE,
+    ENV,
+    TIMEOUT_S,
+    TRAINER,
+    single,
+    two_nodes,
+)
 
 
 def test_default_run_is_a_tiny_cpu_smoke_test(tmp_path):
@@ -88,3 +96,9 @@ def test_threads_option_sets_the_ranks_cpu_threads(tmp_path, cache):
     common = [*BASE, "--steps", "2", "--data-cache", str(cache)]
     assert single([*common, "--ckpt-dir", str(tmp_path / "a")], tmp_path / "a")["threads"] == 1  # OMP env
     assert single([*common, "--threads", "2", "--ckpt-dir", str(tmp_path / "b")], tmp_path / "b")["threads"] == 2
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Path:
+    """One token cache for the module, so the stdlib is read once."""
+    return tmp_path_factory.mktemp("tokens")

@@ -36,12 +36,6 @@ def load_trainer():
     return module
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory) -> Path:
-    """One token cache for the module, so the stdlib is read once."""
-    return tmp_path_factory.mktemp("tokens")
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
