@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.table import Table
@@ -41,7 +42,7 @@ def facts(
         raise typer.Exit(EXIT_FAILED)
 
 
-def _print_tables(hosts: list) -> None:
+def _print_tables(hosts: list[Any]) -> None:
     table = Table(title="hosts")
     for column in ("host", "os / kernel", "cpu", "ram", "nics (Mbit/s)", "gpus"):
         table.add_column(column)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.table import Table
@@ -40,7 +41,7 @@ def status(
         raise typer.Exit(EXIT_FAILED)
 
 
-def _print(statuses: list) -> None:
+def _print(statuses: list[Any]) -> None:
     table = Table(title="fleet status")
     for column in ("host", "os / kernel", "driver / cuda / fm", "torch / nccl", "reboot",
                    "mounts", "last backup", "last validate"):

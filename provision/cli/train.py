@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.markup import escape
@@ -13,6 +15,9 @@ from provision import inventory as inventory_lib
 from provision.cli.console import err, out, print_json
 from provision.cli.options import InventoryArg
 from provision.errors import EXIT_FAILED, InputError, Problem, ProvisionError
+
+if TYPE_CHECKING:
+    from provision.launch import Options
 
 
 class TrainFailed(ProvisionError):
@@ -73,7 +78,7 @@ def train(
 
 def _options(nproc: str, steps: int, model: str, batch: int, resume: bool, extra: tuple[str, ...],
              python: str | None, runs_dir: Path, interval: float, timeout: float | None,
-             inventory: Path):
+             inventory: Path) -> Options:
     from provision.launch import Options, logs, plan
 
     problems = []
@@ -96,7 +101,7 @@ def _options(nproc: str, steps: int, model: str, batch: int, resume: bool, extra
                    timeout, f"{inventory.stem}-{model}")
 
 
-def _echo(quiet: bool):
+def _echo(quiet: bool) -> Callable[[str, str, str], None]:
     def on_line(host: str, who: str, text: str) -> None:
         if not quiet:
             err.print(f"[dim]{host} {who} |[/] {escape(text)}", soft_wrap=True)
@@ -108,7 +113,7 @@ def _say(host: str, text: str) -> None:
     err.print(f"[bold]{host}[/]: {escape(text)}")
 
 
-def _print(r) -> None:
+def _print(r: Any) -> None:
     table = Table(title=f"{r.run_id}: {'ok' if r.ok else 'FAILED'}")
     for column in ("host", "ranks", "own tokens/s", "fwd ms", "CPU mean/peak %", "RAM peak %",
                    "GPU mean/peak %", "exit", "clean"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.table import Table
@@ -126,7 +127,7 @@ def _run(
     return code
 
 
-def _print_table(results: list) -> None:
+def _print_table(results: list[Any]) -> None:
     table = Table(title="validate")
     for column in ("node", "metric", "value", "expect", "verdict", "reason"):
         table.add_column(column, overflow="fold")
@@ -149,7 +150,7 @@ def _print_table(results: list) -> None:
     out.print(summary)
 
 
-def _print_history(host: str, lines: list[dict], json_out: str | None) -> None:
+def _print_history(host: str, lines: list[dict[str, Any]], json_out: str | None) -> None:
     from provision.validate.history import trend
 
     rows = trend(lines)

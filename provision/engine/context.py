@@ -9,7 +9,7 @@ runs (a plan inside a test, say) never see each other's notes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from provision.inventory import Cluster, Node
 
@@ -50,12 +50,12 @@ def current_run() -> RunContext:
     run = _host().data.get(RUN_KEY)
     if run is None:
         raise RuntimeError("current_run() called outside a run of the engine (run_steps/plan_steps)")
-    return run
+    return cast(RunContext, run)
 
 
 def current_node() -> Node:
     """Inside a deploy: the typed Node of the host pyinfra is working on."""
-    return _host().data.get(NODE_KEY)
+    return cast(Node, _host().data.get(NODE_KEY))
 
 
 def current_cluster() -> Cluster:

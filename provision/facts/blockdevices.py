@@ -120,7 +120,7 @@ def parse_lsblk(text: str, by_id: dict[str, list[str]] | None = None) -> list[Bl
     return devices
 
 
-class BlockDevices(FactBase):
+class BlockDevices(FactBase[list[BlockDevice]]):
     """Whole disks with stable ids and what they hold. Example:
 
     .. code:: python

@@ -39,7 +39,7 @@ def parse_blkid_probe(lines: list[str]) -> Filesystem:
     return Filesystem(None, None, None, error=why)
 
 
-class DeviceFilesystem(FactBase):
+class DeviceFilesystem(FactBase[Filesystem]):
     """The filesystem on one device, probed directly (no blkid cache)."""
 
     def command(self, device: str) -> str:

@@ -135,7 +135,7 @@ def supports_open_modules(device_id: str) -> bool:
     return int(device_id, 16) >= 0x1E00
 
 
-class NvidiaDevices(FactBase):
+class NvidiaDevices(FactBase[Gpus]):
     """NVIDIA GPUs and NVSwitches from sysfs, named by lspci where pciutils is installed,
     plus NVML's view when the driver is loaded."""
 

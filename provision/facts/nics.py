@@ -51,7 +51,7 @@ def parse_speeds(lines: list[str]) -> dict[str, int | None]:
     return out
 
 
-class Nics(FactBase):
+class Nics(FactBase[list[Nic]]):
     """Interfaces, addresses and link speeds (from /sys/class/net/*/speed)."""
 
     def requires_command(self) -> str:

@@ -94,7 +94,7 @@ class HostProbe:
     apt_lists: int | None = None
 
 
-class Probe(FactBase):
+class Probe(FactBase[HostProbe]):
     """One round trip for every preflight input. ``packages``: extra apt names whose
     candidates to report (Canonical's signed module packages for the running kernel, NVIDIA's
     driver metapackage)."""
@@ -185,7 +185,7 @@ class RebootState:
         return self.loaded_module is not None and self.loaded_module == self.installed_module
 
 
-class RebootProbe(FactBase):
+class RebootProbe(FactBase[RebootState]):
     def command(self) -> str:
         return (
             "echo reboot_required=$([ -e /var/run/reboot-required ] && echo 1 || echo 0); "
@@ -211,7 +211,7 @@ def parse_reboot_state(lines: list[str]) -> RebootState:
     )
 
 
-class AptHolds(FactBase):
+class AptHolds(FactBase[tuple[dict[str, str], set[str]]]):
     """Installed packages (name -> version) and the set of held ones, for apt-mark hold."""
 
     def command(self) -> str:
@@ -249,7 +249,7 @@ class Account:
     group_gid: int | None  # gid of the group named like the user; None when there is none
 
 
-class AccountFact(FactBase):
+class AccountFact(FactBase[Account | None]):
     """One account from getent, or None when it does not exist. Cheap where pyinfra's
     Users fact runs several commands for every account on the host (about 5 s under
     emulation), which made every re-run of base pay for all of them."""
@@ -280,7 +280,7 @@ def parse_account(lines: list[str]) -> Account | None:
                    int(own[2]) if own and own[2].isdigit() else None)
 
 
-class HostKeys(FactBase):
+class HostKeys(FactBase[list[str]]):
     """The host's public SSH host keys ("type base64" per line)."""
 
     def command(self) -> str:
@@ -290,7 +290,7 @@ class HostKeys(FactBase):
         return [" ".join(line.split()[:2]) for line in output if len(line.split()) >= 2]
 
 
-class DpkgInterrupted(FactBase):
+class DpkgInterrupted(FactBase[bool]):
     """True when a dpkg run was cut off (power loss or a crash mid-install): files left in
     /var/lib/dpkg/updates, or packages `dpkg --audit` finds half-installed. apt refuses to
     install anything until `dpkg --configure -a` has finished that run."""
@@ -329,7 +329,7 @@ class CloudInit:
     overriding: tuple[str, ...]  # user-/vendor-data files that set manage_etc_hosts (they outrank cfg.d)
 
 
-class CloudInitFact(FactBase):
+class CloudInitFact(FactBase[CloudInit]):
     """cloud-init with manage_etc_hosts: true (Debian's cloud images set it in
     01_debian_cloud.cfg; some providers in vendor-data) rewrites /etc/hosts from its template
     on every boot, which drops the cluster block after the driver reboot."""

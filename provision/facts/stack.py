@@ -134,7 +134,7 @@ def stack_command(venv_path: str, mount_points: list[str]) -> str:
     ])
 
 
-class StackFact(FactBase):
+class StackFact(FactBase[InstalledStack]):
     """Installed versions and health of what `provision up` manages. Example:
 
     .. code:: python

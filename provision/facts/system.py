@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shlex
 from dataclasses import dataclass
+from typing import Any
 
 from pyinfra.api import FactBase
 
@@ -41,7 +42,7 @@ def parse_os_release(text: str) -> dict[str, str]:
     return values
 
 
-class Os(FactBase):
+class Os(FactBase[OsInfo]):
     """OS release, running kernel, hostname and architecture in one round trip."""
 
     def command(self) -> str:
@@ -88,7 +89,7 @@ def parse_lscpu(text: str) -> CpuInfo:
     )
 
 
-def _flatten(entries: list[dict]) -> list[dict]:
+def _flatten(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     # lscpu nests fields under "children" in newer util-linux versions.
     out = []
     for entry in entries:
@@ -97,7 +98,7 @@ def _flatten(entries: list[dict]) -> list[dict]:
     return out
 
 
-class Cpu(FactBase):
+class Cpu(FactBase[CpuInfo]):
     def requires_command(self) -> str:
         return "lscpu"
 
@@ -116,7 +117,7 @@ def parse_meminfo(text: str) -> int:
     raise ValueError("no MemTotal line in /proc/meminfo")
 
 
-class Memory(FactBase):
+class Memory(FactBase[int]):
     def command(self) -> str:
         return "cat /proc/meminfo"
 

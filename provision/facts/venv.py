@@ -9,7 +9,7 @@ import shlex
 from pyinfra.api import FactBase
 
 
-class VenvPackages(FactBase):
+class VenvPackages(FactBase[dict[str, str]]):
     """Installed packages of a venv, from its own pip."""
 
     default = dict
@@ -21,7 +21,7 @@ class VenvPackages(FactBase):
         return parse_freeze(output)
 
 
-class TorchCheck(FactBase):
+class TorchCheck(FactBase[str]):
     """Import torch with the venv's python; the output says what failed."""
 
     def command(self, python: str, need_cuda: bool) -> str:
@@ -31,7 +31,7 @@ class TorchCheck(FactBase):
         return "\n".join(output)
 
 
-class WheelSizes(FactBase):
+class WheelSizes(FactBase[dict[str, int]]):
     """name -> size of the .whl files in a host directory, in one command."""
 
     default = dict

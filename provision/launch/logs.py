@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 _RANK = re.compile(r"^\[rank(\d+)\]:(.*)$")
 _STEP = re.compile(r"^step (\d+)/\d+ \| train loss ([\d.]+) .*\| (\d+) tok/s")
@@ -33,7 +33,7 @@ class Curves:
     train: list[tuple[int, float]] = field(default_factory=list)  # (step, train loss)
     val: list[tuple[int, float]] = field(default_factory=list)  # (step, validation loss)
     tokens_per_s: list[tuple[int, float]] = field(default_factory=list)  # (step, global tok/s)
-    summary: dict | None = None  # the trainer's closing "summary {...}" line
+    summary: dict[str, Any] | None = None  # the trainer's closing "summary {...}" line
 
     def feed(self, text: str) -> None:
         if m := _STEP.match(text):

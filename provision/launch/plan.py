@@ -10,6 +10,7 @@ import secrets
 import shlex
 import time
 from dataclasses import dataclass
+from typing import cast
 
 from provision.resources import training_script
 from provision.settings import Settings
@@ -60,7 +61,7 @@ def model_sizes() -> dict[str, tuple[int, int, int, int]]:
     tree = ast.parse(training_script().read_text())
     for node in tree.body:
         if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "MODEL_SIZES":
-            return ast.literal_eval(node.value)
+            return cast("dict[str, tuple[int, int, int, int]]", ast.literal_eval(node.value))
     raise RuntimeError("MODEL_SIZES not found in train_ddp.py")
 
 
@@ -187,7 +188,7 @@ def interface_for(address: str, ip_json: str) -> str | None:
     for link in json.loads(ip_json or "[]"):
         for info in link.get("addr_info", []):
             if info.get("local") == address:
-                return link.get("ifname")
+                return cast("str | None", link.get("ifname"))
     return None
 
 

@@ -4,6 +4,7 @@ and per-node utilisation from the monitor. matplotlib with the Agg backend (no d
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from provision.launch.monitor import Sample
 from provision.launch.report import TrainReport
@@ -43,7 +44,7 @@ def plot(out: Outcome, report: TrainReport, path: Path) -> Path:
     return path
 
 
-def _utilisation(ax, name: str, samples: list[Sample]) -> None:
+def _utilisation(ax: Any, name: str, samples: list[Sample]) -> None:
     if not samples:
         return
     t0 = samples[0].t

@@ -25,6 +25,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 
 
 def processes() -> dict[int, tuple[int, int]]:
@@ -82,7 +83,7 @@ def signal_all(pids: set[int], sig: int) -> None:
             _quiet(os.killpg, pid, sig)  # the group this pid leads, if it leads one
 
 
-def _quiet(kill, pid: int, sig: int) -> None:
+def _quiet(kill: Callable[[int, int], None], pid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):  # gone already, or not ours
         kill(pid, sig)
 

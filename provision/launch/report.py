@@ -11,6 +11,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from provision.launch import monitor
 from provision.launch.session import Outcome
@@ -76,7 +77,7 @@ class Record:
     at: float  # unix time
 
 
-def signature(run_plan, opts) -> str:
+def signature(run_plan: Any, opts: Any) -> str:
     nproc = sorted({n.nproc for n in run_plan.nodes})
     return json.dumps({"model": opts.model, "nproc": nproc, "batch_per_rank": opts.batch_per_rank,
                        "extra": list(opts.extra_args)}, sort_keys=True)
@@ -104,7 +105,7 @@ def reference(records: list[Record], sig: str) -> Record | None:
 
 def build(out: Outcome, records_path: Path, sig: str) -> TrainReport:
     summary = out.curves.summary or {}
-    ranks_by_node: dict[str, list[dict]] = {}
+    ranks_by_node: dict[str, list[dict[str, Any]]] = {}
     for r in summary.get("ranks", []):
         ranks_by_node.setdefault(r["node"], []).append(r)
     nodes = [_node_report(out, p.name, ranks_by_node.get(p.name, [])) for p in out.plan.nodes]
@@ -133,7 +134,7 @@ def _compare(report: TrainReport, path: Path, sig: str, n_nodes: int, tps: float
     save_record(path, Record(report.run_id, sig, n_nodes, tps, time.time()))
 
 
-def _node_report(out: Outcome, name: str, ranks: list[dict]) -> NodeReport:
+def _node_report(out: Outcome, name: str, ranks: list[dict[str, Any]]) -> NodeReport:
     end = out.ends.get(name)
     td = out.teardown.get(name)
     clean = None if td is None else (td.get("left") == [])
@@ -144,5 +145,5 @@ def _node_report(out: Outcome, name: str, ranks: list[dict]) -> NodeReport:
         monitor.usage(out.samples.get(name, [])), end.exited if end else None, clean)
 
 
-def to_json(report: TrainReport) -> dict:
+def to_json(report: TrainReport) -> dict[str, Any]:
     return asdict(report)

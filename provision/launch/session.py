@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from provision import remote
 from provision.inventory import Node
@@ -69,7 +69,7 @@ class Outcome:
     failure: str | None = None  # first failure, said for people; None when all went well
     failed_host: str | None = None  # host of the first failure
     failed_rank: int | None = None  # rank of the first failure, when torchrun named it
-    teardown: dict[str, dict] = field(default_factory=dict)  # per host: reaper's JSON
+    teardown: dict[str, dict[str, Any]] = field(default_factory=dict[str, Any])  # per host: reaper's JSON
     teardown_s: float | None = None  # failure seen -> every host clean
     curves: logs.Curves = field(default_factory=logs.Curves)  # rank 0's loss and speed
     samples: dict[str, list[monitor.Sample]] = field(default_factory=dict)  # per host
@@ -259,7 +259,7 @@ class Supervisor:
         r = remote.run_beside(self.conns[host], host, monitor.SAMPLE_COMMAND, timeout=15)
         return r.stdout if r.ok else None
 
-    def _reaper(self, name: str, check: bool) -> dict:
+    def _reaper(self, name: str, check: bool) -> dict[str, Any]:
         p = next(n for n in self.plan.nodes if n.name == name)
         cmd = shlex.join([p.python, f"{p.run_dir}/reaper.py", p.run_dir, self.plan.run_id, name,
                           *(["--check"] if check else [])])
@@ -331,13 +331,13 @@ def _shielded_from_ctrl_c() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
-def _reaper_json(r: remote.CommandResult) -> dict:
+def _reaper_json(r: remote.CommandResult) -> dict[str, Any]:
     import json
 
     for line in reversed(r.stdout.splitlines()):
         if line.startswith("{"):
             try:
-                return json.loads(line)
+                return cast("dict[str, Any]", json.loads(line))
             except json.JSONDecodeError:
                 break
     return {"error": (r.stderr or r.stdout or f"exit {r.exited}").strip()[-300:], "left": None}

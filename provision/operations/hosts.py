@@ -6,6 +6,8 @@ makes a node's own name loopback to itself; hosts_first moves the block above su
 from __future__ import annotations
 
 import shlex
+from collections.abc import Generator
+from typing import Any
 
 from pyinfra.api import operation
 
@@ -41,7 +43,7 @@ def hosts_first_command(block: str) -> str:
 
 
 @operation()
-def hosts_first(block: str, shadowed: list[str]):
+def hosts_first(block: str, shadowed: list[str]) -> Generator[Any, None, None]:
     """Move provision's block above the lines that shadow it."""
     if shadowed:
         yield hosts_first_command(block)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import fnmatch
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Generator
+from typing import Any
 
 from pyinfra import host
 from pyinfra.api import operation
@@ -21,7 +22,7 @@ from provision.rules.nvidia import hold_names
 
 
 @operation()
-def held(explicit: list[str], branch: str):
+def held(explicit: list[str], branch: str) -> Generator[Any, None, None]:
     """apt-mark hold the driver packages (read after the install, at execution time)."""
     installed, already = host.get_fact(AptHolds)
     names = hold_names(installed, already, explicit, branch)
@@ -30,7 +31,7 @@ def held(explicit: list[str], branch: str):
 
 
 @operation()
-def fabricmanager(package: str, driver_package: str, version: str | None):
+def fabricmanager(package: str, driver_package: str, version: str | None) -> Generator[Any, None, None]:
     """Install fabric manager at the driver's version (it refuses to run otherwise).
 
     ``version`` is the driver version when pinned (bare or with its revision); otherwise
@@ -53,7 +54,7 @@ def fabricmanager(package: str, driver_package: str, version: str | None):
 
 
 @operation()
-def apt_pinned(packages: dict[str, str]):
+def apt_pinned(packages: dict[str, str]) -> Generator[Any, None, None]:
     """Install each package at a version matching its apt version glob, unless the installed
     one already matches. pyinfra's apt.packages compares versions literally, so a glob such
     as ``*+cuda12.8`` would reinstall at every run; apt itself resolves the glob to the
@@ -92,7 +93,7 @@ def download_commands(src: str, dest: str, sha256: str | None) -> list[str]:
 
 
 @operation()
-def verified_download(src: str, dest: str, sha256: str | None):
+def verified_download(src: str, dest: str, sha256: str | None) -> Generator[Any, None, None]:
     """Download ``src`` to ``dest`` when it is missing, or when its SHA-256 is not ``sha256``."""
     if sha256:
         if host.get_fact(Sha256File, path=dest) == sha256:
@@ -103,7 +104,7 @@ def verified_download(src: str, dest: str, sha256: str | None):
 
 
 @operation()
-def driver_daemon(service: str, config_changed: Callable[[], bool] | None = None):
+def driver_daemon(service: str, config_changed: Callable[[], bool] | None = None) -> Generator[Any, None, None]:
     """Enable a daemon that needs the NVIDIA kernel module; start it too when the kernel
     runs the installed module (read at execution time, after the install), since then no
     reboot follows to start it. After a driver install or upgrade the module is not

@@ -4,7 +4,9 @@ imports, upload a wheel unless the host has it."""
 from __future__ import annotations
 
 import shlex
+from collections.abc import Generator
 from pathlib import Path
+from typing import Any
 
 from pyinfra import host
 from pyinfra.api import operation
@@ -17,7 +19,7 @@ from provision.rules.frameworks import missing, torch_problem
 
 
 @operation()
-def venv_packages(pip: str, requirements: list[str], source_args: str | None):
+def venv_packages(pip: str, requirements: list[str], source_args: str | None) -> Generator[Any, None, None]:
     """pip install what the venv lacks (pinned versions compared exactly)."""
     todo = missing(requirements, host.get_fact(VenvPackages, pip=pip))
     if todo:
@@ -25,7 +27,7 @@ def venv_packages(pip: str, requirements: list[str], source_args: str | None):
 
 
 @operation()
-def torch_works(python: str, version: str, need_cuda: bool):
+def torch_works(python: str, version: str, need_cuda: bool) -> Generator[Any, None, None]:
     """Fail the host unless torch imports (and sees CUDA on GPU hosts). Checked when the
     run executes, after the install; changes nothing when torch works."""
     if ctx_state.get().current_stage != StateStage.Execute:
@@ -36,7 +38,7 @@ def torch_works(python: str, version: str, need_cuda: bool):
 
 
 @operation()
-def wheel_file(src: str, dest: str):
+def wheel_file(src: str, dest: str) -> Generator[Any, None, None]:
     """Upload a wheel unless the host has a file of that name and size. A wheel's name
     carries its version and build (PEP 427), so name and size identify it: unlike
     files.put, no sha1 of a 190 MB torch wheel is computed on the host at every run

@@ -20,11 +20,11 @@ def gather_status(cluster: Cluster, on_event: Callable[[str, str], None] = lambd
     statuses = []
     # Each host's fact arguments differ (its own venv and mounts), so facts are gathered
     # per distinct argument set; hosts sharing settings share one pass.
-    by_args: dict[tuple, list] = {}
+    by_args: dict[tuple[Any, ...], list[Any]] = {}
     for node in cluster.nodes:
         key = (node.settings.venv_path, tuple(expected_mounts(node, cluster)))
         by_args.setdefault(key, []).append(node)
-    found: dict[str, dict] = {}
+    found: dict[str, dict[str, Any]] = {}
     unreachable: dict[str, str] = {}
     for (venv_path, mounts), nodes in by_args.items():
         stack_args = {"venv_path": venv_path, "mount_points": mounts}

@@ -29,6 +29,7 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 SCHEMA = 1  # parsers.AGENT_SCHEMA on the controller must match
@@ -84,7 +85,7 @@ class Results:
     """Collects metric values and not-run reasons; thread-safe for the per-GPU threads."""
 
     def __init__(self) -> None:
-        self.rows: list[dict] = []
+        self.rows: list[dict[str, Any]] = []
         self.errors: list[str] = []
         self._lock = threading.Lock()
 
@@ -134,7 +135,7 @@ def _cpulist(text: str) -> list[int]:
 # --- inventory ---------------------------------------------------------------------------
 
 
-def cpu_inventory() -> dict:
+def cpu_inventory() -> dict[str, Any]:
     info = _read("/proc/cpuinfo")
     model = re.search(r"^model name\s*:\s*(.+)$", info, re.M)
     flags = re.search(r"^flags\s*:\s*(.+)$", info, re.M)
@@ -180,7 +181,7 @@ def _amd_family(cpuinfo: str) -> int | None:
     return int(family.group(1)) if family else None
 
 
-def _isa(flags: set[str], amd_family: int | None = None) -> dict:
+def _isa(flags: set[str], amd_family: int | None = None) -> dict[str, Any]:
     have = {
         "avx512f": "avx512f" in flags,
         "avx2+fma": {"avx2", "fma"} <= flags,
@@ -219,12 +220,12 @@ def _llc_bytes() -> int:
     return total or 32 << 20
 
 
-def ram_inventory() -> dict:
+def ram_inventory() -> dict[str, Any]:
     m = re.search(r"^MemTotal:\s*(\d+) kB", _read("/proc/meminfo"), re.M)
     return {"total_bytes": int(m.group(1)) * 1024 if m else None}
 
 
-def disk_inventory(data_dir: str) -> dict:
+def disk_inventory(data_dir: str) -> dict[str, Any]:
     if not os.path.isdir(data_dir):
         return {"path": data_dir, "exists": False}
     st = os.statvfs(data_dir)
@@ -246,7 +247,7 @@ def _mount_source(path: str) -> str:
     return source
 
 
-def nic_inventory() -> list[dict]:
+def nic_inventory() -> list[dict[str, Any]]:
     nics = []
     for path in sorted(glob.glob("/sys/class/net/*")):
         name = os.path.basename(path)
@@ -267,7 +268,7 @@ def nic_inventory() -> list[dict]:
 # --- CPU: fp32 GEMM ------------------------------------------------------------------------
 
 
-def bench_cpu(torch, cfg: dict, cpu: dict, res: Results) -> None:
+def bench_cpu(torch: Any, cfg: dict[str, Any], cpu: dict[str, Any], res: Results) -> None:
     # One thread per physical core: hyper-threads share the FMA ports, and oversubscribing
     # them makes a GEMM slower, not faster (the peak below counts physical cores too).
     threads = min(cpu["cores"], cpu["threads"])
@@ -296,12 +297,12 @@ def bench_cpu(torch, cfg: dict, cpu: dict, res: Results) -> None:
         res.add("cpu_gemm_peak_fraction", None, not_run="not run: CPU clock unknown")
 
 
-def _cpu_peak_gflops(cpu: dict) -> float | None:
+def _cpu_peak_gflops(cpu: dict[str, Any]) -> float | None:
     if not cpu.get("ghz"):
         return None
     # Hyper-threads share the FMA ports: the peak counts physical cores we may run on.
     cores = min(cpu["cores"], cpu["threads"])
-    return cores * cpu["ghz"] * cpu["isa"]["fp32_flops_per_cycle"]
+    return float(cores * cpu["ghz"] * cpu["isa"]["fp32_flops_per_cycle"])
 
 
 # --- RAM: STREAM-style --------------------------------------------------------------------
@@ -310,14 +311,14 @@ def _cpu_peak_gflops(cpu: dict) -> float | None:
 _STREAM_BYTES = {"copy": 16, "scale": 16, "add": 24, "triad": 24}
 
 
-def bench_ram(torch, cfg: dict, cpu: dict, ram: dict, res: Results) -> None:
+def bench_ram(torch: Any, cfg: dict[str, Any], cpu: dict[str, Any], ram: dict[str, Any], res: Results) -> None:
     torch.set_num_threads(cpu["threads"])
     n = _stream_elements(cpu["llc_bytes"], ram.get("total_bytes"))
     a = torch.full((n,), 1.0, dtype=torch.float64)
     b = torch.full((n,), 2.0, dtype=torch.float64)
     c = torch.zeros(n, dtype=torch.float64)
     s = 3.0
-    kernels = {
+    kernels: dict[str, Callable[[], Any]] = {
         "copy": lambda: c.copy_(a),
         "scale": lambda: torch.mul(c, s, out=b),
         "add": lambda: torch.add(a, b, out=c),
@@ -365,7 +366,7 @@ def fio_jobfile(path: str, size: str, runtime_s: int, direct: bool) -> str:
     return common + "".join(f"[{name}]\nstonewall\n{body}" for name, body in jobs)
 
 
-def bench_disk(cfg: dict, data_dir: str, res: Results) -> None:
+def bench_disk(cfg: dict[str, Any], data_dir: str, res: Results) -> None:
     if not shutil.which("fio"):
         return res.skip(DISK_METRICS, "not run: fio missing (run the `up` step base)")
     if not os.path.isdir(data_dir):
@@ -407,7 +408,7 @@ def _fstab_mount_points(text: str) -> list[str]:
     return points
 
 
-def _run_fio(workdir: str, cfg: dict) -> tuple[dict, bool]:
+def _run_fio(workdir: str, cfg: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     target = os.path.join(workdir, "fio.dat")
     for direct in (True, False):  # tmpfs and some FUSE mounts refuse O_DIRECT
         jobfile = os.path.join(workdir, "jobs.fio")
@@ -425,7 +426,7 @@ def _run_fio(workdir: str, cfg: dict) -> tuple[dict, bool]:
     raise RuntimeError("fio did not run")
 
 
-def _disk_results(report: dict, direct: bool, res: Results) -> None:
+def _disk_results(report: dict[str, Any], direct: bool, res: Results) -> None:
     jobs = {j["jobname"]: j for j in report["jobs"]}
     note = "O_DIRECT" if direct else "buffered: the filesystem refused O_DIRECT"
     for metric, job, side, key in (
@@ -444,7 +445,7 @@ def _disk_results(report: dict, direct: bool, res: Results) -> None:
 # --- GPU ---------------------------------------------------------------------------------
 
 
-def gpu_inventory() -> tuple[list[dict], str, str]:
+def gpu_inventory() -> tuple[list[dict[str, Any]], str, str]:
     """(GPUs from NVML, nvidia-smi -q -x text when NVML is unavailable, why neither).
 
     A GPU NVML cannot read (NVML_ERROR_GPU_IS_LOST: it fell off the bus) is listed as
@@ -467,18 +468,18 @@ def gpu_inventory() -> tuple[list[dict], str, str]:
         _nv(pynvml.nvmlShutdown)
 
 
-def _nvml_gpu_or_lost(nv, i: int, driver: str | None, cuda: str | None) -> dict:
+def _nvml_gpu_or_lost(nv: Any, i: int, driver: str | None, cuda: str | None) -> dict[str, Any]:
     try:
         return _nvml_gpu(nv, i, driver, cuda)
     except Exception as e:  # this GPU only: the rest of the node is still measured
         return {"index": i, "error": f"{type(e).__name__}: {e}"}
 
 
-def _s(v) -> str:
+def _s(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
-def _nv(fn, *args):
+def _nv(fn: Any, *args: Any) -> Any:
     """An NVML query, or None when this GPU or driver does not support it."""
     try:
         return fn(*args)
@@ -486,7 +487,7 @@ def _nv(fn, *args):
         return None
 
 
-def _nvml_gpu(nv, i: int, driver: str | None, cuda: str | None) -> dict:
+def _nvml_gpu(nv: Any, i: int, driver: str | None, cuda: str | None) -> dict[str, Any]:
     h = nv.nvmlDeviceGetHandleByIndex(i)
     pci = nv.nvmlDeviceGetPciInfo(h)
     mem = _nv(nv.nvmlDeviceGetMemoryInfo, h)
@@ -515,7 +516,7 @@ def _nvml_gpu(nv, i: int, driver: str | None, cuda: str | None) -> dict:
     }
 
 
-def _nvml_health(nv, h) -> dict:
+def _nvml_health(nv: Any, h: Any) -> dict[str, Any]:
     unc = _nv(nv.nvmlDeviceGetTotalEccErrors, h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_AGGREGATE_ECC)
     cor = _nv(nv.nvmlDeviceGetTotalEccErrors, h, nv.NVML_MEMORY_ERROR_TYPE_CORRECTED, nv.NVML_AGGREGATE_ECC)
     # Ampere and newer remap rows; older GPUs retire pages. Count both kinds.
@@ -556,7 +557,7 @@ def _throttle_names(bits: int) -> list[str]:
     return [name for bit, name in _THROTTLE_BITS.items() if bits & bit]
 
 
-def _nvlinks(nv, h) -> int | None:
+def _nvlinks(nv: Any, h: Any) -> int | None:
     up = 0
     for link in range(18):  # NVML_NVLINK_MAX_LINKS
         state = _nv(nv.nvmlDeviceGetNvLinkState, h, link)
@@ -585,7 +586,7 @@ def _nvidia_smi_xml() -> str:
     return p.stdout if p.returncode == 0 and "<nvidia_smi_log" in p.stdout else ""
 
 
-def bench_gpus(torch, cfg: dict, gpus: list[dict], res: Results) -> None:
+def bench_gpus(torch: Any, cfg: dict[str, Any], gpus: list[dict[str, Any]], res: Results) -> None:
     """Every GPU: GEMM per dtype, HBM copy and burn run on all GPUs at once (phase by phase,
     because the TF32 switch is process-wide); host copies one GPU at a time (GPUs behind
     one PCIe switch would otherwise share its bandwidth)."""
@@ -611,7 +612,7 @@ def bench_gpus(torch, cfg: dict, gpus: list[dict], res: Results) -> None:
             res.skip(("gpu_h2d_gbs", "gpu_d2h_gbs"), res.error(f"gpu{i} host copy", e), f"gpu{i}")
 
 
-def _on_each_gpu(count: int, res: Results, metric: str, fn) -> None:
+def _on_each_gpu(count: int, res: Results, metric: str, fn: Any) -> None:
     def guarded(i: int) -> None:
         try:
             fn(i)
@@ -625,7 +626,7 @@ def _on_each_gpu(count: int, res: Results, metric: str, fn) -> None:
         t.join()
 
 
-def _timed(torch, dev: int, fn, iters: int, before=None) -> float:
+def _timed(torch: Any, dev: int, fn: Any, iters: int, before: Any=None) -> float:
     """Median seconds of fn() by CUDA events; ``before`` runs outside the timed region."""
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
@@ -637,10 +638,10 @@ def _timed(torch, dev: int, fn, iters: int, before=None) -> float:
         ends[k].record()
     torch.cuda.synchronize(dev)
     times = sorted(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True))
-    return times[len(times) // 2] / 1e3
+    return float(times[len(times) // 2] / 1e3)
 
 
-def _gemm(torch, cfg: dict, i: int, metric: str, dtype, res: Results) -> None:
+def _gemm(torch: Any, cfg: dict[str, Any], i: int, metric: str, dtype: Any, res: Results) -> None:
     """mamf-finder style: several shapes, L2 flushed before each timed matmul, best shape wins."""
     with torch.cuda.device(i):
         l2 = torch.cuda.get_device_properties(i).L2_cache_size or (64 << 20)
@@ -665,7 +666,7 @@ def _gemm(torch, cfg: dict, i: int, metric: str, dtype, res: Results) -> None:
         torch.cuda.empty_cache()
 
 
-def _hbm(torch, cfg: dict, i: int, res: Results) -> None:
+def _hbm(torch: Any, cfg: dict[str, Any], i: int, res: Results) -> None:
     """Device-to-device copy; counts read + write bytes."""
     with torch.cuda.device(i):
         n = cfg["copy_mb"] << 20
@@ -678,7 +679,7 @@ def _hbm(torch, cfg: dict, i: int, res: Results) -> None:
         torch.cuda.empty_cache()
 
 
-def _burn(torch, cfg: dict, i: int, res: Results) -> None:
+def _burn(torch: Any, cfg: dict[str, Any], i: int, res: Results) -> None:
     """Repeat one GEMM and compare every result with the first: a healthy GPU is bitwise
     deterministic for the same kernel and inputs; a marginal one is not."""
     with torch.cuda.device(i):
@@ -701,7 +702,7 @@ def _burn(torch, cfg: dict, i: int, res: Results) -> None:
         torch.cuda.empty_cache()
 
 
-def _host_copies(torch, cfg: dict, i: int, gpu: dict, res: Results) -> None:
+def _host_copies(torch: Any, cfg: dict[str, Any], i: int, gpu: dict[str, Any], res: Results) -> None:
     """Pinned host memory on the GPU's own NUMA node, both directions; the PCIe link is
     polled while copies run (an idle link drops to gen 1 to save power)."""
     n = cfg["h2d_mb"] << 20
@@ -742,7 +743,7 @@ def _host_copies(torch, cfg: dict, i: int, gpu: dict, res: Results) -> None:
     res.add("gpu_d2h_gbs", n / d2h / 1e9, f"gpu{i}", detail=where)
 
 
-def _empty_host_cache(torch) -> None:
+def _empty_host_cache(torch: Any) -> None:
     # Private, but the only way to release cached pinned blocks (torch 2.13 has it; guard).
     if hasattr(torch._C, "_host_emptyCache"):
         torch._C._host_emptyCache()
@@ -789,7 +790,7 @@ class _LinkPoll:
         width = _nv(self._nv.nvmlDeviceGetCurrPcieLinkWidth, self._handle)
         self.gen, self.width = max(self.gen, gen or 0), max(self.width, width or 0)
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: Any) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
@@ -810,7 +811,7 @@ class _LinkPoll:
 # --- all-reduce ----------------------------------------------------------------------------
 
 
-def allreduce_busbw(torch, dist, mb: int, device, iters: int = 10) -> dict:
+def allreduce_busbw(torch: Any, dist: Any, mb: int, device: Any, iters: int = 10) -> dict[str, Any]:
     """nccl-tests' busbw: algbw x 2(n-1)/n, for one message size."""
     world = dist.get_world_size()
     x = torch.ones((mb << 20) // 4, dtype=torch.float32, device=device)
@@ -835,7 +836,7 @@ def allreduce_busbw(torch, dist, mb: int, device, iters: int = 10) -> dict:
     }
 
 
-def _allreduce_rank(rank: int, world: int, port: int, mb: int, queue) -> None:
+def _allreduce_rank(rank: int, world: int, port: int, mb: int, queue: Any) -> None:
     import torch
     import torch.distributed as dist
 
@@ -849,7 +850,7 @@ def _allreduce_rank(rank: int, world: int, port: int, mb: int, queue) -> None:
         dist.destroy_process_group()
 
 
-def bench_allreduce_local(torch, cfg: dict, res: Results) -> None:
+def bench_allreduce_local(torch: Any, cfg: dict[str, Any], res: Results) -> None:
     """All-reduce between this node's GPUs (NCCL, one process per GPU)."""
     count = torch.cuda.device_count()
     if count < 2:
@@ -870,7 +871,7 @@ def bench_allreduce_local(torch, cfg: dict, res: Results) -> None:
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
 
 
 def allreduce_worker(mb: int, backend: str) -> int:
@@ -897,7 +898,7 @@ def allreduce_worker(mb: int, backend: str) -> int:
 # --- main --------------------------------------------------------------------------------
 
 
-def _import_torch():
+def _import_torch() -> tuple[Any, str]:
     try:
         import torch
 
@@ -906,7 +907,7 @@ def _import_torch():
         return None, NO_TORCH
 
 
-def run(mode: str, only: set[str], data_dir: str) -> dict:
+def run(mode: str, only: set[str], data_dir: str) -> dict[str, Any]:
     cfg, res = MODES[mode], Results()
     torch, why = _import_torch()
     cpu, ram = cpu_inventory(), ram_inventory()
@@ -929,7 +930,7 @@ def run(mode: str, only: set[str], data_dir: str) -> dict:
     for group, metrics, fn, needs_torch in steps:
         if group in only:
             _step(res, metrics, fn, why if needs_torch else "")
-    counts: dict = {}
+    counts: dict[str, Any] = {}
     if "gpu" in only or "allreduce" in only:
         counts = _gpu_steps(torch, why, cfg, (gpus, smi_xml, absent), only, res)
     return {
@@ -954,7 +955,7 @@ def run(mode: str, only: set[str], data_dir: str) -> dict:
     }
 
 
-def _step(res: Results, metrics, fn, not_run: str) -> None:
+def _step(res: Results, metrics: Any, fn: Any, not_run: str) -> None:
     if not_run:
         return res.skip(metrics, not_run)
     before = len(res.rows)
@@ -966,7 +967,8 @@ def _step(res: Results, metrics, fn, not_run: str) -> None:
         res.errors.append(traceback.format_exc(limit=3))
 
 
-def _gpu_steps(torch, why: str, cfg: dict, found: tuple[list, str, str], only: set[str], res: Results) -> dict:
+def _gpu_steps(torch: Any, why: str, cfg: dict[str, Any], found: tuple[list[dict[str, Any]], str, str], only: set[str],
+               res: Results) -> dict[str, Any]:
     """The GPU groups. ``found``: NVML GPUs, nvidia-smi XML, the reason when neither found one.
     Returns how many GPUs NVML and CUDA see (the judge fails a node where they differ)."""
     gpus, smi_xml, absent = found

@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from provision import remote
 from provision.inventory import Cluster, Node
@@ -44,7 +45,7 @@ class Outcome:
     """Everything a run produced."""
 
     results: list[NodeResult]  # judged, in inventory order
-    network: dict = field(default_factory=dict)  # pairs, bisect blame, all-reduce detail
+    network: dict[str, Any] = field(default_factory=dict[str, Any])  # pairs, bisect blame, all-reduce detail
 
 
 def agent_command(node: Node, agent_path: str, plan: Plan) -> str:
@@ -93,7 +94,7 @@ def run(cluster: Cluster, plan: Plan, progress: Progress | None = None) -> Outco
     paths = {n.name: f"/tmp/provision-validate-{n.name}-{token}.py" for n in nodes}
     reports = remote.on_all(nodes, lambda n: _agent(n, plan, paths[n.name], say))
     inputs = {n.name: _input(n, reports[n.name], plan) for n in nodes}
-    network: dict = {}
+    network: dict[str, Any] = {}
     reachable = [n for n in nodes if not inputs[n.name].errors]
     try:
         if "net" in plan.groups:
@@ -127,7 +128,7 @@ def _input(node: Node, report: parsers.AgentReport | str, plan: Plan) -> judge.N
 
 def _links(
     reachable: list[Node], nodes: list[Node], inputs: dict[str, judge.NodeInput], plan: Plan, say: Progress
-) -> dict:
+) -> dict[str, Any]:
     seconds = plan.iperf_seconds or (3 if plan.mode == "quick" else 10)
     values, detail = netrun.links(reachable, plan.mode, seconds, say)
     for n in nodes:
@@ -142,11 +143,11 @@ def _allreduce(
     reachable: list[Node],
     nodes: list[Node],
     inputs: dict[str, judge.NodeInput],
-    reports: dict,
+    reports: dict[str, Any],
     paths: dict[str, str],
     say: Progress,
-) -> dict:
-    detail: dict = {}
+) -> dict[str, Any]:
+    detail: dict[str, Any] = {}
     value: float | None = None
     if len(nodes) < 2:
         why = "not run: one node"

@@ -12,6 +12,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from provision import state
 from provision.errors import InputError, Problem
@@ -29,7 +30,7 @@ def _file(host: str, base: Path) -> Path:
     return base / f"{host}.jsonl"
 
 
-def entry(result: NodeResult, created: str, mode: str) -> dict:
+def entry(result: NodeResult, created: str, mode: str) -> dict[str, Any]:
     """One history line: verdict and every measured value, keyed metric or metric[device]."""
     values = {
         (f"{f.metric}[{f.device}]" if f.device else f.metric): f.value for f in result.findings if f.value is not None
@@ -45,7 +46,7 @@ def append(results: list[NodeResult], created: str, mode: str, base: Path | None
             f.write(json.dumps(entry(r, created, mode)) + "\n")
 
 
-def read(host: str, base: Path | None = None) -> list[dict]:
+def read(host: str, base: Path | None = None) -> list[dict[str, Any]]:
     path = _file(host, base or state_dir())
     if not path.is_file():
         raise InputError(
@@ -88,7 +89,7 @@ class TrendRow:
     change: float | None  # latest / previous - 1
 
 
-def trend(lines: list[dict]) -> list[TrendRow]:
+def trend(lines: list[dict[str, Any]]) -> list[TrendRow]:
     series: dict[str, list[float]] = {}
     for line in lines:
         for key, value in line.get("values", {}).items():

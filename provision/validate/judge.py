@@ -20,6 +20,7 @@ import math
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from provision.metrics import METRICS, Metric
 from provision.validate.expectations import DEFAULT_FLOORS, GpuSpec, Overrides, find_sku
@@ -38,7 +39,7 @@ class NodeInput:
     wants_gpu: bool = False  # the host is in gpu_nodes: no GPU is then a fail
     overrides: Overrides = field(default_factory=Overrides)  # its group's and the run's thresholds
     errors: list[str] = field(default_factory=list)  # could not run at all (unreachable, crash)
-    inventory: dict = field(default_factory=dict)  # passed through to the report
+    inventory: dict[str, Any] = field(default_factory=dict[str, Any])  # passed through to the report
 
 
 def worst(verdicts: Iterable[str]) -> str:

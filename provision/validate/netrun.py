@@ -9,6 +9,7 @@ import json
 import shlex
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from provision import remote
 from provision.inventory import Node
@@ -70,7 +71,7 @@ def measure_pair(a: Node, b: Node, port: int, seconds: int, round_index: int) ->
 
 def links(
     nodes: list[Node], mode: str, seconds: int, say: Progress
-) -> tuple[dict[str, tuple[float | None, str, str]], dict]:
+) -> tuple[dict[str, tuple[float | None, str, str]], dict[str, Any]]:
     """Link rounds, then bisection of slow pairs. Per node: (Gbit/s, not-run reason, detail)."""
     by_name = {n.name: n for n in nodes}
     names = [n.name for n in nodes]
@@ -140,7 +141,7 @@ def torchrun_command(node: Node, rank: int, nnodes: int, master: Node, agent_pat
 
 def allreduce(
     nodes: list[Node], paths: dict[str, str], gpus: dict[str, int], say: Progress
-) -> tuple[float | None, str, dict]:
+) -> tuple[float | None, str, dict[str, Any]]:
     """busbw of one large all-reduce over every node: (GB/s, not-run reason, detail)."""
     token = paths[nodes[0].name].rsplit("-", 1)[-1].removesuffix(".py")
     per_node_gpus = min(gpus.values())  # NCCL needs the same local world size everywhere

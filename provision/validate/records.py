@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 Verdict = Literal["pass", "warn", "fail", "not_run"]
 
@@ -74,5 +74,5 @@ class NodeResult:
     verdict: str = "pass"  # worst of its findings (see judge.node_verdict)
     findings: list[Finding] = field(default_factory=list)  # one per metric (and GPU)
     sku: str = ""  # GPU SKU key from expectations, "unknown SKU: <name>", or "" without GPUs
-    inventory: dict = field(default_factory=dict)  # CPU/RAM/NIC/GPU inventory from the agent
+    inventory: dict[str, Any] = field(default_factory=dict[str, Any])  # CPU/RAM/NIC/GPU inventory from the agent
     errors: list[str] = field(default_factory=list)  # why parts of the node could not be measured

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -12,18 +12,18 @@ import pytest
 @pytest.fixture(scope="session")
 def spec() -> dict[str, Any]:
     with open(os.environ["PROVISION_VERIFY_SPEC"]) as f:
-        return json.load(f)
+        return cast("dict[str, Any]", json.load(f))
 
 
 @pytest.fixture
 def expected(host: Any, spec: dict[str, Any]) -> dict[str, Any]:
     """This host's entry of the spec: settings, groups, cluster addresses of all nodes."""
-    return spec[host.backend.get_hostname()]
+    return cast("dict[str, Any]", spec[host.backend.get_hostname()])
 
 
 @pytest.fixture
 def settings(expected: dict[str, Any]) -> dict[str, Any]:
-    return expected["settings"]
+    return cast("dict[str, Any]", expected["settings"])
 
 
 def nvidia_applies(host: Any, expected: dict[str, Any]) -> bool:

@@ -10,7 +10,7 @@ nvidia_rules.hold_names, packages.apt_pin_preferences) rather than restate it.""
 from __future__ import annotations
 
 import fnmatch
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -32,7 +32,8 @@ def nvidia_host(host: Any, expected: dict[str, Any]) -> Any:
 
 
 def driver_version(host: Any) -> str:
-    return host.check_output("nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n1").strip()
+    answer = host.check_output("nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n1")
+    return cast(str, answer).strip()
 
 
 def apt_state(host: Any) -> tuple[dict[str, str], set[str]]:
@@ -42,7 +43,7 @@ def apt_state(host: Any) -> tuple[dict[str, str], set[str]]:
 
 def unit_state(host: Any, verb: str, unit: str) -> str:
     """`systemctl is-enabled|is-active UNIT`'s one word ("enabled", "active", "inactive", ...)."""
-    return host.run(f"systemctl {verb} {unit}").stdout.strip()
+    return cast(str, host.run(f"systemctl {verb} {unit}").stdout.strip())
 
 
 def skip_without_cuda_repository(host: Any) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -24,7 +24,7 @@ def _fstab(host: Any, mount: str) -> list[str]:
     for line in host.file("/etc/fstab").content_string.splitlines():
         fields = line.split()
         if len(fields) >= 4 and not fields[0].startswith("#") and fields[1] == mount:
-            return fields
+            return cast("list[str]", fields)
     return []
 
 
