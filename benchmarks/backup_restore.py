@@ -51,8 +51,11 @@ def main() -> int:
     data = f"{node.settings.nfs_mount_root}/checkpoints/bench-{tag}"
     copy = f"{node.settings.data_mount}/restores/bench-copy-{tag}"
     files = max(1, args.size_mib // FILE_MIB)
-    sh(node, f"mkdir -p {data} && for i in $(seq 1 {files}); do "
-             f"head -c {args.size_mib // files}M /dev/urandom > {data}/step-$i.pt; done && sync")
+    sh(
+        node,
+        f"mkdir -p {data} && for i in $(seq 1 {files}); do "
+        f"head -c {args.size_mib // files}M /dev/urandom > {data}/step-$i.pt; done && sync",
+    )
     try:
         sh(node, "sync && echo 3 > /proc/sys/vm/drop_caches")
         copy_s = sh(node, f"mkdir -p {copy} && cp -a {data} {copy}/ && sync")
@@ -67,8 +70,10 @@ def main() -> int:
     finally:
         remote.run(node, f"rm -rf {data} {copy} {node.settings.data_mount}/restores/bench-{tag}", timeout=600)
     remote.run(node, backup.as_root(node, f"{backup_layout.WRAPPER} forget {snapshot} --prune"), timeout=1800)
-    print(f"{args.size_mib} MiB in {files} files on {node.name}: copy {copy_s:.1f}s, "
-          f"backup {ran.seconds:.1f}s, restore {restored.seconds:.1f}s")
+    print(
+        f"{args.size_mib} MiB in {files} files on {node.name}: copy {copy_s:.1f}s, "
+        f"backup {ran.seconds:.1f}s, restore {restored.seconds:.1f}s"
+    )
     code = 0
     for what, seconds in (("backup", ran.seconds), ("restore", restored.seconds)):
         ratio = seconds / copy_s

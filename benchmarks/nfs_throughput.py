@@ -25,15 +25,18 @@ from provision.validate.parsers import fio_jobs
 def fio_command(directory: str, size_mib: int, user: str | None) -> str:
     """The job, run as ``user`` (on a client root is squashed and may not write the share)."""
     name = f"{directory}/bench-fio.dat"
-    common = (f"--filename={name} --size={size_mib}M --bs=1M --direct=1 --ioengine=psync "
-              "--numjobs=1 --output-format=json")
+    common = (
+        f"--filename={name} --size={size_mib}M --bs=1M --direct=1 --ioengine=psync --numjobs=1 --output-format=json"
+    )
 
     def as_user(command: str) -> str:
         return f"su -s /bin/sh {user} -c {shlex.quote(command)}" if user else command
 
-    return (f"{as_user(f'fio --name=write --rw=write --end_fsync=1 {common}')} && "
-            f"sync && echo 3 > /proc/sys/vm/drop_caches && "
-            f"{as_user(f'fio --name=read --rw=read {common}')}; rc=$?; {as_user(f'rm -f {name}')}; exit $rc")
+    return (
+        f"{as_user(f'fio --name=write --rw=write --end_fsync=1 {common}')} && "
+        f"sync && echo 3 > /proc/sys/vm/drop_caches && "
+        f"{as_user(f'fio --name=read --rw=read {common}')}; rc=$?; {as_user(f'rm -f {name}')}; exit $rc"
+    )
 
 
 def measure(node: inventory.Node, directory: str, size_mib: int, user: str | None = None) -> tuple[float, float]:

@@ -33,10 +33,29 @@ from tests.helpers import netns
 
 
 def train(inventory: Path, runs: Path, steps: int, model: str, limit: str | None) -> dict:
-    cmd = [sys.executable, "-m", "provision", "train", str(inventory), "--steps", str(steps),
-           "--model", model, "--runs-dir", str(runs), "--quiet", "--json",
-           *(["--limit", limit] if limit else []), "--", "--eval-interval", str(steps),
-           "--data-max-mb", "2", "--threads", "1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "provision",
+        "train",
+        str(inventory),
+        "--steps",
+        str(steps),
+        "--model",
+        model,
+        "--runs-dir",
+        str(runs),
+        "--quiet",
+        "--json",
+        *(["--limit", limit] if limit else []),
+        "--",
+        "--eval-interval",
+        str(steps),
+        "--data-max-mb",
+        "2",
+        "--threads",
+        "1",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=env)
     if proc.returncode != 0:
@@ -52,8 +71,7 @@ def main() -> int:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="train-scaling-") as tmp:
         tmp_path = Path(tmp)
-        cluster = netns.start(2, tmp_path / "hosts", {"venv_path": sys.prefix,
-                                                       "train_dir": str(tmp_path / "nodes")})
+        cluster = netns.start(2, tmp_path / "hosts", {"venv_path": sys.prefix, "train_dir": str(tmp_path / "nodes")})
         try:
             runs = tmp_path / "runs"
             one_a = train(cluster.inventory, runs, args.steps, args.model, "ns0")
@@ -64,8 +82,10 @@ def main() -> int:
     single = (one_a["tokens_per_s"] + one_b["tokens_per_s"]) / 2
     efficiency = two["tokens_per_s"] / (2 * single)
     per_node = ", ".join(f"{n['name']} {n['tokens_per_s']:.0f}" for n in two["nodes"])
-    print(f"one host: {one_a['tokens_per_s']:.0f} and {one_b['tokens_per_s']:.0f} tok/s; "
-          f"two hosts: {two['tokens_per_s']:.0f} tok/s (per node {per_node})")
+    print(
+        f"one host: {one_a['tokens_per_s']:.0f} and {one_b['tokens_per_s']:.0f} tok/s; "
+        f"two hosts: {two['tokens_per_s']:.0f} tok/s (per node {per_node})"
+    )
     print(f"scaling efficiency (2 hosts / 2 x 1 host): {efficiency:.2f} (target >= {args.target})")
     return 0 if efficiency >= args.target else 1
 

@@ -63,18 +63,15 @@ def main() -> int:
     os.environ["OMP_NUM_THREADS"] = "1"
     with tempfile.TemporaryDirectory(prefix="train-teardown-") as tmp:
         tmp_path = Path(tmp)
-        cluster = netns.start(2, tmp_path / "hosts", {"venv_path": sys.prefix,
-                                                       "train_dir": str(tmp_path / "nodes")})
+        cluster = netns.start(2, tmp_path / "hosts", {"venv_path": sys.prefix, "train_dir": str(tmp_path / "nodes")})
         try:
             results = [trial(cluster.inventory, tmp_path / f"t{i}") for i in range(args.trials)]
         finally:
             cluster.stop()
     for i, (gone, own) in enumerate(results):
-        print(f"trial {i}: kill -> clean on every host {gone:.1f}s (launcher: failure seen -> "
-              f"reapers done {own:.1f}s)")
+        print(f"trial {i}: kill -> clean on every host {gone:.1f}s (launcher: failure seen -> reapers done {own:.1f}s)")
     worst = max(g for g, _ in results) / BUDGET_S
-    print(f"teardown time / {BUDGET_S:.0f}s budget (worst of {args.trials}): {worst:.2f} "
-          f"(target <= {args.target})")
+    print(f"teardown time / {BUDGET_S:.0f}s budget (worst of {args.trials}): {worst:.2f} (target <= {args.target})")
     return 0 if worst <= args.target else 1
 
 

@@ -37,8 +37,12 @@ def main() -> int:
         return 1
     changed = sum(h.changed for h in again.hosts.values())
     rc = verdict("up 3 nodes / 1 node", three_s / one_s, 1.3, f"1 node {one_s:.0f}s, 3 nodes {three_s:.0f}s")
-    rc |= verdict("up re-run / first run", again_s / one_s, 0.10,
-                  f"first {one_s:.0f}s, re-run {again_s:.0f}s, re-run changed {changed}")
+    rc |= verdict(
+        "up re-run / first run",
+        again_s / one_s,
+        0.10,
+        f"first {one_s:.0f}s, re-run {again_s:.0f}s, re-run changed {changed}",
+    )
     rc |= verdict("up / by hand", one_s / manual, 1.3, f"by hand {manual:.0f}s, up {one_s:.0f}s")
     return rc | (1 if changed else 0)
 

@@ -53,8 +53,10 @@ def main() -> int:
         return 1
     cores = os.cpu_count() or 1
     busy = (vm_cpu + me_cpu) / wall
-    print(f"one node's up: wall {wall:.0f} s, qemu {vm_cpu:.0f} CPU s, controller {me_cpu:.0f} CPU s, "
-          f"cores busy {busy:.2f}")
+    print(
+        f"one node's up: wall {wall:.0f} s, qemu {vm_cpu:.0f} CPU s, controller {me_cpu:.0f} CPU s, "
+        f"cores busy {busy:.2f}"
+    )
     for n in (cores, 6):
         print(f"3 nodes / 1 node floor from CPU alone on {n} cores: {max(1.0, 3 * busy / n):.2f}")
     return 0

@@ -29,18 +29,24 @@ def by_hand(tb: FreshTestbed) -> float:
     target = f"{ssh.user}@{ssh.hostname}"
 
     def remote(command: str) -> None:
-        subprocess.run(["ssh", *opts, "-p", str(ssh.port), target, command], check=True,
-                       stdout=subprocess.DEVNULL, timeout=3600)
+        subprocess.run(
+            ["ssh", *opts, "-p", str(ssh.port), target, command], check=True, stdout=subprocess.DEVNULL, timeout=3600
+        )
 
     wheels = sorted(str(w) for w in Path(str(node.settings.wheelhouse)).glob("*.whl"))
     start = time.monotonic()
     remote(f"mkdir -p {REMOTE_WHEELHOUSE}")
-    subprocess.run(["scp", "-q", *opts, "-P", str(ssh.port), *wheels, f"{target}:{REMOTE_WHEELHOUSE}/"],
-                   check=True, timeout=3600)
-    remote("apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "
-           + " ".join(BASE_PACKAGES))
-    remote(f"python3 -m venv /opt/provision/venv && /opt/provision/venv/bin/pip install -q --no-index "
-           f"--find-links {REMOTE_WHEELHOUSE} torch==2.13.0 numpy nvidia-ml-py")
+    subprocess.run(
+        ["scp", "-q", *opts, "-P", str(ssh.port), *wheels, f"{target}:{REMOTE_WHEELHOUSE}/"], check=True, timeout=3600
+    )
+    remote(
+        "apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "
+        + " ".join(BASE_PACKAGES)
+    )
+    remote(
+        f"python3 -m venv /opt/provision/venv && /opt/provision/venv/bin/pip install -q --no-index "
+        f"--find-links {REMOTE_WHEELHOUSE} torch==2.13.0 numpy nvidia-ml-py"
+    )
     return time.monotonic() - start
 
 

@@ -22,8 +22,12 @@ def main() -> int:
     if changed:
         print(f"re-run changed {changed} operations; expected 0")
         return 1
-    return verdict("up re-run / first run", again_s / first_s, 0.10,
-                   f"first {first_s:.0f}s, re-run {again_s:.0f}s, re-run changed 0")
+    return verdict(
+        "up re-run / first run",
+        again_s / first_s,
+        0.10,
+        f"first {first_s:.0f}s, re-run {again_s:.0f}s, re-run changed 0",
+    )
 
 
 if __name__ == "__main__":

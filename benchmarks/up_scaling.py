@@ -23,8 +23,7 @@ def main() -> int:
             print(f"up on {nodes} nodes failed: {report.as_json()}")
             return 1
         times[nodes] = seconds
-    return verdict("up 3 nodes / 1 node", times[3] / times[1], 1.3,
-                   f"1 node {times[1]:.0f}s, 3 nodes {times[3]:.0f}s")
+    return verdict("up 3 nodes / 1 node", times[3] / times[1], 1.3, f"1 node {times[1]:.0f}s, 3 nodes {times[3]:.0f}s")
 
 
 if __name__ == "__main__":

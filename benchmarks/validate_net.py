@@ -26,13 +26,37 @@ SECONDS, TOLERANCE = 3, 0.10
 
 def by_hand(cluster: netns.NetnsCluster, port: int) -> float:
     a, b = cluster.hosts
-    server = subprocess.Popen(["ip", "netns", "exec", b.netns, "iperf3", "-s", "-1", "-B", b.address,
-                               "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        ["ip", "netns", "exec", b.netns, "iperf3", "-s", "-1", "-B", b.address, "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         time.sleep(0.5)
-        out = subprocess.run(["ip", "netns", "exec", a.netns, "iperf3", "-c", b.address, "-B", a.address,
-                              "-p", str(port), "-P", "4", "-t", str(SECONDS), "-J"],
-                             capture_output=True, text=True, timeout=60, check=True).stdout
+        out = subprocess.run(
+            [
+                "ip",
+                "netns",
+                "exec",
+                a.netns,
+                "iperf3",
+                "-c",
+                b.address,
+                "-B",
+                a.address,
+                "-p",
+                str(port),
+                "-P",
+                "4",
+                "-t",
+                str(SECONDS),
+                "-J",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout
         return json.loads(out)["end"]["sum_received"]["bits_per_second"] / 1e9
     finally:
         server.wait(timeout=30)
@@ -54,8 +78,10 @@ def main() -> int:
             cluster.stop()
     ratio = max(ours) / max(hand)
     ok = abs(ratio - 1) <= TOLERANCE
-    print(f"validate link test: {', '.join(f'{g:.1f}' for g in ours)} Gbit/s; "
-          f"hand-run iperf3: {', '.join(f'{g:.1f}' for g in hand)} Gbit/s")
+    print(
+        f"validate link test: {', '.join(f'{g:.1f}' for g in ours)} Gbit/s; "
+        f"hand-run iperf3: {', '.join(f'{g:.1f}' for g in hand)} Gbit/s"
+    )
     print(f"NIC validate/hand = {ratio:.3f} (target within +-{TOLERANCE:.0%}) {'OK' if ok else 'MISSED'}")
     return 0 if ok else 1
 

@@ -31,9 +31,22 @@ def timed_validate(n: int, tmp: Path, only: str) -> tuple[float, int]:
     try:
         env = {**os.environ, "XDG_STATE_HOME": str(tmp / "state")}
         t0 = time.monotonic()
-        p = subprocess.run([str(PROVISION), "validate", str(cluster.inventory), "--quick",
-                            "--only", only, "--json", str(tmp / f"r{n}.json")],
-                           capture_output=True, text=True, timeout=900, env=env)
+        p = subprocess.run(
+            [
+                str(PROVISION),
+                "validate",
+                str(cluster.inventory),
+                "--quick",
+                "--only",
+                only,
+                "--json",
+                str(tmp / f"r{n}.json"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            env=env,
+        )
         return time.monotonic() - t0, p.returncode
     finally:
         cluster.stop()
@@ -43,8 +56,11 @@ def main() -> int:
     import argparse
 
     p = argparse.ArgumentParser()
-    p.add_argument("--only", default="cpu,ram,disk,net,gpu,allreduce",
-                   help="groups; cpu,ram,disk compares equal work (no link rounds on one node)")
+    p.add_argument(
+        "--only",
+        default="cpu,ram,disk,net,gpu,allreduce",
+        help="groups; cpu,ram,disk compares equal work (no link rounds on one node)",
+    )
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as t:
         tmp = Path(t)
@@ -53,8 +69,10 @@ def main() -> int:
     ratio = three / one
     ok = one <= ONE_NODE_S and ratio <= SCALING
     print(f"quick validate --only {args.only}: 1 node {one:.1f} s (exit {rc1}), 3 nodes {three:.1f} s (exit {rc3})")
-    print(f"one node <= {ONE_NODE_S:.0f} s: {'OK' if one <= ONE_NODE_S else 'MISSED'}; "
-          f"3 nodes / 1 node = {ratio:.2f} (target <= {SCALING}) {'OK' if ratio <= SCALING else 'MISSED'}")
+    print(
+        f"one node <= {ONE_NODE_S:.0f} s: {'OK' if one <= ONE_NODE_S else 'MISSED'}; "
+        f"3 nodes / 1 node = {ratio:.2f} (target <= {SCALING}) {'OK' if ratio <= SCALING else 'MISSED'}"
+    )
     return 0 if ok else 1
 
 

@@ -89,8 +89,11 @@ def load(path: str | os.PathLike[str]) -> Cluster:
     nodes = [_node(pyinfra_inventory, host, inventory_path, problems) for host in pyinfra_inventory]
     if not nodes:
         problems.append(
-            Problem(str(inventory_path), "the inventory has no hosts",
-                    "add a group, e.g. nodes = [('node1', {'ssh_hostname': '10.0.0.1'})]")
+            Problem(
+                str(inventory_path),
+                "the inventory has no hosts",
+                "add a group, e.g. nodes = [('node1', {'ssh_hostname': '10.0.0.1'})]",
+            )
         )
     problems += _duplicates(inventory_path, nodes)
     problems += _references(inventory_path, nodes)
@@ -121,8 +124,9 @@ def _pyinfra_load(inventory_path: Path) -> Any:
         err = e.exception
         line = _user_line(err, e.filename)
         raise InputError(
-            Problem(f"{e.filename}{line}", f"raised {type(err).__name__}: {err}",
-                    "an inventory must run without errors")
+            Problem(
+                f"{e.filename}{line}", f"raised {type(err).__name__}: {err}", "an inventory must run without errors"
+            )
         ) from None
     except Exception as e:  # pyinfra's own validation, e.g. an unknown @connector
         raise InputError(Problem(str(inventory_path), f"{type(e).__name__}: {e}")) from None
@@ -186,8 +190,13 @@ def pyinfra_key_problems(data: dict[str, Any], where: str) -> list[Problem]:
         elif key in ("ssh_hostname", "ssh_user", "ssh_key", "ssh_known_hosts_file") and not isinstance(value, str):
             problems.append(Problem(f"{where}: key {key}", f"{value!r} is not a string"))
         elif key == "ssh_strict_host_key_checking" and value not in HOST_KEY_POLICIES:
-            problems.append(Problem(f"{where}: key {key}", f"{value!r} is not one of {', '.join(HOST_KEY_POLICIES)}",
-                                    "'yes' (the default) refuses unknown and changed host keys"))
+            problems.append(
+                Problem(
+                    f"{where}: key {key}",
+                    f"{value!r} is not one of {', '.join(HOST_KEY_POLICIES)}",
+                    "'yes' (the default) refuses unknown and changed host keys",
+                )
+            )
     return problems
 
 
@@ -202,8 +211,11 @@ def _ssh_target(name: str, data: dict[str, Any], where: str, problems: list[Prob
         key = os.path.expanduser(str(key))
         if not os.path.isfile(key):
             problems.append(
-                Problem(f"{where}: key ssh_key", f"SSH key file {key} does not exist",
-                        "point ssh_key at an existing private key")
+                Problem(
+                    f"{where}: key ssh_key",
+                    f"SSH key file {key} does not exist",
+                    "point ssh_key at an existing private key",
+                )
             )
     known_hosts = data.get("ssh_known_hosts_file")
     if known_hosts is not None:
@@ -223,9 +235,11 @@ def _duplicates(inventory_path: Path, nodes: list[Node]) -> list[Problem]:
             value = keyfunc(node)
             if value in seen:
                 problems.append(
-                    Problem(f"{inventory_path}: host {node.name}",
-                            f"duplicate {label} {value}, also used by host {seen[value]}",
-                            "every host needs its own address")
+                    Problem(
+                        f"{inventory_path}: host {node.name}",
+                        f"duplicate {label} {value}, also used by host {seen[value]}",
+                        "every host needs its own address",
+                    )
                 )
             else:
                 seen[value] = node.name
@@ -247,8 +261,7 @@ def _duplicate_names(inventory_path: Path) -> list[Problem]:
         names = [h[0] if isinstance(h, tuple) else h for h in (hosts[0] if isinstance(hosts, tuple) else hosts)]
         for name in sorted({n for n in names if names.count(n) > 1}):
             problems.append(
-                Problem(f"{inventory_path}: group {group}", f"duplicate host {name}",
-                        "list each host once per group")
+                Problem(f"{inventory_path}: group {group}", f"duplicate host {name}", "list each host once per group")
             )
     return problems
 
@@ -260,8 +273,9 @@ def _references(inventory_path: Path, nodes: list[Node]) -> list[Problem]:
         server = node.settings.nfs_server
         if server is not None and server not in names:
             problems.append(
-                Problem(f"{inventory_path}: host {node.name}: key nfs_server",
-                        f"{server!r} is not a host of this inventory")
+                Problem(
+                    f"{inventory_path}: host {node.name}: key nfs_server", f"{server!r} is not a host of this inventory"
+                )
             )
     return problems
 

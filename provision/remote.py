@@ -144,9 +144,7 @@ def wait_for_ssh(target: SshTarget, timeout_s: float, interval_s: float = 1.0) -
         finally:
             conn.close()
         time.sleep(interval_s)
-    raise RemoteError(
-        f"{target.hostname}:{target.port}: no SSH login within {timeout_s:.0f}s ({last_error})"
-    )
+    raise RemoteError(f"{target.hostname}:{target.port}: no SSH login within {timeout_s:.0f}s ({last_error})")
 
 
 def ssh_config(nodes: Iterable[Node]) -> str:
@@ -158,9 +156,15 @@ def ssh_config(nodes: Iterable[Node]) -> str:
         ssh = node.ssh
         known_hosts = ssh.known_hosts or os.path.expanduser("~/.ssh/known_hosts")
         strict = ssh.strict_host_key_checking if ssh.strict_host_key_checking in ("yes", "accept-new") else "no"
-        lines = [f"Host {node.name}", f"  HostName {ssh.hostname}", f"  Port {ssh.port}",
-                 f"  UserKnownHostsFile {known_hosts}", f"  StrictHostKeyChecking {strict}",
-                 "  BatchMode yes", f"  ConnectTimeout {CONNECT_TIMEOUT_S}"]
+        lines = [
+            f"Host {node.name}",
+            f"  HostName {ssh.hostname}",
+            f"  Port {ssh.port}",
+            f"  UserKnownHostsFile {known_hosts}",
+            f"  StrictHostKeyChecking {strict}",
+            "  BatchMode yes",
+            f"  ConnectTimeout {CONNECT_TIMEOUT_S}",
+        ]
         if ssh.user:
             lines.append(f"  User {ssh.user}")
         if ssh.key:
@@ -185,7 +189,6 @@ def run_beside(conn: Any, host: str, command: str, timeout: float = 30) -> Comma
         stdout, stderr = channel.makefile("rb").read(), channel.makefile_stderr("rb").read()
         exited = channel.recv_exit_status()
         channel.close()
-        return CommandResult(host, exited, stdout.decode(errors="replace"),
-                             stderr.decode(errors="replace"))
+        return CommandResult(host, exited, stdout.decode(errors="replace"), stderr.decode(errors="replace"))
     except Exception as e:  # paramiko/socket errors all mean "could not run"
         return CommandResult(host, -1, "", f"{type(e).__name__}: {e}")

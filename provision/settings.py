@@ -107,8 +107,10 @@ def _nofile(value: int) -> str | None:
     names root too); above fs.nr_open setrlimit fails and pam_limits refuses the login,
     which would lock everyone out of the host."""
     if value > NR_OPEN_DEFAULT:
-        return (f"{value} is above {NR_OPEN_DEFAULT}, the kernel's fs.nr_open default; pam_limits "
-                f"would then refuse every login, root's SSH included; use {NR_OPEN_DEFAULT} or less")
+        return (
+            f"{value} is above {NR_OPEN_DEFAULT}, the kernel's fs.nr_open default; pam_limits "
+            f"would then refuse every login, root's SSH included; use {NR_OPEN_DEFAULT} or less"
+        )
     return _positive(value)
 
 
@@ -125,8 +127,7 @@ def disk_id_problem(disk: str) -> str | None:
     if disk.startswith("/dev/disk/"):
         return f"{disk!r} is not a /dev/disk/by-id path; use /dev/disk/by-id/... or the disk's serial"
     if disk.startswith("/dev/"):
-        return (f"{disk!r} is a kernel name that can change between boots; "
-                "use /dev/disk/by-id/... or the disk's serial")
+        return f"{disk!r} is a kernel name that can change between boots; use /dev/disk/by-id/... or the disk's serial"
     if not disk.strip():
         return f"{disk!r} is neither a /dev/disk/by-id path nor a serial"
     return None
@@ -155,9 +156,7 @@ class Settings:
     cluster_address: str | None = knob(
         None, "the host's address on the cluster (data) network; default: its SSH address", _ip
     )
-    cluster_cidr: str | None = knob(
-        None, "the cluster network, e.g. 10.0.0.0/24; NFS exports go to it only", _cidr
-    )
+    cluster_cidr: str | None = knob(None, "the cluster network, e.g. 10.0.0.0/24; NFS exports go to it only", _cidr)
     cluster_interface: str | None = knob(
         None, "NIC on the cluster network (NCCL/GLOO_SOCKET_IFNAME); default: found by address"
     )
@@ -171,8 +170,7 @@ class Settings:
     training_uid: int = knob(
         2000, "uid and gid of the training user and its group, the same on every node (NFS ownership)", _positive
     )
-    nofile_limit: int = knob(NR_OPEN_DEFAULT, "open-files limit for training processes (1 to 1048576)",
-                             _nofile)
+    nofile_limit: int = knob(NR_OPEN_DEFAULT, "open-files limit for training processes (1 to 1048576)", _nofile)
     ntp_servers: list[str] = knob([], "chrony servers; empty keeps the distribution's pool")
     apt_cache_valid_s: int = knob(
         86400, "an apt cache younger than this is not updated again (re-runs stay quick)", _positive
@@ -185,33 +183,39 @@ class Settings:
         "NVIDIA CUDA apt repository; {distro} becomes ubuntu2204, ubuntu2404 or debian12",
     )
     nvidia_keyring_url: str = knob(
-        "https://developer.download.nvidia.com/compute/cuda/repos/{distro}/x86_64/"
-        "cuda-archive-keyring.gpg",
+        "https://developer.download.nvidia.com/compute/cuda/repos/{distro}/x86_64/cuda-archive-keyring.gpg",
         "the repository's signing key (binary keyring); installed under /etc/apt/keyrings",
     )
     nvidia_keyring_sha256: str | None = knob(
-        None, "SHA-256 the downloaded keyring must have (sha256sum of the file); null trusts HTTPS alone",
-        _sha256)
+        None, "SHA-256 the downloaded keyring must have (sha256sum of the file); null trusts HTTPS alone", _sha256
+    )
     nvidia_driver_branch: str = knob("580", "driver branch to pin, e.g. 570 or 580", _branch)
-    nvidia_driver_version: str | None = knob(None, "exact driver version (580.95.05); default: newest of the "
-                                             "branch. Canonical's signed driver needs the version apt offers "
-                                             "or one with its revision (580.95.05-0ubuntu0.22.04.1)",
-                                             _version)
+    nvidia_driver_version: str | None = knob(
+        None,
+        "exact driver version (580.95.05); default: newest of the "
+        "branch. Canonical's signed driver needs the version apt offers "
+        "or one with its revision (580.95.05-0ubuntu0.22.04.1)",
+        _version,
+    )
     nvidia_driver_source: Literal["auto", "cuda-repo", "ubuntu-server"] = knob(
         "auto", "auto: CUDA repo, or Canonical's signed -server modules under Secure Boot (Ubuntu)"
     )
-    nvidia_kernel_headers: bool = knob(True, "install headers for the running and every installed kernel "
-                                       "(DKMS builds the driver for the one the next boot runs)")
+    nvidia_kernel_headers: bool = knob(
+        True,
+        "install headers for the running and every installed kernel "
+        "(DKMS builds the driver for the one the next boot runs)",
+    )
     nvidia_kernel_modules: Literal["auto", "open", "proprietary"] = knob(
         "auto", "auto: open modules on Turing and newer, proprietary before"
     )
-    cuda_toolkit_version: str | None = knob("12-8", "cuda-toolkit-X-Y to install; null skips it",
-                                            _cuda_version)
+    cuda_toolkit_version: str | None = knob("12-8", "cuda-toolkit-X-Y to install; null skips it", _cuda_version)
     fabric_manager: StepSwitch = knob("auto", "auto: only on NVSwitch systems (HGX, DGX)")
-    install_nccl: bool = knob(False, "install libnccl2/libnccl-dev from the CUDA repository, built for "
-                              "cuda_toolkit_version, and hold them")
-    nccl_version: str | None = knob(None, "exact NCCL version, e.g. 2.27.7-1; default: the newest built "
-                                    "for cuda_toolkit_version", _version)
+    install_nccl: bool = knob(
+        False, "install libnccl2/libnccl-dev from the CUDA repository, built for cuda_toolkit_version, and hold them"
+    )
+    nccl_version: str | None = knob(
+        None, "exact NCCL version, e.g. 2.27.7-1; default: the newest built for cuda_toolkit_version", _version
+    )
     install_container_toolkit: bool = knob(False, "install nvidia-container-toolkit")
     reboot_timeout_s: int = knob(900, "how long a rebooted host may take to answer SSH", _positive)
 
@@ -220,10 +224,14 @@ class Settings:
     torch_version: str = knob("2.13.0", "pinned torch version", _version)
     # numpy 2.3 and later need Python 3.11, so the default is the newest release with wheels
     # for every supported OS's python3: 3.10 (Ubuntu 22.04), 3.11 (Debian 12), 3.12 (24.04).
-    numpy_version: str | None = knob("2.2.6", "pinned numpy version (2.2.6 has wheels for Python "
-                                     "3.10-3.13); null takes what torch allows", _version)
-    nvml_version: str | None = knob("13.580.126", "pinned nvidia-ml-py version (the NVML bindings of "
-                                    "driver branch 580); null takes the newest", _version)
+    numpy_version: str | None = knob(
+        "2.2.6", "pinned numpy version (2.2.6 has wheels for Python 3.10-3.13); null takes what torch allows", _version
+    )
+    nvml_version: str | None = knob(
+        "13.580.126",
+        "pinned nvidia-ml-py version (the NVML bindings of driver branch 580); null takes the newest",
+        _version,
+    )
     pip_index_url: str | None = knob(None, "pip index URL; null uses pip's own configuration")
     wheelhouse: str | None = knob(
         None, "controller directory of wheels to upload and install from (air-gapped clusters)"
@@ -236,13 +244,17 @@ class Settings:
     filesystem: Literal["xfs", "ext4"] = knob("xfs", "filesystem for the data volume")
     data_mount: str = knob("/data", "where the data volume is mounted", _absolute)
     force_format: list[str] = knob(
-        [], "disks (by-id path or serial) that may be formatted even though they hold data", _disk_ids)
+        [], "disks (by-id path or serial) that may be formatted even though they hold data", _disk_ids
+    )
 
     # --- nfs ---
     nfs_server: str | None = knob(None, "host name of the NFS server; default: first storage host")
     nfs_exports: list[str] = knob(["datasets", "checkpoints", "scratch"], "directories to share")
-    nfs_export_root: str = knob("/data/shared", "where exported directories live on the server; "
-                                "default: <data_mount>/shared, on the data volume", _absolute)
+    nfs_export_root: str = knob(
+        "/data/shared",
+        "where exported directories live on the server; default: <data_mount>/shared, on the data volume",
+        _absolute,
+    )
     nfs_mount_root: str = knob("/shared", "where clients (and the server) see the shares", _absolute)
     nfs_export_options: str = knob("rw,sync,root_squash,no_subtree_check", "exports(5) options")
 
@@ -257,8 +269,11 @@ class Settings:
 
     # --- validate ---
     validate_expect: dict[str, float] = knob(
-        {}, "validate thresholds: {metric: floor, 'metric.fraction': share of GPU spec, "
-        "'metric.max': ceiling, 'fleet.warn_drop': ...}", _validate_expect)
+        {},
+        "validate thresholds: {metric: floor, 'metric.fraction': share of GPU spec, "
+        "'metric.max': ceiling, 'fleet.warn_drop': ...}",
+        _validate_expect,
+    )
 
     # --- train ---
     train_master_port: int = knob(29500, "c10d rendezvous port on the first node", _positive)
@@ -298,9 +313,7 @@ def _type_ok(value: Any, annotation: Any) -> bool:
         return isinstance(value, list) and all(_type_ok(v, item) for v in value)
     if origin is dict:
         key_t, val_t = get_args(annotation)
-        return isinstance(value, dict) and all(
-            _type_ok(k, key_t) and _type_ok(v, val_t) for k, v in value.items()
-        )
+        return isinstance(value, dict) and all(_type_ok(k, key_t) and _type_ok(v, val_t) for k, v in value.items())
     if annotation is float:
         return isinstance(value, int | float) and not isinstance(value, bool)
     if annotation is int:
@@ -341,8 +354,11 @@ def parse_settings(data: dict[str, Any], where: str) -> tuple[Settings, list[Pro
         annotation = _HINTS[key]
         if not _type_ok(value, annotation):
             problems.append(
-                Problem(f"{where}: key {key}", f"{value!r} is not {_describe(annotation)}",
-                        f"see `provision inventory knobs` for {key}")
+                Problem(
+                    f"{where}: key {key}",
+                    f"{value!r} is not {_describe(annotation)}",
+                    f"see `provision inventory knobs` for {key}",
+                )
             )
             continue
         check = known[key].metadata["check"]
@@ -385,7 +401,9 @@ def nccl_version_pattern(cuda_toolkit: str | None, nccl_version: str | None) -> 
     if nccl_version and "+" in nccl_version:
         return nccl_version
     if not cuda_toolkit:
-        raise ValueError("install_nccl without cuda_toolkit_version needs nccl_version with its "
-                         "+cudaX.Y suffix, e.g. 2.27.7-1+cuda12.8")
+        raise ValueError(
+            "install_nccl without cuda_toolkit_version needs nccl_version with its "
+            "+cudaX.Y suffix, e.g. 2.27.7-1+cuda12.8"
+        )
     cuda = cuda_toolkit.replace("-", ".")
     return f"{nccl_version or '*'}+cuda{cuda}"

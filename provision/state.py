@@ -42,8 +42,12 @@ def generated_key(path: Path, comment: str) -> Path:
     private key with mode 0600."""
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
-                       check=True, capture_output=True, timeout=30)
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
     return path
 
 

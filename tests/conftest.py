@@ -55,8 +55,12 @@ def pytest_collection_modifyitems(config, items):
         tier = _tier(item)
         if tier is not None:
             item.add_marker(getattr(pytest.mark, tier))
-    items.sort(key=lambda item: (item.get_closest_marker("destructive") is not None,
-                                 item.get_closest_marker("e2e") is not None))
+    items.sort(
+        key=lambda item: (
+            item.get_closest_marker("destructive") is not None,
+            item.get_closest_marker("e2e") is not None,
+        )
+    )
 
 
 # CI stops a run at 90 minutes and then nothing lands. End-to-end tests run last; once the
@@ -73,8 +77,10 @@ def pytest_runtest_setup(item):
     elapsed = time.monotonic() - _SUITE_START
     if item.get_closest_marker("e2e") and elapsed > SUITE_BUDGET_S:
         _NOT_RUN_FOR_TIME.append(item.nodeid)
-        pytest.skip(f"time budget: the suite has run {elapsed / 60:.0f} of its {SUITE_BUDGET_S / 60:.0f} "
-                    "minutes; this end-to-end test did not fit (set PROVISION_TEST_BUDGET_S to run it)")
+        pytest.skip(
+            f"time budget: the suite has run {elapsed / 60:.0f} of its {SUITE_BUDGET_S / 60:.0f} "
+            "minutes; this end-to-end test did not fit (set PROVISION_TEST_BUDGET_S to run it)"
+        )
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -82,7 +88,8 @@ def pytest_terminal_summary(terminalreporter):
     # a green run looks, instead of leaving it in the skip list.
     if _NOT_RUN_FOR_TIME:
         terminalreporter.section("NOT RUN: time budget", sep="!", red=True, bold=True)
-        terminalreporter.write_line(f"{len(_NOT_RUN_FOR_TIME)} end-to-end tests did not run; this run does "
-                                    "not prove what they test:")
+        terminalreporter.write_line(
+            f"{len(_NOT_RUN_FOR_TIME)} end-to-end tests did not run; this run does not prove what they test:"
+        )
         for nodeid in _NOT_RUN_FOR_TIME:
             terminalreporter.write_line(f"  {nodeid}")

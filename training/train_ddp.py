@@ -91,11 +91,22 @@ SHARED = Path("/shared")  # NFS mount root (setting nfs_mount_root): checkpoints
 # holds them equal; this file runs on nodes without the provision package). A GPU not
 # listed gets no MFU: pass --peak-tflops.
 PEAK_TFLOPS = {
-    "a100-sxm4-40gb": 312.0, "a100-sxm4-80gb": 312.0, "a100-sxm-80gb": 312.0,
-    "a100-pcie-40gb": 312.0, "a100 80gb pcie": 312.0, "a100-pcie-80gb": 312.0,
-    "h100 80gb hbm3": 989.5, "h100-sxm": 989.5, "h100 pcie": 756.5, "h100 nvl": 835.5,
-    "h200": 989.5, "h200 nvl": 835.5, "gh200": 989.5, "gh200 144g": 989.5,
-    "l40s": 362.05, "b200": 2250.0,
+    "a100-sxm4-40gb": 312.0,
+    "a100-sxm4-80gb": 312.0,
+    "a100-sxm-80gb": 312.0,
+    "a100-pcie-40gb": 312.0,
+    "a100 80gb pcie": 312.0,
+    "a100-pcie-80gb": 312.0,
+    "h100 80gb hbm3": 989.5,
+    "h100-sxm": 989.5,
+    "h100 pcie": 756.5,
+    "h100 nvl": 835.5,
+    "h200": 989.5,
+    "h200 nvl": 835.5,
+    "gh200": 989.5,
+    "gh200 144g": 989.5,
+    "l40s": 362.05,
+    "b200": 2250.0,
 }
 # ----------------------------------------------------------------------------------------
 
@@ -228,8 +239,11 @@ def shared_or_local(d: Dist, share: str, local: Path, flag: str) -> Path | None:
     node's own disk are not seen by the other nodes (nor by a resume on another node)."""
     if _writable(SHARED / share):
         return SHARED / share
-    log(d, f"note: {SHARED / share} is not writable here; using {local.resolve()} on this node's "
-        f"local disk instead (pass {flag} DIR to choose)")
+    log(
+        d,
+        f"note: {SHARED / share} is not writable here; using {local.resolve()} on this node's "
+        f"local disk instead (pass {flag} DIR to choose)",
+    )
     return None
 
 
@@ -266,8 +280,12 @@ def prepare_tokens(src: Path, out: Path, max_bytes: int, val_fraction: float) ->
     out.mkdir(parents=True, exist_ok=True)
     for name, part in (("train.bin", tokens[:split]), ("val.bin", tokens[split:])):
         _atomic_write(out / name, part.tobytes())
-    meta = {"source": str(src), "train_tokens": split, "val_tokens": len(tokens) - split,
-            "sha1": hashlib.sha1(tokens.tobytes()).hexdigest()}
+    meta = {
+        "source": str(src),
+        "train_tokens": split,
+        "val_tokens": len(tokens) - split,
+        "sha1": hashlib.sha1(tokens.tobytes()).hexdigest(),
+    }
     _atomic_write(out / "meta.json", json.dumps(meta).encode())
     return meta
 
@@ -353,8 +371,7 @@ def lr_at(step: int, args: argparse.Namespace) -> float:
 def make_optimizer(model: nn.Module, args: argparse.Namespace) -> torch.optim.Optimizer:
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": args.weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
+    groups = [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95))
 
 
@@ -451,8 +468,7 @@ def train_step(d, model, opt, sampler, train, cfg, step, args, timer: StepTimer)
     loss_sum = torch.zeros((), dtype=torch.float64, device=d.device)
     timer.reset()
     for micro in range(accum):
-        x, y = batch(train, idx[micro * args.micro_batch : (micro + 1) * args.micro_batch],
-                     cfg.block_size, d.device)
+        x, y = batch(train, idx[micro * args.micro_batch : (micro + 1) * args.micro_batch], cfg.block_size, d.device)
         sync = micro == accum - 1 or not isinstance(model, DDP)
         with contextlib.nullcontext() if sync else model.no_sync():
             with timer.forward(), autocast(d):
@@ -480,8 +496,7 @@ def save_checkpoint(d: Dist, path: Path, model, opt, step: int, cfg: GPTConfig) 
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    state = {"model": _raw(model).state_dict(), "opt": opt.state_dict(), "step": step,
-             "config": asdict(cfg)}
+    state = {"model": _raw(model).state_dict(), "opt": opt.state_dict(), "step": step, "config": asdict(cfg)}
     with open(tmp, "wb") as f:
         torch.save(state, f)
         f.flush()
@@ -552,19 +567,35 @@ def node_rates(ranks: list[dict]) -> dict[str, float]:
 
 def finish(d: Dist, args, history: dict, rate: dict, params: int) -> dict:
     """Gather each rank's own rate and times; rank 0 prints and writes the summary."""
-    mine = {"rank": d.rank, "node": d.node, "tokens_per_s": rate["own_tps"],
-            "forward_ms": rate["fwd_ms"], "step_ms": rate["step_ms"], "wait_ms": rate["wait_ms"]}
+    mine = {
+        "rank": d.rank,
+        "node": d.node,
+        "tokens_per_s": rate["own_tps"],
+        "forward_ms": rate["fwd_ms"],
+        "step_ms": rate["step_ms"],
+        "wait_ms": rate["wait_ms"],
+    }
     ranks = [mine]
     if d.world > 1:
         ranks = [None] * d.world
         dist.all_gather_object(ranks, mine)
     nodes = node_rates(ranks)
-    summary = {"run_id": args.run_id, "world_size": d.world, "steps": history["last_step"],
-               "params": params, "tokens_per_s": rate["tps"], "mfu": rate["mfu"],
-               "final_train_loss": history["train"][-1][1] if history["train"] else None,
-               "final_val_loss": history["val"][-1][1] if history["val"] else None,
-               "nodes": nodes, "ranks": ranks, "device": d.device.type, "threads": torch.get_num_threads(),
-               "train_losses": history["train"], "val_losses": history["val"]}
+    summary = {
+        "run_id": args.run_id,
+        "world_size": d.world,
+        "steps": history["last_step"],
+        "params": params,
+        "tokens_per_s": rate["tps"],
+        "mfu": rate["mfu"],
+        "final_train_loss": history["train"][-1][1] if history["train"] else None,
+        "final_val_loss": history["val"][-1][1] if history["val"] else None,
+        "nodes": nodes,
+        "ranks": ranks,
+        "device": d.device.type,
+        "threads": torch.get_num_threads(),
+        "train_losses": history["train"],
+        "val_losses": history["val"],
+    }
     if d.rank == 0:
         short = {k: v for k, v in summary.items() if k not in ("train_losses", "val_losses")}
         print("summary " + json.dumps(short), flush=True)
@@ -584,10 +615,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("n_layer", "n_head", "n_embd", "block_size"):
         arg(f"--{name.replace('_', '-')}", type=int, help=f"override the preset's {name}")
     arg("--steps", type=int, default=STEPS, help="total optimizer steps")
-    arg("--global-batch", type=int, help=f"sequences per step, all ranks (default {GLOBAL_BATCH}, "
-        "rounded up to a multiple of the ranks)")
-    arg("--micro-batch", type=int, help=f"sequences per forward pass (default: the largest divisor "
-        f"of a rank's share up to {MICRO_BATCH})")
+    arg(
+        "--global-batch",
+        type=int,
+        help=f"sequences per step, all ranks (default {GLOBAL_BATCH}, rounded up to a multiple of the ranks)",
+    )
+    arg(
+        "--micro-batch",
+        type=int,
+        help=f"sequences per forward pass (default: the largest divisor of a rank's share up to {MICRO_BATCH})",
+    )
     arg("--lr", type=float, default=LEARNING_RATE, help="peak learning rate")
     arg("--warmup-steps", type=int, default=WARMUP_STEPS, help="linear warmup steps")
     arg("--lr-decay-steps", type=int, default=LR_DECAY_STEPS, help="cosine length; 0: --steps")
@@ -599,17 +636,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     arg("--eval-samples", type=int, default=EVAL_SAMPLES, help="validation sequences per eval")
     arg("--log-interval", type=int, default=LOG_INTERVAL, help="steps between train lines")
     arg("--ckpt-interval", type=int, default=CKPT_INTERVAL, help="steps between checkpoints")
-    arg("--ckpt-dir", help="checkpoint directory (default /shared/checkpoints if writable, else "
-        "./checkpoints)")
+    arg("--ckpt-dir", help="checkpoint directory (default /shared/checkpoints if writable, else ./checkpoints)")
     arg("--ckpt-name", default="train_ddp", help="checkpoint file name, without .pt")
     arg("--resume", action="store_true", help="continue from the checkpoint's step")
     arg("--data", help="directory of text files (default: Python's standard library)")
-    arg("--data-cache", help="where token files go (default /shared/datasets/train_ddp if "
-        "writable, else ./data)")
+    arg("--data-cache", help="where token files go (default /shared/datasets/train_ddp if writable, else ./data)")
     arg("--data-max-mb", type=int, default=DATA_MAX_MB, help="text to read, in MiB")
     arg("--val-fraction", type=float, default=VAL_FRACTION, help="held-out tail of the text")
-    arg("--threads", type=int, help="CPU threads per rank (default: torch's, all cores); set it "
-        "when several ranks share one machine's cores")
+    arg(
+        "--threads",
+        type=int,
+        help="CPU threads per rank (default: torch's, all cores); set it when several ranks share one machine's cores",
+    )
     arg("--compile", action="store_true", help="torch.compile the model")
     arg("--peak-tflops", type=float, help="peak FLOP/s (in TFLOP/s) for MFU; default by GPU name")
     arg("--summary", help="write the JSON summary here (rank 0)")
@@ -628,23 +666,32 @@ def batch_sizes(world: int, global_batch: int | None, micro_batch: int | None) -
     if global_batch is None:
         global_batch = -(-GLOBAL_BATCH // world) * world
         if global_batch != GLOBAL_BATCH:
-            note = (f"note: the default global batch {GLOBAL_BATCH} does not split over {world} ranks; "
-                    f"using {global_batch} ({global_batch // world} per rank)")
+            note = (
+                f"note: the default global batch {GLOBAL_BATCH} does not split over {world} ranks; "
+                f"using {global_batch} ({global_batch // world} per rank)"
+            )
     per_rank, rest = divmod(global_batch, world)
     if rest or per_rank < 1:
         raise SystemExit(f"--global-batch {global_batch} must be a positive multiple of the {world} ranks")
     if micro_batch is None:
         micro_batch = max(m for m in range(1, min(MICRO_BATCH, per_rank) + 1) if per_rank % m == 0)
     if micro_batch < 1 or per_rank % micro_batch:
-        raise SystemExit(f"--micro-batch {micro_batch} must divide each rank's {per_rank} sequences "
-                         f"(--global-batch {global_batch} over {world} ranks)")
+        raise SystemExit(
+            f"--micro-batch {micro_batch} must divide each rank's {per_rank} sequences "
+            f"(--global-batch {global_batch} over {world} ranks)"
+        )
     return global_batch, micro_batch, note
 
 
 def model_config(args) -> GPTConfig:
     n_layer, n_head, n_embd, block = MODEL_SIZES[args.model]
-    return GPTConfig(args.n_layer or n_layer, args.n_head or n_head, args.n_embd or n_embd,
-                     args.block_size or block, dropout=args.dropout)
+    return GPTConfig(
+        args.n_layer or n_layer,
+        args.n_head or n_head,
+        args.n_embd or n_embd,
+        args.block_size or block,
+        dropout=args.dropout,
+    )
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -675,8 +722,11 @@ def main(argv: list[str] | None = None) -> dict:
     if d.world > 1:
         model = DDP(model, device_ids=[d.local_rank] if d.device.type == "cuda" else None)
     sampler = StepSampler(d, (len(train) - 1) // cfg.block_size, per_rank, args.seed)
-    log(d, f"model {args.model}: {params:,} params, {cfg}; world {d.world} on {d.device.type}; "
-        f"global batch {args.global_batch} x {cfg.block_size} tokens, micro-batch {args.micro_batch}")
+    log(
+        d,
+        f"model {args.model}: {params:,} params, {cfg}; world {d.world} on {d.device.type}; "
+        f"global batch {args.global_batch} x {cfg.block_size} tokens, micro-batch {args.micro_batch}",
+    )
     peak = peak_flops(d, args)
     args.mfu_scale = _raw(model).flops_per_token() / (peak * d.world) if peak else None
     history = run(d, model, opt, sampler, train, val, cfg, args, start, ckpt)
@@ -715,8 +765,11 @@ def run(d, model, opt, sampler, train, val, cfg, args, start: int, ckpt: Path) -
         history["last_step"] = n
         if n % args.log_interval == 0 or n == args.steps:
             mfu = f" | mfu {tokens_per_step / dt * args.mfu_scale:.1%}" if args.mfu_scale else ""
-            log(d, f"step {n}/{args.steps} | train loss {loss:.4f} | lr {lr_at(step, args):.2e} | "
-                f"{tokens_per_step / dt:.0f} tok/s | {dt * 1000:.1f} ms{mfu}")
+            log(
+                d,
+                f"step {n}/{args.steps} | train loss {loss:.4f} | lr {lr_at(step, args):.2e} | "
+                f"{tokens_per_step / dt:.0f} tok/s | {dt * 1000:.1f} ms{mfu}",
+            )
         if n % args.eval_interval == 0 or n == args.steps:
             vloss = evaluate(d, model, val, cfg, args)
             history["val"].append([n, vloss])
@@ -738,6 +791,7 @@ def throughput(d, history: dict, args, cfg: GPTConfig) -> dict:
     """Mean rates over the run, leaving out the first steps (warm-up; torch.compile
     compiles during the first few): the cluster's (rank 0's step time) and this rank's
     own (``own_rate``)."""
+
     def mean(key: str) -> float:
         skip = max(1, min(5, len(history[key]) // 4))
         values = history[key][skip:] or history[key] or [float("nan")]
@@ -749,8 +803,14 @@ def throughput(d, history: dict, args, cfg: GPTConfig) -> dict:
     mfu = tps * args.mfu_scale if args.mfu_scale else None
     if mfu is not None:
         log(d, f"mfu {mfu:.1%} of {peak_flops(d, args) / 1e12:.0f} TFLOP/s per GPU")
-    return {"tps": tps, "own_tps": own, "fwd_ms": 1000 * fwd_s, "step_ms": 1000 * step_s,
-            "wait_ms": 1000 * wait_s, "mfu": mfu}
+    return {
+        "tps": tps,
+        "own_tps": own,
+        "fwd_ms": 1000 * fwd_s,
+        "step_ms": 1000 * step_s,
+        "wait_ms": 1000 * wait_s,
+        "mfu": mfu,
+    }
 
 
 if __name__ == "__main__":

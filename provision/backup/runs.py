@@ -34,8 +34,17 @@ class Snapshot:
 def parse_snapshots(text: str) -> list[Snapshot]:
     """Parse `restic snapshots --json` output, oldest first."""
     entries = json.loads(text or "[]") or []
-    return [Snapshot(e["id"], e.get("short_id", e["id"][:8]), e["time"], e.get("hostname", ""),
-                     list(e.get("paths", [])), list(e.get("tags") or [])) for e in entries]
+    return [
+        Snapshot(
+            e["id"],
+            e.get("short_id", e["id"][:8]),
+            e["time"],
+            e.get("hostname", ""),
+            list(e.get("paths", [])),
+            list(e.get("tags") or []),
+        )
+        for e in entries
+    ]
 
 
 def as_root(node: Node, command: str) -> str:
@@ -61,8 +70,10 @@ def snapshots_command(hostname: str) -> str:
 def restore_command(snapshot: str, target: str, hostname: str) -> str:
     """restic restore, verifying what it wrote. ``target`` "/" means in place. The host
     and tag filters pick "latest" among this host's snapshots in a shared repository."""
-    return (f"{WRAPPER} restore {shlex.quote(snapshot)} --target {shlex.quote(target)} --verify "
-            f"--host {shlex.quote(hostname)} --tag provision")
+    return (
+        f"{WRAPPER} restore {shlex.quote(snapshot)} --target {shlex.quote(target)} --verify "
+        f"--host {shlex.quote(hostname)} --tag provision"
+    )
 
 
 # restic's own limits for --read-data-subset. Sizes ("5G") are left out: restic 0.12 on
@@ -84,8 +95,9 @@ def read_data_subset(value: str) -> str:
         if 0 < float(percent[1]) <= 100:
             return value.strip()
         raise InputError(Problem(where, "a percentage must be above 0% and at most 100%", "e.g. 10%"))
-    raise InputError(Problem(where, "not a subset restic understands",
-                             "give a percentage such as 10% or a part n/t such as 1/5"))
+    raise InputError(
+        Problem(where, "not a subset restic understands", "give a percentage such as 10% or a part n/t such as 1/5")
+    )
 
 
 def check_command(subset: str | None = None) -> str:
@@ -175,23 +187,30 @@ def list_snapshots(node: Node) -> Outcome:
         snaps = parse_snapshots(result.stdout)
     except (json.JSONDecodeError, KeyError) as e:
         return Outcome(node.name, False, f"unreadable restic output: {e}", time.monotonic() - start, {})
-    return Outcome(node.name, True, f"{len(snaps)} snapshot(s)", time.monotonic() - start,
-                   {"snapshots": [asdict(s) for s in snaps]})
+    return Outcome(
+        node.name,
+        True,
+        f"{len(snaps)} snapshot(s)",
+        time.monotonic() - start,
+        {"snapshots": [asdict(s) for s in snaps]},
+    )
 
 
 def _target_problem(node: Node, target: str) -> str | None:
     """A restore target must be new or empty: restoring never overwrites silently."""
     from provision import remote
 
-    probe = remote.run(node, as_root(node, f"test ! -e {shlex.quote(target)} || "
-                                     f"test -z \"$(ls -A {shlex.quote(target)})\""), timeout=60)
+    probe = remote.run(
+        node, as_root(node, f'test ! -e {shlex.quote(target)} || test -z "$(ls -A {shlex.quote(target)})"'), timeout=60
+    )
     if probe.exited == 1:
         return f"{target} exists and is not empty; choose a new --target, or --in-place to overwrite live data"
     return None if probe.ok else f"cannot check {target}: {probe.stderr.strip()}"
 
 
-def restore(node: Node, snapshot: str, target: str | None, in_place: bool, stamp: str,
-            timeout_s: float = 3600) -> Outcome:
+def restore(
+    node: Node, snapshot: str, target: str | None, in_place: bool, stamp: str, timeout_s: float = 3600
+) -> Outcome:
     """Restore a snapshot to target (default: a new directory on the data volume), or in
     place over the live paths when asked explicitly."""
     import time
@@ -208,8 +227,13 @@ def restore(node: Node, snapshot: str, target: str | None, in_place: bool, stamp
     if not result.ok:
         return _failed(node, "restore failed", result, time.monotonic() - start)
     restored = [f"{where.rstrip('/')}{p}" for p in backup_paths(node)]
-    return Outcome(node.name, True, f"restored {snapshot} to {where}", time.monotonic() - start,
-                   {"snapshot": snapshot, "target": where, "paths": restored})
+    return Outcome(
+        node.name,
+        True,
+        f"restored {snapshot} to {where}",
+        time.monotonic() - start,
+        {"snapshot": snapshot, "target": where, "paths": restored},
+    )
 
 
 def check_verdict(report: dict[str, Any]) -> tuple[bool, str]:
@@ -265,8 +289,7 @@ def check_repository(node: Node, subset: str | None = None, timeout_s: float = C
     if not result.ok:
         return _failed(node, "check failed", result, time.monotonic() - start)
     read = f", {subset} of the data read back" if subset else ""
-    return Outcome(node.name, True, f"no errors found{read}", time.monotonic() - start,
-                   {"read_data_subset": subset})
+    return Outcome(node.name, True, f"no errors found{read}", time.monotonic() - start, {"read_data_subset": subset})
 
 
 def shared_outcomes(checkers: dict[str, str], checked: dict[str, Outcome]) -> dict[str, Outcome]:
@@ -274,6 +297,9 @@ def shared_outcomes(checkers: dict[str, str], checked: dict[str, Outcome]) -> di
     out = {}
     for name, by in checkers.items():
         own = checked[by]
-        out[name] = own if by == name else Outcome(name, own.ok, f"same repository as {by}: {own.detail}",
-                                                   0.0, {**own.data, "checked_by": by})
+        out[name] = (
+            own
+            if by == name
+            else Outcome(name, own.ok, f"same repository as {by}: {own.detail}", 0.0, {**own.data, "checked_by": by})
+        )
     return out

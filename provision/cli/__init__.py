@@ -17,8 +17,7 @@ from provision.errors import ProvisionError
 
 app = typer.Typer(
     name="provision",
-    help="From a rack of new GPU servers to a proven training cluster: "
-    "provision (up), accept (validate), train.",
+    help="From a rack of new GPU servers to a proven training cluster: provision (up), accept (validate), train.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -64,6 +63,7 @@ def main() -> None:
     except Exception as e:  # a bug of ours: say so in one line; PROVISION_DEBUG shows the trace
         if os.environ.get("PROVISION_DEBUG"):
             raise
-        report_error(ProvisionError(f"internal error: {type(e).__name__}: {e} "
-                                    "(set PROVISION_DEBUG=1 for the traceback)"))
+        report_error(
+            ProvisionError(f"internal error: {type(e).__name__}: {e} (set PROVISION_DEBUG=1 for the traceback)")
+        )
         sys.exit(1)

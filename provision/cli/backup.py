@@ -28,30 +28,40 @@ from provision.rules import backups as backup_layout
 app = typer.Typer(help="Back up, list and restore training data (restic).", no_args_is_help=True)
 
 
-
 def _hosts(cluster: Cluster, host: str | None) -> list[Node]:
     """The hosts a command acts on: --host, else every host that backs up."""
     if host is not None:
         try:
             node = cluster.node(host)
         except KeyError:
-            raise InputError(Problem(f"--host {host}", "not a host of this inventory",
-                                     f"hosts: {', '.join(n.name for n in cluster.nodes)}")) from None
+            raise InputError(
+                Problem(
+                    f"--host {host}",
+                    "not a host of this inventory",
+                    f"hosts: {', '.join(n.name for n in cluster.nodes)}",
+                )
+            ) from None
         reason = backup_layout.skip_reason(node, cluster)
         if reason:
             raise InputError(Problem(f"--host {host}", "this host has no backups", reason))
         return [node]
     nodes = [n for n in cluster.nodes if backup_layout.skip_reason(n, cluster) is None]
     if not nodes:
-        raise InputError(Problem(str(cluster.path), "no host backs up",
-                                 "put a host in the 'storage' group, or set backup_paths"))
+        raise InputError(
+            Problem(str(cluster.path), "no host backs up", "put a host in the 'storage' group, or set backup_paths")
+        )
     return nodes
 
 
 def _finish(outcomes: dict[str, backup.Outcome], as_json: bool, title: str, passed: str = "ok") -> None:
     if as_json:
-        print_json({"schema": "provision.backup.runs/1", "ok": all(o.ok for o in outcomes.values()),
-                    "hosts": [asdict(o) for o in outcomes.values()]})
+        print_json(
+            {
+                "schema": "provision.backup.runs/1",
+                "ok": all(o.ok for o in outcomes.values()),
+                "hosts": [asdict(o) for o in outcomes.values()],
+            }
+        )
     else:
         table = Table(title=title)
         for column in ("host", "result", "seconds", "detail"):
@@ -63,9 +73,11 @@ def _finish(outcomes: dict[str, backup.Outcome], as_json: bool, title: str, pass
         raise typer.Exit(EXIT_FAILED)
 
 
-def _each(nodes: list[Node], what: str, func: Callable[[Node], backup.Outcome],
-          as_json: bool) -> dict[str, backup.Outcome]:
+def _each(
+    nodes: list[Node], what: str, func: Callable[[Node], backup.Outcome], as_json: bool
+) -> dict[str, backup.Outcome]:
     with host_progress([n.name for n in nodes], enabled=not as_json) as progress:
+
         def one(node: Node) -> backup.Outcome:
             progress(node.name, what)
             outcome = func(node)
@@ -112,14 +124,22 @@ def list_(
 @app.command("restore")
 def restore(
     inventory: Path = InventoryArg,
-    host: str | None = typer.Option(None, "--host", help="the host whose backup to restore "
-                                    "(default: the only host that backs up)"),
+    host: str | None = typer.Option(
+        None, "--host", help="the host whose backup to restore (default: the only host that backs up)"
+    ),
     snapshot: str = typer.Option("latest", "--snapshot", help="snapshot id, or 'latest'"),
-    target: str | None = typer.Option(None, "--target", help="directory on the host to restore into; "
-                                      "must be new or empty (default: <data_mount>/restores/<time>)"),
+    target: str | None = typer.Option(
+        None,
+        "--target",
+        help="directory on the host to restore into; must be new or empty (default: <data_mount>/restores/<time>)",
+    ),
     in_place: bool = typer.Option(False, "--in-place", help="restore over the live files (overwrites them)"),
-    check: bool = typer.Option(False, "--check", help="restore to a scratch directory, compare every "
-                               "file's sha256 with the live file, then remove the scratch copy"),
+    check: bool = typer.Option(
+        False,
+        "--check",
+        help="restore to a scratch directory, compare every "
+        "file's sha256 with the live file, then remove the scratch copy",
+    ),
     as_json: bool = JsonOpt,
 ) -> None:
     """Restore a snapshot on its host: into a separate directory by default, never over live
@@ -128,8 +148,7 @@ def restore(
     Example: provision backup restore inventories/testbed.py --host node1 --snapshot latest
     """
     if sum([in_place, check, target is not None]) > 1:
-        raise InputError(Problem("restore", "--target, --in-place and --check exclude each other",
-                                 "choose one"))
+        raise InputError(Problem("restore", "--target, --in-place and --check exclude each other", "choose one"))
     cluster = inventory_lib.load(inventory)
     nodes = _hosts(cluster, host)
     if host is None and len(nodes) > 1:
@@ -151,8 +170,11 @@ def check_repositories(
     inventory: Path = InventoryArg,
     host: str | None = typer.Option(None, "--host", help="only this host's repository"),
     read_data_subset: str | None = typer.Option(
-        None, "--read-data-subset", help="also read back and verify this share of the data: "
-        "a percentage such as 10%, or part n/t such as 1/5 (check a different part each run)"),
+        None,
+        "--read-data-subset",
+        help="also read back and verify this share of the data: "
+        "a percentage such as 10%, or part n/t such as 1/5 (check a different part each run)",
+    ),
     as_json: bool = JsonOpt,
 ) -> None:
     """Check each backing-up host's restic repository for errors (restic check, run on the
@@ -167,6 +189,10 @@ def check_repositories(
     cluster = inventory_lib.load(inventory)
     nodes = _hosts(cluster, host)
     checkers = backup.repository_checkers(nodes, cluster)
-    checked = _each([n for n in nodes if checkers[n.name] == n.name], "checking",
-                    lambda node: backup.check_repository(node, subset), as_json)
+    checked = _each(
+        [n for n in nodes if checkers[n.name] == n.name],
+        "checking",
+        lambda node: backup.check_repository(node, subset),
+        as_json,
+    )
     _finish(backup.shared_outcomes(checkers, checked), as_json, "backup check", passed="passed")

@@ -38,12 +38,19 @@ def demo(
         table.add_column(column)
     for r in results:
         style = {"done": "green", "done earlier": "green", "failed": "red"}.get(r.status, "dim")
-        table.add_row(r.name, f"[{style}]{r.status}[/]", f"{r.seconds:.0f}s" if r.seconds else "-",
-                      escape(r.outcome) or "-", "\n".join(_relative(a) for a in r.artifacts) or "-")
+        table.add_row(
+            r.name,
+            f"[{style}]{r.status}[/]",
+            f"{r.seconds:.0f}s" if r.seconds else "-",
+            escape(r.outcome) or "-",
+            "\n".join(_relative(a) for a in r.artifacts) or "-",
+        )
     (err if as_json_out else out).print(table)
-    err.print(f"The testbed stays up: look around with `provision testbed ssh node1`, "
-              f"check it with `provision status {paths.inventory}`, "
-              "take it down with `provision testbed down`.")
+    err.print(
+        f"The testbed stays up: look around with `provision testbed ssh node1`, "
+        f"check it with `provision status {paths.inventory}`, "
+        "take it down with `provision testbed down`."
+    )
     raise typer.Exit(code)
 
 

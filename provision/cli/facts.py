@@ -32,8 +32,7 @@ def facts(
     cluster = inventory_lib.load(inventory)
     with host_progress([n.name for n in cluster.nodes], enabled=not as_json) as progress:
         result = gather_facts(list(cluster.nodes), HOST_FACTS, on_event=progress)
-    hosts = [summarize(n.name, result.facts.get(n.name), result.failed.get(n.name))
-             for n in cluster.nodes]
+    hosts = [summarize(n.name, result.facts.get(n.name), result.failed.get(n.name)) for n in cluster.nodes]
     if as_json:
         print_json({"schema": "provision.facts/1", "hosts": [asdict(h) for h in hosts]})
     else:
@@ -50,12 +49,16 @@ def _print_tables(hosts: list[Any]) -> None:
         if not h.reachable:
             table.add_row(h.name, f"[red]no facts: {h.error}[/]", "", "", "", "")
             continue
-        nics = "\n".join(f"{n['name']} {','.join(n['addresses']) or '-'} "
-                         f"{n['speed_mbps'] or '?'}" for n in h.nics)
+        nics = "\n".join(f"{n['name']} {','.join(n['addresses']) or '-'} {n['speed_mbps'] or '?'}" for n in h.nics)
         gpus = "\n".join(f"{g['description']} [{g['device_id']}]" for g in h.gpus) or "none"
-        table.add_row(h.name, f"{h.os['pretty_name']}\n{h.kernel}",
-                      f"{h.cpu['model']}\n{h.cpu['sockets']}s/{h.cpu['cores']}c/{h.cpu['threads']}t",
-                      f"{h.memory_bytes / 2**30:.1f} GiB", nics, gpus)
+        table.add_row(
+            h.name,
+            f"{h.os['pretty_name']}\n{h.kernel}",
+            f"{h.cpu['model']}\n{h.cpu['sockets']}s/{h.cpu['cores']}c/{h.cpu['threads']}t",
+            f"{h.memory_bytes / 2**30:.1f} GiB",
+            nics,
+            gpus,
+        )
     out.print(table)
     disks = Table(title="block devices")
     for column in ("host", "device", "stable ids", "size", "holds"):
@@ -63,6 +66,5 @@ def _print_tables(hosts: list[Any]) -> None:
     for h in hosts:
         for d in h.block_devices:
             holds = "root disk" if d["is_root"] else (d["holds"] or "[green]blank[/]")
-            disks.add_row(h.name, d["path"], "\n".join(d["by_id"]) or "-",
-                          f"{d['size_bytes'] / 2**30:.1f} GiB", holds)
+            disks.add_row(h.name, d["path"], "\n".join(d["by_id"]) or "-", f"{d['size_bytes'] / 2**30:.1f} GiB", holds)
     out.print(disks)

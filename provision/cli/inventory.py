@@ -16,7 +16,6 @@ from provision.settings import ROLES, knob_docs
 app = typer.Typer(help="Check inventories. Nothing here contacts a host.", no_args_is_help=True)
 
 
-
 @app.command("check")
 def check(
     inventory: Path = InventoryArg,
@@ -31,28 +30,41 @@ def check(
     """
     cluster = inventory_lib.load(inventory)
     if as_json:
-        print_json({
-            "inventory": str(cluster.path),
-            "hosts": [
-                {"name": n.name, "ssh": asdict(n.ssh), "cluster_address": n.cluster_address,
-                 "groups": list(n.groups), "roles": [g for g in n.groups if g in ROLES],
-                 "settings": asdict(n.settings)}
-                for n in cluster.nodes
-            ],
-        })
+        print_json(
+            {
+                "inventory": str(cluster.path),
+                "hosts": [
+                    {
+                        "name": n.name,
+                        "ssh": asdict(n.ssh),
+                        "cluster_address": n.cluster_address,
+                        "groups": list(n.groups),
+                        "roles": [g for g in n.groups if g in ROLES],
+                        "settings": asdict(n.settings),
+                    }
+                    for n in cluster.nodes
+                ],
+            }
+        )
         return
     table = Table(title=f"{cluster.path}: {len(cluster.nodes)} hosts")
     for column in ("host", "ssh", "cluster address", "groups", "roles"):
         table.add_column(column)
     for n in cluster.nodes:
-        table.add_row(n.name, f"{n.ssh.user or ''}{'@' if n.ssh.user else ''}{n.ssh.hostname}:{n.ssh.port}",
-                      n.cluster_address, ", ".join(n.groups),
-                      ", ".join(g for g in n.groups if g in ROLES) or "-")
+        table.add_row(
+            n.name,
+            f"{n.ssh.user or ''}{'@' if n.ssh.user else ''}{n.ssh.hostname}:{n.ssh.port}",
+            n.cluster_address,
+            ", ".join(n.groups),
+            ", ".join(g for g in n.groups if g in ROLES) or "-",
+        )
     out.print(table)
     for n in cluster.nodes:
         changed = {k: v for k, v in asdict(n.settings).items() if v != _defaults()[k]}
-        out.print(f"[bold]{n.name}[/] settings (non-default): "
-                  + (", ".join(f"{k}={v!r}" for k, v in changed.items()) or "all defaults"))
+        out.print(
+            f"[bold]{n.name}[/] settings (non-default): "
+            + (", ".join(f"{k}={v!r}" for k, v in changed.items()) or "all defaults")
+        )
 
 
 @app.command("knobs")

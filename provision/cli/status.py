@@ -43,21 +43,35 @@ def status(
 
 def _print(statuses: list[Any]) -> None:
     table = Table(title="fleet status")
-    for column in ("host", "os / kernel", "driver / cuda / fm", "torch / nccl", "reboot",
-                   "mounts", "last backup", "last validate"):
+    for column in (
+        "host",
+        "os / kernel",
+        "driver / cuda / fm",
+        "torch / nccl",
+        "reboot",
+        "mounts",
+        "last backup",
+        "last validate",
+    ):
         table.add_column(column)
     for s in statuses:
         if not s.reachable:
             table.add_row(s.name, f"[red]unreachable: {s.error}[/]", *[""] * 6)
             continue
         v = s.versions
-        mounts = "\n".join(f"{p} {'[green]ok[/]' if st == 'ok' else f'[red]{st}[/]'}"
-                           for p, st in s.mounts.items()) or "-"
-        table.add_row(s.name, f"{s.os}\n{s.kernel}",
-                      f"{v.get('driver') or '-'} / {v.get('cuda') or '-'} / {v.get('fabricmanager') or '-'}",
-                      f"{v.get('torch') or '-'} / {v.get('nccl') or '-'}",
-                      "[yellow]yes[/]" if s.reboot_pending else "no", mounts, s.last_backup,
-                      s.last_validate or "-")
+        mounts = (
+            "\n".join(f"{p} {'[green]ok[/]' if st == 'ok' else f'[red]{st}[/]'}" for p, st in s.mounts.items()) or "-"
+        )
+        table.add_row(
+            s.name,
+            f"{s.os}\n{s.kernel}",
+            f"{v.get('driver') or '-'} / {v.get('cuda') or '-'} / {v.get('fabricmanager') or '-'}",
+            f"{v.get('torch') or '-'} / {v.get('nccl') or '-'}",
+            "[yellow]yes[/]" if s.reboot_pending else "no",
+            mounts,
+            s.last_backup,
+            s.last_validate or "-",
+        )
     out.print(table)
     drifted = [(s.name, d) for s in statuses for d in s.drift]
     if drifted:

@@ -28,16 +28,20 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 
-StateDirOpt = typer.Option(None, "--state-dir",
-                           help="testbed state dir (default: ~/.cache/provision/testbed)")
+StateDirOpt = typer.Option(None, "--state-dir", help="testbed state dir (default: ~/.cache/provision/testbed)")
 
 
 @contextmanager
 def _progress(enabled: bool = True) -> Iterator[Callable[[str, str], None]]:
     """A live line per subject (image, accel, node1, ...), added as they first report."""
-    progress = Progress(SpinnerColumn(), TextColumn("[bold]{task.description:<8}"),
-                        TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
-                        console=err, disable=not enabled)
+    progress = Progress(
+        SpinnerColumn(),
+        TextColumn("[bold]{task.description:<8}"),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+        console=err,
+        disable=not enabled,
+    )
     tasks: dict[str, TaskID] = {}
 
     def report(subject: str, text: str) -> None:
@@ -49,8 +53,7 @@ def _progress(enabled: bool = True) -> Iterator[Callable[[str, str], None]]:
         yield report
 
 
-def _testbed(state_dir: Path | None, inventory: Path | None = None,
-             mirror: str | None = None) -> Testbed:
+def _testbed(state_dir: Path | None, inventory: Path | None = None, mirror: str | None = None) -> Testbed:
     """The library handle. Made before any progress display starts: importing the
     testbed imports pyinfra's CLI package, which must patch threading (gevent) before
     rich's refresh thread or paramiko's threads exist."""
@@ -65,14 +68,16 @@ def up(
     disks: int = typer.Option(2, "--disks", "-d", help="extra virtio data disks per VM"),
     memory: int = typer.Option(2048, "--memory", "-m", help="RAM per VM in MiB"),
     cpus: int = typer.Option(2, "--cpus", help="vCPUs per VM"),
-    accel: str = typer.Option("auto", "--accel",
-                              help="auto (KVM only if a probe VM really boots), kvm or tcg"),
+    accel: str = typer.Option("auto", "--accel", help="auto (KVM only if a probe VM really boots), kvm or tcg"),
     disk_gb: int = typer.Option(2, "--disk-gb", help="size of each data disk in GiB (sparse)"),
-    inventory: Path = typer.Option(None, "--inventory",
-                                   help="where to write the pyinfra inventory "
-                                   "(default: inventories/testbed.py, or where `up` wrote it before)"),
-    mirror: str = typer.Option(None, "--mirror",
-                               help="Debian mirror URL; default: the one in this machine's apt sources"),
+    inventory: Path = typer.Option(
+        None,
+        "--inventory",
+        help="where to write the pyinfra inventory (default: inventories/testbed.py, or where `up` wrote it before)",
+    ),
+    mirror: str = typer.Option(
+        None, "--mirror", help="Debian mirror URL; default: the one in this machine's apt sources"
+    ),
     state_dir: Path = StateDirOpt,
     as_json: bool = typer.Option(False, "--json", help="print the nodes as JSON on stdout"),
 ) -> None:
@@ -94,8 +99,7 @@ def up(
     check_up_args(nodes, disks, memory, cpus, disk_gb)  # bad input: one line each, no progress
     with _progress(enabled=True) as report:
         tb.progress = report
-        records = tb.up(nodes=nodes, disks=disks, memory_mb=memory, cpus=cpus, accel=accel,
-                        disk_gb=disk_gb)
+        records = tb.up(nodes=nodes, disks=disks, memory_mb=memory, cpus=cpus, accel=accel, disk_gb=disk_gb)
     inventory_lib.load(tb.inventory_path)  # the inventory we hand over must pass `inventory check`
     if as_json:
         print_json(_status_json(tb, records))
@@ -149,8 +153,10 @@ def down(state_dir: Path = StateDirOpt) -> None:
     with _progress() as report:
         tb.progress = report
         stopped = tb.down()
-    out.print(f"testbed down: stopped {len(stopped)} processes ({', '.join(map(str, stopped)) or 'none running'}); "
-              f"removed {tb.state_dir}")
+    out.print(
+        f"testbed down: stopped {len(stopped)} processes ({', '.join(map(str, stopped)) or 'none running'}); "
+        f"removed {tb.state_dir}"
+    )
 
 
 def _status_json(tb: Testbed, records: list[NodeRecord]) -> dict[str, Any]:
@@ -158,8 +164,15 @@ def _status_json(tb: Testbed, records: list[NodeRecord]) -> dict[str, Any]:
         "state_dir": str(tb.state_dir),
         "inventory": str(tb.inventory_path),
         "switch_running": tb.switch_running(),
-        "nodes": [{**asdict(r), "state": "running" if r.running else "stopped",
-                   "ssh": f"127.0.0.1:{r.ssh_port}", "data_disks": r.data_disks} for r in records],
+        "nodes": [
+            {
+                **asdict(r),
+                "state": "running" if r.running else "stopped",
+                "ssh": f"127.0.0.1:{r.ssh_port}",
+                "data_disks": r.data_disks,
+            }
+            for r in records
+        ],
     }
 
 
@@ -169,8 +182,14 @@ def _print_table(tb: Testbed, records: list[NodeRecord]) -> None:
         table.add_column(column)
     for r in records:
         state = "[green]running[/]" if r.running else "[red]stopped[/]"
-        table.add_row(r.name, state, str(r.pid or "-"), f"127.0.0.1:{r.ssh_port}",
-                      r.cluster_address, "\n".join(r.data_disks) or "-")
+        table.add_row(
+            r.name,
+            state,
+            str(r.pid or "-"),
+            f"127.0.0.1:{r.ssh_port}",
+            r.cluster_address,
+            "\n".join(r.data_disks) or "-",
+        )
     out.print(table)
 
 

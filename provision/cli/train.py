@@ -27,23 +27,28 @@ class TrainFailed(ProvisionError):
 def train(
     inventory: Path = InventoryArg,
     extra: list[str] | None = typer.Argument(
-        None, help="more train_ddp.py flags, after `--`, e.g. -- --lr 3e-4 --compile"),
+        None, help="more train_ddp.py flags, after `--`, e.g. -- --lr 3e-4 --compile"
+    ),
     nproc_per_node: str = typer.Option(
-        "auto", "--nproc-per-node", help="ranks per node; auto: one per GPU, 1 without GPUs"),
+        "auto", "--nproc-per-node", help="ranks per node; auto: one per GPU, 1 without GPUs"
+    ),
     steps: int = typer.Option(100, "--steps", min=1, help="optimizer steps in total"),
     model: str = typer.Option("tiny", "--model", help="trainer size preset: tiny, small, medium, gpt2"),
-    batch_per_rank: int = typer.Option(8, "--batch-per-rank", min=1,
-                                       help="sequences per rank per step (global batch grows with ranks)"),
+    batch_per_rank: int = typer.Option(
+        8, "--batch-per-rank", min=1, help="sequences per rank per step (global batch grows with ranks)"
+    ),
     resume: bool = typer.Option(False, "--resume", help="continue from the checkpoint's step"),
     limit: str | None = typer.Option(None, "--limit", help="comma-separated hosts to train on"),
-    python: str | None = typer.Option(None, "--python",
-                                      help="interpreter on the nodes; default: <venv_path>/bin/python"),
-    runs_dir: Path = typer.Option(Path("runs"), "--runs-dir",
-                                  help="controller directory for logs, reports and plots"),
-    monitor_interval: float = typer.Option(5.0, "--monitor-interval", min=0.5,
-                                           help="seconds between node utilisation samples"),
-    timeout: float | None = typer.Option(None, "--timeout", min=1,
-                                         help="stop the run (exit 1) after this many seconds"),
+    python: str | None = typer.Option(
+        None, "--python", help="interpreter on the nodes; default: <venv_path>/bin/python"
+    ),
+    runs_dir: Path = typer.Option(Path("runs"), "--runs-dir", help="controller directory for logs, reports and plots"),
+    monitor_interval: float = typer.Option(
+        5.0, "--monitor-interval", min=0.5, help="seconds between node utilisation samples"
+    ),
+    timeout: float | None = typer.Option(
+        None, "--timeout", min=1, help="stop the run (exit 1) after this many seconds"
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="do not echo the nodes' logs"),
     as_json: bool = typer.Option(False, "--json", help="print the report as JSON on stdout"),
 ) -> None:
@@ -60,8 +65,19 @@ def train(
     """
     from provision import launch
 
-    opts = _options(nproc_per_node, steps, model, batch_per_rank, resume, tuple(extra or ()),
-                    python, runs_dir, monitor_interval, timeout, inventory)
+    opts = _options(
+        nproc_per_node,
+        steps,
+        model,
+        batch_per_rank,
+        resume,
+        tuple(extra or ()),
+        python,
+        runs_dir,
+        monitor_interval,
+        timeout,
+        inventory,
+    )
     cluster = inventory_lib.load(inventory)
     nodes = launch.select(cluster, [h for h in (limit or "").split(",") if h] or None)
     try:
@@ -76,9 +92,19 @@ def train(
         raise typer.Exit(EXIT_FAILED)
 
 
-def _options(nproc: str, steps: int, model: str, batch: int, resume: bool, extra: tuple[str, ...],
-             python: str | None, runs_dir: Path, interval: float, timeout: float | None,
-             inventory: Path) -> Options:
+def _options(
+    nproc: str,
+    steps: int,
+    model: str,
+    batch: int,
+    resume: bool,
+    extra: tuple[str, ...],
+    python: str | None,
+    runs_dir: Path,
+    interval: float,
+    timeout: float | None,
+    inventory: Path,
+) -> Options:
     from provision.launch import Options, logs, plan
 
     problems = []
@@ -93,12 +119,24 @@ def _options(nproc: str, steps: int, model: str, batch: int, resume: bool, extra
     if python is not None and not python.startswith("/"):
         problems.append(Problem("--python", f"{python!r} must be an absolute path on the nodes"))
     if why := logs.unwritable(runs_dir):  # before any node starts: logs and reports go there
-        problems.append(Problem(f"--runs-dir {runs_dir}", f"cannot write there ({why})",
-                                "pass a directory you can write"))
+        problems.append(
+            Problem(f"--runs-dir {runs_dir}", f"cannot write there ({why})", "pass a directory you can write")
+        )
     if problems:
         raise InputError(problems)
-    return Options(steps, model, nproc_value, batch, resume, extra, python, runs_dir, interval,
-                   timeout, f"{inventory.stem}-{model}")
+    return Options(
+        steps,
+        model,
+        nproc_value,
+        batch,
+        resume,
+        extra,
+        python,
+        runs_dir,
+        interval,
+        timeout,
+        f"{inventory.stem}-{model}",
+    )
 
 
 def _echo(quiet: bool) -> Callable[[str, str, str], None]:
@@ -115,23 +153,38 @@ def _say(host: str, text: str) -> None:
 
 def _print(r: Any) -> None:
     table = Table(title=f"{r.run_id}: {'ok' if r.ok else 'FAILED'}")
-    for column in ("host", "ranks", "own tokens/s", "fwd ms", "CPU mean/peak %", "RAM peak %",
-                   "GPU mean/peak %", "exit", "clean"):
+    for column in (
+        "host",
+        "ranks",
+        "own tokens/s",
+        "fwd ms",
+        "CPU mean/peak %",
+        "RAM peak %",
+        "GPU mean/peak %",
+        "exit",
+        "clean",
+    ):
         table.add_column(column)
     for n in r.nodes:
         u = n.usage
         table.add_row(
-            n.name, ",".join(map(str, n.ranks)) or "-", _num(n.tokens_per_s), _num(n.forward_ms, 1),
-            f"{u.cpu_mean:.0f}/{u.cpu_peak:.0f}" if u else "-", f"{u.mem_peak:.0f}" if u else "-",
+            n.name,
+            ",".join(map(str, n.ranks)) or "-",
+            _num(n.tokens_per_s),
+            _num(n.forward_ms, 1),
+            f"{u.cpu_mean:.0f}/{u.cpu_peak:.0f}" if u else "-",
+            f"{u.mem_peak:.0f}" if u else "-",
             f"{u.gpu_util_mean:.0f}/{u.gpu_util_peak:.0f}" if u and u.gpu_util_mean is not None else "-",
             "-" if n.exited is None else str(n.exited),
-            {True: "yes", False: "NO", None: "?"}[n.clean])
+            {True: "yes", False: "NO", None: "?"}[n.clean],
+        )
     out.print(table)
-    out.print(f"throughput: {_num(r.tokens_per_s)} tokens/s over {r.world_size} ranks"
-              + (f"; MFU {r.mfu:.1%}" if r.mfu else ""))
+    out.print(
+        f"throughput: {_num(r.tokens_per_s)} tokens/s over {r.world_size} ranks"
+        + (f"; MFU {r.mfu:.1%}" if r.mfu else "")
+    )
     if r.scaling_efficiency is not None:
-        out.print(f"scaling efficiency: {r.scaling_efficiency:.2f} (against single-node run "
-                  f"{r.scaling_reference})")
+        out.print(f"scaling efficiency: {r.scaling_efficiency:.2f} (against single-node run {r.scaling_reference})")
     if r.final_val_loss is not None:
         out.print(f"loss: train {r.final_train_loss:.4f}, validation {r.final_val_loss:.4f}")
     out.print(f"stragglers: {', '.join(r.stragglers) or 'none'}")

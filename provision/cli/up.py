@@ -25,12 +25,16 @@ def up(
     inventory: Path = InventoryArg,
     only: str = OnlyOpt,
     skip: str = SkipOpt,
-    reboot_batch: int = typer.Option(None, "--reboot-batch", min=1,
-                                     help="most hosts rebooting at once (default: a quarter, at least 1)"),
+    reboot_batch: int = typer.Option(
+        None, "--reboot-batch", min=1, help="most hosts rebooting at once (default: a quarter, at least 1)"
+    ),
     force_format: list[str] = typer.Option(
-        [], "--force-format", metavar="HOST:DISK",
+        [],
+        "--force-format",
+        metavar="HOST:DISK",
         help="allow the volumes step to erase this disk although it holds data (repeatable; "
-             "DISK as in data_disks: a /dev/disk/by-id path or a serial)"),
+        "DISK as in data_disks: a /dev/disk/by-id path or a serial)",
+    ),
     as_json: bool = JsonOpt,
 ) -> None:
     """Bring every host to the desired state: preflight, base, nvidia, frameworks, then
@@ -69,8 +73,7 @@ def print_summary(report: RunReport) -> None:
     out.print(table)
     total = sum(h.changed for h in report.hosts.values())
     failed = [h.name for h in report.hosts.values() if not h.ok]
-    out.print(f"{total} operations changed; " + (f"[red]failed: {', '.join(failed)}[/]" if failed
-                                                  else "all hosts ok"))
+    out.print(f"{total} operations changed; " + (f"[red]failed: {', '.join(failed)}[/]" if failed else "all hosts ok"))
 
 
 def plan(
@@ -95,8 +98,9 @@ def plan(
     with host_progress([n.name for n in cluster.nodes], enabled=not as_json) as progress:
         plans = pipeline.plan(cluster, steps, on_event=progress)
     if as_json:
-        print_json({"schema": "provision.plan/1",
-                    "hosts": [asdict(p) | {"changes": p.changes} for p in plans.values()]})
+        print_json(
+            {"schema": "provision.plan/1", "hosts": [asdict(p) | {"changes": p.changes} for p in plans.values()]}
+        )
     else:
         for host_plan in plans.values():
             print_plan(host_plan)
@@ -138,8 +142,14 @@ def verify(
     err.print(f"verifying {len(cluster.nodes)} hosts with pytest-testinfra ...")
     result = verify_lib.run(cluster, str(workdir) if workdir else None)
     if as_json:
-        print_json({"schema": "provision.verify/1", "ok": result.exit_code == 0,
-                    "junit_xml": result.junit_xml, "output": result.output})
+        print_json(
+            {
+                "schema": "provision.verify/1",
+                "ok": result.exit_code == 0,
+                "junit_xml": result.junit_xml,
+                "output": result.output,
+            }
+        )
     else:
         out.print(result.output, markup=False, soft_wrap=True)
         out.print(f"JUnit XML: {result.junit_xml}")

@@ -79,19 +79,39 @@ def stages(paths: DemoPaths, nodes: int) -> list[Stage]:
     inv, rep = str(paths.inventory), paths.reports
     return [
         Stage("up", "provision every node (NVIDIA skipped: the VMs have no GPU)", ["up", inv]),
-        Stage("verify", "check the promised state with testinfra",
-              ["verify", inv, "--workdir", str(paths.root / "verify")], [str(paths.root / "verify" / "verify.xml")]),
+        Stage(
+            "verify",
+            "check the promised state with testinfra",
+            ["verify", inv, "--workdir", str(paths.root / "verify")],
+            [str(paths.root / "verify" / "verify.xml")],
+        ),
         # Emulated VMs reach a fraction of their CPU's ISA peak, which validate rightly
         # reports as a warning; the demo accepts warnings (the report shows them) but not fails.
-        Stage("validate", "quick acceptance gate, with JSON, HTML and JUnit reports",
-              ["validate", inv, "--quick", "--warn-ok", "--json", str(rep / "validate.json"),
-               "--html", str(rep / "validate.html"), "--junit", str(rep / "validate.xml")],
-              [str(rep / "validate.html"), str(rep / "validate.json"), str(rep / "validate.xml")]),
-        Stage("train", f"the reference DDP trainer across {nodes} nodes, checkpoints on NFS",
-              ["train", inv, "--steps", "40"], ["runs/ (per-run logs and plots)"]),
+        Stage(
+            "validate",
+            "quick acceptance gate, with JSON, HTML and JUnit reports",
+            [
+                "validate",
+                inv,
+                "--quick",
+                "--warn-ok",
+                "--json",
+                str(rep / "validate.json"),
+                "--html",
+                str(rep / "validate.html"),
+                "--junit",
+                str(rep / "validate.xml"),
+            ],
+            [str(rep / "validate.html"), str(rep / "validate.json"), str(rep / "validate.xml")],
+        ),
+        Stage(
+            "train",
+            f"the reference DDP trainer across {nodes} nodes, checkpoints on NFS",
+            ["train", inv, "--steps", "40"],
+            ["runs/ (per-run logs and plots)"],
+        ),
         Stage("backup", "back up the checkpoints now", ["backup", "run", inv]),
-        Stage("restore", "restore the latest snapshot and compare checksums",
-              ["backup", "restore", inv, "--check"]),
+        Stage("restore", "restore the latest snapshot and compare checksums", ["backup", "restore", inv, "--check"]),
     ]
 
 
@@ -146,8 +166,9 @@ def run_provision(argv: list[str], log: Path) -> int:
             return os.waitstatus_to_exitcode(status)
         # Not a terminal: rich would wrap at 80 columns, splitting the summary line the
         # final table quotes; a wide virtual terminal keeps each line whole.
-        process = subprocess.Popen(command, env={**env, "COLUMNS": env.get("COLUMNS", "200")},
-                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            command, env={**env, "COLUMNS": env.get("COLUMNS", "200")}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
         assert process.stdout is not None
         for line in process.stdout:
             sys.stdout.buffer.write(line)
@@ -191,9 +212,12 @@ def run_demo(
     """Bring the testbed up, then run every stage not yet done on it. Stops at the first
     failed stage (the later ones need it); the next demo run starts again there."""
     paths.reports.mkdir(parents=True, exist_ok=True)
-    testbed = Stage("testbed", f"{nodes} qemu VMs, 2 data disks each, node1 is storage",
-                    ["testbed", "up", "--nodes", str(nodes), "--disks", "2", "--inventory", str(paths.inventory)],
-                    [str(paths.inventory)])
+    testbed = Stage(
+        "testbed",
+        f"{nodes} qemu VMs, 2 data disks each, node1 is storage",
+        ["testbed", "up", "--nodes", str(nodes), "--disks", "2", "--inventory", str(paths.inventory)],
+        [str(paths.inventory)],
+    )
     results = [_run_stage(testbed, paths, announce, run)]
     if results[0].status == "failed":
         return results + _not_run(stages(paths, nodes)), EXIT_FAILED
@@ -204,13 +228,14 @@ def run_demo(
         if stage.name in done:
             announce(stage, "done earlier, skipped")
             log = paths.log(stage.name)
-            results.append(StageResult(stage.name, "done earlier", 0.0, None, [*stage.artifacts, str(log)],
-                                       last_line(log)))
+            results.append(
+                StageResult(stage.name, "done earlier", 0.0, None, [*stage.artifacts, str(log)], last_line(log))
+            )
             continue
         result = _run_stage(stage, paths, announce, run)
         results.append(result)
         if result.status == "failed":
-            return results + _not_run(pipeline[index + 1:]), EXIT_FAILED
+            return results + _not_run(pipeline[index + 1 :]), EXIT_FAILED
         done[stage.name] = result.seconds
         save_done(paths, identity, done)
     return results, EXIT_OK
@@ -232,5 +257,8 @@ def _not_run(rest: list[Stage]) -> list[StageResult]:
 
 
 def as_json(results: list[StageResult]) -> dict[str, object]:
-    return {"schema": "provision.demo.stages/1", "stages": [asdict(r) for r in results],
-            "ok": all(r.status in ("done", "done earlier") for r in results)}
+    return {
+        "schema": "provision.demo.stages/1",
+        "stages": [asdict(r) for r in results],
+        "ok": all(r.status in ("done", "done earlier") for r in results),
+    }

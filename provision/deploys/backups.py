@@ -33,25 +33,48 @@ def unit_files(node: Node, cluster: Cluster) -> dict[str, str]:
     storage = cluster.storage_node()
     address = storage.cluster_address if (sftp and storage) else ""
     return {
-        backup.ENV_FILE: render_template("backups/env.j2", repository=backup.repository(node, cluster),
-                                         password_file=backup.PASSWORD_FILE, cache_dir=backup.CACHE_DIR),
-        backup.WRAPPER: render_template("backups/provision-restic.j2", env_file=backup.ENV_FILE,
-                                        ssh_config=backup.SSH_CONFIG if sftp else "", address=address),
-        backup.SCRIPT: render_template("backups/provision-backup.j2", wrapper=backup.WRAPPER, paths=paths,
-                                       hostname=node.name, schedule=s.backup_schedule,
-                                       keep_daily=s.backup_keep_daily, keep_weekly=s.backup_keep_weekly,
-                                       keep_monthly=s.backup_keep_monthly, stamp=BACKUP_STAMP,
-                                       stamp_dir=posixpath.dirname(BACKUP_STAMP)),
+        backup.ENV_FILE: render_template(
+            "backups/env.j2",
+            repository=backup.repository(node, cluster),
+            password_file=backup.PASSWORD_FILE,
+            cache_dir=backup.CACHE_DIR,
+        ),
+        backup.WRAPPER: render_template(
+            "backups/provision-restic.j2",
+            env_file=backup.ENV_FILE,
+            ssh_config=backup.SSH_CONFIG if sftp else "",
+            address=address,
+        ),
+        backup.SCRIPT: render_template(
+            "backups/provision-backup.j2",
+            wrapper=backup.WRAPPER,
+            paths=paths,
+            hostname=node.name,
+            schedule=s.backup_schedule,
+            keep_daily=s.backup_keep_daily,
+            keep_weekly=s.backup_keep_weekly,
+            keep_monthly=s.backup_keep_monthly,
+            stamp=BACKUP_STAMP,
+            stamp_dir=posixpath.dirname(BACKUP_STAMP),
+        ),
         f"/etc/systemd/system/{backup.UNIT}": render_template(
-            "backups/provision-backup.service.j2", paths=paths, script=backup.SCRIPT),
+            "backups/provision-backup.service.j2", paths=paths, script=backup.SCRIPT
+        ),
         f"/etc/systemd/system/{backup.TIMER}": render_template(
-            "backups/provision-backup.timer.j2", schedule=s.backup_schedule),
+            "backups/provision-backup.timer.j2", schedule=s.backup_schedule
+        ),
     }
 
 
 def ssh_config_text(address: str, strict: str) -> str:
-    return render_template("backups/ssh_config.j2", address=address, account=backup.ACCOUNT,
-                           key_file=backup.KEY_FILE, known_hosts=backup.KNOWN_HOSTS, strict=strict)
+    return render_template(
+        "backups/ssh_config.j2",
+        address=address,
+        account=backup.ACCOUNT,
+        key_file=backup.KEY_FILE,
+        known_hosts=backup.KNOWN_HOSTS,
+        strict=strict,
+    )
 
 
 def known_hosts_text(address: str, keys: list[str]) -> str:
@@ -69,36 +92,66 @@ def _storage_host_keys(storage: Node) -> list[str]:
 def sftp_account(node: Node, cluster: Cluster) -> None:
     """On the storage host: the SFTP-only account that holds every default repository."""
     public = backup.key_file(cluster).with_suffix(".pub").read_text().strip()
-    server.user(name=f"account {backup.ACCOUNT}", user=backup.ACCOUNT, home=backup.ACCOUNT_HOME,
-                shell="/bin/sh", system=True, create_home=True)
+    server.user(
+        name=f"account {backup.ACCOUNT}",
+        user=backup.ACCOUNT,
+        home=backup.ACCOUNT_HOME,
+        shell="/bin/sh",
+        system=True,
+        create_home=True,
+    )
     ssh_dir = f"{backup.ACCOUNT_HOME}/.ssh"
     files.directory(name=f"{ssh_dir}", path=ssh_dir, user=backup.ACCOUNT, group=backup.ACCOUNT, mode="700")
-    files.put(name="SFTP-only key for backups", dest=f"{ssh_dir}/authorized_keys",
-              src=StringIO(f'restrict,command="internal-sftp" {public}\n'),
-              user=backup.ACCOUNT, group=backup.ACCOUNT, mode="600")
+    files.put(
+        name="SFTP-only key for backups",
+        dest=f"{ssh_dir}/authorized_keys",
+        src=StringIO(f'restrict,command="internal-sftp" {public}\n'),
+        user=backup.ACCOUNT,
+        group=backup.ACCOUNT,
+        mode="600",
+    )
     root = backup.repository_root(node)
-    files.directory(name=f"repositories {root}", path=root, user=backup.ACCOUNT, group=backup.ACCOUNT,
-                    mode="700")
+    files.directory(name=f"repositories {root}", path=root, user=backup.ACCOUNT, group=backup.ACCOUNT, mode="700")
 
 
 def client_secrets(node: Node, cluster: Cluster) -> None:
     """Password, SSH key and SSH settings: root-owned, the secrets mode 0600."""
     files.directory(name=backup.CONFIG_DIR, path=backup.CONFIG_DIR, user="root", group="root", mode="700")
-    files.put(name="restic password (0600)", src=str(backup.password_file(cluster, node)),
-              dest=secret_upload(backup.PASSWORD_FILE), user="root", group="root", mode="600")
+    files.put(
+        name="restic password (0600)",
+        src=str(backup.password_file(cluster, node)),
+        dest=secret_upload(backup.PASSWORD_FILE),
+        user="root",
+        group="root",
+        mode="600",
+    )
     if not backup.uses_default_repository(node):
         return
     storage = cluster.storage_node()
     assert storage is not None  # backup.repository() refused a default repository without one
-    files.put(name="SFTP key (0600)", src=str(backup.key_file(cluster)), dest=secret_upload(backup.KEY_FILE),
-              user="root", group="root", mode="600")
+    files.put(
+        name="SFTP key (0600)",
+        src=str(backup.key_file(cluster)),
+        dest=secret_upload(backup.KEY_FILE),
+        user="root",
+        group="root",
+        mode="600",
+    )
     keys = _storage_host_keys(storage)
     if not keys:
         note(f"backups: {storage.name}'s host key was not read in this pass; first use accepts it")
-    files.put(name="storage host key", dest=backup.KNOWN_HOSTS, mode="644",
-              src=StringIO(known_hosts_text(storage.cluster_address, keys)))
-    files.put(name="SSH settings for the repository", dest=backup.SSH_CONFIG, mode="644",
-              src=StringIO(ssh_config_text(storage.cluster_address, "yes" if keys else "accept-new")))
+    files.put(
+        name="storage host key",
+        dest=backup.KNOWN_HOSTS,
+        mode="644",
+        src=StringIO(known_hosts_text(storage.cluster_address, keys)),
+    )
+    files.put(
+        name="SSH settings for the repository",
+        dest=backup.SSH_CONFIG,
+        mode="644",
+        src=StringIO(ssh_config_text(storage.cluster_address, "yes" if keys else "accept-new")),
+    )
 
 
 def backup_unit(node: Node, cluster: Cluster) -> None:
@@ -130,8 +183,11 @@ def _backups(node: Node, cluster: Cluster) -> None:
     if conflict:
         refuse("backups", conflict)
         return
-    serves = storage is not None and storage.name == node.name and any(
-        backup.uses_default_repository(n) and backup.skip_reason(n, cluster) is None for n in cluster.nodes)
+    serves = (
+        storage is not None
+        and storage.name == node.name
+        and any(backup.uses_default_repository(n) and backup.skip_reason(n, cluster) is None for n in cluster.nodes)
+    )
     if runs_here:
         install("Install restic", ["restic", "openssh-client"], node.settings.apt_lock_wait_s)
     if serves:

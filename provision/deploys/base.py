@@ -82,7 +82,7 @@ def apt_lock_conf(seconds: int) -> str:
     return (
         "// Written by provision (apt_lock_wait_s). After provision reboots a host, apt-daily and\n"
         "// unattended-upgrades often start while later steps install packages or hold the driver;\n"
-        "// without a timeout apt fails at once with \"Could not get lock\". apt >= 1.9.11 reads this.\n"
+        '// without a timeout apt fails at once with "Could not get lock". apt >= 1.9.11 reads this.\n'
         f'DPkg::Lock::Timeout "{seconds}";\n'
     )
 
@@ -91,8 +91,11 @@ def apt_lock_timeout(settings: Settings) -> None:
     """Every apt run on the host (this step's, nvidia's, the storage steps') waits for the
     dpkg lock; preflight's wait covers only the moment before base. apt has no such timeout
     for the lists lock that `apt-get update` takes (apt 2.6 fails at once on it)."""
-    files.put(name="apt: wait for the dpkg lock (apt_lock_wait_s)",
-              src=StringIO(apt_lock_conf(settings.apt_lock_wait_s)), dest=APT_LOCK_FILE)
+    files.put(
+        name="apt: wait for the dpkg lock (apt_lock_wait_s)",
+        src=StringIO(apt_lock_conf(settings.apt_lock_wait_s)),
+        dest=APT_LOCK_FILE,
+    )
 
 
 def packages(node: Node) -> None:
@@ -101,8 +104,10 @@ def packages(node: Node) -> None:
         # A host that lost power mid-install (or a killed VM) comes back with dpkg's run
         # unfinished, and apt refuses every install until it is finished.
         note("base: finished a dpkg run that had been interrupted (dpkg --configure -a)")
-        server.shell(name="Finish an interrupted dpkg run",
-                     commands=["DEBIAN_FRONTEND=noninteractive dpkg --force-confdef --force-confold --configure -a"])
+        server.shell(
+            name="Finish an interrupted dpkg run",
+            commands=["DEBIAN_FRONTEND=noninteractive dpkg --force-confdef --force-confold --configure -a"],
+        )
     apt.packages(
         name="Install base packages",
         packages=BASE_PACKAGES,
@@ -114,29 +119,40 @@ def packages(node: Node) -> None:
 
 def time_sync(node: Node) -> None:
     servers = node.settings.ntp_servers
-    sources = files.template(
-        name="chrony servers (ntp_servers)",
-        src=str(templates_dir() / "base" / "chrony-sources.j2"),
-        dest=CHRONY_SOURCES,
-        servers=servers,
-    ) if servers else files.file(name="chrony: distribution pool (no ntp_servers)",
-                                 path=CHRONY_SOURCES, present=False)
+    sources = (
+        files.template(
+            name="chrony servers (ntp_servers)",
+            src=str(templates_dir() / "base" / "chrony-sources.j2"),
+            dest=CHRONY_SOURCES,
+            servers=servers,
+        )
+        if servers
+        else files.file(name="chrony: distribution pool (no ntp_servers)", path=CHRONY_SOURCES, present=False)
+    )
     systemd.service(name="chrony running", service="chrony", running=True, enabled=True)
-    systemd.service(name="chrony: reload servers", service="chrony", running=None, restarted=True,
-                    _if=sources.did_change)
+    systemd.service(
+        name="chrony: reload servers", service="chrony", running=None, restarted=True, _if=sources.did_change
+    )
 
 
 def system_settings() -> None:
     node = current_node()
-    files.template(name="memlock/nofile limits", src=str(templates_dir() / "base" / "limits.conf.j2"),
-                   dest=LIMITS_FILE, nofile=node.settings.nofile_limit)
-    sysctl = files.template(name="networking sysctls", dest=SYSCTL_FILE,
-                            src=str(templates_dir() / "base" / "sysctl-network.conf.j2"))
-    server.shell(name="apply networking sysctls", commands=[f"sysctl -q -p {SYSCTL_FILE}"],
-                 _if=sysctl.did_change)
-    files.template(name="unattended-upgrades: never NVIDIA/CUDA",
-                   src=str(templates_dir() / "base" / "unattended-upgrades.j2"),
-                   dest=UNATTENDED_FILE, blacklist=UNATTENDED_BLACKLIST)
+    files.template(
+        name="memlock/nofile limits",
+        src=str(templates_dir() / "base" / "limits.conf.j2"),
+        dest=LIMITS_FILE,
+        nofile=node.settings.nofile_limit,
+    )
+    sysctl = files.template(
+        name="networking sysctls", dest=SYSCTL_FILE, src=str(templates_dir() / "base" / "sysctl-network.conf.j2")
+    )
+    server.shell(name="apply networking sysctls", commands=[f"sysctl -q -p {SYSCTL_FILE}"], _if=sysctl.did_change)
+    files.template(
+        name="unattended-upgrades: never NVIDIA/CUDA",
+        src=str(templates_dir() / "base" / "unattended-upgrades.j2"),
+        dest=UNATTENDED_FILE,
+        blacklist=UNATTENDED_BLACKLIST,
+    )
 
 
 def cloud_init_leaves_hosts() -> None:
@@ -144,23 +160,33 @@ def cloud_init_leaves_hosts() -> None:
     cloud = host.get_fact(CloudInitFact)
     if not cloud.installed:
         return
-    files.put(name="cloud-init: leave /etc/hosts to provision", src=StringIO(CLOUD_INIT_TEXT),
-              dest=CLOUD_INIT_HOSTS, mode="644")
+    files.put(
+        name="cloud-init: leave /etc/hosts to provision",
+        src=StringIO(CLOUD_INIT_TEXT),
+        dest=CLOUD_INIT_HOSTS,
+        mode="644",
+    )
     if cloud.overriding:
-        note(f"base: {', '.join(cloud.overriding)} sets cloud-init's manage_etc_hosts, which outranks "
-             f"{CLOUD_INIT_HOSTS}: the next boot rewrites /etc/hosts without the cluster nodes; "
-             "set manage_etc_hosts: false there (the provider's user-data), then run up again")
+        note(
+            f"base: {', '.join(cloud.overriding)} sets cloud-init's manage_etc_hosts, which outranks "
+            f"{CLOUD_INIT_HOSTS}: the next boot rewrites /etc/hosts without the cluster nodes; "
+            "set manage_etc_hosts: false there (the provider's user-data), then run up again"
+        )
 
 
 def cluster_names() -> None:
     cloud_init_leaves_hosts()
     cluster = current_cluster()
     block = hosts_block(list(cluster.nodes))
-    shadowed = shadowing_lines(host.get_fact(FileContents, path="/etc/hosts"),
-                               {n.name: n.cluster_address for n in cluster.nodes})
+    shadowed = shadowing_lines(
+        host.get_fact(FileContents, path="/etc/hosts"), {n.name: n.cluster_address for n in cluster.nodes}
+    )
     if shadowed:
-        hosts_first(name="/etc/hosts: cluster nodes first (above " + "; ".join(s.strip() for s in shadowed) + ")",
-                    block=block, shadowed=shadowed)
+        hosts_first(
+            name="/etc/hosts: cluster nodes first (above " + "; ".join(s.strip() for s in shadowed) + ")",
+            block=block,
+            shadowed=shadowed,
+        )
         return
     files.block(name="/etc/hosts: cluster nodes", path="/etc/hosts", content=block, marker=HOSTS_MARKER)
 
@@ -175,15 +201,32 @@ def training_user() -> None:
     training_account(node.settings)
     files.directory(name=f"{home}/.ssh", path=f"{home}/.ssh", user=user, group=user, mode="700")
     # secret_upload: `provision plan` would otherwise print the private key as a diff.
-    files.put(name="training user: private key", src=str(key), dest=secret_upload(f"{home}/.ssh/id_ed25519"),
-              user=user, group=user, mode="600")
-    files.put(name="training user: authorized key", src=StringIO(public + "\n"),
-              dest=f"{home}/.ssh/authorized_keys", user=user, group=user, mode="600")
+    files.put(
+        name="training user: private key",
+        src=str(key),
+        dest=secret_upload(f"{home}/.ssh/id_ed25519"),
+        user=user,
+        group=user,
+        mode="600",
+    )
+    files.put(
+        name="training user: authorized key",
+        src=StringIO(public + "\n"),
+        dest=f"{home}/.ssh/authorized_keys",
+        user=user,
+        group=user,
+        mode="600",
+    )
     keys = cluster_host_keys()
     by_node = {n.name: (n.cluster_address, keys[n.name]) for n in cluster.nodes if keys.get(n.name)}
-    files.put(name="training user: known_hosts (every node's host keys)",
-              src=StringIO(known_hosts_lines(by_node)), dest=f"{home}/.ssh/known_hosts",
-              user=user, group=user, mode="644")
+    files.put(
+        name="training user: known_hosts (every node's host keys)",
+        src=StringIO(known_hosts_lines(by_node)),
+        dest=f"{home}/.ssh/known_hosts",
+        user=user,
+        group=user,
+        mode="644",
+    )
 
 
 @deploy("Base")

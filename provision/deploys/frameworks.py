@@ -35,15 +35,23 @@ def frameworks() -> None:
         wheels = [w.name for w in wheel_files(settings.wheelhouse)]
         upload_wheelhouse(settings.wheelhouse)
     made = pip.virtualenv(name=f"venv {venv}", path=venv, venv=True, python="python3")
-    installed = venv_packages(name="torch, numpy, nvidia-ml-py", pip=f"{venv}/bin/pip",
-                              requirements=requirements(settings, wheels), source_args=pip_source_args(settings))
+    installed = venv_packages(
+        name="torch, numpy, nvidia-ml-py",
+        pip=f"{venv}/bin/pip",
+        requirements=requirements(settings, wheels),
+        source_args=pip_source_args(settings),
+    )
     need_cuda = bool(host.get_fact(NvidiaDevices).gpus)
     # On a GPU host the check runs every time: the driver under torch may have changed in
     # this same run. On a CPU host an unchanged venv was already checked when it was
     # made; importing torch again costs 10+ s on a small node and proves nothing new.
-    torch_works(name="torch imports" + (" and sees CUDA" if need_cuda else ""),
-                python=f"{venv}/bin/python", version=settings.torch_version, need_cuda=need_cuda,
-                _if=lambda: need_cuda or made.did_change() or installed.did_change())
+    torch_works(
+        name="torch imports" + (" and sees CUDA" if need_cuda else ""),
+        python=f"{venv}/bin/python",
+        version=settings.torch_version,
+        need_cuda=need_cuda,
+        _if=lambda: need_cuda or made.did_change() or installed.did_change(),
+    )
 
 
 step = Step("frameworks", frameworks, "Python venv with pinned torch, numpy, nvidia-ml-py")

@@ -54,24 +54,28 @@ def mount_paths(settings: Settings) -> list[str]:
 def export_problems(settings: Settings, hostname: str) -> list[str]:
     """Reasons not to export: no cluster network set, or one that means everyone."""
     if not settings.cluster_cidr:
-        return [f"{hostname}: cluster_cidr is not set; NFS exports go to the cluster network only "
-                "(set cluster_cidr, e.g. 10.0.0.0/24, in group_data/all.py)"]
+        return [
+            f"{hostname}: cluster_cidr is not set; NFS exports go to the cluster network only "
+            "(set cluster_cidr, e.g. 10.0.0.0/24, in group_data/all.py)"
+        ]
     if ipaddress.ip_network(settings.cluster_cidr, strict=False).prefixlen == 0:
-        return [f"{hostname}: cluster_cidr {settings.cluster_cidr} means every address; "
-                "set the cluster network itself"]
+        return [f"{hostname}: cluster_cidr {settings.cluster_cidr} means every address; set the cluster network itself"]
     return []
 
 
 def exports_text(settings: Settings) -> str:
     """/etc/exports.d/provision.exports: every share to the cluster network, nothing else."""
     network = ipaddress.ip_network(str(settings.cluster_cidr), strict=False)
-    return render_template("nfs/exports.j2", paths=export_paths(settings), cluster_cidr=str(network),
-                           options=settings.nfs_export_options)
+    return render_template(
+        "nfs/exports.j2", paths=export_paths(settings), cluster_cidr=str(network), options=settings.nfs_export_options
+    )
 
 
 def client_fstab_line(server_address: str, settings: Settings, share: str) -> str:
-    return (f"{server_address}:{settings.nfs_export_root}/{share} {settings.nfs_mount_root}/{share} "
-            f"nfs {CLIENT_OPTIONS} 0 0")
+    return (
+        f"{server_address}:{settings.nfs_export_root}/{share} {settings.nfs_mount_root}/{share} "
+        f"nfs {CLIENT_OPTIONS} 0 0"
+    )
 
 
 def bind_fstab_line(settings: Settings) -> str:
@@ -86,6 +90,7 @@ def fstab_match(mount: str) -> str:
 
 def systemd_unit(path: str, suffix: str) -> str:
     """The systemd unit name of a mount path (as `systemd-escape -p --suffix=...`)."""
+
     def escape(ch: str, first: bool) -> str:
         if ch.isalnum() or ch in ":_" or (ch == "." and not first):
             return ch
@@ -113,19 +118,26 @@ def nfs_server(settings: Settings) -> None:
     user = settings.training_user
     for path in export_paths(settings):
         files.directory(name=f"Share {path}", path=path, user=user, group=user, mode="2775")
-    dropin = files.put(name="nfsd waits for the data volume", dest=SERVER_DROPIN,
-                       src=StringIO(render_template("nfs/nfs-server.conf.j2",
-                                                    export_root=settings.nfs_export_root)))
+    dropin = files.put(
+        name="nfsd waits for the data volume",
+        dest=SERVER_DROPIN,
+        src=StringIO(render_template("nfs/nfs-server.conf.j2", export_root=settings.nfs_export_root)),
+    )
     systemd.daemon_reload(name="Reload systemd (nfs-server drop-in)", _if=dropin.did_change)
-    exports = files.put(name="NFS exports (cluster network only)", dest=EXPORTS_FILE,
-                        src=StringIO(exports_text(settings)))
+    exports = files.put(
+        name="NFS exports (cluster network only)", dest=EXPORTS_FILE, src=StringIO(exports_text(settings))
+    )
     systemd.service(name="nfs-server running", service="nfs-server.service", running=True, enabled=True)
     server.shell(name="Re-export", commands=["exportfs -ra"], _if=exports.did_change)
     if settings.nfs_mount_root != settings.nfs_export_root:
         files.directory(name=f"Shares at {settings.nfs_mount_root}", path=settings.nfs_mount_root)
-        bind = files.line(name=f"fstab: bind {settings.nfs_mount_root}", path="/etc/fstab",
-                          line=fstab_match(settings.nfs_mount_root), replace=bind_fstab_line(settings),
-                          extended_regex=True)
+        bind = files.line(
+            name=f"fstab: bind {settings.nfs_mount_root}",
+            path="/etc/fstab",
+            line=fstab_match(settings.nfs_mount_root),
+            replace=bind_fstab_line(settings),
+            extended_regex=True,
+        )
         systemd.daemon_reload(name="Reload systemd (fstab changed)", _if=bind.did_change)
         _mount_now(settings.nfs_mount_root)
 
@@ -137,10 +149,16 @@ def nfs_client(settings: Settings, address: str) -> None:
     changes = []
     for share, path in zip(settings.nfs_exports, mount_paths(settings), strict=True):
         files.directory(name=f"Mount point {path}", path=path)
-        changes.append(files.line(name=f"fstab: {path}", path="/etc/fstab", line=fstab_match(path),
-                                  replace=client_fstab_line(address, settings, share), extended_regex=True))
-    systemd.daemon_reload(name="Reload systemd (fstab changed)",
-                          _if=lambda: any(c.did_change() for c in changes))
+        changes.append(
+            files.line(
+                name=f"fstab: {path}",
+                path="/etc/fstab",
+                line=fstab_match(path),
+                replace=client_fstab_line(address, settings, share),
+                extended_regex=True,
+            )
+        )
+    systemd.daemon_reload(name="Reload systemd (fstab changed)", _if=lambda: any(c.did_change() for c in changes))
     for path in mount_paths(settings):
         systemd.service(name=f"automount {path}", service=systemd_unit(path, "automount"), running=True)
 
@@ -167,5 +185,4 @@ def applies(node: Node) -> str | None:
     return None if node.settings.nfs_exports else "no nfs_exports set"
 
 
-step = Step("nfs", nfs, "NFS: the storage host exports shares to the cluster network; nodes automount them",
-            applies)
+step = Step("nfs", nfs, "NFS: the storage host exports shares to the cluster network; nodes automount them", applies)

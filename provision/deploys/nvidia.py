@@ -54,8 +54,7 @@ def any_changed(*ops: object) -> Callable[[], bool]:
 def wait_for_apt_locks(settings: Settings, **global_args: object) -> None:
     """apt-get update fails at once while another apt (apt-daily, unattended-upgrades)
     holds the lists lock; DPkg::Lock::Timeout covers only the dpkg lock."""
-    server.shell(name="wait for apt locks", commands=[lock_wait_command(settings.apt_lock_wait_s)],
-                 **global_args)  # type: ignore[arg-type]
+    server.shell(name="wait for apt locks", commands=[lock_wait_command(settings.apt_lock_wait_s)], **global_args)  # type: ignore[arg-type]
 
 
 def repository(settings: Settings, os_info: OsInfo, repo_candidate: str | None) -> bool:
@@ -68,22 +67,37 @@ def repository(settings: Settings, os_info: OsInfo, repo_candidate: str | None) 
     if problems:
         refuse("nvidia", "; ".join(problems))
         return False
-    apt.packages(name="download tools (curl, CA certificates)", packages=["curl", "ca-certificates"],
-                 no_recommends=True)
+    apt.packages(
+        name="download tools (curl, CA certificates)", packages=["curl", "ca-certificates"], no_recommends=True
+    )
     keyring_dir = files.directory(name="/etc/apt/keyrings", path="/etc/apt/keyrings", mode="755")
-    keyring = verified_download(name="CUDA repository keyring", src=settings.nvidia_keyring_url.format(distro=distro),
-                                dest=KEYRING, sha256=settings.nvidia_keyring_sha256)
+    keyring = verified_download(
+        name="CUDA repository keyring",
+        src=settings.nvidia_keyring_url.format(distro=distro),
+        dest=KEYRING,
+        sha256=settings.nvidia_keyring_sha256,
+    )
     removals = []
     for path in removed:  # before ours is written, so no run ever leaves both in place
-        note(f"nvidia: removes {path}: it names NVIDIA's CUDA repository, which the nvidia step now "
-             f"configures in {sources_file(os_info)}")
-        removals.append(files.file(name=f"remove {path} (same CUDA repository, other Signed-By)",
-                                   path=path, present=False))
-    sources = files.put(name="CUDA repository (deb822, Signed-By)", src=StringIO(sources_text(url)),
-                        dest=sources_file(os_info), mode="644")
-    pin = files.put(name=f"apt pin: NVIDIA driver branch {settings.nvidia_driver_branch}",
-                    src=StringIO(pkgs.apt_pin_preferences(settings.nvidia_driver_branch)),
-                    dest=PIN_FILE, mode="644")
+        note(
+            f"nvidia: removes {path}: it names NVIDIA's CUDA repository, which the nvidia step now "
+            f"configures in {sources_file(os_info)}"
+        )
+        removals.append(
+            files.file(name=f"remove {path} (same CUDA repository, other Signed-By)", path=path, present=False)
+        )
+    sources = files.put(
+        name="CUDA repository (deb822, Signed-By)",
+        src=StringIO(sources_text(url)),
+        dest=sources_file(os_info),
+        mode="644",
+    )
+    pin = files.put(
+        name=f"apt pin: NVIDIA driver branch {settings.nvidia_driver_branch}",
+        src=StringIO(pkgs.apt_pin_preferences(settings.nvidia_driver_branch)),
+        dest=PIN_FILE,
+        mode="644",
+    )
     # A run that died after writing these files but before apt update finished changes none
     # of them when re-run, so a missing candidate also asks for the update.
     if repo_candidate is None:
@@ -97,20 +111,30 @@ def repository(settings: Settings, os_info: OsInfo, repo_candidate: str | None) 
 
 
 def kernel_side(settings: Settings, os_info: OsInfo, probe: HostProbe) -> None:
-    nouveau = files.template(name="blacklist nouveau", dest=NOUVEAU_FILE, mode="644",
-                             src=str(templates_dir() / "nvidia" / "blacklist-nouveau.conf.j2"))
-    server.shell(name="update initramfs (nouveau blacklisted)", commands=["update-initramfs -u"],
-                 _if=nouveau.did_change)
+    nouveau = files.template(
+        name="blacklist nouveau",
+        dest=NOUVEAU_FILE,
+        mode="644",
+        src=str(templates_dir() / "nvidia" / "blacklist-nouveau.conf.j2"),
+    )
+    server.shell(
+        name="update initramfs (nouveau blacklisted)", commands=["update-initramfs -u"], _if=nouveau.did_change
+    )
     if not settings.nvidia_kernel_headers:
         return
     # Headers for every installed kernel, not only the running one: the reboot after the
     # driver install boots the newest, and DKMS builds only for kernels with headers.
     headers = pkgs.kernel_headers(os_info.kernel, probe.headers_candidate, probe.kernels)
     for kernel in headers.skipped:
-        note(f"nvidia: no linux-headers-{kernel} in the apt sources: no driver module for kernel {kernel} "
-             "(neither running nor newest)")
-    apt.packages(name=f"kernel headers for {', '.join(h.removeprefix('linux-headers-') for h in headers.install)}",
-                 packages=headers.install, no_recommends=True)
+        note(
+            f"nvidia: no linux-headers-{kernel} in the apt sources: no driver module for kernel {kernel} "
+            "(neither running nor newest)"
+        )
+    apt.packages(
+        name=f"kernel headers for {', '.join(h.removeprefix('linux-headers-') for h in headers.install)}",
+        packages=headers.install,
+        no_recommends=True,
+    )
 
 
 def extra_packages(settings: Settings) -> list[str]:
@@ -135,9 +159,12 @@ def wants_cuda_repository_extras(settings: Settings) -> bool:
 
 def driver(settings: Settings, choice: pkgs.DriverChoice, gpus: Gpus) -> list[str]:
     """Install the driver (and fabric manager, toolkit, extras); return the names to hold."""
-    apt.packages(name=f"NVIDIA driver {settings.nvidia_driver_branch} "
-                      f"({'open' if choice.open_modules else 'proprietary'} modules, {choice.source})",
-                 packages=choice.install, extra_install_args="--allow-change-held-packages")
+    apt.packages(
+        name=f"NVIDIA driver {settings.nvidia_driver_branch} "
+        f"({'open' if choice.open_modules else 'proprietary'} modules, {choice.source})",
+        packages=choice.install,
+        extra_install_args="--allow-change-held-packages",
+    )
     hold = list(choice.hold)
     if wants_fabricmanager(settings, gpus):
         version = choice.version
@@ -158,14 +185,16 @@ def driver(settings: Settings, choice: pkgs.DriverChoice, gpus: Gpus) -> list[st
 
 
 def daemons(settings: Settings, gpus: Gpus, hold: list[str]) -> None:
-    dropin = files.template(name="nvidia-persistenced: persistence mode on",
-                            src=str(templates_dir() / "nvidia" / "persistenced-override.conf.j2"),
-                            dest=PERSISTENCED_DROPIN, mode="644")
+    dropin = files.template(
+        name="nvidia-persistenced: persistence mode on",
+        src=str(templates_dir() / "nvidia" / "persistenced-override.conf.j2"),
+        dest=PERSISTENCED_DROPIN,
+        mode="644",
+    )
     systemd.daemon_reload(name="systemd daemon-reload (persistenced drop-in)", _if=dropin.did_change)
     # persistenced like fabric manager: with no reboot to come, only this run starts it,
     # or restarts it so the drop-in's persistence mode takes effect.
-    driver_daemon(name="nvidia-persistenced enabled", service="nvidia-persistenced",
-                  config_changed=dropin.did_change)
+    driver_daemon(name="nvidia-persistenced enabled", service="nvidia-persistenced", config_changed=dropin.did_change)
     if wants_fabricmanager(settings, gpus):
         # Without it an NVSwitch host's CUDA fails (error 802, system not yet initialized).
         driver_daemon(name="nvidia-fabricmanager enabled", service="nvidia-fabricmanager")
@@ -203,5 +232,4 @@ def nvidia() -> None:
     daemons(settings, gpus, hold)
 
 
-step = Step("nvidia", nvidia, "CUDA repo, pinned driver, fabric manager, persistenced, CUDA toolkit",
-            applies)
+step = Step("nvidia", nvidia, "CUDA repo, pinned driver, fabric manager, persistenced, CUDA toolkit", applies)

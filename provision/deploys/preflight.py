@@ -43,8 +43,16 @@ class Verdict:
     wait_for_lock: bool  # an apt/dpkg lock is held now: wait for it (bounded) first
 
 
-def judge(os_info: OsInfo, probe: HostProbe, gpus: Gpus, disks: list[BlockDevice],
-          settings: Settings, nvidia_runs: bool, volumes_runs: bool = False, hostname: str = "host") -> Verdict:
+def judge(
+    os_info: OsInfo,
+    probe: HostProbe,
+    gpus: Gpus,
+    disks: list[BlockDevice],
+    settings: Settings,
+    nvidia_runs: bool,
+    volumes_runs: bool = False,
+    hostname: str = "host",
+) -> Verdict:
     """The pure verdict: facts in, problems and notes out.
 
     When the volumes step is part of this run, its disk checks (missing disk, system disk,
@@ -80,13 +88,17 @@ def account_problems(probe: HostProbe, settings: Settings) -> list[str]:
     user, uid = settings.training_user, settings.training_uid
     problems = []
     if probe.user_uid is not None and probe.user_uid != uid:
-        problems.append(f"user {user} exists with uid {probe.user_uid}, training_uid is {uid} "
-                        f"(set training_uid: {probe.user_uid} for every node, or renumber {user} by hand)")
+        problems.append(
+            f"user {user} exists with uid {probe.user_uid}, training_uid is {uid} "
+            f"(set training_uid: {probe.user_uid} for every node, or renumber {user} by hand)"
+        )
     elif probe.user_uid is None and probe.uid_owner:
         problems.append(f"uid {uid} (training_uid) belongs to user {probe.uid_owner}; choose a free training_uid")
     if probe.group_gid is not None and probe.group_gid != uid:
-        problems.append(f"group {user} exists with gid {probe.group_gid}, training_uid is {uid} "
-                        f"(set training_uid to match on every node, or renumber the group by hand)")
+        problems.append(
+            f"group {user} exists with gid {probe.group_gid}, training_uid is {uid} "
+            f"(set training_uid to match on every node, or renumber the group by hand)"
+        )
     elif probe.group_gid is None and probe.gid_owner:
         problems.append(f"gid {uid} (training_uid) belongs to group {probe.gid_owner}; choose a free training_uid")
     return problems
@@ -97,35 +109,42 @@ def arch_problems(os_info: OsInfo) -> list[str]:
     on aarch64 (GH200) it would fail after base had already changed the host."""
     if os_info.arch == "x86_64":
         return []
-    return [f"architecture {os_info.arch or 'unknown'} (uname -m): the nvidia step supports x86_64 only, "
-            "aarch64 is not supported yet; set nvidia: skip for this host or run with --skip nvidia"]
+    return [
+        f"architecture {os_info.arch or 'unknown'} (uname -m): the nvidia step supports x86_64 only, "
+        "aarch64 is not supported yet; set nvidia: skip for this host or run with --skip nvidia"
+    ]
 
 
-def nvidia_checks(os_info: OsInfo, probe: HostProbe, gpus: Gpus,
-                  settings: Settings) -> tuple[list[str], list[str]]:
+def nvidia_checks(os_info: OsInfo, probe: HostProbe, gpus: Gpus, settings: Settings) -> tuple[list[str], list[str]]:
     """GPU generation, Secure Boot against signed modules, kernel headers."""
     problems, notes = [], []
     ids = [g.device_id for g in gpus.gpus]
     open_modules = use_open_modules(settings.nvidia_kernel_modules, ids)
     if settings.nvidia_kernel_modules == "open" and not use_open_modules("auto", ids):
-        problems.append("nvidia_kernel_modules is 'open' but a GPU is older than Turing, which "
-                        "the open modules do not drive; use 'auto' or 'proprietary'")
+        problems.append(
+            "nvidia_kernel_modules is 'open' but a GPU is older than Turing, which "
+            "the open modules do not drive; use 'auto' or 'proprietary'"
+        )
     names = sorted({g.description for g in gpus.gpus}) or ["no NVIDIA GPU on the PCI bus"]
-    notes.append(f"GPUs: {'; '.join(names)} -> {'open' if open_modules else 'proprietary'} modules"
-                 + (", NVSwitch (fabric manager)" if gpus.has_nvswitch else ""))
+    notes.append(
+        f"GPUs: {'; '.join(names)} -> {'open' if open_modules else 'proprietary'} modules"
+        + (", NVSwitch (fabric manager)" if gpus.has_nvswitch else "")
+    )
     signed = signed_modules_package(settings.nvidia_driver_branch, open_modules, os_info.kernel)
     # An image shipped before any apt update has no package lists, so every candidate reads
     # "none": what apt has is known only after base's update, and the nvidia step checks then.
     unread = probe.apt_lists == 0
     try:
-        source = choose_driver_source(os_info, probe.secure_boot.enabled,
-                                      probe.candidates.get(signed) is not None,
-                                      settings.nvidia_driver_source)
+        source = choose_driver_source(
+            os_info, probe.secure_boot.enabled, probe.candidates.get(signed) is not None, settings.nvidia_driver_source
+        )
         notes.append(f"Secure Boot: {probe.secure_boot.detail}; driver from {source}")
     except ValueError as e:
         if unread and os_info.id == "ubuntu":
-            notes.append(f"Secure Boot: {probe.secure_boot.detail}; apt has no package lists yet, so "
-                         "whether Canonical's signed modules exist is checked by the nvidia step")
+            notes.append(
+                f"Secure Boot: {probe.secure_boot.detail}; apt has no package lists yet, so "
+                "whether Canonical's signed modules exist is checked by the nvidia step"
+            )
         else:
             problems.append(str(e))
     if settings.nvidia_kernel_headers:
@@ -142,13 +161,17 @@ def headers_problems(running: str, probe: HostProbe) -> list[str]:
     problems = []
     for kernel in kernel_headers(running, probe.headers_candidate, probe.kernels).missing:
         if kernel == running:
-            problems.append(f"no linux-headers-{kernel} in the apt sources: the driver cannot be built "
-                            "for the running kernel; boot a kernel whose headers are published or add "
-                            "the repository that has them")
+            problems.append(
+                f"no linux-headers-{kernel} in the apt sources: the driver cannot be built "
+                "for the running kernel; boot a kernel whose headers are published or add "
+                "the repository that has them"
+            )
         else:
-            problems.append(f"no linux-headers-{kernel} in the apt sources: the driver cannot be built "
-                            f"for kernel {kernel}, the newest installed, which the next boot runs; "
-                            "remove that kernel's package or add the repository that has its headers")
+            problems.append(
+                f"no linux-headers-{kernel} in the apt sources: the driver cannot be built "
+                f"for kernel {kernel}, the newest installed, which the next boot runs; "
+                "remove that kernel's package or add the repository that has its headers"
+            )
     return problems
 
 
@@ -164,19 +187,30 @@ def preflight() -> None:
     kernel = os_info.kernel
     branch = settings.nvidia_driver_branch
     checks = (signed_modules_package(branch, True, kernel), signed_modules_package(branch, False, kernel))
-    probe = host.get_fact(Probe, packages=checks if os_info.id == "ubuntu" else (),
-                          user=settings.training_user, uid=settings.training_uid)
+    probe = host.get_fact(
+        Probe, packages=checks if os_info.id == "ubuntu" else (), user=settings.training_user, uid=settings.training_uid
+    )
     volumes_runs = "volumes" in current_steps() and disk_rules.applies(node) is None
-    verdict = judge(os_info, probe, gpus, host.get_fact(BlockDevices) or [], settings, runs,
-                    volumes_runs=volumes_runs, hostname=node.name)
+    verdict = judge(
+        os_info,
+        probe,
+        gpus,
+        host.get_fact(BlockDevices) or [],
+        settings,
+        runs,
+        volumes_runs=volumes_runs,
+        hostname=node.name,
+    )
     for text in verdict.notes:
         note(f"preflight: {text}")
     if verdict.problems:
         refuse("preflight", "; ".join(verdict.problems))
         return
     if verdict.wait_for_lock:
-        server.shell(name=f"Wait for apt/dpkg lock ({probe.lock_holders or 'unknown holder'})",
-                     commands=[lock_wait_command(settings.apt_lock_wait_s)])
+        server.shell(
+            name=f"Wait for apt/dpkg lock ({probe.lock_holders or 'unknown holder'})",
+            commands=[lock_wait_command(settings.apt_lock_wait_s)],
+        )
 
 
 step = Step("preflight", preflight, "check every host first (OS, disks, locks, GPUs, Secure Boot); changes nothing")

@@ -85,8 +85,10 @@ def _wipe_forced(settings: Settings, disks: list[BlockDevice]) -> list[BlockDevi
 
 def _make_filesystem(settings: Settings, device: str, force: bool) -> str:
     fs_uuid = new_uuid()
-    server.shell(name=f"Make {settings.filesystem} on {device}",
-                 commands=["udevadm settle", mkfs_command(settings, device, fs_uuid, force), "udevadm settle"])
+    server.shell(
+        name=f"Make {settings.filesystem} on {device}",
+        commands=["udevadm settle", mkfs_command(settings, device, fs_uuid, force), "udevadm settle"],
+    )
     return fs_uuid
 
 
@@ -102,15 +104,18 @@ def _array(settings: Settings, disks: list[BlockDevice], where: str, conf_ops: l
     if all(is_ours(d) for d in disks):
         running = {c for d in disks for c in d.children}
         if len(running) != 1 or not disks[0].uuid:
-            _refuse([f"{where}: our array {ARRAY_NAME} on {', '.join(disk_name(d) for d in disks)} is "
-                     "not running; run `mdadm --assemble --scan` on the host, then `provision up` again"])
+            _refuse(
+                [
+                    f"{where}: our array {ARRAY_NAME} on {', '.join(disk_name(d) for d in disks)} is "
+                    "not running; run `mdadm --assemble --scan` on the host, then `provision up` again"
+                ]
+            )
             return None
         md_device = f"/dev/{running.pop()}"
         conf_ops.append(_record_array(disks[0].uuid))
         fs = host.get_fact(DeviceFilesystem, device=md_device) or Filesystem(None, None, None, "no answer")
         if fs.error:
-            _refuse([f"{where}: cannot tell what our array {md_device} holds ({fs.error}); "
-                     "refusing to format it"])
+            _refuse([f"{where}: cannot tell what our array {md_device} holds ({fs.error}); refusing to format it"])
             return None
         if fs.type is None:
             return _make_filesystem(settings, md_device, force=False)
@@ -120,8 +125,10 @@ def _array(settings: Settings, disks: list[BlockDevice], where: str, conf_ops: l
         return None
     wiped = _wipe_forced(settings, disks)
     md_uuid = new_uuid()
-    server.shell(name=f"Create RAID{settings.raid_level} {ARRAY_DEVICE}",
-                 commands=[mdadm_create_command(settings, disks, md_uuid, wiped), "udevadm settle"])
+    server.shell(
+        name=f"Create RAID{settings.raid_level} {ARRAY_DEVICE}",
+        commands=[mdadm_create_command(settings, disks, md_uuid, wiped), "udevadm settle"],
+    )
     conf_ops.append(_record_array(md_uuid))
     # Stale signatures from an earlier array on wiped members can show through the new one.
     return _make_filesystem(settings, ARRAY_DEVICE, force=bool(wiped))
@@ -129,30 +136,43 @@ def _array(settings: Settings, disks: list[BlockDevice], where: str, conf_ops: l
 
 def _record_array(md_uuid: str) -> Any:
     """mdadm.conf names the array (the initramfs gets it at the end of the step)."""
-    return files.line(name="Record the array in mdadm.conf", path=MDADM_CONF,
-                      line=f"^ARRAY .*name={ARRAY_NAME}", replace=mdadm_conf_line(md_uuid))
+    return files.line(
+        name="Record the array in mdadm.conf",
+        path=MDADM_CONF,
+        line=f"^ARRAY .*name={ARRAY_NAME}",
+        replace=mdadm_conf_line(md_uuid),
+    )
 
 
 def _update_initramfs(conf_ops: list[Any]) -> None:
     """Last, so a slow initramfs rebuild never keeps the volume from being mounted."""
     if conf_ops:
         conf = conf_ops[-1]
-        server.shell(name="Update initramfs (mdadm.conf changed)", commands=["update-initramfs -u"],
-                     _if=conf.did_change)
+        server.shell(
+            name="Update initramfs (mdadm.conf changed)", commands=["update-initramfs -u"], _if=conf.did_change
+        )
 
 
 def _mount(settings: Settings, fs_uuid: str) -> None:
     mount = settings.data_mount
     files.directory(name=f"Mount point {mount}", path=mount, present=True)
-    fstab = files.line(name=f"fstab entry for {mount}", path="/etc/fstab", line=fstab_match(mount),
-                       replace=fstab_line(fs_uuid, settings), extended_regex=True)
+    fstab = files.line(
+        name=f"fstab entry for {mount}",
+        path="/etc/fstab",
+        line=fstab_match(mount),
+        replace=fstab_line(fs_uuid, settings),
+        extended_regex=True,
+    )
     mounted = mount in (host.get_fact(Mounts) or {})
-    server.shell(name="Reload systemd (fstab changed)", commands=["systemctl daemon-reload"],
-                 _if=fstab.did_change)
+    server.shell(name="Reload systemd (fstab changed)", commands=["systemctl daemon-reload"], _if=fstab.did_change)
     if not mounted:
         server.shell(name=f"Mount {mount}", commands=[f"mount {shlex.quote(mount)}"])
-    files.put(name="Mark the volume as made by provision", dest=f"{mount}/{MARKER}", mode="644",
-              src=StringIO(f"made by provision (volumes step); label {LABEL}, array {ARRAY_NAME}\n"))
+    files.put(
+        name="Mark the volume as made by provision",
+        dest=f"{mount}/{MARKER}",
+        mode="644",
+        src=StringIO(f"made by provision (volumes step); label {LABEL}, array {ARRAY_NAME}\n"),
+    )
 
 
 def _mount_conflict(settings: Settings, disks: list[BlockDevice], where: str) -> list[str]:
@@ -163,8 +183,10 @@ def _mount_conflict(settings: Settings, disks: list[BlockDevice], where: str) ->
     ours = {d.path for d in disks} | {f"/dev/{c}" for d in disks for c in d.children}
     if mounted["device"] in ours or all(is_ours(d) for d in disks):
         return []
-    return [f"{where}: {settings.data_mount} is already mounted from {mounted['device']}; "
-            "unmount it or choose another data_mount"]
+    return [
+        f"{where}: {settings.data_mount} is already mounted from {mounted['device']}; "
+        "unmount it or choose another data_mount"
+    ]
 
 
 @deploy("Data volume")

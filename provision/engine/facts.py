@@ -60,8 +60,9 @@ def gather_facts(
     return result
 
 
-def _host_facts(state: Any, host: Any, wanted: dict[str, tuple[type, dict[str, Any]]],
-                on_event: OnEvent) -> tuple[dict[str, Any], str | None]:
+def _host_facts(
+    state: Any, host: Any, wanted: dict[str, tuple[type, dict[str, Any]]], on_event: OnEvent
+) -> tuple[dict[str, Any], str | None]:
     """Every wanted fact of one host, or the first that failed and why."""
     values: dict[str, Any] = {}
     for name, (fact, kwargs) in wanted.items():

@@ -30,8 +30,7 @@ def plan_steps(cluster: Cluster, steps: list[Step], on_event: OnEvent = no_event
     return plans
 
 
-def _plan_step(step: Step, nodes: list[Node], plans: dict[str, HostPlan], run: RunContext,
-               on_event: OnEvent) -> None:
+def _plan_step(step: Step, nodes: list[Node], plans: dict[str, HostPlan], run: RunContext, on_event: OnEvent) -> None:
     from pyinfra.api.connect import connect_all, disconnect_all
     from pyinfra.api.deploy import add_deploy
     from pyinfra.api.exceptions import PyinfraError
@@ -79,11 +78,13 @@ def changing_ops(state: Any, host: Any, run: RunContext) -> list[PlannedOp]:
             continue
         with ctx_state.use(state), ctx_host.use(host):
             commands = list(op_data.command_generator())
-        planned.append(PlannedOp(
-            op_name(state, op_hash),
-            [_command_text(c) for c in commands],
-            [d for d in (upload_diff(host, c, run.secret_uploads) for c in commands) if d],
-        ))
+        planned.append(
+            PlannedOp(
+                op_name(state, op_hash),
+                [_command_text(c) for c in commands],
+                [d for d in (upload_diff(host, c, run.secret_uploads) for c in commands) if d],
+            )
+        )
     return planned
 
 
@@ -123,6 +124,5 @@ def upload_diff(host: Any, command: Any, secret: set[str]) -> str | None:
     except (UnicodeDecodeError, OSError):
         return f"--- {command.dest}\n(binary file)"
     current = host.get_fact(FileContents, path=command.dest) or []
-    diff = difflib.unified_diff(current, desired, f"{command.dest} (now)", f"{command.dest} (planned)",
-                                lineterm="")
+    diff = difflib.unified_diff(current, desired, f"{command.dest} (now)", f"{command.dest} (planned)", lineterm="")
     return "\n".join(diff)

@@ -58,10 +58,17 @@ class HostResult:
         self.changed_by_step[step] = self.changed_by_step.get(step, 0) + 1
 
     def as_json(self) -> dict[str, Any]:
-        return {"name": self.name, "reachable": self.reachable, "steps": list(self.steps),
-                "changed": self.changed, "changed_by_step": dict(self.changed_by_step),
-                "failures": [str(f) for f in self.failures], "notes": list(self.notes),
-                "rebooted": self.rebooted, "ok": self.ok}
+        return {
+            "name": self.name,
+            "reachable": self.reachable,
+            "steps": list(self.steps),
+            "changed": self.changed,
+            "changed_by_step": dict(self.changed_by_step),
+            "failures": [str(f) for f in self.failures],
+            "notes": list(self.notes),
+            "rebooted": self.rebooted,
+            "ok": self.ok,
+        }
 
 
 @dataclass

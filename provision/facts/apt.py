@@ -18,13 +18,14 @@ def parse_source_files(lines: list[str]) -> dict[str, list[AptRepo]]:
     current = None
     for line in lines:
         if line.startswith(FILE_MARKER):
-            current = line[len(FILE_MARKER):].strip()
+            current = line[len(FILE_MARKER) :].strip()
             texts[current] = []
         elif current is not None:
             texts[current].append(line)
-    return {path: (AptSourcesFile.parse_sources_file(text) if path.endswith(".sources")
-                   else parse_apt_list_file(text))
-            for path, text in texts.items()}
+    return {
+        path: (AptSourcesFile.parse_sources_file(text) if path.endswith(".sources") else parse_apt_list_file(text))
+        for path, text in texts.items()
+    }
 
 
 class AptSourceFiles(AptSources):

@@ -101,22 +101,24 @@ def parse_lsblk(text: str, by_id: dict[str, list[str]] | None = None) -> list[Bl
         if entry.get("type") in ("loop", "rom") or str(entry.get("name", "")).startswith("zram"):
             continue
         name = entry["name"]
-        devices.append(BlockDevice(
-            name=name,
-            path=entry.get("path") or f"/dev/{name}",
-            type=entry.get("type", "disk"),
-            size_bytes=_size(entry.get("size")),
-            serial=entry.get("serial"),
-            model=(entry.get("model") or None) and entry["model"].strip(),
-            fstype=entry.get("fstype"),
-            pttype=entry.get("pttype"),
-            uuid=entry.get("uuid"),
-            label=entry.get("label"),
-            mountpoints=tuple(_mountpoints(entry)),
-            children=tuple(c["name"] for c in entry.get("children") or []),
-            by_id=tuple(sorted(by_id.get(name, []))),
-            rotational=bool(entry.get("rota")),
-        ))
+        devices.append(
+            BlockDevice(
+                name=name,
+                path=entry.get("path") or f"/dev/{name}",
+                type=entry.get("type", "disk"),
+                size_bytes=_size(entry.get("size")),
+                serial=entry.get("serial"),
+                model=(entry.get("model") or None) and entry["model"].strip(),
+                fstype=entry.get("fstype"),
+                pttype=entry.get("pttype"),
+                uuid=entry.get("uuid"),
+                label=entry.get("label"),
+                mountpoints=tuple(_mountpoints(entry)),
+                children=tuple(c["name"] for c in entry.get("children") or []),
+                by_id=tuple(sorted(by_id.get(name, []))),
+                rotational=bool(entry.get("rota")),
+            )
+        )
     return devices
 
 
@@ -137,4 +139,4 @@ class BlockDevices(FactBase[list[BlockDevice]]):
 
     def process(self, output: list[str]) -> list[BlockDevice]:
         split = output.index(SEPARATOR) if SEPARATOR in output else len(output)
-        return parse_lsblk("\n".join(output[:split]), parse_by_id(output[split + 1:]))
+        return parse_lsblk("\n".join(output[:split]), parse_by_id(output[split + 1 :]))

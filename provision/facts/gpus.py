@@ -82,16 +82,17 @@ def parse_lspci(text: str, vendor: str = NVIDIA_VENDOR) -> list[PciDevice]:
     for line in text.splitlines():
         match = _LSPCI.match(line.strip())
         if match and match["vendor"].lower() == vendor:
-            devices.append(PciDevice(match["slot"], match["cls_id"], match["device"].lower(),
-                                     match["desc"].strip()))
+            devices.append(PciDevice(match["slot"], match["cls_id"], match["device"].lower(), match["desc"].strip()))
     return devices
 
 
 def sysfs_pci_command(root: str = SYSFS_PCI) -> str:
     """Shell printing "<address> <vendor> <device> <class>" per PCI function under ``root``,
     as sysfs holds them (0x10de 0x2330 0x030200); no pciutils needed."""
-    return (f'for d in {root}/*; do [ -r "$d/vendor" ] || continue; '
-            'echo "${d##*/} $(cat "$d/vendor") $(cat "$d/device") $(cat "$d/class")"; done')
+    return (
+        f'for d in {root}/*; do [ -r "$d/vendor" ] || continue; '
+        'echo "${d##*/} $(cat "$d/vendor") $(cat "$d/device") $(cat "$d/class")"; done'
+    )
 
 
 def parse_sysfs_pci(text: str, vendor: str = NVIDIA_VENDOR) -> list[PciDevice]:
@@ -105,8 +106,9 @@ def parse_sysfs_pci(text: str, vendor: str = NVIDIA_VENDOR) -> list[PciDevice]:
         slot, _, device, cls = parts
         device_id = device.lower().removeprefix("0x")
         # sysfs class is class, subclass and prog-if (0x030200); lspci's [0302] is the first two.
-        devices.append(PciDevice(slot, cls.lower().removeprefix("0x")[:4], device_id,
-                                 f"PCI device {vendor}:{device_id}"))
+        devices.append(
+            PciDevice(slot, cls.lower().removeprefix("0x")[:4], device_id, f"PCI device {vendor}:{device_id}")
+        )
     return devices
 
 
@@ -114,8 +116,9 @@ def named(devices: list[PciDevice], lspci: list[PciDevice]) -> list[PciDevice]:
     """sysfs's devices with lspci's names where lspci ran; a function only lspci saw is kept."""
     names = {d.slot.lower(): d.description for d in lspci}
     seen = {d.slot.lower() for d in devices}
-    return ([replace(d, description=names.get(d.slot.lower(), d.description)) for d in devices]
-            + [d for d in lspci if d.slot.lower() not in seen])
+    return [replace(d, description=names.get(d.slot.lower(), d.description)) for d in devices] + [
+        d for d in lspci if d.slot.lower() not in seen
+    ]
 
 
 def parse_nvml_csv(text: str) -> list[NvmlGpu]:
@@ -152,7 +155,6 @@ class NvidiaDevices(FactBase[Gpus]):
         nvml = output.index(SEPARATOR) if SEPARATOR in output else len(output)
         lspci = output.index(LSPCI_SEPARATOR) if LSPCI_SEPARATOR in output[:nvml] else nvml
         return Gpus(
-            tuple(named(parse_sysfs_pci("\n".join(output[:lspci])),
-                        parse_lspci("\n".join(output[lspci + 1:nvml])))),
-            tuple(parse_nvml_csv("\n".join(output[nvml + 1:]))),
+            tuple(named(parse_sysfs_pci("\n".join(output[:lspci])), parse_lspci("\n".join(output[lspci + 1 : nvml])))),
+            tuple(parse_nvml_csv("\n".join(output[nvml + 1 :]))),
         )

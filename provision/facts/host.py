@@ -51,9 +51,7 @@ def summarize(name: str, facts: dict[str, Any] | None, error: str | None) -> Hos
         kernel=os_info.kernel,
         cpu={k: v for k, v in asdict(cpu).items() if k != "flags"},
         memory_bytes=facts["memory"],
-        block_devices=[
-            {**asdict(d), "holds": d.holds, "is_root": d.is_root} for d in facts["block_devices"]
-        ],
+        block_devices=[{**asdict(d), "holds": d.holds, "is_root": d.is_root} for d in facts["block_devices"]],
         nics=[asdict(n) for n in facts["nics"]],
         gpus=[
             {**asdict(g), "nvml": asdict(nvml[g.slot.lower()[-12:]]) if g.slot.lower()[-12:] in nvml else None}

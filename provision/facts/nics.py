@@ -31,11 +31,17 @@ def parse_ip_addr(text: str, speeds: dict[str, int | None] | None = None) -> lis
         if entry.get("link_type") == "loopback":
             continue
         addresses = tuple(f"{a['local']}/{a['prefixlen']}" for a in entry.get("addr_info", []))
-        nics.append(Nic(
-            name=entry["ifname"], mac=entry.get("address"), state=entry.get("operstate", "UNKNOWN"),
-            mtu=int(entry.get("mtu", 0)), addresses=addresses,
-            speed_mbps=speeds.get(entry["ifname"]), kind=entry.get("link_type", "unknown"),
-        ))
+        nics.append(
+            Nic(
+                name=entry["ifname"],
+                mac=entry.get("address"),
+                state=entry.get("operstate", "UNKNOWN"),
+                mtu=int(entry.get("mtu", 0)),
+                addresses=addresses,
+                speed_mbps=speeds.get(entry["ifname"]),
+                kind=entry.get("link_type", "unknown"),
+            )
+        )
     return nics
 
 
@@ -61,9 +67,9 @@ class Nics(FactBase[list[Nic]]):
         return (
             f"ip -j addr && echo '{SEPARATOR}' && "
             "for d in /sys/class/net/*; do "
-            "echo \"${d##*/} $(cat $d/speed 2>/dev/null)\"; done"
+            'echo "${d##*/} $(cat $d/speed 2>/dev/null)"; done'
         )
 
     def process(self, output: list[str]) -> list[Nic]:
         split = output.index(SEPARATOR)
-        return parse_ip_addr("\n".join(output[:split]), parse_speeds(output[split + 1:]))
+        return parse_ip_addr("\n".join(output[:split]), parse_speeds(output[split + 1 :]))

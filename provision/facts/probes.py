@@ -103,18 +103,22 @@ class Probe(FactBase[HostProbe]):
         locks = " ".join(APT_LOCKS)
         checks = " ".join(packages)
         account = (
-            f"echo user_uid=$(getent passwd {shlex.quote(user)} | cut -d: -f3); "
-            f"echo uid_owner=$(getent passwd {uid} | cut -d: -f1); "
-            f"echo group_gid=$(getent group {shlex.quote(user)} | cut -d: -f3); "
-            f"echo gid_owner=$(getent group {uid} | cut -d: -f1); "
-        ) if user else ""
+            (
+                f"echo user_uid=$(getent passwd {shlex.quote(user)} | cut -d: -f3); "
+                f"echo uid_owner=$(getent passwd {uid} | cut -d: -f1); "
+                f"echo group_gid=$(getent group {shlex.quote(user)} | cut -d: -f3); "
+                f"echo gid_owner=$(getent group {uid} | cut -d: -f1); "
+            )
+            if user
+            else ""
+        )
         return account + (
             "echo root_free_kb=$(df -Pk / | awk 'NR==2 {print $4}'); "
             "echo efi=$([ -d /sys/firmware/efi ] && echo 1 || echo 0); "
             "echo sb=$(mokutil --sb-state 2>&1 | head -n1); "
             f"echo sbvar=$(od -An -t u1 -j4 -N1 {SB_EFIVAR} 2>/dev/null); "
             f"held=; for f in {locks}; do [ -e $f ] || continue; "
-            "i=$(stat -c %i $f); grep -q \":$i \" /proc/locks && held=\"$held $f\"; done; "
+            'i=$(stat -c %i $f); grep -q ":$i " /proc/locks && held="$held $f"; done; '
             "echo locks=$held; "
             "echo holders=$(ps -eo comm= | grep -E '^(apt|apt-get|dpkg|unattended-upgr)' | sort -u | tr '\\n' ' '); "
             "echo reboot_pending=$([ -e /var/run/reboot-required ] && echo 1 || echo 0); "
@@ -122,13 +126,13 @@ class Probe(FactBase[HostProbe]):
             "echo apt_lists=$(ls /var/lib/apt/lists 2>/dev/null | grep -c _Packages); "
             "echo headers=$(apt-cache policy linux-headers-$(uname -r) 2>/dev/null "
             "| awk '/Candidate:/ {print $2}'); "
-            f"for p in {checks}; do echo \"pkg:$p=$(apt-cache policy $p 2>/dev/null "
+            f'for p in {checks}; do echo "pkg:$p=$(apt-cache policy $p 2>/dev/null '
             "| awk '/Candidate:/ {print $2}')\"; done; "
             # /boot/vmlinuz-<release> is named for `uname -r` on every flavour (Ubuntu generic,
             # HWE, cloud; Debian amd64, cloud-amd64, rt), unlike the linux-image package names
             # (metapackages, -unsigned, -dbg variants).
-            "for f in /boot/vmlinuz-*; do [ -e \"$f\" ] || continue; k=${f#/boot/vmlinuz-}; "
-            "echo \"kernel:$k=$(apt-cache policy linux-headers-$k 2>/dev/null "
+            'for f in /boot/vmlinuz-*; do [ -e "$f" ] || continue; k=${f#/boot/vmlinuz-}; '
+            'echo "kernel:$k=$(apt-cache policy linux-headers-$k 2>/dev/null '
             "| awk '/Candidate:/ {print $2}')\"; done"
         )
 
@@ -150,17 +154,18 @@ def parse_probe(lines: list[str]) -> HostProbe:
         reboot_pending=values.get("reboot_pending") == "1",
         machine_id=values.get("machine_id", ""),
         headers_candidate=_candidate(values.get("headers")),
-        candidates={
-            key[4:]: _candidate(value) for key, value in values.items() if key.startswith("pkg:")
-        },
+        candidates={key[4:]: _candidate(value) for key, value in values.items() if key.startswith("pkg:")},
         user_uid=_number(values.get("user_uid")),
         uid_owner=values.get("uid_owner", ""),
         group_gid=_number(values.get("group_gid")),
         gid_owner=values.get("gid_owner", ""),
         apt_lists=_number(values.get("apt_lists")),
         # A release starts with a digit: leaves out a stray vmlinuz-old or the like.
-        kernels={key[7:]: _candidate(value) for key, value in values.items()
-                 if key.startswith("kernel:") and key[7:8].isdigit()},
+        kernels={
+            key[7:]: _candidate(value)
+            for key, value in values.items()
+            if key.startswith("kernel:") and key[7:8].isdigit()
+        },
     )
 
 
@@ -215,10 +220,7 @@ class AptHolds(FactBase[tuple[dict[str, str], set[str]]]):
     """Installed packages (name -> version) and the set of held ones, for apt-mark hold."""
 
     def command(self) -> str:
-        return (
-            f"{LIST_COMMAND}; "
-            "apt-mark showhold 2>/dev/null | sed 's/^/hold /'"
-        )
+        return f"{LIST_COMMAND}; apt-mark showhold 2>/dev/null | sed 's/^/hold /'"
 
     def process(self, output: list[str]) -> tuple[dict[str, str], set[str]]:
         return parse_holds(output)
@@ -256,8 +258,10 @@ class AccountFact(FactBase[Account | None]):
 
     def command(self, user: str) -> str:
         q = shlex.quote(user)
-        return (f"getent passwd {q} || true; echo --; getent group \"$(id -gn {q} 2>/dev/null)\" || true; "
-                f"echo --; getent group {q} || true")
+        return (
+            f'getent passwd {q} || true; echo --; getent group "$(id -gn {q} 2>/dev/null)" || true; '
+            f"echo --; getent group {q} || true"
+        )
 
     def process(self, output: list[str]) -> Account | None:
         return parse_account(output)
@@ -276,8 +280,9 @@ def parse_account(lines: list[str]) -> Account | None:
     passwd = parts[0][0]
     group = parts[1][0][0] if parts[1] and parts[1][0] else ""
     own = parts[2][0] if parts[2] and len(parts[2][0]) >= 3 else None
-    return Account(int(passwd[2]), int(passwd[3]), passwd[5], passwd[6], group,
-                   int(own[2]) if own and own[2].isdigit() else None)
+    return Account(
+        int(passwd[2]), int(passwd[3]), passwd[5], passwd[6], group, int(own[2]) if own and own[2].isdigit() else None
+    )
 
 
 class HostKeys(FactBase[list[str]]):
@@ -308,15 +313,13 @@ def parse_dpkg_interrupted(lines: list[str]) -> bool:
 
 def lock_wait_command(seconds: int) -> str:
     """Shell that waits until no process holds an apt/dpkg lock, failing after `seconds`."""
-    held = " || ".join(
-        f"( [ -e {f} ] && grep -q \":$(stat -c %i {f}) \" /proc/locks )" for f in APT_LOCKS
-    )
+    held = " || ".join(f'( [ -e {f} ] && grep -q ":$(stat -c %i {f}) " /proc/locks )' for f in APT_LOCKS)
     return (
         f"end=$(( $(date +%s) + {seconds} )); "
         f"while {held}; do "
-        f"if [ $(date +%s) -ge $end ]; then echo \"apt/dpkg lock still held after {seconds}s by: "
+        f'if [ $(date +%s) -ge $end ]; then echo "apt/dpkg lock still held after {seconds}s by: '
         "$(ps -eo comm= | grep -E '^(apt|dpkg|unattended-upgr)' | sort -u | tr '\\n' ' ')"
-        "(wait for it, or raise apt_lock_wait_s)\" >&2; exit 1; fi; "
+        '(wait for it, or raise apt_lock_wait_s)" >&2; exit 1; fi; '
         "sleep 3; done"
     )
 
@@ -336,9 +339,11 @@ class CloudInitFact(FactBase[CloudInit]):
 
     def command(self) -> str:
         data = " ".join(f"/var/lib/cloud/instance/{f}" for f in CLOUD_INIT_DATA)
-        return ("test -d /etc/cloud/cloud.cfg.d && echo installed; "
-                f"grep -ls '^[[:space:]]*manage_etc_hosts:[[:space:]]*[\"'\\'']*\\(true\\|True\\|template\\)' "
-                f"{data} 2>/dev/null || true")
+        return (
+            "test -d /etc/cloud/cloud.cfg.d && echo installed; "
+            f"grep -ls '^[[:space:]]*manage_etc_hosts:[[:space:]]*[\"'\\'']*\\(true\\|True\\|template\\)' "
+            f"{data} 2>/dev/null || true"
+        )
 
     @staticmethod
     def default() -> CloudInit:

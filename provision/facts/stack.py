@@ -114,24 +114,28 @@ def stack_command(venv_path: str, mount_points: list[str]) -> str:
     """The shell script behind StackFact, built from the host's settings."""
     python = shlex.quote(f"{venv_path}/bin/python")
     checks = " ".join(shlex.quote(m) for m in mount_points)
-    return "\n".join([
-        "echo \"loaded_driver=$(cat /sys/module/nvidia/version 2>/dev/null)\"",
-        "echo \"nvidia_gpus=$(lspci -nn 2>/dev/null | grep -cE '\\[03(00|02)\\]: .*\\[10de:')\"",
-        "echo \"nvswitches=$(lspci -nn 2>/dev/null | grep -cE '\\[0680\\]: .*\\[10de:')\"",
-        f"{LIST_COMMAND} | awk '$2 ~ /{PACKAGE_PATTERN}/'",
-        f"if [ -x {python} ]; then {python} -c {shlex.quote(_VENV_PROBE)} 2>/dev/null; fi",
-        "if [ -f /var/run/reboot-required ]; then echo reboot_required=yes; else echo reboot_required=no; fi",
-        # stat first: on an automount point it triggers the mount; a dead server times out.
-        f"for m in {checks}; do "
-        "h=no; timeout 10 stat -f \"$m\" >/dev/null 2>&1 && h=yes; "
-        "t=$(findmnt -n -o FSTYPE --target \"$m\" 2>/dev/null | tail -n1); "
-        "if findmnt -n \"$m\" >/dev/null 2>&1; then p=yes; else p=no; fi; "
-        "echo \"mount $m $p $h ${t:--}\"; done" if checks else "true",
-        f"systemctl show {BACKUP_SERVICE} -p Result -p ExecMainExitTimestamp --timestamp=unix 2>/dev/null"
-        " | sed -e 's/^Result=/backup_result=/' -e 's/^ExecMainExitTimestamp=@*/backup_finished=/'",
-        f"echo \"backup_success=$(cat {BACKUP_STAMP} 2>/dev/null)\"",
-        "echo \"nfs_server=$(systemctl is-active nfs-server 2>/dev/null)\"",
-    ])
+    return "\n".join(
+        [
+            'echo "loaded_driver=$(cat /sys/module/nvidia/version 2>/dev/null)"',
+            "echo \"nvidia_gpus=$(lspci -nn 2>/dev/null | grep -cE '\\[03(00|02)\\]: .*\\[10de:')\"",
+            "echo \"nvswitches=$(lspci -nn 2>/dev/null | grep -cE '\\[0680\\]: .*\\[10de:')\"",
+            f"{LIST_COMMAND} | awk '$2 ~ /{PACKAGE_PATTERN}/'",
+            f"if [ -x {python} ]; then {python} -c {shlex.quote(_VENV_PROBE)} 2>/dev/null; fi",
+            "if [ -f /var/run/reboot-required ]; then echo reboot_required=yes; else echo reboot_required=no; fi",
+            # stat first: on an automount point it triggers the mount; a dead server times out.
+            f"for m in {checks}; do "
+            'h=no; timeout 10 stat -f "$m" >/dev/null 2>&1 && h=yes; '
+            't=$(findmnt -n -o FSTYPE --target "$m" 2>/dev/null | tail -n1); '
+            'if findmnt -n "$m" >/dev/null 2>&1; then p=yes; else p=no; fi; '
+            'echo "mount $m $p $h ${t:--}"; done'
+            if checks
+            else "true",
+            f"systemctl show {BACKUP_SERVICE} -p Result -p ExecMainExitTimestamp --timestamp=unix 2>/dev/null"
+            " | sed -e 's/^Result=/backup_result=/' -e 's/^ExecMainExitTimestamp=@*/backup_finished=/'",
+            f'echo "backup_success=$(cat {BACKUP_STAMP} 2>/dev/null)"',
+            'echo "nfs_server=$(systemctl is-active nfs-server 2>/dev/null)"',
+        ]
+    )
 
 
 class StackFact(FactBase[InstalledStack]):

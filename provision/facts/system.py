@@ -51,13 +51,15 @@ class Os(FactBase[OsInfo]):
     def process(self, output: list[str]) -> OsInfo:
         split = output.index("---")
         release = parse_os_release("\n".join(output[:split]))
-        kernel, arch, hostname = ([*output[split + 1:], "", "", ""])[:3]
+        kernel, arch, hostname = ([*output[split + 1 :], "", "", ""])[:3]
         return OsInfo(
             id=release.get("ID", "unknown"),
             version_id=release.get("VERSION_ID", ""),
             codename=release.get("VERSION_CODENAME") or None,
             pretty_name=release.get("PRETTY_NAME", release.get("NAME", "unknown")),
-            kernel=kernel, hostname=hostname, arch=arch,
+            kernel=kernel,
+            hostname=hostname,
+            arch=arch,
         )
 
 

@@ -31,22 +31,29 @@ def select(cluster: Cluster, limit: list[str] | None) -> list[Node]:
     names = {n.name for n in cluster.nodes}
     unknown = [h for h in limit if h not in names]
     if unknown:
-        raise InputError([Problem(f"--limit {h}", "not a host of the inventory",
-                                  f"hosts: {', '.join(sorted(names))}") for h in unknown])
+        raise InputError(
+            [
+                Problem(f"--limit {h}", "not a host of the inventory", f"hosts: {', '.join(sorted(names))}")
+                for h in unknown
+            ]
+        )
     return [n for n in cluster.nodes if n.name in limit]
 
 
-def train(cluster: Cluster, nodes: list[Node], opts: Options,
-          on_line: Callable[[str, str, str], None],
-          say: Callable[[str, str], None]) -> report.TrainReport:
+def train(
+    cluster: Cluster,
+    nodes: list[Node],
+    opts: Options,
+    on_line: Callable[[str, str, str], None],
+    say: Callable[[str, str], None],
+) -> report.TrainReport:
     """Run the trainer on ``nodes``; raises LaunchError when a node cannot be prepared
     (nothing was started then). A failed run is a report with ok=False, never an
     exception: the report says who failed first and how the run was stopped."""
     run_id = plan.new_run_id()
     conns = {n.name: remote.connection(n) for n in nodes}
     try:
-        run_plan = session.prepare(nodes, conns, opts, run_id, say,
-                                   nfs_server=cluster.storage_node() is not None)
+        run_plan = session.prepare(nodes, conns, opts, run_id, say, nfs_server=cluster.storage_node() is not None)
         for p in run_plan.nodes:
             say(p.name, f"starting {p.nproc} rank(s) on {p.interface}")
         outcome = session.Supervisor(nodes, conns, run_plan, opts, on_line).run()

@@ -88,8 +88,9 @@ def first_failure(by_host: dict[str, list[RankFailure]]) -> tuple[str, RankFailu
     return min(every, key=lambda hf: (not hf[1].by_signal, hf[1].time))
 
 
-def blame(failure: str | None, host: str | None,
-          torchrun_text: dict[str, str]) -> tuple[str | None, str | None, int | None]:
+def blame(
+    failure: str | None, host: str | None, torchrun_text: dict[str, str]
+) -> tuple[str | None, str | None, int | None]:
     """(failure, host, rank) after reading torchrun's reports from every host.
 
     Not for Ctrl-C or a timeout (host None: the cause is known). SIGTERM deaths are left
@@ -99,8 +100,10 @@ def blame(failure: str | None, host: str | None,
     if not failure or host is None:
         return failure, host, None
     lost = "connection lost" in failure
-    reports = {h: [f for f in rank_failures(text) if f.exitcode != -15 and (f.by_signal or not lost)]
-               for h, text in torchrun_text.items()}
+    reports = {
+        h: [f for f in rank_failures(text) if f.exitcode != -15 and (f.by_signal or not lost)]
+        for h, text in torchrun_text.items()
+    }
     first = first_failure(reports)
     if not first:
         return failure, host, None

@@ -91,9 +91,15 @@ def usage(samples: list[Sample]) -> Usage | None:
     cpu = [s.cpu_pct for s in samples]
     gpu = [s.gpu_util for s in samples if s.gpu_util is not None]
     gmem = [s.gpu_mem_pct for s in samples if s.gpu_mem_pct is not None]
-    return Usage(len(samples), sum(cpu) / len(cpu), max(cpu), max(s.mem_pct for s in samples),
-                 sum(gpu) / len(gpu) if gpu else None, max(gpu) if gpu else None,
-                 max(gmem) if gmem else None)
+    return Usage(
+        len(samples),
+        sum(cpu) / len(cpu),
+        max(cpu),
+        max(s.mem_pct for s in samples),
+        sum(gpu) / len(gpu) if gpu else None,
+        max(gpu) if gpu else None,
+        max(gmem) if gmem else None,
+    )
 
 
 @dataclass

@@ -85,9 +85,11 @@ def shares(settings: Settings, has_nfs_server: bool, extra: tuple[str, ...]) -> 
     if not has_nfs_server:
         return ()
     root = settings.nfs_mount_root.rstrip("/")
-    return tuple(Share(flag, f"{root}/{name}", f"{root}/{name}{sub}")
-                 for flag, name, sub in _SHARED_DIRS
-                 if name in settings.nfs_exports and not _given(flag, extra))
+    return tuple(
+        Share(flag, f"{root}/{name}", f"{root}/{name}{sub}")
+        for flag, name, sub in _SHARED_DIRS
+        if name in settings.nfs_exports and not _given(flag, extra)
+    )
 
 
 def _given(flag: str, extra: tuple[str, ...]) -> bool:
@@ -102,24 +104,50 @@ def share_args(wanted: tuple[Share, ...], nodes: tuple[NodePlan, ...]) -> tuple[
     for s in wanted:
         missing = [n.name for n in nodes if s.share not in n.writable]
         if missing:
-            notes.append(f"{s.share} is not writable on {', '.join(missing)} (not mounted, or "
-                         f"root_squash and an SSH user other than the share's owner); the trainer "
-                         f"keeps {s.flag} on each node's local disk")
+            notes.append(
+                f"{s.share} is not writable on {', '.join(missing)} (not mounted, or "
+                f"root_squash and an SSH user other than the share's owner); the trainer "
+                f"keeps {s.flag} on each node's local disk"
+            )
         else:
             args += [s.flag, s.path]
     return tuple(args), notes
 
 
-def trainer_args(*, steps: int, model: str, world: int, batch_per_rank: int, resume: bool,
-                 run_id: str, ckpt_name: str, summary: str, shared: tuple[str, ...] = (),
-                 extra: tuple[str, ...] = ()) -> tuple[str, ...]:
+def trainer_args(
+    *,
+    steps: int,
+    model: str,
+    world: int,
+    batch_per_rank: int,
+    resume: bool,
+    run_id: str,
+    ckpt_name: str,
+    summary: str,
+    shared: tuple[str, ...] = (),
+    extra: tuple[str, ...] = (),
+) -> tuple[str, ...]:
     """train_ddp.py arguments. The global batch grows with the world (weak scaling), so a
     rank does the same work on 1 node or on N, which is what scaling efficiency compares.
     ``shared`` are the directories on NFS (``share_args``). ``extra`` comes last, so the
     user's own flags win."""
-    args = ["--steps", str(steps), "--model", model, "--global-batch", str(batch_per_rank * world),
-            "--micro-batch", str(batch_per_rank), "--run-id", run_id, "--ckpt-name", ckpt_name,
-            "--summary", summary, *shared]
+    args = [
+        "--steps",
+        str(steps),
+        "--model",
+        model,
+        "--global-batch",
+        str(batch_per_rank * world),
+        "--micro-batch",
+        str(batch_per_rank),
+        "--run-id",
+        run_id,
+        "--ckpt-name",
+        ckpt_name,
+        "--summary",
+        summary,
+        *shared,
+    ]
     if resume:
         args.append("--resume")
     return (*args, *extra)
@@ -139,16 +167,33 @@ def node_env(plan: RunPlan, node: NodePlan) -> dict[str, str]:
 
 def torchrun_argv(plan: RunPlan, node: NodePlan) -> list[str]:
     return [
-        node.python, "-m", "torch.distributed.run",
-        "--nnodes", str(len(plan.nodes)), "--nproc-per-node", str(node.nproc),
-        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{plan.master}:{plan.port}",
-        "--rdzv-id", plan.run_id,
+        node.python,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        str(len(plan.nodes)),
+        "--nproc-per-node",
+        str(node.nproc),
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"{plan.master}:{plan.port}",
+        "--rdzv-id",
+        plan.run_id,
         # Explicit: namespace hosts (and some clusters) share one host name, so torch's
         # guess of "is this my address" cannot be trusted.
-        "--rdzv-conf", f"is_host={int(node.is_host)}",
-        "--local-addr", node.address,
-        "--max-restarts", "0", "--tee", "3", "--log-dir", f"{node.run_dir}/torchrun-logs",
-        f"{node.run_dir}/train_ddp.py", *plan.trainer_args,
+        "--rdzv-conf",
+        f"is_host={int(node.is_host)}",
+        "--local-addr",
+        node.address,
+        "--max-restarts",
+        "0",
+        "--tee",
+        "3",
+        "--log-dir",
+        f"{node.run_dir}/torchrun-logs",
+        f"{node.run_dir}/train_ddp.py",
+        *plan.trainer_args,
     ]
 
 
@@ -164,13 +209,15 @@ def node_command(plan: RunPlan, node: NodePlan) -> str:
     record = f'echo $$ > {shlex.quote(node.run_dir)}/{RUN_FILE} && exec "$@"'
     # runuser keeps the process group setsid made, so teardown (as root) still reaches it.
     user = ["runuser", "-u", node.run_as, "--"] if node.run_as else []
-    inner = ["setsid", "--wait", "sh", "-c", record, "provision-train", *user, "env", *env,
-             *torchrun_argv(plan, node)]
+    inner = ["setsid", "--wait", "sh", "-c", record, "provision-train", *user, "env", *env, *torchrun_argv(plan, node)]
     dirs = f"{shlex.quote(node.run_dir)} {shlex.quote(node.work_dir)}"
     # The training user takes over provision's node directory, including ./data and
     # ./checkpoints that an earlier run as root may have left there.
-    own = f" && chown -R {shlex.quote(node.run_as)}: {shlex.quote(node.work_dir)} {shlex.quote(node.run_dir)}" \
-        if node.run_as else ""
+    own = (
+        f" && chown -R {shlex.quote(node.run_as)}: {shlex.quote(node.work_dir)} {shlex.quote(node.run_dir)}"
+        if node.run_as
+        else ""
+    )
     return f"mkdir -p {dirs}{own} && cd {shlex.quote(node.work_dir)} && exec {shlex.join(inner)} 2>&1"
 
 

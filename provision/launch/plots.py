@@ -33,8 +33,7 @@ def plot(out: Outcome, report: TrainReport, path: Path) -> Path:
     nodes.set(title="throughput per node (own pace)", ylabel="tokens/s")
     for name in names:
         _utilisation(util, name, out.samples.get(name, []))
-    util.set(title="utilisation per node (GPU where present, else CPU)", xlabel="s",
-             ylabel="%", ylim=(0, 105))
+    util.set(title="utilisation per node (GPU where present, else CPU)", xlabel="s", ylabel="%", ylim=(0, 105))
     if any(out.samples.values()):
         util.legend()
     fig.suptitle(f"{report.run_id}: {'ok' if report.ok else 'FAILED'}")

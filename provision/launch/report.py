@@ -79,8 +79,10 @@ class Record:
 
 def signature(run_plan: Any, opts: Any) -> str:
     nproc = sorted({n.nproc for n in run_plan.nodes})
-    return json.dumps({"model": opts.model, "nproc": nproc, "batch_per_rank": opts.batch_per_rank,
-                       "extra": list(opts.extra_args)}, sort_keys=True)
+    return json.dumps(
+        {"model": opts.model, "nproc": nproc, "batch_per_rank": opts.batch_per_rank, "extra": list(opts.extra_args)},
+        sort_keys=True,
+    )
 
 
 def load_records(path: Path) -> list[Record]:
@@ -112,10 +114,23 @@ def build(out: Outcome, records_path: Path, sig: str) -> TrainReport:
     ok = out.failure is None and bool(summary) and all(n.clean for n in nodes)
     tps = summary.get("tokens_per_s")
     report = TrainReport(
-        out.run_id, ok, nodes, out.plan.world_size, tps, None, None,
+        out.run_id,
+        ok,
+        nodes,
+        out.plan.world_size,
+        tps,
+        None,
+        None,
         stragglers({n.name: n.forward_ms for n in nodes if n.forward_ms is not None}),
-        summary.get("final_train_loss"), summary.get("final_val_loss"), out.failure,
-        out.failed_host, out.failed_rank, out.teardown_s, str(out.out_dir), mfu=summary.get("mfu"))
+        summary.get("final_train_loss"),
+        summary.get("final_val_loss"),
+        out.failure,
+        out.failed_host,
+        out.failed_rank,
+        out.teardown_s,
+        str(out.out_dir),
+        mfu=summary.get("mfu"),
+    )
     if out.failure is None and not summary:
         report.notes.append("the trainer ended without its summary line")
     if ok and tps:
@@ -129,8 +144,10 @@ def _compare(report: TrainReport, path: Path, sig: str, n_nodes: int, tps: float
         report.scaling_efficiency = scaling_efficiency(tps, n_nodes, ref.tokens_per_s)
         report.scaling_reference = ref.run_id
     elif n_nodes > 1:
-        report.notes.append("no single-node run recorded with these settings; run with "
-                            "--limit FIRST_HOST once to get scaling efficiency")
+        report.notes.append(
+            "no single-node run recorded with these settings; run with "
+            "--limit FIRST_HOST once to get scaling efficiency"
+        )
     save_record(path, Record(report.run_id, sig, n_nodes, tps, time.time()))
 
 
@@ -139,10 +156,14 @@ def _node_report(out: Outcome, name: str, ranks: list[dict[str, Any]]) -> NodeRe
     td = out.teardown.get(name)
     clean = None if td is None else (td.get("left") == [])
     return NodeReport(
-        name, sorted(r["rank"] for r in ranks),
+        name,
+        sorted(r["rank"] for r in ranks),
         sum(r["tokens_per_s"] for r in ranks) if ranks else None,
         statistics.mean(r["forward_ms"] for r in ranks) if ranks else None,
-        monitor.usage(out.samples.get(name, [])), end.exited if end else None, clean)
+        monitor.usage(out.samples.get(name, [])),
+        end.exited if end else None,
+        clean,
+    )
 
 
 def to_json(report: TrainReport) -> dict[str, Any]:

@@ -75,8 +75,14 @@ class Outcome:
     samples: dict[str, list[monitor.Sample]] = field(default_factory=dict)  # per host
 
 
-def prepare(nodes: list[Node], conns: dict[str, Any], opts: Options, run_id: str,
-            say: Callable[[str, str], None], nfs_server: bool = False) -> plan.RunPlan:
+def prepare(
+    nodes: list[Node],
+    conns: dict[str, Any],
+    opts: Options,
+    run_id: str,
+    say: Callable[[str, str], None],
+    nfs_server: bool = False,
+) -> plan.RunPlan:
     """Check every node, find its interface and GPU count, upload trainer and reaper.
     With an NFS server in the cluster, checkpoints and the token cache go to its shares
     when every node can write them."""
@@ -98,11 +104,18 @@ def prepare(nodes: list[Node], conns: dict[str, Any], opts: Options, run_id: str
     for note in notes:
         say("nfs", f"note: {note}")
     args = plan.trainer_args(
-        steps=opts.steps, model=opts.model, world=world, batch_per_rank=opts.batch_per_rank,
-        resume=opts.resume, run_id=run_id, ckpt_name=opts.ckpt_name,
-        summary="summary.json", shared=shared, extra=opts.extra_args)
-    return plan.RunPlan(run_id, first.cluster_address, first.settings.train_master_port,
-                        node_plans, args)
+        steps=opts.steps,
+        model=opts.model,
+        world=world,
+        batch_per_rank=opts.batch_per_rank,
+        resume=opts.resume,
+        run_id=run_id,
+        ckpt_name=opts.ckpt_name,
+        summary="summary.json",
+        shared=shared,
+        extra=opts.extra_args,
+    )
+    return plan.RunPlan(run_id, first.cluster_address, first.settings.train_master_port, node_plans, args)
 
 
 def _capture(func: Callable[[Node], plan.NodePlan], node: Node) -> plan.NodePlan | Exception:
@@ -112,8 +125,15 @@ def _capture(func: Callable[[Node], plan.NodePlan], node: Node) -> plan.NodePlan
         return e
 
 
-def _prepare_node(node: Node, conn: Any, opts: Options, run_id: str, is_first: bool,
-                  say: Callable[[str, str], None], shares: tuple[plan.Share, ...] = ()) -> plan.NodePlan:
+def _prepare_node(
+    node: Node,
+    conn: Any,
+    opts: Options,
+    run_id: str,
+    is_first: bool,
+    say: Callable[[str, str], None],
+    shares: tuple[plan.Share, ...] = (),
+) -> plan.NodePlan:
     s = node.settings
     python = opts.python or f"{s.venv_path}/bin/python"
     run_dir = f"{s.train_dir}/runs/{run_id}/{node.name}"
@@ -122,13 +142,19 @@ def _prepare_node(node: Node, conn: Any, opts: Options, run_id: str, is_first: b
     # it is asked as the user the trainer will run as.
     user = shlex.quote(s.training_user)
     as_runner = f'if [ -n "$RUN_AS" ]; then runuser -u {user} -- test -w "$1"; else test -w "$1"; fi'
-    writable = "".join(f"sh -c {shlex.quote(as_runner)} - {shlex.quote(x.share)} && echo {shlex.quote(x.share)}; "
-                       for x in shares)
-    probe = remote.run(node, (
-        f"{shlex.quote(python)} -c 'import torch' && echo PY_OK; ip -j addr; echo '--gpus--'; "
-        f"nvidia-smi -L 2>/dev/null; echo '--run-as--'; RUN_AS=$({plan.run_as_probe(s.training_user)}); "
-        f'export RUN_AS; echo "$RUN_AS"; echo \'--writable--\'; {writable}mkdir -p {shlex.quote(run_dir)}'),
-        timeout=60, conn=conn)
+    writable = "".join(
+        f"sh -c {shlex.quote(as_runner)} - {shlex.quote(x.share)} && echo {shlex.quote(x.share)}; " for x in shares
+    )
+    probe = remote.run(
+        node,
+        (
+            f"{shlex.quote(python)} -c 'import torch' && echo PY_OK; ip -j addr; echo '--gpus--'; "
+            f"nvidia-smi -L 2>/dev/null; echo '--run-as--'; RUN_AS=$({plan.run_as_probe(s.training_user)}); "
+            f"export RUN_AS; echo \"$RUN_AS\"; echo '--writable--'; {writable}mkdir -p {shlex.quote(run_dir)}"
+        ),
+        timeout=60,
+        conn=conn,
+    )
     if probe.exited == -1:
         raise LaunchError(f"unreachable: {probe.stderr}")
     head, _, rest = probe.stdout.partition("--gpus--")
@@ -136,27 +162,42 @@ def _prepare_node(node: Node, conn: Any, opts: Options, run_id: str, is_first: b
     run_as_out, _, can_write = rest.partition("--writable--")
     run_as = s.training_user if f"RUN_AS={s.training_user}" in run_as_out else None
     if "PY_OK" not in head:
-        raise LaunchError(f"{python} cannot import torch; run `provision up` (frameworks) "
-                          "or set venv_path / --python")
+        raise LaunchError(f"{python} cannot import torch; run `provision up` (frameworks) or set venv_path / --python")
     ip_json = head.split("PY_OK", 1)[1].strip()
     interface = s.cluster_interface or plan.interface_for(node.cluster_address, ip_json)
     if not interface:
-        raise LaunchError(f"no interface holds cluster address {node.cluster_address}; "
-                          "set cluster_address or cluster_interface")
+        raise LaunchError(
+            f"no interface holds cluster address {node.cluster_address}; set cluster_address or cluster_interface"
+        )
     nproc = opts.nproc_per_node or max(1, plan.gpu_count(gpus))
     say(node.name, "uploading trainer")
     conn.put(str(training_script()), f"{run_dir}/train_ddp.py")
     conn.put(str(REAPER), f"{run_dir}/reaper.py")
-    return plan.NodePlan(node.name, node.cluster_address, interface, python, nproc, run_dir,
-                         s.train_dir, is_first, tuple(x.strip() for x in can_write.splitlines() if x.strip()),
-                         run_as)
+    return plan.NodePlan(
+        node.name,
+        node.cluster_address,
+        interface,
+        python,
+        nproc,
+        run_dir,
+        s.train_dir,
+        is_first,
+        tuple(x.strip() for x in can_write.splitlines() if x.strip()),
+        run_as,
+    )
 
 
 class Supervisor:
     """Runs the plan: a log stream per node, the monitor, and teardown on first failure."""
 
-    def __init__(self, nodes: list[Node], conns: dict[str, Any], run: plan.RunPlan,
-                 opts: Options, on_line: Callable[[str, str, str], None]):
+    def __init__(
+        self,
+        nodes: list[Node],
+        conns: dict[str, Any],
+        run: plan.RunPlan,
+        opts: Options,
+        on_line: Callable[[str, str, str], None],
+    ):
         self.nodes = {n.name: n for n in nodes}
         self.conns, self.plan, self.opts = conns, run, opts
         self.out = Outcome(run.run_id, run, opts.runs_dir / run.run_id)
@@ -167,8 +208,7 @@ class Supervisor:
 
     def run(self) -> Outcome:
         mon = monitor.Monitor(self._sample, list(self.nodes), self.opts.monitor_interval)
-        streams = [threading.Thread(target=self._stream, args=(p,), daemon=True)
-                   for p in self.plan.nodes]
+        streams = [threading.Thread(target=self._stream, args=(p,), daemon=True) for p in self.plan.nodes]
         for t in streams:
             t.start()
         mon.start()
@@ -236,9 +276,15 @@ class Supervisor:
         with logs.open_log(self.out.out_dir, name) as log:
             sink = logs.LineSink(name, log, self._line)
             try:
-                result = self.conns[name].run(plan.node_command(self.plan, node_plan), hide=True,
-                                              warn=True, pty=False, in_stream=False,
-                                              out_stream=sink, err_stream=sink)
+                result = self.conns[name].run(
+                    plan.node_command(self.plan, node_plan),
+                    hide=True,
+                    warn=True,
+                    pty=False,
+                    in_stream=False,
+                    out_stream=sink,
+                    err_stream=sink,
+                )
                 end = HostEnd(result.exited if result.exited is not None else -1, time.monotonic(), "")
                 if end.exited == -1:
                     end.reason = "SSH connection lost"
@@ -261,8 +307,9 @@ class Supervisor:
 
     def _reaper(self, name: str, check: bool) -> dict[str, Any]:
         p = next(n for n in self.plan.nodes if n.name == name)
-        cmd = shlex.join([p.python, f"{p.run_dir}/reaper.py", p.run_dir, self.plan.run_id, name,
-                          *(["--check"] if check else [])])
+        cmd = shlex.join(
+            [p.python, f"{p.run_dir}/reaper.py", p.run_dir, self.plan.run_id, name, *(["--check"] if check else [])]
+        )
         r = remote.run_beside(self.conns[name], name, cmd, timeout=TEARDOWN_TIMEOUT_S)
         if r.exited == -1:  # the run's connection is gone: a fresh one
             r = remote.run(self.nodes[name], cmd, timeout=TEARDOWN_TIMEOUT_S)
@@ -270,20 +317,19 @@ class Supervisor:
 
     def _teardown_all(self) -> None:
         with _shielded_from_ctrl_c():
-            results = remote.on_all(list(self.nodes.values()),
-                                    lambda n: self._reaper(n.name, False))
+            results = remote.on_all(list(self.nodes.values()), lambda n: self._reaper(n.name, False))
         self.out.teardown = results
         self.out.teardown_s = time.monotonic() - self._failed_at
 
     def _check_clean(self) -> None:
-        self.out.teardown = remote.on_all(list(self.nodes.values()),
-                                          lambda n: self._reaper(n.name, True))
+        self.out.teardown = remote.on_all(list(self.nodes.values()), lambda n: self._reaper(n.name, True))
 
     def _blame(self) -> None:
         """Name the rank that failed first, from torchrun's reports on every host."""
         texts = {h: "\n".join(t) for h, t in self._texts.items()}
         self.out.failure, self.out.failed_host, self.out.failed_rank = logs.blame(
-            self.out.failure, self.out.failed_host, texts)
+            self.out.failure, self.out.failed_host, texts
+        )
 
 
 class _Stopped(Exception):
@@ -307,8 +353,9 @@ def _stop_signals() -> Iterator[None]:
         return
 
     def stop(signum: int, frame: Any) -> None:
-        raise _Stopped("interrupted (Ctrl-C)" if signum == signal.SIGINT
-                       else f"stopped by {signal.Signals(signum).name}")
+        raise _Stopped(
+            "interrupted (Ctrl-C)" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
+        )
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:

@@ -21,5 +21,12 @@ def training_account(settings: Settings) -> None:
     if host.get_fact(AccountFact, user=user) == wanted:
         return  # already so: pyinfra's user/group ops would only re-read every account
     server.group(name=f"training group {user}", group=user, gid=uid)
-    server.user(name=f"training user {user}", user=user, uid=uid, group=user, home=f"/home/{user}",
-                shell="/bin/bash", create_home=True)
+    server.user(
+        name=f"training user {user}",
+        user=user,
+        uid=uid,
+        group=user,
+        home=f"/home/{user}",
+        shell="/bin/bash",
+        create_home=True,
+    )

@@ -19,6 +19,5 @@ def install(name: str, packages: list[str], lock_wait_s: int) -> None:
         # These steps run after provision's reboot, when apt-daily often refreshes the lists:
         # apt waits for the dpkg lock by itself (base's DPkg::Lock::Timeout) but fails at
         # once on the lists lock that its update takes.
-        server.shell(name=f"{name}: wait for apt locks",
-                     commands=[lock_wait_command(lock_wait_s)])
+        server.shell(name=f"{name}: wait for apt locks", commands=[lock_wait_command(lock_wait_s)])
         apt.packages(name=name, packages=missing, update=True, cache_time=3600)

@@ -35,11 +35,15 @@ def hosts_first_command(block: str) -> str:
     block of ours dropped from where it was). Written in place (cat >), so the file keeps
     its inode, owner and mode."""
     begin, end = HOSTS_MARKER.format(mark="BEGIN"), HOSTS_MARKER.format(mark="END")
-    drop_old = (f"awk -v b={shlex.quote(begin)} -v e={shlex.quote(end)} "
-                "'$0 == b {skip=1} !skip {print} $0 == e {skip=0}' /etc/hosts")
+    drop_old = (
+        f"awk -v b={shlex.quote(begin)} -v e={shlex.quote(end)} "
+        "'$0 == b {skip=1} !skip {print} $0 == e {skip=0}' /etc/hosts"
+    )
     new = "/etc/hosts.provision-new"
-    return (f"{{ printf '%s\\n' {shlex.quote(begin)} {shlex.quote(block)} {shlex.quote(end)}; {drop_old}; }} > {new} "
-            f"&& cat {new} > /etc/hosts && rm -f {new}")
+    return (
+        f"{{ printf '%s\\n' {shlex.quote(begin)} {shlex.quote(block)} {shlex.quote(end)}; {drop_old}; }} > {new} "
+        f"&& cat {new} > /etc/hosts && rm -f {new}"
+    )
 
 
 @operation()

@@ -69,13 +69,18 @@ def install_matching(installed: dict[str, str], packages: dict[str, str], recomm
     """The apt-get line that brings each package to a version matching its pattern (an exact
     version or an apt version glob), or None when every installed one already matches.
     Held packages may be moved: the pin is what decides."""
-    todo = [shlex.quote(f"{name}={pattern}") for name, pattern in packages.items()
-            if not fnmatch.fnmatchcase(installed.get(name, ""), pattern)]
+    todo = [
+        shlex.quote(f"{name}={pattern}")
+        for name, pattern in packages.items()
+        if not fnmatch.fnmatchcase(installed.get(name, ""), pattern)
+    ]
     if not todo:
         return None
-    return (f"DEBIAN_FRONTEND=noninteractive apt-get install -y {'' if recommends else '--no-install-recommends '}"
-            f"--allow-change-held-packages -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold "
-            f"{' '.join(todo)}")
+    return (
+        f"DEBIAN_FRONTEND=noninteractive apt-get install -y {'' if recommends else '--no-install-recommends '}"
+        f"--allow-change-held-packages -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold "
+        f"{' '.join(todo)}"
+    )
 
 
 def download_commands(src: str, dest: str, sha256: str | None) -> list[str]:
@@ -85,9 +90,11 @@ def download_commands(src: str, dest: str, sha256: str | None) -> list[str]:
     new = f"{dest}.provision-new"
     commands = [f"curl -sSLf --retry 3 -o {shlex.quote(new)} {shlex.quote(src)}"]
     if sha256:
-        commands.append(f"echo {shlex.quote(f'{sha256}  {new}')} | sha256sum -c --quiet - "
-                        f"|| {{ rm -f {shlex.quote(new)}; echo {shlex.quote(f'{src}: SHA-256 is not {sha256}')} >&2; "
-                        "exit 1; }")
+        commands.append(
+            f"echo {shlex.quote(f'{sha256}  {new}')} | sha256sum -c --quiet - "
+            f"|| {{ rm -f {shlex.quote(new)}; echo {shlex.quote(f'{src}: SHA-256 is not {sha256}')} >&2; "
+            "exit 1; }"
+        )
     commands.append(f"chmod 644 {shlex.quote(new)} && mv -f {shlex.quote(new)} {shlex.quote(dest)}")
     return commands
 
@@ -113,5 +120,4 @@ def driver_daemon(service: str, config_changed: Callable[[], bool] | None = None
     running daemon when its configuration changed in this run."""
     live = host.get_fact(RebootProbe).runs_installed_module
     restart = bool(live and config_changed and host.state.is_executing and config_changed())
-    yield from systemd.service._inner(service=service, running=True if live else None, enabled=True,
-                                      restarted=restart)
+    yield from systemd.service._inner(service=service, running=True if live else None, enabled=True, restarted=restart)

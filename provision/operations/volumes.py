@@ -36,7 +36,7 @@ def fstab_line(fs_uuid: str, settings: Settings) -> str:
 def mdadm_uuid(value: str) -> str:
     """A UUID as mdadm writes it (four groups of 8 hex digits joined by ':')."""
     digits = value.replace("-", "").replace(":", "").lower()
-    return ":".join(digits[i:i + 8] for i in range(0, 32, 8))
+    return ":".join(digits[i : i + 8] for i in range(0, 32, 8))
 
 
 def mdadm_conf_line(md_uuid: str) -> str:
@@ -53,10 +53,12 @@ def blank_guard(device: str) -> str:
     path is refused as well, since mke2fs would create a regular file there."""
     dev = shlex.quote(device)
     say = shlex.quote(f"refusing to format {device}")
-    return (f"if [ ! -b {dev} ]; then echo {say}': not a block device' >&2; exit 1; fi; "
-            f"blkid -p {dev} >/dev/null; rc=$?; "
-            f"if [ $rc -eq 0 ]; then echo {say}': blkid -p finds a signature on it' >&2; exit 1; fi; "
-            f"if [ $rc -ne 2 ]; then echo {say}\": blkid -p failed (exit $rc)\" >&2; exit 1; fi")
+    return (
+        f"if [ ! -b {dev} ]; then echo {say}': not a block device' >&2; exit 1; fi; "
+        f"blkid -p {dev} >/dev/null; rc=$?; "
+        f"if [ $rc -eq 0 ]; then echo {say}': blkid -p finds a signature on it' >&2; exit 1; fi; "
+        f'if [ $rc -ne 2 ]; then echo {say}": blkid -p failed (exit $rc)" >&2; exit 1; fi'
+    )
 
 
 def mkfs_command(settings: Settings, device: str, fs_uuid: str, force: bool) -> str:
@@ -69,15 +71,18 @@ def mkfs_command(settings: Settings, device: str, fs_uuid: str, force: bool) -> 
     return mkfs if force else f"{blank_guard(device)}; {mkfs}"
 
 
-def mdadm_create_command(settings: Settings, disks: list[BlockDevice], md_uuid: str,
-                         wiped: list[BlockDevice] | None = None) -> str:
+def mdadm_create_command(
+    settings: Settings, disks: list[BlockDevice], md_uuid: str, wiped: list[BlockDevice] | None = None
+) -> str:
     """mdadm --create of our array, guarded by blank_guard on each member not in ``wiped``
     (the forced disks whose signatures wipefs erased just before)."""
     members = " ".join(shlex.quote(stable_path(d)) for d in disks)
     guards = "".join(f"{blank_guard(stable_path(d))}; " for d in disks if d not in (wiped or []))
-    return (f"{guards}mdadm --create {ARRAY_DEVICE} --run --metadata=1.2 --name={ARRAY_NAME} "
-            f"--uuid={mdadm_uuid(md_uuid)} --level={settings.raid_level} "
-            f"--raid-devices={len(disks)} {members}")
+    return (
+        f"{guards}mdadm --create {ARRAY_DEVICE} --run --metadata=1.2 --name={ARRAY_NAME} "
+        f"--uuid={mdadm_uuid(md_uuid)} --level={settings.raid_level} "
+        f"--raid-devices={len(disks)} {members}"
+    )
 
 
 def new_uuid() -> str:

@@ -137,10 +137,15 @@ def password_conflict(node: Node, cluster: Cluster, on_host_sha1: str | None) ->
     roots = dict.fromkeys([state_dir(), Path("~/.local/state/provision").expanduser()])
     candidates = [p for root in roots for p in sorted(root.glob("*/backup-password"))]
     found = [p for p in candidates if p != local and sha1_of(p) == on_host_sha1]
-    fix = (f"{found[0]} holds the host's password: set backup_password_file = \"{found[0]}\"" if found else
-           "set backup_password_file to the original password file, or to a 0600 copy of the host's")
-    return (f"{node.name}:{PASSWORD_FILE} holds a different restic password than {ours}; replacing it "
-            f"would lock this host out of its backup repository ({fix})")
+    fix = (
+        f'{found[0]} holds the host\'s password: set backup_password_file = "{found[0]}"'
+        if found
+        else "set backup_password_file to the original password file, or to a 0600 copy of the host's"
+    )
+    return (
+        f"{node.name}:{PASSWORD_FILE} holds a different restic password than {ours}; replacing it "
+        f"would lock this host out of its backup repository ({fix})"
+    )
 
 
 def key_file(cluster: Cluster) -> Path:
@@ -174,9 +179,13 @@ def repository(node: Node, cluster: Cluster) -> str:
         return node.settings.backup_repository.replace("{host}", node.name)
     storage = cluster.storage_node()
     if storage is None:
-        raise InputError(Problem(f"host {node.name}: key backup_repository",
-                                 "no repository: not set, and no storage host to hold the default one",
-                                 "put a host in the 'storage' group, or set backup_repository"))
+        raise InputError(
+            Problem(
+                f"host {node.name}: key backup_repository",
+                "no repository: not set, and no storage host to hold the default one",
+                "put a host in the 'storage' group, or set backup_repository",
+            )
+        )
     return f"sftp:{ACCOUNT}@{storage.cluster_address}:{repository_root(storage)}/{node.name}"
 
 

@@ -71,9 +71,9 @@ def _listed(settings: Settings, devices: list[BlockDevice], hostname: str) -> tu
 def _auto(settings: Settings, devices: list[BlockDevice]) -> list[BlockDevice]:
     """Every whole, non-root disk with a stable id that is blank, ours, or forced."""
     return [
-        d for d in sorted(devices, key=lambda d: d.name)
-        if d.type == "disk" and not d.is_root and d.by_id
-        and (d.holds is None or is_ours(d) or is_forced(settings, d))
+        d
+        for d in sorted(devices, key=lambda d: d.name)
+        if d.type == "disk" and not d.is_root and d.by_id and (d.holds is None or is_ours(d) or is_forced(settings, d))
     ]
 
 
@@ -94,14 +94,18 @@ def _layout_problems(disks: list[BlockDevice], hostname: str) -> list[str]:
         return []
     if len(ours) != len(disks):
         new = ", ".join(disk_name(d) for d in disks if not is_ours(d))
-        return [f"{hostname}: the data volume already exists on {', '.join(disk_name(d) for d in ours)}; "
-                f"adding {new} to it is not supported (remove it from data_disks)"]
+        return [
+            f"{hostname}: the data volume already exists on {', '.join(disk_name(d) for d in ours)}; "
+            f"adding {new} to it is not supported (remove it from data_disks)"
+        ]
     kind = "linux_raid_member" if len(disks) > 1 else "filesystem"
     wrong = [d for d in disks if (d.fstype == "linux_raid_member") != (kind == "linux_raid_member")]
     if wrong:
-        return [f"{hostname}: data_disks lists {len(disks)} disk(s) but the existing data volume on "
-                f"{', '.join(disk_name(d) for d in wrong)} was built from a different number; "
-                "list the disks it was built from"]
+        return [
+            f"{hostname}: data_disks lists {len(disks)} disk(s) but the existing data volume on "
+            f"{', '.join(disk_name(d) for d in wrong)} was built from a different number; "
+            "list the disks it was built from"
+        ]
     return []
 
 
@@ -132,8 +136,10 @@ def _raid_problems(settings: Settings, disks: list[BlockDevice], hostname: str) 
     if not disks or level == 0 or len(disks) >= need:
         return []
     how = "data_disks: auto picked" if settings.data_disks == "auto" else "data_disks gives"
-    return [f"{hostname}: raid_level {level} needs at least {need} disks but {how} {len(disks)} "
-            f"({', '.join(disk_name(d) for d in disks)}); add disks or choose another raid_level"]
+    return [
+        f"{hostname}: raid_level {level} needs at least {need} disks but {how} {len(disks)} "
+        f"({', '.join(disk_name(d) for d in disks)}); add disks or choose another raid_level"
+    ]
 
 
 def check_disks(settings: Settings, devices: list[BlockDevice], hostname: str = "host") -> list[str]:
@@ -148,13 +154,22 @@ def describe_choice(settings: Settings, devices: list[BlockDevice], hostname: st
     return [f"{hostname}: {line}" for line in lines + _choice_lines(settings, devices, disks, problems)]
 
 
-def _choice_lines(settings: Settings, devices: list[BlockDevice], disks: list[BlockDevice],
-                  problems: list[str]) -> list[str]:
+def _choice_lines(
+    settings: Settings, devices: list[BlockDevice], disks: list[BlockDevice], problems: list[str]
+) -> list[str]:
     lines = []
     for d in disks:
-        state = "our data volume, kept" if is_ours(d) else (
-            "blank, will be formatted" if d.holds is None else
-            f"FORCED: {d.holds} will be erased" if is_forced(settings, d) else f"holds {d.holds}: refused")
+        state = (
+            "our data volume, kept"
+            if is_ours(d)
+            else (
+                "blank, will be formatted"
+                if d.holds is None
+                else f"FORCED: {d.holds} will be erased"
+                if is_forced(settings, d)
+                else f"holds {d.holds}: refused"
+            )
+        )
         lines.append(f"data disk {disk_name(d)} {d.size_bytes / 2**30:.0f} GiB: {state}")
     if settings.data_disks == "auto":
         for d in devices:

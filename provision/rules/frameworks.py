@@ -58,8 +58,9 @@ def wheelhouse_gaps(settings: Settings, wheel_names: Sequence[str]) -> list[str]
     host is changed). A wheel's name and version are the first two fields of its file
     name (PEP 427). Only the name and version are checked, not the Python tag."""
     wheels = [name.split("-")[:2] for name in wheel_names if name.count("-") >= 4]
-    return [req for req in requirements(settings, wheel_names)
-            if all(missing([req], {normalize(n): v}) for n, v in wheels)]
+    return [
+        req for req in requirements(settings, wheel_names) if all(missing([req], {normalize(n): v}) for n, v in wheels)
+    ]
 
 
 def missing(requirements: Sequence[str], installed: dict[str, str]) -> list[str]:

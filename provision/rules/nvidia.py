@@ -33,18 +33,19 @@ def applies(node: Node) -> str | None:
     return skip_reason(node)
 
 
-def driver_choice(settings: Settings, os_info: OsInfo, gpus: Gpus, secure_boot: bool,
-                  candidates: dict[str, str | None]) -> pkgs.DriverChoice:
+def driver_choice(
+    settings: Settings, os_info: OsInfo, gpus: Gpus, secure_boot: bool, candidates: dict[str, str | None]
+) -> pkgs.DriverChoice:
     """Which driver packages, from where. ``candidates``: apt's candidate versions of the
     signed modules and Canonical's driver package (Ubuntu). Raises ValueError with advice
     when no driver can be chosen (Secure Boot without signed modules, a bare version
     Canonical does not have)."""
     branch = settings.nvidia_driver_branch
-    open_modules = pkgs.use_open_modules(settings.nvidia_kernel_modules,
-                                         [g.device_id for g in gpus.gpus])
+    open_modules = pkgs.use_open_modules(settings.nvidia_kernel_modules, [g.device_id for g in gpus.gpus])
     signed = pkgs.signed_modules_package(branch, open_modules, os_info.kernel)
-    source = pkgs.choose_driver_source(os_info, secure_boot, candidates.get(signed) is not None,
-                                       settings.nvidia_driver_source)
+    source = pkgs.choose_driver_source(
+        os_info, secure_boot, candidates.get(signed) is not None, settings.nvidia_driver_source
+    )
     version = settings.nvidia_driver_version
     if source == "ubuntu-server":
         driver = pkgs.canonical_driver_package(branch, open_modules)
@@ -60,8 +61,11 @@ def hold_names(installed: dict[str, str], held: set[str], explicit: list[str], b
     """Packages to apt-mark hold now: the explicit ones, and every installed driver package
     of the branch (the metapackage's dependencies would otherwise still move)."""
     wanted = {n for n in explicit if n in installed}
-    wanted |= {n for n, v in installed.items()
-               if n.startswith(("nvidia-", "libnvidia-", "libcuda")) and v.startswith(f"{branch}.")}
+    wanted |= {
+        n
+        for n, v in installed.items()
+        if n.startswith(("nvidia-", "libnvidia-", "libcuda")) and v.startswith(f"{branch}.")
+    }
     return sorted(wanted - held)
 
 
@@ -80,9 +84,11 @@ def other_sources(source_files: dict[str, list[AptRepo]], url: str, ours: str) -
             continue
         if path == SOURCES_LIST or len(same) < len(repos):
             entry = f"{same[0].type} {same[0].url} {same[0].distribution}"
-            problems.append(f"{path} names NVIDIA's CUDA repository ({entry}), which the nvidia step "
-                            f"configures in {ours} with another Signed-By key, and apt refuses both: remove "
-                            f"that entry from {path} and re-run")
+            problems.append(
+                f"{path} names NVIDIA's CUDA repository ({entry}), which the nvidia step "
+                f"configures in {ours} with another Signed-By key, and apt refuses both: remove "
+                f"that entry from {path} and re-run"
+            )
         else:
             remove.append(path)
     return remove, problems

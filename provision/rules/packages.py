@@ -34,14 +34,21 @@ DriverSource = Literal["cuda-repo", "ubuntu-server"]
 FABRICMANAGER_UNSUFFIXED_FROM = 580
 
 # The CUDA repository directory name for each supported OS ({distro} in the repo URL).
-_CUDA_DISTROS = {("ubuntu", "22.04"): "ubuntu2204", ("ubuntu", "24.04"): "ubuntu2404",
-                 ("debian", "12"): "debian12"}
+_CUDA_DISTROS = {("ubuntu", "22.04"): "ubuntu2204", ("ubuntu", "24.04"): "ubuntu2404", ("debian", "12"): "debian12"}
 
 # Packages the base step installs on every node (kept exactly to this set: the testbed
 # installs them under TCG, where every package costs seconds).
 BASE_PACKAGES = [
-    "build-essential", "python3-venv", "numactl", "pciutils", "nvme-cli",
-    "mdadm", "fio", "iperf3", "chrony", "rsync",
+    "build-essential",
+    "python3-venv",
+    "numactl",
+    "pciutils",
+    "nvme-cli",
+    "mdadm",
+    "fio",
+    "iperf3",
+    "chrony",
+    "rsync",
 ]
 
 # unattended-upgrades must never move these: a library upgraded under a loaded kernel
@@ -89,8 +96,9 @@ class DriverChoice:
     version: str | None = None  # the driver version setting, made exact where it had to be
 
 
-def driver_packages(source: DriverSource, branch: str, version: str | None, open_modules: bool,
-                    kernel: str) -> DriverChoice:
+def driver_packages(
+    source: DriverSource, branch: str, version: str | None, open_modules: bool, kernel: str
+) -> DriverChoice:
     """The driver packages for a branch, optionally an exact version.
 
     cuda-repo: NVIDIA's per-branch metapackage (nvidia-open-<branch> / cuda-drivers-<branch>).
@@ -127,7 +135,8 @@ def canonical_version(version: str | None, package: str, candidate: str | None) 
     raise ValueError(
         f"nvidia_driver_version {version}: this host takes Canonical's signed driver (Secure Boot), and apt "
         f"{offered}; set nvidia_driver_version to a version it has, revision included "
-        f"(apt-cache policy {package}), or unset it to take the branch's newest")
+        f"(apt-cache policy {package}), or unset it to take the branch's newest"
+    )
 
 
 def cuda_driver_metapackage(branch: str, open_modules: bool) -> str:
@@ -151,8 +160,7 @@ def kernel_sort_key(release: str) -> list[tuple[int, int | str]]:
     return [(0, int(part)) if part.isdigit() else (1, part) for part in re.findall(r"\d+|\D+", release)]
 
 
-def kernel_headers(running: str, running_candidate: str | None,
-                   installed: dict[str, str | None]) -> HeadersChoice:
+def kernel_headers(running: str, running_candidate: str | None, installed: dict[str, str | None]) -> HeadersChoice:
     """Headers for the running kernel and every installed one, so DKMS builds the driver
     for the kernel the host boots next (GRUB's default is the newest: a fresh image often
     has one installed and pending).
@@ -179,8 +187,9 @@ def signed_modules_package(branch: str, open_modules: bool, kernel: str) -> str:
     return f"linux-modules-nvidia-{flavour}-{kernel}"
 
 
-def choose_driver_source(os_info: OsInfo, secure_boot: bool, signed_modules_available: bool,
-                         setting: str) -> DriverSource:
+def choose_driver_source(
+    os_info: OsInfo, secure_boot: bool, signed_modules_available: bool, setting: str
+) -> DriverSource:
     """Where the driver comes from, or ValueError with what to do.
 
     With Secure Boot on, an unsigned (DKMS-built) module will not load. Only Ubuntu's
@@ -199,15 +208,22 @@ def choose_driver_source(os_info: OsInfo, secure_boot: bool, signed_modules_avai
 def secure_boot_advice(os_info: OsInfo, signed_modules_available: bool) -> str:
     """The message for a Secure Boot host whose driver would not load."""
     if os_info.id == "ubuntu" and signed_modules_available:
-        return ("Secure Boot is on and nvidia_driver_source is 'cuda-repo', whose DKMS modules are "
-                "unsigned: set nvidia_driver_source to 'auto' or 'ubuntu-server' (Canonical's signed "
-                "modules), enroll a MOK for DKMS (mokutil --import), or disable Secure Boot")
-    kernel_hint = ("use a signed kernel flavour for which Canonical publishes "
-                   "linux-modules-nvidia-*-server packages (e.g. -generic)"
-                   if os_info.id == "ubuntu" else "Debian has no signed NVIDIA modules")
-    return (f"Secure Boot is on and no signed NVIDIA modules exist for kernel {os_info.kernel}: "
-            f"enroll a MOK so DKMS-built modules load (mokutil --import), disable Secure Boot "
-            f"in the firmware, or {kernel_hint}")
+        return (
+            "Secure Boot is on and nvidia_driver_source is 'cuda-repo', whose DKMS modules are "
+            "unsigned: set nvidia_driver_source to 'auto' or 'ubuntu-server' (Canonical's signed "
+            "modules), enroll a MOK for DKMS (mokutil --import), or disable Secure Boot"
+        )
+    kernel_hint = (
+        "use a signed kernel flavour for which Canonical publishes "
+        "linux-modules-nvidia-*-server packages (e.g. -generic)"
+        if os_info.id == "ubuntu"
+        else "Debian has no signed NVIDIA modules"
+    )
+    return (
+        f"Secure Boot is on and no signed NVIDIA modules exist for kernel {os_info.kernel}: "
+        f"enroll a MOK so DKMS-built modules load (mokutil --import), disable Secure Boot "
+        f"in the firmware, or {kernel_hint}"
+    )
 
 
 def fabricmanager_package(branch: str, version: str | None, source: DriverSource = "cuda-repo") -> tuple[str, str]:
@@ -223,10 +239,7 @@ def fabricmanager_package(branch: str, version: str | None, source: DriverSource
         name = f"nvidia-fabricmanager-{branch}"
         pinned = f"{upstream(version)}-*" if version and "-" in version else f"{branch}.*"
         return f"{name}={pinned}", name
-    name = (
-        "nvidia-fabricmanager" if int(branch) >= FABRICMANAGER_UNSUFFIXED_FROM
-        else f"nvidia-fabricmanager-{branch}"
-    )
+    name = "nvidia-fabricmanager" if int(branch) >= FABRICMANAGER_UNSUFFIXED_FROM else f"nvidia-fabricmanager-{branch}"
     pinned = apt_version(version) if version else f"{branch}.*"
     return f"{name}={pinned}", name
 

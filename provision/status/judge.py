@@ -95,8 +95,13 @@ def nvidia_drift(node: Node, stack: InstalledStack) -> list[Drift]:
             out.append(Drift("fabric manager", installed or wanted, fabric[1] if fabric else "not installed"))
     if s.cuda_toolkit_version and f"cuda-toolkit-{s.cuda_toolkit_version}" not in stack.packages:
         cuda = _package_starting(stack, "cuda-toolkit-")
-        out.append(Drift("cuda toolkit", s.cuda_toolkit_version,
-                         cuda[0].removeprefix("cuda-toolkit-") if cuda else "not installed"))
+        out.append(
+            Drift(
+                "cuda toolkit",
+                s.cuda_toolkit_version,
+                cuda[0].removeprefix("cuda-toolkit-") if cuda else "not installed",
+            )
+        )
     if s.install_nccl and "libnccl2" not in stack.packages:
         out.append(Drift("nccl", "libnccl2 installed", "not installed"))
     return out
@@ -136,27 +141,29 @@ def mount_drift(stack: InstalledStack, wanted: list[str]) -> tuple[dict[str, str
     states, drift = {}, []
     for path in wanted:
         m = seen.get(path)
-        state = "ok" if m and m.mounted and m.healthy else (
-            "not answering" if m and m.mounted else "not mounted")
+        state = "ok" if m and m.mounted and m.healthy else ("not answering" if m and m.mounted else "not mounted")
         states[path] = state
         if state != "ok":
             drift.append(Drift(f"mount {path}", "mounted and answering", state))
     return states, drift
 
 
-def judge_host(node: Node, cluster: Cluster, stack: InstalledStack, os_name: str, kernel: str,
-               now: float | None = None) -> HostStatus:
+def judge_host(
+    node: Node, cluster: Cluster, stack: InstalledStack, os_name: str, kernel: str, now: float | None = None
+) -> HostStatus:
     """Everything `status` says about one reachable host."""
     now = time.time() if now is None else now
     drift = venv_drift(node, stack)
     if nvidia_expected(node, stack):
         drift += nvidia_drift(node, stack)
     mounts, mdrift = mount_drift(stack, expected_mounts(node, cluster))
-    status = HostStatus(node.name, True, os=os_name, kernel=kernel, versions=versions(stack),
-                        mounts=mounts, drift=drift + mdrift)
+    status = HostStatus(
+        node.name, True, os=os_name, kernel=kernel, versions=versions(stack), mounts=mounts, drift=drift + mdrift
+    )
     installed = _driver_version(stack)
     status.reboot_pending = stack.reboot_required or bool(
-        stack.loaded_driver and installed and stack.loaded_driver != installed)
+        stack.loaded_driver and installed and stack.loaded_driver != installed
+    )
     backup_text, status.last_backup_age_s = last_backup(stack, now)
     status.last_backup = backup_text or status.last_backup
     storage = cluster.storage_node()

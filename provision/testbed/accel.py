@@ -34,8 +34,9 @@ class Verdict:
 def host_key() -> str:
     """What the verdict depends on: the host kernel and the qemu build."""
     try:
-        version = subprocess.run(["qemu-system-x86_64", "--version"], capture_output=True,
-                                 text=True, timeout=10).stdout.splitlines()[0]
+        version = subprocess.run(
+            ["qemu-system-x86_64", "--version"], capture_output=True, text=True, timeout=10
+        ).stdout.splitlines()[0]
     except (OSError, IndexError, subprocess.TimeoutExpired):
         version = "unknown qemu"
     return f"{platform.release()} | {version}"
@@ -45,8 +46,12 @@ def kvm_device_usable(device: str = "/dev/kvm") -> bool:
     return os.path.exists(device) and os.access(device, os.R_OK | os.W_OK)
 
 
-def choose(requested: str, cache_file: Path, probe: Callable[[], tuple[bool, str]],
-           device_usable: Callable[[], bool] = kvm_device_usable) -> Verdict:
+def choose(
+    requested: str,
+    cache_file: Path,
+    probe: Callable[[], tuple[bool, str]],
+    device_usable: Callable[[], bool] = kvm_device_usable,
+) -> Verdict:
     """Decide the accelerator. ``probe`` boots a VM under KVM: (booted, reason)."""
     if requested not in CHOICES:
         raise InputError(Problem("--accel", f"{requested!r} is not one of {', '.join(CHOICES)}"))
@@ -76,8 +81,7 @@ def _load(cache_file: Path, key: str) -> Verdict | None:
 
 def _save(cache_file: Path, key: str, verdict: Verdict) -> None:
     cache_file.parent.mkdir(parents=True, exist_ok=True)
-    cache_file.write_text(json.dumps({"host": key, "accel": verdict.accel,
-                                      "reason": verdict.reason}) + "\n")
+    cache_file.write_text(json.dumps({"host": key, "accel": verdict.accel, "reason": verdict.reason}) + "\n")
 
 
 def probe_boot(base_spec: qemu.VmSpec, timeout_s: float = PROBE_TIMEOUT_S) -> tuple[bool, str]:

@@ -45,13 +45,15 @@ def parse_deb822(text: str, origin: str = "<text>") -> list[AptSource]:
         fields = _deb822_fields(stanza)
         if not fields or fields.get("enabled", "yes").lower() == "no":
             continue
-        sources.append(AptSource(
-            types=tuple(fields.get("types", "").split()),
-            uris=tuple(fields.get("uris", "").split()),
-            suites=tuple(fields.get("suites", "").split()),
-            components=tuple(fields.get("components", "").split()),
-            origin=origin,
-        ))
+        sources.append(
+            AptSource(
+                types=tuple(fields.get("types", "").split()),
+                uris=tuple(fields.get("uris", "").split()),
+                suites=tuple(fields.get("suites", "").split()),
+                components=tuple(fields.get("components", "").split()),
+                origin=origin,
+            )
+        )
     return [s for s in sources if s.types and s.uris and s.suites]
 
 
@@ -110,11 +112,13 @@ def debian_mirror(sources: list[AptSource], suite: str = "bookworm") -> Mirror:
     binary = [s for s in sources if "deb" in s.types]
     release = [s for s in binary if suite in s.suites and "main" in s.components]
     if not release:
-        raise InputError(Problem(
-            "apt configuration (/etc/apt/sources.list, /etc/apt/sources.list.d/)",
-            f"no enabled 'deb' source carries Debian {suite} main",
-            "pass the Debian mirror to use with --mirror URL (or Testbed(mirror=...))",
-        ))
+        raise InputError(
+            Problem(
+                "apt configuration (/etc/apt/sources.list, /etc/apt/sources.list.d/)",
+                f"no enabled 'deb' source carries Debian {suite} main",
+                "pass the Debian mirror to use with --mirror URL (or Testbed(mirror=...))",
+            )
+        )
     entries = []
     for s in binary:
         suites = tuple(x for x in s.suites if x == suite or x.startswith(suite + "-"))

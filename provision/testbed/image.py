@@ -26,10 +26,26 @@ from provision.testbed.apt_sources import Mirror, guest_sources
 RECIPE_VERSION = 2  # bump when the build steps change in a way the fields below miss
 
 PACKAGES = (
-    "systemd-sysv", "udev", "dbus", "kmod", "linux-image-amd64",
-    "openssh-server", "openssh-sftp-server", "sudo", "python3",
-    "iproute2", "ifupdown", "iputils-ping", "netbase",
-    "ca-certificates", "gnupg", "apt-utils", "procps", "less", "pciutils", "e2fsprogs",
+    "systemd-sysv",
+    "udev",
+    "dbus",
+    "kmod",
+    "linux-image-amd64",
+    "openssh-server",
+    "openssh-sftp-server",
+    "sudo",
+    "python3",
+    "iproute2",
+    "ifupdown",
+    "iputils-ping",
+    "netbase",
+    "ca-certificates",
+    "gnupg",
+    "apt-utils",
+    "procps",
+    "less",
+    "pciutils",
+    "e2fsprogs",
 )
 
 DEBOOTSTRAP_TIMEOUT_S = 1800  # a cold build downloads ~200 packages
@@ -49,8 +65,7 @@ class Recipe:
 
     def digest(self) -> str:
         files = guest_files.image_files("LABEL", self.apt_sources)
-        blob = json.dumps([asdict(self), sorted(files.items()), guest_files.MASKED_UNITS,
-                           guest_files.ENABLED_UNITS])
+        blob = json.dumps([asdict(self), sorted(files.items()), guest_files.MASKED_UNITS, guest_files.ENABLED_UNITS])
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
     @property
@@ -97,8 +112,10 @@ def ensure(recipe: Recipe, images_dir: Path, progress: Progress = lambda _: None
         return image
     tools.require(*tools.IMAGE_TOOLS)
     if os.geteuid() != 0:
-        raise TestbedError("building the testbed image needs root (debootstrap, ownership in "
-                           "mkfs.ext4 -d): run `sudo provision testbed up` once")
+        raise TestbedError(
+            "building the testbed image needs root (debootstrap, ownership in "
+            "mkfs.ext4 -d): run `sudo provision testbed up` once"
+        )
     images_dir.mkdir(parents=True, exist_ok=True)
     with open(images_dir / ".build.lock", "w") as lock:
         # Two testbeds coming up at once build the image once: the second waits here,
@@ -124,19 +141,22 @@ def build(recipe: Recipe, images_dir: Path, progress: Progress) -> BaseImage:
         progress("configuring the root filesystem")
         configure_rootfs(rootfs, recipe)
         progress("rebuilding the initrd (virtio and ext4 only)")
-        _run(["chroot", str(rootfs), "update-initramfs", "-u", "-k", "all"], "update-initramfs",
-             timeout=600)
+        _run(["chroot", str(rootfs), "update-initramfs", "-u", "-k", "all"], "update-initramfs", timeout=600)
         # The VMs boot the initrd copied out here, never their own /boot, so later rebuilds
         # inside a guest (mdadm's postinst, the volumes step) are pure cost under TCG: minutes
         # each. Turn them off after the one that counts.
         (rootfs / "etc/initramfs-tools/update-initramfs.conf").write_text(
             "# provision testbed: the VM boots a host-side initrd; see provision/testbed/image.py\n"
-            "update_initramfs=no\nbackup_initramfs=no\n")
+            "update_initramfs=no\nbackup_initramfs=no\n"
+        )
         shutil.copyfile(_only(rootfs, "boot/vmlinuz-*"), work / "vmlinuz")
         shutil.copyfile(_only(rootfs, "boot/initrd.img-*"), work / "initrd.img")
         progress(f"writing the {recipe.size} root filesystem (mkfs.ext4 -d)")
-        _run(["mkfs.ext4", "-q", "-F", "-d", str(rootfs), "-L", recipe.label,
-              str(work / "root.img"), recipe.size], "mkfs.ext4", timeout=900)
+        _run(
+            ["mkfs.ext4", "-q", "-F", "-d", str(rootfs), "-L", recipe.label, str(work / "root.img"), recipe.size],
+            "mkfs.ext4",
+            timeout=900,
+        )
         _remove_tree(rootfs)
         meta = {"recipe": asdict(recipe), "build_seconds": round(time.monotonic() - started, 1)}
         (work / "recipe.json").write_text(json.dumps(meta, indent=2) + "\n")
@@ -174,8 +194,7 @@ def _remove_tree(path: Path) -> None:
 
 
 def _debootstrap(recipe: Recipe, rootfs: Path, progress: Progress) -> None:
-    argv = ["debootstrap", "--variant=minbase", f"--include={','.join(recipe.packages)}",
-            "--components=main"]
+    argv = ["debootstrap", "--variant=minbase", f"--include={','.join(recipe.packages)}", "--components=main"]
     keyring = Path("/usr/share/keyrings/debian-archive-keyring.gpg")
     if keyring.is_file():
         argv.append(f"--keyring={keyring}")
@@ -205,8 +224,12 @@ def configure_rootfs(rootfs: Path, recipe: Recipe) -> None:
             path.unlink()
         path.write_text(content)
         path.chmod(mode)
-    for stale in [rootfs / "etc/hostname", rootfs / "etc/apt/sources.list",
-                  rootfs / "var/lib/dbus/machine-id", *rootfs.glob("etc/ssh/ssh_host_*")]:
+    for stale in [
+        rootfs / "etc/hostname",
+        rootfs / "etc/apt/sources.list",
+        rootfs / "var/lib/dbus/machine-id",
+        *rootfs.glob("etc/ssh/ssh_host_*"),
+    ]:
         stale.unlink(missing_ok=True)
     units = rootfs / "etc/systemd/system"
     for target, unit_path in guest_files.ENABLED_UNITS:

@@ -13,8 +13,7 @@ MARKER = "# provision-testbed-inventory"  # `down` removes only files that carry
 CLUSTER_INTERFACE = "eth1"
 
 
-def host_data(node: NodeRecord, ssh_key: Path, known_hosts: Path,
-              wheelhouse: Path | None = None) -> dict[str, object]:
+def host_data(node: NodeRecord, ssh_key: Path, known_hosts: Path, wheelhouse: Path | None = None) -> dict[str, object]:
     """One host's data: pyinfra SSH keys plus provision settings. With a wheelhouse, the
     frameworks step installs torch from it (the CPU build) instead of asking an index."""
     data: dict[str, object] = {
@@ -39,8 +38,9 @@ def host_data(node: NodeRecord, ssh_key: Path, known_hosts: Path,
     return data
 
 
-def render(nodes: list[NodeRecord], ssh_key: Path, known_hosts: Path, state_dir: Path,
-           wheelhouse: Path | None = None) -> str:
+def render(
+    nodes: list[NodeRecord], ssh_key: Path, known_hosts: Path, state_dir: Path, wheelhouse: Path | None = None
+) -> str:
     """The inventory file's text."""
     lines = [
         MARKER,
@@ -56,13 +56,24 @@ def render(nodes: list[NodeRecord], ssh_key: Path, known_hosts: Path, state_dir:
         for key, value in host_data(node, ssh_key, known_hosts, wheelhouse).items():
             lines.append(f"        {key!r}: {value!r},")
         lines.append("    }),")
-    lines += ["]", "", "# The NFS server and backup target.",
-              f"storage = [{nodes[0].name!r}]" if nodes else "storage = []", ""]
+    lines += [
+        "]",
+        "",
+        "# The NFS server and backup target.",
+        f"storage = [{nodes[0].name!r}]" if nodes else "storage = []",
+        "",
+    ]
     return "\n".join(lines)
 
 
-def write(path: Path, nodes: list[NodeRecord], ssh_key: Path, known_hosts: Path,
-          state_dir: Path, wheelhouse: Path | None = None) -> Path:
+def write(
+    path: Path,
+    nodes: list[NodeRecord],
+    ssh_key: Path,
+    known_hosts: Path,
+    state_dir: Path,
+    wheelhouse: Path | None = None,
+) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(render(nodes, ssh_key, known_hosts, state_dir, wheelhouse))

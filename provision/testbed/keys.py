@@ -20,7 +20,9 @@ def generate(path: Path, comment: str) -> Path:
     path.unlink(missing_ok=True)
     done = subprocess.run(
         ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
-        capture_output=True, text=True, timeout=30,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     if done.returncode != 0:
         raise TestbedError(f"ssh-keygen failed for {path}: {done.stderr.strip()}")

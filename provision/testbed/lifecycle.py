@@ -60,9 +60,15 @@ class Testbed:
 
     __test__ = False  # not a pytest test class, despite its name
 
-    def __init__(self, state_dir: str | Path | None = None, *, images_dir: str | Path | None = None,
-                 inventory_path: str | Path | None = None, mirror: str | None = None,
-                 progress: Progress | None = None):
+    def __init__(
+        self,
+        state_dir: str | Path | None = None,
+        *,
+        images_dir: str | Path | None = None,
+        inventory_path: str | Path | None = None,
+        mirror: str | None = None,
+        progress: Progress | None = None,
+    ):
         self.state_dir = Path(state_dir or paths.default_state_dir()).absolute()
         self.images_dir = Path(images_dir or paths.images_dir()).absolute()
         self._inventory_path = Path(inventory_path).absolute() if inventory_path else None
@@ -95,9 +101,17 @@ class Testbed:
         return self.state_dir / "switch"
 
     # --- public API --------------------------------------------------------------------
-    def up(self, nodes: int = 2, disks: int = 2, memory_mb: int = 2048, cpus: int = 2,
-           accel: str = "auto", disk_gb: int = 2, disk_bps_total: int | None = None,
-           boot_timeout_s: float | None = None) -> list[NodeRecord]:
+    def up(
+        self,
+        nodes: int = 2,
+        disks: int = 2,
+        memory_mb: int = 2048,
+        cpus: int = 2,
+        accel: str = "auto",
+        disk_gb: int = 2,
+        disk_bps_total: int | None = None,
+        boot_timeout_s: float | None = None,
+    ) -> list[NodeRecord]:
         """Make sure nodes node1..nodeN exist and answer SSH; return every node's record.
 
         Running nodes are left as they are, stopped ones are started again. The
@@ -196,26 +210,44 @@ class Testbed:
     def ssh_argv(self, name: str, command: list[str] | None = None) -> list[str]:
         """The ssh command line for a node, with the pinned host key and the testbed key."""
         rec = _node(self._existing(), name)
-        return ["ssh", "-F", "/dev/null", "-i", str(self.ssh_key), "-o", "IdentitiesOnly=yes",
-                "-o", f"UserKnownHostsFile={self.known_hosts}", "-o", "GlobalKnownHostsFile=/dev/null",
-                "-o", "StrictHostKeyChecking=yes", "-p", str(rec.ssh_port), "root@127.0.0.1",
-                *(command or [])]
+        return [
+            "ssh",
+            "-F",
+            "/dev/null",
+            "-i",
+            str(self.ssh_key),
+            "-o",
+            "IdentitiesOnly=yes",
+            "-o",
+            f"UserKnownHostsFile={self.known_hosts}",
+            "-o",
+            "GlobalKnownHostsFile=/dev/null",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-p",
+            str(rec.ssh_port),
+            "root@127.0.0.1",
+            *(command or []),
+        ]
 
     def ssh_target(self, rec: NodeRecord) -> SshTarget:
-        return SshTarget("127.0.0.1", rec.ssh_port, "root", str(self.ssh_key),
-                         str(self.known_hosts), "yes")
+        return SshTarget("127.0.0.1", rec.ssh_port, "root", str(self.ssh_key), str(self.known_hosts), "yes")
 
     # --- steps -------------------------------------------------------------------------
     def _prepare(self, requested_accel: str) -> TestbedState:
         """Load the state, or start a new one: image built or cached, accelerator chosen."""
         if len(str(self.state_dir)) > MAX_SOCKET_DIR:
-            raise InputError(Problem("state dir", f"{self.state_dir} is too long for unix sockets",
-                                     f"use a path of at most {MAX_SOCKET_DIR} characters"))
+            raise InputError(
+                Problem(
+                    "state dir",
+                    f"{self.state_dir} is too long for unix sockets",
+                    f"use a path of at most {MAX_SOCKET_DIR} characters",
+                )
+            )
         st = state.load(self.state_dir)
         if st is None:
             base = self._build_image()
-            verdict = accel_mod.choose(requested_accel, paths.cache_root() / "accel.json",
-                                       lambda: self._probe(base))
+            verdict = accel_mod.choose(requested_accel, paths.cache_root() / "accel.json", lambda: self._probe(base))
             self.progress("accel", f"{verdict.accel}: {verdict.reason}")
             st = TestbedState(image=str(base.path), image_label=base.label, accel=verdict.accel)
         elif requested_accel != "auto":
@@ -239,8 +271,9 @@ class Testbed:
     def _base(self, st: TestbedState) -> image.BaseImage:
         base = image.at(Path(st.image), st.image_label)
         if base is None:
-            raise TestbedError(f"the testbed's base image {st.image} is gone; "
-                               "run `provision testbed down` and `up` again")
+            raise TestbedError(
+                f"the testbed's base image {st.image} is gone; run `provision testbed down` and `up` again"
+            )
         return base
 
     def _probe(self, base: image.BaseImage) -> tuple[bool, str]:
@@ -250,8 +283,23 @@ class Testbed:
         overlay = node.NodeFiles(run_dir).overlay
         probe_rec = NodeRecord("probe", 1, network.free_port(set()), "", 1024, 1, [])
         node.create_disks(node.NodeFiles(run_dir), base, probe_rec, 0)
-        vm = qemu.VmSpec("probe", "kvm", 1024, 1, base.kernel, base.initrd, base.label, overlay,
-                         None, (), probe_rec.ssh_port, network.mac(0, 0), None, None, run_dir)
+        vm = qemu.VmSpec(
+            "probe",
+            "kvm",
+            1024,
+            1,
+            base.kernel,
+            base.initrd,
+            base.label,
+            overlay,
+            None,
+            (),
+            probe_rec.ssh_port,
+            network.mac(0, 0),
+            None,
+            None,
+            run_dir,
+        )
         return accel_mod.probe_boot(vm)
 
     def _ensure_switch(self, st: TestbedState) -> None:
@@ -260,24 +308,34 @@ class Testbed:
             st.vde_pid = network.start_switch(self.switch_dir, self.marker)
             state.save(self.state_dir, st)
 
-    def _ensure_record(self, st: TestbedState, index: int, disks: int, memory_mb: int,
-                       cpus: int, disk_bps_total: int | None) -> None:
+    def _ensure_record(
+        self, st: TestbedState, index: int, disks: int, memory_mb: int, cpus: int, disk_bps_total: int | None
+    ) -> None:
         name = f"node{index}"
         existing = next((r for r in st.nodes if r.name == name), None)
         if existing is not None:
             # A node keeps the disks and memory it was made with (its disks hold data);
             # say so rather than seem to have applied the new values.
             if len(existing.serials) != disks or existing.memory_mb != memory_mb:
-                self.progress(name, f"kept as made: {len(existing.serials)} data disks, {existing.memory_mb} MiB "
-                                    f"(asked {disks}, {memory_mb}); `provision testbed down` first to change them")
+                self.progress(
+                    name,
+                    f"kept as made: {len(existing.serials)} data disks, {existing.memory_mb} MiB "
+                    f"(asked {disks}, {memory_mb}); `provision testbed down` first to change them",
+                )
             return
         taken = {r.ssh_port for r in st.nodes}
-        st.nodes.append(NodeRecord(
-            name=name, index=index, ssh_port=network.free_port(taken),
-            cluster_address=network.cluster_address(index), memory_mb=memory_mb, cpus=cpus,
-            serials=[node.serial(name, k) for k in range(1, disks + 1)],
-            disk_bps_total=disk_bps_total,
-        ))
+        st.nodes.append(
+            NodeRecord(
+                name=name,
+                index=index,
+                ssh_port=network.free_port(taken),
+                cluster_address=network.cluster_address(index),
+                memory_mb=memory_mb,
+                cpus=cpus,
+                serials=[node.serial(name, k) for k in range(1, disks + 1)],
+                disk_bps_total=disk_bps_total,
+            )
+        )
         st.nodes.sort(key=lambda r: r.index)
         state.save(self.state_dir, st)
 
@@ -303,8 +361,7 @@ class Testbed:
         if errors:
             raise TestbedError("; ".join(errors))
 
-    def _start_qemu(self, st: TestbedState, rec: NodeRecord, f: node.NodeFiles,
-                    base: image.BaseImage) -> None:
+    def _start_qemu(self, st: TestbedState, rec: NodeRecord, f: node.NodeFiles, base: image.BaseImage) -> None:
         for _ in range(3):
             if not network.port_free(rec.ssh_port):
                 rec.ssh_port = network.free_port({r.ssh_port for r in st.nodes})
@@ -343,8 +400,7 @@ class Testbed:
         path = Path(st.inventory_path or self.inventory_path)
         if not wheelhouse.ready():
             self.progress("wheelhouse", "downloading torch==2.13.0 (CPU), numpy, nvidia-ml-py")
-        inventory_writer.write(path, st.nodes, self.ssh_key, self.known_hosts, self.state_dir,
-                               wheelhouse.ensure())
+        inventory_writer.write(path, st.nodes, self.ssh_key, self.known_hosts, self.state_dir, wheelhouse.ensure())
 
     def _powerdown(self, rec: NodeRecord) -> None:
         sock = node.files(self.state_dir, rec.name).dir / "qmp.sock"
@@ -380,17 +436,23 @@ def _node(st: TestbedState, name: str) -> NodeRecord:
         return st.node(name)
     except KeyError:
         names = ", ".join(r.name for r in st.nodes) or "none"
-        raise InputError(Problem(f"node {name}", "no such node in the testbed",
-                                 f"known nodes: {names}")) from None
+        raise InputError(Problem(f"node {name}", "no such node in the testbed", f"known nodes: {names}")) from None
 
 
 def check_up_args(nodes: int, disks: int, memory_mb: int, cpus: int, disk_gb: int) -> None:
     """Raise InputError naming every out-of-range argument of up()."""
-    limits = {"--nodes": (nodes, 1, 200), "--disks": (disks, 0, 8),
-              "--memory": (memory_mb, 256, 1 << 20), "--cpus": (cpus, 1, 64),
-              "--disk-gb": (disk_gb, 1, 1024)}
-    problems = [Problem(flag, f"{value} is outside {low}..{high}")
-                for flag, (value, low, high) in limits.items() if not low <= value <= high]
+    limits = {
+        "--nodes": (nodes, 1, 200),
+        "--disks": (disks, 0, 8),
+        "--memory": (memory_mb, 256, 1 << 20),
+        "--cpus": (cpus, 1, 64),
+        "--disk-gb": (disk_gb, 1, 1024),
+    }
+    problems = [
+        Problem(flag, f"{value} is outside {low}..{high}")
+        for flag, (value, low, high) in limits.items()
+        if not low <= value <= high
+    ]
     if problems:
         raise InputError(problems)
 

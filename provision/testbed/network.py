@@ -81,15 +81,18 @@ def start_switch(run_dir: Path, marker: str) -> int:
     pidfile.unlink(missing_ok=True)
     done = subprocess.run(
         ["vde_switch", "-sock", str(sock), "-daemon", "-pidfile", str(pidfile)],
-        capture_output=True, text=True, timeout=30,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     deadline = time.monotonic() + 10
     while procs.read_pidfile(pidfile) is None and time.monotonic() < deadline:
         time.sleep(0.1)
     pid = procs.read_pidfile(pidfile)
     if done.returncode != 0 or not procs.owned(pid, marker):
-        raise TestbedError(f"vde_switch did not start (exit {done.returncode}): "
-                           f"{done.stderr.strip() or 'no pid in ' + str(pidfile)}")
+        raise TestbedError(
+            f"vde_switch did not start (exit {done.returncode}): {done.stderr.strip() or 'no pid in ' + str(pidfile)}"
+        )
     return pid  # type: ignore[return-value]
 
 

@@ -56,8 +56,11 @@ def create_disks(f: NodeFiles, base: BaseImage, record: NodeRecord, disk_bytes: 
     f.dir.mkdir(parents=True, exist_ok=True)
     if not f.overlay.is_file():
         done = subprocess.run(
-            ["qemu-img", "create", "-q", "-f", "qcow2", "-b", str(base.root), "-F", "raw",
-             str(f.overlay)], capture_output=True, text=True, timeout=60)
+            ["qemu-img", "create", "-q", "-f", "qcow2", "-b", str(base.root), "-F", "raw", str(f.overlay)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         if done.returncode != 0:
             raise TestbedError(f"qemu-img create {f.overlay} failed: {done.stderr.strip()}")
     for k in range(1, len(record.serials) + 1):
@@ -68,26 +71,34 @@ def create_disks(f: NodeFiles, base: BaseImage, record: NodeRecord, disk_bytes: 
             os.truncate(disk, disk_bytes)  # sparse: costs no space until written
 
 
-def write_seed(f: NodeFiles, record: NodeRecord, client_public_key: str,
-               peers: dict[str, str]) -> None:
+def write_seed(f: NodeFiles, record: NodeRecord, client_public_key: str, peers: dict[str, str]) -> None:
     """(Re)write the node's seed disk: host key, root's key, network, /etc/hosts."""
     keys.generate(f.host_key, f"root@{record.name}")
-    networks = guest_files.node_networks(network.mac(0, record.index), network.mac(1, record.index),
-                                         record.cluster_address, network.cluster_prefix())
-    seed.write_tree(f.seed_dir, f.host_key, client_public_key, networks,
-                    guest_files.node_hosts(record.name, peers))
+    networks = guest_files.node_networks(
+        network.mac(0, record.index), network.mac(1, record.index), record.cluster_address, network.cluster_prefix()
+    )
+    seed.write_tree(f.seed_dir, f.host_key, client_public_key, networks, guest_files.node_hosts(record.name, peers))
     seed.make_image(f.seed_dir, f.seed_image)
 
 
-def spec(f: NodeFiles, record: NodeRecord, base: BaseImage, accel: str,
-         vde_sock: Path | None) -> qemu.VmSpec:
+def spec(f: NodeFiles, record: NodeRecord, base: BaseImage, accel: str, vde_sock: Path | None) -> qemu.VmSpec:
     disks = tuple(qemu.DataDisk(f.data_disk(k), s) for k, s in enumerate(record.serials, 1))
     return qemu.VmSpec(
-        name=record.name, accel=accel, memory_mb=record.memory_mb, cpus=record.cpus,
-        kernel=base.kernel, initrd=base.initrd, root_label=base.label,
-        root_disk=f.overlay, seed_disk=f.seed_image, data_disks=disks,
-        ssh_port=record.ssh_port, mgmt_mac=network.mac(0, record.index),
-        cluster_mac=network.mac(1, record.index), vde_sock=vde_sock, run_dir=f.dir,
+        name=record.name,
+        accel=accel,
+        memory_mb=record.memory_mb,
+        cpus=record.cpus,
+        kernel=base.kernel,
+        initrd=base.initrd,
+        root_label=base.label,
+        root_disk=f.overlay,
+        seed_disk=f.seed_image,
+        data_disks=disks,
+        ssh_port=record.ssh_port,
+        mgmt_mac=network.mac(0, record.index),
+        cluster_mac=network.mac(1, record.index),
+        vde_sock=vde_sock,
+        run_dir=f.dir,
         disk_bps_total=record.disk_bps_total,
     )
 
@@ -101,8 +112,7 @@ def start(vm: qemu.VmSpec, marker: str) -> int:
     vm.pidfile.unlink(missing_ok=True)
     vm.console_log.unlink(missing_ok=True)
     try:
-        done = subprocess.run(qemu.argv(vm), capture_output=True, text=True,
-                              timeout=START_TIMEOUT_S)
+        done = subprocess.run(qemu.argv(vm), capture_output=True, text=True, timeout=START_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         raise TestbedError(f"{vm.name}: qemu did not start within {START_TIMEOUT_S}s") from None
     if done.returncode != 0:

@@ -76,8 +76,9 @@ def kernel_cmdline(root_label: str, hostname: str) -> str:
     mitigations=off: a throwaway test VM has no secrets, and page-table isolation makes
     every syscall a TLB flush, which is slow under TCG emulation.
     """
-    return (f"root=LABEL={root_label} rw console=ttyS0 net.ifnames=0 "
-            f"systemd.hostname={hostname} panic=-1 mitigations=off")
+    return (
+        f"root=LABEL={root_label} rw console=ttyS0 net.ifnames=0 systemd.hostname={hostname} panic=-1 mitigations=off"
+    )
 
 
 def accel_args(accel: str) -> list[str]:
@@ -88,30 +89,57 @@ def accel_args(accel: str) -> list[str]:
 
 def argv(spec: VmSpec) -> list[str]:
     """The full qemu-system-x86_64 command line for a node."""
-    args = ["qemu-system-x86_64", "-name", spec.name, *accel_args(spec.accel),
-            "-smp", str(spec.cpus), "-m", str(spec.memory_mb),
-            "-nodefaults", "-display", "none", "-serial", f"file:{spec.console_log}",
-            "-qmp", f"unix:{spec.qmp_socket},server=on,wait=off",
-            "-daemonize", "-pidfile", str(spec.pidfile),
-            "-kernel", str(spec.kernel), "-initrd", str(spec.initrd),
-            "-append", kernel_cmdline(spec.root_label, spec.name),
-            "-device", "virtio-rng-pci"]
+    args = [
+        "qemu-system-x86_64",
+        "-name",
+        spec.name,
+        *accel_args(spec.accel),
+        "-smp",
+        str(spec.cpus),
+        "-m",
+        str(spec.memory_mb),
+        "-nodefaults",
+        "-display",
+        "none",
+        "-serial",
+        f"file:{spec.console_log}",
+        "-qmp",
+        f"unix:{spec.qmp_socket},server=on,wait=off",
+        "-daemonize",
+        "-pidfile",
+        str(spec.pidfile),
+        "-kernel",
+        str(spec.kernel),
+        "-initrd",
+        str(spec.initrd),
+        "-append",
+        kernel_cmdline(spec.root_label, spec.name),
+        "-device",
+        "virtio-rng-pci",
+    ]
     args += _nics(spec)  # first, so eth0 (management) and eth1 (cluster) keep their order
     args += _drive("root", spec.root_disk, "qcow2")
     if spec.seed_disk is not None:
         args += _drive("seed", spec.seed_disk, "raw", extra=",readonly=on", serial=SEED_SERIAL)
     for i, disk in enumerate(spec.data_disks, 1):
-        args += _drive(f"data{i}", disk.path, "raw", extra=_throttle(spec.disk_bps_total),
-                       serial=disk.serial)
+        args += _drive(f"data{i}", disk.path, "raw", extra=_throttle(spec.disk_bps_total), serial=disk.serial)
     return args
 
 
 def _nics(spec: VmSpec) -> list[str]:
-    args = ["-netdev", f"user,id=mgmt,hostfwd=tcp:127.0.0.1:{spec.ssh_port}-:22",
-            "-device", f"virtio-net-pci,netdev=mgmt,mac={spec.mgmt_mac}"]
+    args = [
+        "-netdev",
+        f"user,id=mgmt,hostfwd=tcp:127.0.0.1:{spec.ssh_port}-:22",
+        "-device",
+        f"virtio-net-pci,netdev=mgmt,mac={spec.mgmt_mac}",
+    ]
     if spec.cluster_mac and spec.vde_sock:
-        args += ["-netdev", f"vde,id=cluster,sock={spec.vde_sock}",
-                 "-device", f"virtio-net-pci,netdev=cluster,mac={spec.cluster_mac}"]
+        args += [
+            "-netdev",
+            f"vde,id=cluster,sock={spec.vde_sock}",
+            "-device",
+            f"virtio-net-pci,netdev=cluster,mac={spec.cluster_mac}",
+        ]
     return args
 
 
@@ -121,16 +149,14 @@ def _drive(drive_id: str, path: Path, fmt: str, extra: str = "", serial: str = "
         if len(serial) > SERIAL_MAX:
             raise ValueError(f"disk serial {serial!r} is longer than {SERIAL_MAX} characters")
         device += f",serial={serial}"
-    return ["-drive", f"file={path},format={fmt},if=none,id={drive_id}{extra}",
-            "-device", device]
+    return ["-drive", f"file={path},format={fmt},if=none,id={drive_id}{extra}", "-device", device]
 
 
 def _throttle(bps_total: int | None) -> str:
     return f",throttling.bps-total={bps_total}" if bps_total else ""
 
 
-def qmp(sock: Path, command: str, arguments: dict[str, Any] | None = None,
-        timeout_s: float = 10.0) -> Any:
+def qmp(sock: Path, command: str, arguments: dict[str, Any] | None = None, timeout_s: float = 10.0) -> Any:
     """Run one QMP command on a VM's monitor socket; return its "return" value."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(timeout_s)

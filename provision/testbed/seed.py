@@ -13,13 +13,18 @@ from provision.errors import TestbedError
 from provision.testbed.guest_files import SEED_LABEL
 
 
-def write_tree(seed_dir: Path, host_key: Path, authorized_keys: str,
-               networks: dict[str, str], hosts: str) -> None:
+def write_tree(seed_dir: Path, host_key: Path, authorized_keys: str, networks: dict[str, str], hosts: str) -> None:
     """Lay out the seed's files in seed_dir/tree (replacing what was there)."""
     shutil.rmtree(seed_dir, ignore_errors=True)
     tree = seed_dir / "tree"
-    for sub, mode in (("etc", 0o755), ("etc/ssh", 0o755), ("etc/systemd", 0o755),
-                      ("etc/systemd/network", 0o755), ("root", 0o700), ("root/.ssh", 0o700)):
+    for sub, mode in (
+        ("etc", 0o755),
+        ("etc/ssh", 0o755),
+        ("etc/systemd", 0o755),
+        ("etc/systemd/network", 0o755),
+        ("root", 0o700),
+        ("root/.ssh", 0o700),
+    ):
         (tree / sub).mkdir(parents=True, exist_ok=True)
         (tree / sub).chmod(mode)
     _file(tree / "etc/ssh/ssh_host_ed25519_key", host_key.read_text(), 0o600)
@@ -40,7 +45,9 @@ def make_image(seed_dir: Path, image: Path, size: str = "16M") -> Path:
     image.unlink(missing_ok=True)
     done = subprocess.run(
         ["mkfs.ext4", "-q", "-F", "-d", str(seed_dir), "-L", SEED_LABEL, str(image), size],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     if done.returncode != 0:
         raise TestbedError(f"mkfs.ext4 for seed disk {image} failed: {done.stderr.strip()}")

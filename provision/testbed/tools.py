@@ -28,8 +28,6 @@ def require(*programs: str) -> dict[str, str]:
     found = {p: shutil.which(p) for p in programs}
     missing = [p for p, path in found.items() if path is None]
     if missing:
-        hints = ", ".join(
-            f"{p} not found: apt-get install {PACKAGES.get(p, p)}" for p in missing
-        )
+        hints = ", ".join(f"{p} not found: apt-get install {PACKAGES.get(p, p)}" for p in missing)
         raise TestbedError(hints)
     return {p: str(path) for p, path in found.items()}

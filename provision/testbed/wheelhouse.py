@@ -27,8 +27,11 @@ PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_17_x86_64"]
 def pins() -> dict[str, str]:
     """package -> version, the frameworks step's defaults (the testbed inventory sets none)."""
     defaults = Settings()
-    return {"torch": defaults.torch_version, "numpy": defaults.numpy_version or "",
-            "nvidia-ml-py": defaults.nvml_version or ""}
+    return {
+        "torch": defaults.torch_version,
+        "numpy": defaults.numpy_version or "",
+        "nvidia-ml-py": defaults.nvml_version or "",
+    }
 
 
 def requirements() -> list[str]:
@@ -57,10 +60,23 @@ def ensure(target: Path | None = None) -> Path:
         return target
     target.mkdir(parents=True, exist_ok=True)
     done = subprocess.run(
-        [sys.executable, "-m", "pip", "download", *requirements(), "-d", str(target),
-         "--only-binary=:all:", "--python-version", GUEST_PYTHON,
-         *(arg for platform in PLATFORMS for arg in ("--platform", platform))],
-        capture_output=True, text=True, timeout=1800)
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            *requirements(),
+            "-d",
+            str(target),
+            "--only-binary=:all:",
+            "--python-version",
+            GUEST_PYTHON,
+            *(arg for platform in PLATFORMS for arg in ("--platform", platform)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     if done.returncode != 0 or not _complete(target):
         tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
         raise TestbedError(f"could not build the CPU torch wheelhouse in {target}: {' / '.join(tail)}")

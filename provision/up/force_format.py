@@ -18,10 +18,14 @@ def apply_force_format(cluster: Cluster, specs: list[str]) -> Cluster:
         name, _, disk = spec.partition(":")
         bad_disk = disk_id_problem(disk) if disk else None
         if not disk or name not in names or bad_disk:
-            what = "no disk given" if not disk else (
-                f"{name!r} is not a host of this inventory" if name not in names else str(bad_disk))
-            problems.append(Problem(f"--force-format {spec}", what,
-                                    "write HOST:DISK, e.g. node1:/dev/disk/by-id/nvme-XYZ"))
+            what = (
+                "no disk given"
+                if not disk
+                else (f"{name!r} is not a host of this inventory" if name not in names else str(bad_disk))
+            )
+            problems.append(
+                Problem(f"--force-format {spec}", what, "write HOST:DISK, e.g. node1:/dev/disk/by-id/nvme-XYZ")
+            )
         else:
             extra.setdefault(name, []).append(disk)
     if problems:

@@ -20,8 +20,7 @@ from provision.rules import backups as backup_layout
 from provision.rules import frameworks as framework_rules
 from provision.up import reboots
 
-STEPS: list[Step] = [preflight.step, base.step, nvidia.step, frameworks.step, volumes.step, nfs.step,
-                     backups.step]
+STEPS: list[Step] = [preflight.step, base.step, nvidia.step, frameworks.step, volumes.step, nfs.step, backups.step]
 
 
 def step_names() -> list[str]:
@@ -32,10 +31,9 @@ def _parse(names: str | None, option: str) -> list[str]:
     wanted = [n.strip() for n in (names or "").split(",") if n.strip()]
     unknown = [n for n in wanted if n not in step_names()]
     if unknown:
-        raise InputError([
-            Problem(f"{option} {n}", "unknown step", f"steps are: {', '.join(step_names())}")
-            for n in unknown
-        ])
+        raise InputError(
+            [Problem(f"{option} {n}", "unknown step", f"steps are: {', '.join(step_names())}") for n in unknown]
+        )
     return wanted
 
 
@@ -74,15 +72,21 @@ def _wheelhouse_problems(cluster: Cluster, node: Node) -> list[Problem]:
     where = f"{cluster.path}: host {node.name}: key wheelhouse"
     names = [w.name for w in Path(house).expanduser().glob("*.whl")]
     if not names:
-        return [Problem(where, f"{house} holds no .whl files",
-                        "build it with pip download/pip wheel, or unset wheelhouse")]
+        return [
+            Problem(where, f"{house} holds no .whl files", "build it with pip download/pip wheel, or unset wheelhouse")
+        ]
     gaps = framework_rules.wheelhouse_gaps(node.settings, names)
     if not gaps:
         return []
     wanted = " ".join(shlex.quote(g) for g in gaps)
-    return [Problem(where, f"{house} has no wheel for {', '.join(gaps)}",
-                    f"pip download {wanted} --only-binary=:all: --python-version <hosts' python3> "
-                    f"-d {shlex.quote(house)}, or change the pins")]
+    return [
+        Problem(
+            where,
+            f"{house} has no wheel for {', '.join(gaps)}",
+            f"pip download {wanted} --only-binary=:all: --python-version <hosts' python3> "
+            f"-d {shlex.quote(house)}, or change the pins",
+        )
+    ]
 
 
 def _backup_problems(cluster: Cluster) -> list[Problem]:
@@ -121,8 +125,9 @@ def up(
     return engine.run_steps(cluster, steps, on_event, after_step)
 
 
-def plan(cluster: Cluster, steps: list[Step],
-         on_event: Callable[[str, str], None] = lambda host, text: None) -> dict[str, engine.HostPlan]:
+def plan(
+    cluster: Cluster, steps: list[Step], on_event: Callable[[str, str], None] = lambda host, text: None
+) -> dict[str, engine.HostPlan]:
     """What `up` would change, per host and step; changes nothing."""
     check_inputs(cluster, steps)
     return engine.plan_steps(cluster, steps, on_event)

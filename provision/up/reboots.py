@@ -36,7 +36,7 @@ def batch_size(hosts: int, requested: int | None) -> int:
 
 
 def batches(names: list[str], size: int) -> list[list[str]]:
-    return [names[i:i + size] for i in range(0, len(names), size)]
+    return [names[i : i + size] for i in range(0, len(names), size)]
 
 
 def needs_reboot(probe: RebootState, changed: bool, has_gpu: bool) -> str | None:
@@ -74,8 +74,13 @@ class RebootPlan:
     refused: dict[str, str]  # host -> why it needs one but is not rebooted here
 
 
-def plan(nodes: list[Node], probes: dict[str, RebootState], gpus: dict[str, Gpus],
-         changed: dict[str, bool], controller_id: str) -> RebootPlan:
+def plan(
+    nodes: list[Node],
+    probes: dict[str, RebootState],
+    gpus: dict[str, Gpus],
+    changed: dict[str, bool],
+    controller_id: str,
+) -> RebootPlan:
     """The pure decision over all hosts."""
     reboot, refused = {}, {}
     for node in nodes:
@@ -97,8 +102,12 @@ def _reboot_deploy() -> Callable[..., object]:
     @deploy("Reboot")
     def reboot() -> None:
         node = engine.current_node()
-        server.reboot(name="reboot and wait for SSH", delay=RECONNECT_DELAY_S, interval=2,
-                      reboot_timeout=node.settings.reboot_timeout_s)
+        server.reboot(
+            name="reboot and wait for SSH",
+            delay=RECONNECT_DELAY_S,
+            interval=2,
+            reboot_timeout=node.settings.reboot_timeout_s,
+        )
 
     return reboot
 
@@ -139,8 +148,13 @@ def reboot_where_needed(
     reboot_batches(groups, {n.name: n for n in alive}, decision, results, on_event)
 
 
-def reboot_batches(groups: list[list[str]], by_name: dict[str, Node], decision: RebootPlan,
-                   results: dict[str, engine.HostResult], on_event: Callable[[str, str], None]) -> None:
+def reboot_batches(
+    groups: list[list[str]],
+    by_name: dict[str, Node],
+    decision: RebootPlan,
+    results: dict[str, engine.HostResult],
+    on_event: Callable[[str, str], None],
+) -> None:
     """One batch after another. A batch with a host that did not come back with the pinned
     driver stops the rest: whatever broke it would likely break the next batch too."""
     for index, group in enumerate(groups):
@@ -152,10 +166,12 @@ def reboot_batches(groups: list[list[str]], by_name: dict[str, Node], decision: 
         verify_driver([by_name[n] for n in group if results[n].ok], results)
         failed = [n for n in group if not results[n].ok]
         if failed:
-            for name in (n for later in groups[index + 1:] for n in later):
+            for name in (n for later in groups[index + 1 :] for n in later):
                 results[name].fail(
-                    "reboot", f"not rebooted because an earlier batch failed ({', '.join(failed)}); "
-                    f"it still needs one ({decision.reboot[name]}): fix those hosts and re-run")
+                    "reboot",
+                    f"not rebooted because an earlier batch failed ({', '.join(failed)}); "
+                    f"it still needs one ({decision.reboot[name]}): fix those hosts and re-run",
+                )
                 on_event(name, "reboot: not rebooted (an earlier batch failed)")
             return
 
@@ -172,10 +188,6 @@ def verify_driver(nodes: list[Node], results: dict[str, engine.HostResult]) -> N
         if probe is None:
             results[node.name].fail("reboot", facts.failed.get(node.name, "no answer"))
         elif not probe.smi_version:
-            results[node.name].fail(
-                "reboot", f"nvidia-smi does not answer after the reboot (driver {pinned} expected)")
-        elif not driver_version_ok(probe.smi_version, settings.nvidia_driver_branch,
-                                   settings.nvidia_driver_version):
-            results[node.name].fail(
-                "reboot", f"nvidia-smi reports driver {probe.smi_version}, {pinned} is pinned")
-
+            results[node.name].fail("reboot", f"nvidia-smi does not answer after the reboot (driver {pinned} expected)")
+        elif not driver_version_ok(probe.smi_version, settings.nvidia_driver_branch, settings.nvidia_driver_version):
+            results[node.name].fail("reboot", f"nvidia-smi reports driver {probe.smi_version}, {pinned} is pinned")

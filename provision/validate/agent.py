@@ -626,7 +626,7 @@ def _on_each_gpu(count: int, res: Results, metric: str, fn: Any) -> None:
         t.join()
 
 
-def _timed(torch: Any, dev: int, fn: Any, iters: int, before: Any=None) -> float:
+def _timed(torch: Any, dev: int, fn: Any, iters: int, before: Any = None) -> float:
     """Median seconds of fn() by CUDA events; ``before`` runs outside the timed region."""
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
@@ -967,8 +967,14 @@ def _step(res: Results, metrics: Any, fn: Any, not_run: str) -> None:
         res.errors.append(traceback.format_exc(limit=3))
 
 
-def _gpu_steps(torch: Any, why: str, cfg: dict[str, Any], found: tuple[list[dict[str, Any]], str, str], only: set[str],
-               res: Results) -> dict[str, Any]:
+def _gpu_steps(
+    torch: Any,
+    why: str,
+    cfg: dict[str, Any],
+    found: tuple[list[dict[str, Any]], str, str],
+    only: set[str],
+    res: Results,
+) -> dict[str, Any]:
     """The GPU groups. ``found``: NVML GPUs, nvidia-smi XML, the reason when neither found one.
     Returns how many GPUs NVML and CUDA see (the judge fails a node where they differ)."""
     gpus, smi_xml, absent = found

@@ -134,10 +134,19 @@ def _table(results: list[NodeResult]) -> str:
     return "".join(rows) + "</table>"
 
 
-_GPU_COLUMNS = (("index", "gpu"), ("name", "name"), ("driver_version", "driver"), ("cuda_version", "CUDA"),
-                ("memory_mib", "MiB"), ("pcie", "PCIe now / max"), ("ecc_uncorrected", "ECC unc."),
-                ("retired_pages", "retired / remapped"), ("throttle_active", "throttled by"),
-                ("persistence_mode", "persistence"), ("nvlink_up", "NVLink up"))
+_GPU_COLUMNS = (
+    ("index", "gpu"),
+    ("name", "name"),
+    ("driver_version", "driver"),
+    ("cuda_version", "CUDA"),
+    ("memory_mib", "MiB"),
+    ("pcie", "PCIe now / max"),
+    ("ecc_uncorrected", "ECC unc."),
+    ("retired_pages", "retired / remapped"),
+    ("throttle_active", "throttled by"),
+    ("persistence_mode", "persistence"),
+    ("nvlink_up", "NVLink up"),
+)
 
 
 def _gpu_inventory(results: list[NodeResult]) -> str:
@@ -147,9 +156,12 @@ def _gpu_inventory(results: list[NodeResult]) -> str:
         for g in r.inventory.get("gpus") or []:
             if not isinstance(g, dict):
                 continue
-            g = {**g, "pcie": f"gen{g.get('pcie_gen_current')} x{g.get('pcie_width_current')} / "
-                              f"gen{g.get('pcie_gen_max')} x{g.get('pcie_width_max')}",
-                 "throttle_active": ", ".join(g.get("throttle_active") or ()) or "-"}
+            g = {
+                **g,
+                "pcie": f"gen{g.get('pcie_gen_current')} x{g.get('pcie_width_current')} / "
+                f"gen{g.get('pcie_gen_max')} x{g.get('pcie_width_max')}",
+                "throttle_active": ", ".join(g.get("throttle_active") or ()) or "-",
+            }
             cells = "".join(f"<td>{_e('-' if g.get(k) is None else g.get(k))}</td>" for k, _ in _GPU_COLUMNS)
             rows.append(f"<tr><td>{_e(r.node)}</td>{cells}</tr>")
     if not rows:

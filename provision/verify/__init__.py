@@ -38,10 +38,13 @@ class VerifyResult:
 def spec(cluster: Cluster) -> dict[str, dict[str, object]]:
     """Per host: settings, groups and cluster address, for the suite's expectations."""
     return {
-        n.name: {"settings": asdict(n.settings), "groups": list(n.groups),
-                 "cluster_address": n.cluster_address,
-                 "all_nodes": {m.name: m.cluster_address for m in cluster.nodes},
-                 "storage_node": _storage_name(cluster)}
+        n.name: {
+            "settings": asdict(n.settings),
+            "groups": list(n.groups),
+            "cluster_address": n.cluster_address,
+            "all_nodes": {m.name: m.cluster_address for m in cluster.nodes},
+            "storage_node": _storage_name(cluster),
+        }
         for n in cluster.nodes
     }
 
@@ -51,23 +54,41 @@ def _storage_name(cluster: Cluster) -> str | None:
     return storage.name if storage else None
 
 
-def run(cluster: Cluster, workdir: str | None = None, extra: list[str] | None = None,
-        timeout_s: int = 1800) -> VerifyResult:
+def run(
+    cluster: Cluster, workdir: str | None = None, extra: list[str] | None = None, timeout_s: int = 1800
+) -> VerifyResult:
     """Run the suite against every host; returns pytest's exit code and its output."""
     import importlib.util
 
     if importlib.util.find_spec("testinfra") is None:  # a hand-trimmed install: say so, not "No module"
-        raise ProvisionError("provision verify needs pytest-testinfra on this controller: "
-                             "pip install 'pytest-testinfra>=10' (a normal install of provision brings it)")
+        raise ProvisionError(
+            "provision verify needs pytest-testinfra on this controller: "
+            "pip install 'pytest-testinfra>=10' (a normal install of provision brings it)"
+        )
     work = Path(workdir or tempfile.mkdtemp(prefix="provision-verify-"))
     work.mkdir(parents=True, exist_ok=True)
     (work / "ssh_config").write_text(ssh_config(cluster.nodes))
     (work / "spec.json").write_text(json.dumps(spec(cluster), default=str))
     junit = work / "verify.xml"
     hosts = ",".join(f"ssh://{n.name}" for n in cluster.nodes)
-    command = [sys.executable, "-m", "pytest", str(SUITE), f"--hosts={hosts}",
-               f"--ssh-config={work / 'ssh_config'}", f"--junitxml={junit}", "-p", "no:cacheprovider",
-               "-o", "addopts=", "--rootdir", str(SUITE), "-q", "-rfEs", *(extra or [])]
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        str(SUITE),
+        f"--hosts={hosts}",
+        f"--ssh-config={work / 'ssh_config'}",
+        f"--junitxml={junit}",
+        "-p",
+        "no:cacheprovider",
+        "-o",
+        "addopts=",
+        "--rootdir",
+        str(SUITE),
+        "-q",
+        "-rfEs",
+        *(extra or []),
+    ]
     env = os.environ | {SPEC_ENV: str(work / "spec.json")}
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout_s, cwd=work)
     return VerifyResult(done.returncode, str(junit), done.stdout + done.stderr)

@@ -7,8 +7,18 @@ from typing import Any
 
 import pytest
 
-BASE_PACKAGES = ["build-essential", "python3-venv", "numactl", "pciutils", "nvme-cli",
-                 "mdadm", "fio", "iperf3", "chrony", "rsync"]
+BASE_PACKAGES = [
+    "build-essential",
+    "python3-venv",
+    "numactl",
+    "pciutils",
+    "nvme-cli",
+    "mdadm",
+    "fio",
+    "iperf3",
+    "chrony",
+    "rsync",
+]
 
 
 @pytest.mark.parametrize("name", BASE_PACKAGES)
@@ -64,8 +74,9 @@ def test_training_user_has_the_cluster_key(host: Any, settings: dict[str, Any]) 
     assert host.file(f"{home}/.ssh/known_hosts").size > 0
 
 
-def test_training_user_reaches_every_other_node_by_ssh(host: Any, settings: dict[str, Any],
-                                                       expected: dict[str, Any]) -> None:
+def test_training_user_reaches_every_other_node_by_ssh(
+    host: Any, settings: dict[str, Any], expected: dict[str, Any]
+) -> None:
     """The promise the keys exist for: as the training user, every other node answers over
     SSH at its cluster address with no prompt. known_hosts lists each node's host keys
     under its name and cluster address, so strict host-key checking passes; verify logs in
@@ -76,8 +87,10 @@ def test_training_user_reaches_every_other_node_by_ssh(host: Any, settings: dict
         pytest.skip("a one-node cluster: no other node to reach")
     user = shlex.quote(settings["training_user"])
     for name, address in others.items():
-        done = host.run(f"timeout 60 runuser -u {user} -- ssh -o BatchMode=yes -o StrictHostKeyChecking=yes "
-                        f"-o ConnectTimeout=10 {shlex.quote(address)} true")
+        done = host.run(
+            f"timeout 60 runuser -u {user} -- ssh -o BatchMode=yes -o StrictHostKeyChecking=yes "
+            f"-o ConnectTimeout=10 {shlex.quote(address)} true"
+        )
         assert done.rc == 0, f"{user} cannot reach {name} at {address}: {done.stderr.strip()}"
 
 

@@ -20,7 +20,7 @@ def test_venv_package_is_at_its_pin(host: Any, settings: dict[str, Any], package
         pytest.skip(f"{knob} is null: {package} is not pinned")
     python = f"{settings['venv_path']}/bin/python"
     script = f"from importlib.metadata import version; print(version({package!r}))"
-    assert host.check_output(f"{python} -c \"{script}\"").strip() == settings[knob]
+    assert host.check_output(f'{python} -c "{script}"').strip() == settings[knob]
 
 
 def test_torch_sees_cuda_on_gpu_hosts(host: Any, settings: dict[str, Any]) -> None:

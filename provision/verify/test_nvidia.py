@@ -106,8 +106,12 @@ def test_every_driver_package_of_the_branch_is_held(nvidia_host: Any, settings: 
     kernel = nvidia_host.check_output("uname -r")
     # The metapackages and signed module package the deploy may have chosen; hold_names
     # keeps only the installed ones.
-    explicit = [name for source in ("cuda-repo", "ubuntu-server") for open_modules in (True, False)
-                for name in pkgs.driver_packages(source, branch, None, open_modules, kernel).hold]
+    explicit = [
+        name
+        for source in ("cuda-repo", "ubuntu-server")
+        for open_modules in (True, False)
+        for name in pkgs.driver_packages(source, branch, None, open_modules, kernel).hold
+    ]
     driver = nvidia_rules.hold_names(installed, set(), explicit, branch)
     assert driver, f"no driver package of branch {branch} is installed"
     assert sorted(set(driver) - held) == []

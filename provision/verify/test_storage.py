@@ -66,8 +66,9 @@ def test_raid_array_is_recorded_in_mdadm_conf(host: Any, settings: dict[str, Any
     assert level.stdout.strip() == f"raid{settings['raid_level']}"
 
 
-def test_nfs_server_exports_to_the_cluster_network_only(host: Any, settings: dict[str, Any],
-                                                        expected: dict[str, Any]) -> None:
+def test_nfs_server_exports_to_the_cluster_network_only(
+    host: Any, settings: dict[str, Any], expected: dict[str, Any]
+) -> None:
     if not _is_server(host, expected):
         pytest.skip("not the storage host")
     assert host.service("nfs-server").is_running
@@ -108,8 +109,9 @@ def test_shares_are_at_the_same_path_on_every_node(host: Any, settings: dict[str
         assert host.file(path).is_directory
 
 
-def test_nfs_client_mounts_are_v4_2_hard_automount_nofail(host: Any, settings: dict[str, Any],
-                                                          expected: dict[str, Any]) -> None:
+def test_nfs_client_mounts_are_v4_2_hard_automount_nofail(
+    host: Any, settings: dict[str, Any], expected: dict[str, Any]
+) -> None:
     if _is_server(host, expected) or not expected.get("storage_node"):
         pytest.skip("not an NFS client")
     server = expected["all_nodes"][expected["storage_node"]]

@@ -43,6 +43,7 @@ def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedTestbed]
 
 # --- provisioning (owner: `provision up`) ----------------------------------------------
 
+
 @pytest.fixture(scope="session")
 def provisioned(testbed: SharedTestbed):
     """`provision up` once on the shared testbed, all steps (nvidia skips itself: no GPU),

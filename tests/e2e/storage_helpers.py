@@ -17,11 +17,13 @@ from provision.inventory import Cluster, Node
 # What `plan` must leave untouched: the package database, the files the steps write (apt
 # sources, keyrings, pins, modprobe.d, systemd units, drop-ins and enablement links: path,
 # size, mtime, mode, link target), the venv.
-FINGERPRINT = ("md5sum /var/lib/dpkg/status /etc/hosts /etc/security/limits.d/* /etc/sysctl.d/* "
-               "/etc/apt/apt.conf.d/* /home/train/.ssh/* 2>&1; "
-               "find /etc/apt/sources.list.d /etc/apt/keyrings /etc/apt/preferences.d /etc/modprobe.d "
-               "/etc/systemd/system -printf '%p %s %T@ %m %l\\n' 2>&1 | sort; "
-               "ls -la --time-style=full-iso /etc/apt /opt/provision /var/lib/apt/periodic 2>&1")
+FINGERPRINT = (
+    "md5sum /var/lib/dpkg/status /etc/hosts /etc/security/limits.d/* /etc/sysctl.d/* "
+    "/etc/apt/apt.conf.d/* /home/train/.ssh/* 2>&1; "
+    "find /etc/apt/sources.list.d /etc/apt/keyrings /etc/apt/preferences.d /etc/modprobe.d "
+    "/etc/systemd/system -printf '%p %s %T@ %m %l\\n' 2>&1 | sort; "
+    "ls -la --time-style=full-iso /etc/apt /opt/provision /var/lib/apt/periodic 2>&1"
+)
 
 
 @dataclass
@@ -37,8 +39,7 @@ class CliRun:
 
 
 def cli(*args: str, timeout_s: float = 1800) -> CliRun:
-    done = subprocess.run([sys.executable, "-m", "provision", *args], capture_output=True, text=True,
-                          timeout=timeout_s)
+    done = subprocess.run([sys.executable, "-m", "provision", *args], capture_output=True, text=True, timeout=timeout_s)
     return CliRun(done.returncode, done.stdout, done.stderr)
 
 

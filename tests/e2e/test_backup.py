@@ -31,8 +31,11 @@ def test_backup_round_trip_restores_identical_files_and_never_logs_the_password(
     node = cluster.node("node1")
     inv = str(testbed.inventory_path)
     run_dir = f"/shared/checkpoints/e2e-{secrets.token_hex(4)}"
-    sh(node, f"mkdir -p {run_dir} && for i in $(seq 1 {FILES}); do "
-             f"head -c {SIZE_KIB}K /dev/urandom > {run_dir}/step-$i.pt; done && sync")
+    sh(
+        node,
+        f"mkdir -p {run_dir} && for i in $(seq 1 {FILES}); do "
+        f"head -c {SIZE_KIB}K /dev/urandom > {run_dir}/step-$i.pt; done && sync",
+    )
     before = _checksums(node, run_dir)
     assert len(before) == FILES
 

@@ -45,7 +45,7 @@ def bad_inventories(source: Path, dest: Path) -> dict[str, str]:
         "missing ssh key": f"nodes = [({n1!r}, {d1!r}), ({n2!r}, dict({d2!r}, ssh_key='/nonexistent/id'))]\n",
         "duplicate host": f"nodes = [({n1!r}, {d1!r}), ({n2!r}, {d2!r}), {n2!r}]\n",
         "duplicate cluster address": f"nodes = [({n1!r}, {d1!r}), ({n2!r}, dict({d2!r}, "
-                                     f"cluster_address={d1['cluster_address']!r}))]\n",
+        f"cluster_address={d1['cluster_address']!r}))]\n",
         "empty": "nodes = []\n",
     }
     paths = {}
@@ -110,8 +110,7 @@ def test_nfs_server_reboot_while_a_client_reads(provisioned, testbed):
         "    h.update(chunk); time.sleep(0.2)\n"
         "open('/root/drill.sha256', 'w').write(h.hexdigest())\n"
     )
-    sh(client, "rm -f /root/drill.sha256; "
-               f"nohup python3 -c \"{reader}\" > /root/drill.log 2>&1 & echo started")
+    sh(client, f'rm -f /root/drill.sha256; nohup python3 -c "{reader}" > /root/drill.log 2>&1 & echo started')
     time.sleep(3)
     boot_id = sh(server, "cat /proc/sys/kernel/random/boot_id").strip()
     remote.run(server, "systemctl reboot", timeout=20)  # the connection drops: expected

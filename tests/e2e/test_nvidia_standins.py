@@ -23,12 +23,14 @@ from tests.e2e.storage_helpers import FINGERPRINT
 from tests.standins import nvidia_repo
 
 BOOT_ID = "cat /proc/sys/kernel/random/boot_id"
-CLEANUP = ("apt-mark unhold $(apt-mark showhold) >/dev/null 2>&1; "
-           "DEBIAN_FRONTEND=noninteractive apt-get purge -y 'nvidia-*' 'libnvidia-*' 'cuda-*' 'libnccl*' >/dev/null; "
-           "rm -f /etc/apt/sources.list.d/cuda-*.sources /etc/apt/preferences.d/90-provision-nvidia "
-           "/etc/apt/keyrings/cuda-archive-keyring.gpg /etc/modprobe.d/blacklist-nouveau.conf; "
-           "rm -rf /etc/systemd/system/nvidia-persistenced.service.d; systemctl daemon-reload; "
-           "apt-get update -qq")
+CLEANUP = (
+    "apt-mark unhold $(apt-mark showhold) >/dev/null 2>&1; "
+    "DEBIAN_FRONTEND=noninteractive apt-get purge -y 'nvidia-*' 'libnvidia-*' 'cuda-*' 'libnccl*' >/dev/null; "
+    "rm -f /etc/apt/sources.list.d/cuda-*.sources /etc/apt/preferences.d/90-provision-nvidia "
+    "/etc/apt/keyrings/cuda-archive-keyring.gpg /etc/modprobe.d/blacklist-nouveau.conf; "
+    "rm -rf /etc/systemd/system/nvidia-persistenced.service.d; systemctl daemon-reload; "
+    "apt-get update -qq"
+)
 
 
 @pytest.fixture(scope="module")
@@ -43,15 +45,23 @@ def standin_inventory(testbed, tmp_path_factory):
     source = Path(testbed.inventory_path).parent / "group_data" / "all.py"
     lines = source.read_text() if source.is_file() else ""
     url = served.url_for_vms()
-    (work / "group_data" / "all.py").write_text(lines + "\n".join([
-        "", "nvidia = 'force'", f"nvidia_repo_url = '{url}'",
-        f"nvidia_keyring_url = '{url}{nvidia_repo.KEYRING}'",
-        "fabric_manager = 'force'",
-        "install_nccl = True",
-        f"nvidia_keyring_sha256 = '{hashlib.sha256((repo / nvidia_repo.KEYRING).read_bytes()).hexdigest()}'",
-        "nvidia_kernel_headers = False  # TCG: unpacking headers costs minutes and proves nothing here",
-        "min_root_free_gb = 1", "",
-    ]))
+    (work / "group_data" / "all.py").write_text(
+        lines
+        + "\n".join(
+            [
+                "",
+                "nvidia = 'force'",
+                f"nvidia_repo_url = '{url}'",
+                f"nvidia_keyring_url = '{url}{nvidia_repo.KEYRING}'",
+                "fabric_manager = 'force'",
+                "install_nccl = True",
+                f"nvidia_keyring_sha256 = '{hashlib.sha256((repo / nvidia_repo.KEYRING).read_bytes()).hexdigest()}'",
+                "nvidia_kernel_headers = False  # TCG: unpacking headers costs minutes and proves nothing here",
+                "min_root_free_gb = 1",
+                "",
+            ]
+        )
+    )
     yield inv
     cluster = inventory.load(inv)
     remote.on_all(cluster.nodes, lambda n: remote.run(n, CLEANUP, timeout=600))
@@ -130,11 +140,18 @@ def test_repository_is_deb822_signed(first_and_second) -> None:
 def test_pinned_branch_not_the_newer_one(first_and_second) -> None:
     cluster, *_ = first_and_second
     for node in cluster.nodes:
-        versions = sh(node, "dpkg-query -W -f='${Package}=${Version}\\n' nvidia-open nvidia-open-580 "
-                            "nvidia-driver-cuda nvidia-fabricmanager cuda-toolkit-12-8")
-        assert versions.split() == ["cuda-toolkit-12-8=12.8.1-1", "nvidia-driver-cuda=580.95.05-1",
-                                    "nvidia-fabricmanager=580.95.05-1", "nvidia-open=580.95.05-1",
-                                    "nvidia-open-580=580.95.05-1"]
+        versions = sh(
+            node,
+            "dpkg-query -W -f='${Package}=${Version}\\n' nvidia-open nvidia-open-580 "
+            "nvidia-driver-cuda nvidia-fabricmanager cuda-toolkit-12-8",
+        )
+        assert versions.split() == [
+            "cuda-toolkit-12-8=12.8.1-1",
+            "nvidia-driver-cuda=580.95.05-1",
+            "nvidia-fabricmanager=580.95.05-1",
+            "nvidia-open=580.95.05-1",
+            "nvidia-open-580=580.95.05-1",
+        ]
         assert sh(node, "nvidia-smi --query-gpu=driver_version --format=csv,noheader") == "580.95.05"
         # the 590 release is in the repository, yet apt would not move to it
         assert "590" in sh(node, "apt-cache policy nvidia-open")
@@ -157,11 +174,17 @@ def test_verify_suite_passes_on_the_nvidia_hosts(provisioned, first_and_second, 
     result = verify.run(cluster, str(tmp_path), extra=["-vv"])  # -q -vv: a line per test and host
     assert result.exit_code == 0, result.output
     # The nvidia checks ran and passed on every host (they skip where the step does not apply).
-    for check in ("test_keyring_has_the_pinned_sha256", "test_nccl_is_built_for_the_toolkit_cuda_and_held",
-                  "test_cuda_toolkit_is_the_pinned_one", "test_fabric_manager_is_held_running_and_matches_the_driver",
-                  "test_driver_answers_with_the_pinned_version", "test_every_driver_package_of_the_branch_is_held",
-                  "test_apt_pin_keeps_driver_packages_on_the_branch", "test_nouveau_is_not_loaded",
-                  "test_persistence_daemon_runs_in_persistence_mode"):
+    for check in (
+        "test_keyring_has_the_pinned_sha256",
+        "test_nccl_is_built_for_the_toolkit_cuda_and_held",
+        "test_cuda_toolkit_is_the_pinned_one",
+        "test_fabric_manager_is_held_running_and_matches_the_driver",
+        "test_driver_answers_with_the_pinned_version",
+        "test_every_driver_package_of_the_branch_is_held",
+        "test_apt_pin_keeps_driver_packages_on_the_branch",
+        "test_nouveau_is_not_loaded",
+        "test_persistence_daemon_runs_in_persistence_mode",
+    ):
         lines = [line for line in result.output.splitlines() if f"::{check}[" in line]
         assert len(lines) == len(cluster.nodes), result.output
         assert all("PASSED" in line for line in lines), result.output
@@ -171,8 +194,15 @@ def test_driver_packages_are_held(first_and_second) -> None:
     cluster, *_ = first_and_second
     for node in cluster.nodes:
         held = set(sh(node, "apt-mark showhold").split())
-        assert {"nvidia-open-580", "nvidia-open", "nvidia-driver-cuda", "nvidia-kernel-open-dkms",
-                "nvidia-persistenced", "libnvidia-compute", "nvidia-fabricmanager"} <= held
+        assert {
+            "nvidia-open-580",
+            "nvidia-open",
+            "nvidia-driver-cuda",
+            "nvidia-kernel-open-dkms",
+            "nvidia-persistenced",
+            "libnvidia-compute",
+            "nvidia-fabricmanager",
+        } <= held
 
 
 def test_nouveau_blacklisted_and_persistenced_in_persistence_mode(first_and_second) -> None:
@@ -185,5 +215,3 @@ def test_nouveau_blacklisted_and_persistenced_in_persistence_mode(first_and_seco
         # started by the reboot, with the override applied
         assert "--persistence-mode" in sh(node, "systemctl show -p ExecStart nvidia-persistenced")
         assert sh(node, "systemctl is-active nvidia-persistenced") == "active"
-
-

@@ -34,9 +34,26 @@ def test_status_after_up_is_clean_then_names_a_hand_changed_package(provisioned,
     assert all(h["versions"]["torch"].startswith("2.13.0") for h in report["hosts"])
 
     wheels = tmp_path / "wheels"
-    subprocess.run([sys.executable, "-m", "pip", "download", f"numpy=={OTHER_NUMPY}", "--no-deps",
-                    "--only-binary=:all:", "--python-version", "3.11", "--platform", "manylinux_2_17_x86_64",
-                    "-d", str(wheels)], check=True, capture_output=True, timeout=600)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            f"numpy=={OTHER_NUMPY}",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--python-version",
+            "3.11",
+            "--platform",
+            "manylinux_2_17_x86_64",
+            "-d",
+            str(wheels),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
     (wheel,) = wheels.glob("numpy-*.whl")
     conn = remote.connection(victim)
     try:
@@ -50,7 +67,8 @@ def test_status_after_up_is_clean_then_names_a_hand_changed_package(provisioned,
         hosts = {h["name"]: h for h in drifted.json()["hosts"]}
         assert drifted.exit_code == 1
         assert [(d["item"], d["expected"], d["actual"]) for d in hosts[victim.name]["drift"]] == [
-            ("numpy", installed, OTHER_NUMPY)]
+            ("numpy", installed, OTHER_NUMPY)
+        ]
         assert all(h["drift"] == [] for name, h in hosts.items() if name != victim.name)
         table = cli("status", str(inv), timeout_s=300)
         flat = " ".join(table.stdout.split())
@@ -60,7 +78,9 @@ def test_status_after_up_is_clean_then_names_a_hand_changed_package(provisioned,
         assert installed in flat
         assert OTHER_NUMPY in flat
     finally:
-        sh(victim, f"{pip} install -q --no-deps --no-index --force-reinstall "
-                   f"--find-links {REMOTE_WHEELHOUSE} numpy=={installed}")
+        sh(
+            victim,
+            f"{pip} install -q --no-deps --no-index --force-reinstall "
+            f"--find-links {REMOTE_WHEELHOUSE} numpy=={installed}",
+        )
     assert venv_numpy(victim) == installed
-

@@ -30,8 +30,7 @@ def test_data_volume_is_raid0_xfs_of_two_disks_mounted_by_uuid(cluster):
     by_id = sh(node, "ls -l /dev/disk/by-id/ | grep virtio-NVME-node1-")
     assert sorted(members) == sorted(line.rsplit("/", 1)[-1] for line in by_id.splitlines())
     fstab = [line.split() for line in sh(node, "cat /etc/fstab").splitlines() if " /data " in line]
-    assert fstab == [[f"UUID={uuid}", "/data", "xfs", "defaults,noatime,nofail,x-systemd.device-timeout=30s",
-                      "0", "0"]]
+    assert fstab == [[f"UUID={uuid}", "/data", "xfs", "defaults,noatime,nofail,x-systemd.device-timeout=30s", "0", "0"]]
     assert "name=provision:data" in sh(node, "cat /etc/mdadm/mdadm.conf")
 
 
@@ -64,8 +63,7 @@ def test_a_file_written_by_one_client_is_read_by_another_with_the_same_checksum(
     sh(client, f"su -s /bin/sh {user} -c 'head -c 8M /dev/urandom > /shared/scratch/{name}' && sync")
     written = sh(client, f"sha256sum /shared/scratch/{name}").split()[0]
     mnt = f"/mnt/e2e-nfs-{secrets.token_hex(4)}"
-    sh(server, f"mkdir -p {mnt} && mount -t nfs4 -o vers=4.2,hard "
-               f"{server.cluster_address}:/data/shared/scratch {mnt}")
+    sh(server, f"mkdir -p {mnt} && mount -t nfs4 -o vers=4.2,hard {server.cluster_address}:/data/shared/scratch {mnt}")
     try:
         assert "nfs4" in sh(server, f"findmnt -n -o FSTYPE {mnt}")
         assert sh(server, f"sha256sum {mnt}/{name}").split()[0] == written

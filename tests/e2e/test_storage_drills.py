@@ -24,10 +24,17 @@ def _load(testbed):
 
 def _hand_made_filesystem(node, token: str) -> None:
     """Take node2's volume apart and put someone else's ext4, with a file, on its 2nd disk."""
-    sh(node, "umount /data; mdadm --stop /dev/md/data 2>/dev/null || mdadm --stop --scan; "
-             f"wipefs -a {DISK.format(1)} {DISK.format(2)} >/dev/null")
-    sh(node, f"mkfs.ext4 -q -L mine {DISK.format(2)} && mkdir -p /mnt/mine && mount {DISK.format(2)} /mnt/mine "
-             f"&& echo {token} > /mnt/mine/precious && umount /mnt/mine", timeout_s=600)
+    sh(
+        node,
+        "umount /data; mdadm --stop /dev/md/data 2>/dev/null || mdadm --stop --scan; "
+        f"wipefs -a {DISK.format(1)} {DISK.format(2)} >/dev/null",
+    )
+    sh(
+        node,
+        f"mkfs.ext4 -q -L mine {DISK.format(2)} && mkdir -p /mnt/mine && mount {DISK.format(2)} /mnt/mine "
+        f"&& echo {token} > /mnt/mine/precious && umount /mnt/mine",
+        timeout_s=600,
+    )
 
 
 def test_disk_holding_data_is_refused_and_stays_intact_until_force_format(testbed, provisioned, tmp_path):
@@ -36,8 +43,12 @@ def test_disk_holding_data_is_refused_and_stays_intact_until_force_format(testbe
     _hand_made_filesystem(node, token)
     source = Path(testbed.inventory_path)
     plain = derived_inventory(source, source.with_name(f"e2e-node2-{token[:6]}.py"), ["node2"], {})
-    forced = derived_inventory(source, source.with_name(f"e2e-node2-forced-{token[:6]}.py"), ["node2"],
-                               {"node2": {"force_format": [DISK.format(2)]}})
+    forced = derived_inventory(
+        source,
+        source.with_name(f"e2e-node2-forced-{token[:6]}.py"),
+        ["node2"],
+        {"node2": {"force_format": [DISK.format(2)]}},
+    )
     try:
         # base and volumes: the refusal comes from preflight, before base changes anything.
         refused = cli("up", str(plain), "--only", "base,volumes", "--json")
@@ -51,8 +62,10 @@ def test_disk_holding_data_is_refused_and_stays_intact_until_force_format(testbe
         assert row["changed"] == 0, row
         assert row["failures"][0].startswith("preflight:"), row
         assert sh(node, f"blkid -o value -s LABEL {DISK.format(2)}").strip() == "mine"
-        assert sh(node, f"mount -o ro {DISK.format(2)} /mnt/mine && cat /mnt/mine/precious; "
-                        "umount /mnt/mine").strip() == token
+        assert (
+            sh(node, f"mount -o ro {DISK.format(2)} /mnt/mine && cat /mnt/mine/precious; umount /mnt/mine").strip()
+            == token
+        )
 
         rebuilt = cli("up", str(forced), "--only", "volumes", "--json")
         assert rebuilt.exit_code == 0, rebuilt.stdout + rebuilt.stderr

@@ -29,8 +29,12 @@ def _run(node, command: str) -> remote.CommandResult:
 
 
 def test_inventory_passes_inventory_check(testbed) -> None:
-    done = subprocess.run([*PROVISION, "inventory", "check", str(testbed.inventory_path), "--json"],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [*PROVISION, "inventory", "check", str(testbed.inventory_path), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     hosts = {h["name"]: h for h in json.loads(done.stdout)["hosts"]}
     assert set(hosts) == {"node1", "node2"}
@@ -43,8 +47,7 @@ def test_nodes_answer_ssh_with_their_own_pinned_host_keys(testbed) -> None:
     for node in cluster.nodes:
         assert node.ssh.strict_host_key_checking == "yes"
         assert _run(node, "hostname").stdout.strip() == node.name
-    served = {n.name: _run(n, "cat /etc/ssh/ssh_host_ed25519_key.pub").stdout.split()[1]
-              for n in cluster.nodes}
+    served = {n.name: _run(n, "cat /etc/ssh/ssh_host_ed25519_key.pub").stdout.split()[1] for n in cluster.nodes}
     assert served["node1"] != served["node2"]  # each node has its own key
 
 
@@ -76,8 +79,11 @@ def test_node1_reaches_node2_over_the_cluster_network(testbed) -> None:
     node1, node2 = _cluster(testbed).nodes
     ping = _run(node1, f"ping -c 2 -W 5 -I eth1 {node2.cluster_address}")
     assert ping.ok, ping.stdout + ping.stderr
-    connect = _run(node1, "python3 -c \"import socket; s = socket.create_connection(("
-                          f"'{node2.cluster_address}', 22), timeout=10); print(s.recv(64).decode())\"")
+    connect = _run(
+        node1,
+        'python3 -c "import socket; s = socket.create_connection(('
+        f"'{node2.cluster_address}', 22), timeout=10); print(s.recv(64).decode())\"",
+    )
     assert connect.stdout.startswith("SSH-2.0-"), connect.stderr
 
 
@@ -90,8 +96,12 @@ def test_guests_use_the_controllers_apt_mirror(testbed) -> None:
 
 
 def test_status_reports_running_nodes_as_json(testbed) -> None:
-    done = subprocess.run([*PROVISION, "testbed", "status", "--json", "--state-dir",
-                           str(testbed.testbed.state_dir)], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [*PROVISION, "testbed", "status", "--json", "--state-dir", str(testbed.testbed.state_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     nodes = json.loads(done.stdout)["nodes"]
     assert [(n["name"], n["state"]) for n in nodes] == [("node1", "running"), ("node2", "running")]
@@ -99,8 +109,9 @@ def test_status_reports_running_nodes_as_json(testbed) -> None:
 
 
 def test_provision_facts_sees_hostnames_disks_and_cluster_nics(testbed) -> None:
-    done = subprocess.run([*PROVISION, "facts", str(testbed.inventory_path), "--json"],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [*PROVISION, "facts", str(testbed.inventory_path), "--json"], capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr
     hosts = {h["name"]: h for h in json.loads(done.stdout)["hosts"]}
     for name, address in (("node1", "10.77.0.11"), ("node2", "10.77.0.12")):

@@ -22,8 +22,18 @@ TRAINER = ["--", "--data-max-mb", "1", "--eval-interval", "4", "--eval-samples",
 
 
 def start(inv: Path, cwd: Path, *args: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "provision", "train", str(inv), "--runs-dir", str(cwd / "runs"),
-           "--timeout", "1500", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "provision",
+        "train",
+        str(inv),
+        "--runs-dir",
+        str(cwd / "runs"),
+        "--timeout",
+        "1500",
+        *args,
+    ]
     with open(cwd / "out.txt", "w") as out, open(cwd / "err.txt", "w") as err:
         return subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=err, env=dict(os.environ))
 

@@ -22,17 +22,27 @@ BASE = ["--data-max-mb", "4", "--eval-interval", "10", "--eval-samples", "64"]
 
 def run(args: list[str], cwd, launcher: list[str] | None = None) -> dict:
     summary = cwd / "summary.json"
-    cmd = [*(launcher or [sys.executable]), str(training_script()), *BASE, *args,
-           "--ckpt-dir", str(cwd), "--data-cache", str(cwd / "data"), "--summary", str(summary)]
-    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=TIMEOUT_S,
-                          env={**os.environ, "OMP_NUM_THREADS": "4"})
+    cmd = [
+        *(launcher or [sys.executable]),
+        str(training_script()),
+        *BASE,
+        *args,
+        "--ckpt-dir",
+        str(cwd),
+        "--data-cache",
+        str(cwd / "data"),
+        "--summary",
+        str(summary),
+    ]
+    proc = subprocess.run(
+        cmd, cwd=cwd, capture_output=True, text=True, timeout=TIMEOUT_S, env={**os.environ, "OMP_NUM_THREADS": "4"}
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(summary.read_text())
 
 
 def test_trains_on_cuda_in_bf16_and_reports_mfu(tmp_path):
-    s = run(["--model", "medium", "--steps", "30", "--global-batch", "32", "--micro-batch", "16"],
-            tmp_path)
+    s = run(["--model", "medium", "--steps", "30", "--global-batch", "32", "--micro-batch", "16"], tmp_path)
     assert s["device"] == "cuda"
     assert s["final_val_loss"] < 5.0  # it learned: an untrained byte model scores ln(256) = 5.55
     name = torch.cuda.get_device_name(0)
@@ -58,8 +68,9 @@ def test_two_gpus_with_nccl_match_one_gpu_closely(tmp_path):
     (tmp_path / "two").mkdir()
     args = ["--model", "small", "--steps", "10", "--global-batch", "16", "--micro-batch", "8"]
     one = run(args, tmp_path / "one")
-    two = run(args, tmp_path / "two", [sys.executable, "-m", "torch.distributed.run",
-                                       "--standalone", "--nproc-per-node", "2"])
+    two = run(
+        args, tmp_path / "two", [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    )
     assert two["world_size"] == 2
     for (_, a), (_, b) in zip(one["train_losses"], two["train_losses"], strict=True):
         assert b == pytest.approx(a, abs=2e-2)  # bf16 autocast: agreement to ~1e-2

@@ -19,8 +19,11 @@ from provision.settings import Settings
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
-KERNELS = {"ubuntu-22.04-jammy": "5.15.0-185-generic", "ubuntu-24.04.3-noble": "6.8.0-45-generic",
-           "debian-12-bookworm": "6.1.0-18-amd64"}
+KERNELS = {
+    "ubuntu-22.04-jammy": "5.15.0-185-generic",
+    "ubuntu-24.04.3-noble": "6.8.0-45-generic",
+    "debian-12-bookworm": "6.1.0-18-amd64",
+}
 
 # An H100 SXM5 as lspci names it (device id 2330, as in the H100 capture's header).
 H100 = PciDevice("0000:17:00.0", "0302", "2330", "NVIDIA Corporation GH100 [H100 SXM5 80GB]")
@@ -31,29 +34,49 @@ P100 = PciDevice("0000:04:00.0", "0302", "15f8", "NVIDIA Corporation GP100GL [Te
 
 def os_info(fixture: str) -> OsInfo:
     release = parse_os_release((FIXTURES / f"os-release_{fixture}").read_text())
-    return OsInfo(release["ID"], release["VERSION_ID"], release.get("VERSION_CODENAME"),
-                  release["PRETTY_NAME"], KERNELS[fixture], "node1", "x86_64")
+    return OsInfo(
+        release["ID"],
+        release["VERSION_ID"],
+        release.get("VERSION_CODENAME"),
+        release["PRETTY_NAME"],
+        KERNELS[fixture],
+        "node1",
+        "x86_64",
+    )
 
 
 def probe(**changes: Any) -> HostProbe:
-    base = HostProbe(root_free_gb=100.0, secure_boot=SecureBoot(False, "SecureBoot disabled"),
-                     apt_locks_held=(), lock_holders="", reboot_pending=False, machine_id="abc",
-                     headers_candidate="5.15.0-185.195", candidates={})
+    base = HostProbe(
+        root_free_gb=100.0,
+        secure_boot=SecureBoot(False, "SecureBoot disabled"),
+        apt_locks_held=(),
+        lock_holders="",
+        reboot_pending=False,
+        machine_id="abc",
+        headers_candidate="5.15.0-185.195",
+        candidates={},
+    )
     return replace(base, **changes)
 
 
 def node(name: str = "node1", groups: tuple[str, ...] = (), **settings: Any) -> Node:
-    return Node(name, SshTarget("10.0.0.1", 22, "root", None, None, "yes"), groups,
-                Settings(**settings), {})
+    return Node(name, SshTarget("10.0.0.1", 22, "root", None, None, "yes"), groups, Settings(**settings), {})
 
 
 class FakeHost:
     """Answers facts by class name; anything not given gets the fact's empty answer."""
 
     def __init__(self, **facts: Any):
-        self.facts = {"NvidiaDevices": Gpus((), ()), "DebPackages": {}, "PipPackages": {},
-                      "AptHolds": ({}, set()), "HostKeys": ["ssh-ed25519 AAAAC3Nz"], "BlockDevices": [],
-                      "Probe": probe(), "RebootProbe": parse_reboot_state([])} | facts
+        self.facts = {
+            "NvidiaDevices": Gpus((), ()),
+            "DebPackages": {},
+            "PipPackages": {},
+            "AptHolds": ({}, set()),
+            "HostKeys": ["ssh-ed25519 AAAAC3Nz"],
+            "BlockDevices": [],
+            "Probe": probe(),
+            "RebootProbe": parse_reboot_state([]),
+        } | facts
         self.asked: list[tuple[str, dict[str, Any]]] = []
 
     def __call__(self, cls: type, kwargs: dict[str, Any]) -> Any:
@@ -63,9 +86,13 @@ class FakeHost:
         return cls().default()
 
 
-def plan_with_facts(step: Step, node: Node, facts: Callable[[type, dict[str, Any]], Any],
-                    cluster: Cluster | None = None,
-                    steps: list[Step] | None = None) -> tuple[list[PlannedOp], list[str]]:
+def plan_with_facts(
+    step: Step,
+    node: Node,
+    facts: Callable[[type, dict[str, Any]], Any],
+    cluster: Cluster | None = None,
+    steps: list[Step] | None = None,
+) -> tuple[list[PlannedOp], list[str]]:
     """Prepare one step for one node against given facts instead of a live host: pyinfra's
     "fake state". Returns the operations that would change and the refusals. Nothing is
     contacted; ``facts(FactClass, kwargs)`` answers every fact the deploy reads. ``steps``

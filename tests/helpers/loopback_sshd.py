@@ -20,8 +20,11 @@ class LoopbackSshd:
 
     def host_data(self) -> dict:
         return {
-            "ssh_hostname": "127.0.0.1", "ssh_port": self.port, "ssh_user": "root",
-            "ssh_key": str(self.key), "ssh_known_hosts_file": str(self.known_hosts),
+            "ssh_hostname": "127.0.0.1",
+            "ssh_port": self.port,
+            "ssh_user": "root",
+            "ssh_key": str(self.key),
+            "ssh_known_hosts_file": str(self.known_hosts),
         }
 
     def stop(self) -> None:

@@ -63,9 +63,15 @@ class NetnsCluster:
 
     def host_data(self, host: NetnsHost) -> dict:
         """pyinfra host data reaching ``host`` with strict host-key checking."""
-        return {"ssh_hostname": host.address, "ssh_port": 22, "ssh_user": "root",
-                "ssh_key": str(self.key), "ssh_known_hosts_file": str(self.known_hosts),
-                "ssh_strict_host_key_checking": "yes", "cluster_address": host.address}
+        return {
+            "ssh_hostname": host.address,
+            "ssh_port": 22,
+            "ssh_user": "root",
+            "ssh_key": str(self.key),
+            "ssh_known_hosts_file": str(self.known_hosts),
+            "ssh_strict_host_key_checking": "yes",
+            "cluster_address": host.address,
+        }
 
     def write_inventory(self, path: Path | None = None, **extra: object) -> Path:
         """(Re)write an inventory for these hosts; ``extra`` keys go to every host."""
@@ -76,8 +82,7 @@ class NetnsCluster:
 
     def exec(self, host: NetnsHost, *cmd: str) -> subprocess.CompletedProcess:
         """Run a command inside a host's namespace, from the controller."""
-        return subprocess.run(["ip", "netns", "exec", host.netns, *cmd],
-                              capture_output=True, text=True, timeout=30)
+        return subprocess.run(["ip", "netns", "exec", host.netns, *cmd], capture_output=True, text=True, timeout=30)
 
     def stop(self) -> None:
         """Stop every sshd by pid, then delete namespaces, veths and the bridge."""
@@ -109,8 +114,9 @@ def start(n: int, tmp: Path, extra_host_data: dict | None = None) -> NetnsCluste
     tag = _free_tag()
     net = _free_subnet()
     gateway = str(net.network_address + 1)
-    cluster = NetnsCluster([], str(net), f"pvbr{tag}", gateway, tmp / "client_key",
-                           tmp / "known_hosts", tmp / "inventory.py", tmp)
+    cluster = NetnsCluster(
+        [], str(net), f"pvbr{tag}", gateway, tmp / "client_key", tmp / "known_hosts", tmp / "inventory.py", tmp
+    )
     try:
         _keygen(tmp / "client_key")
         _ip("link", "add", cluster.bridge, "type", "bridge")
@@ -120,8 +126,11 @@ def start(n: int, tmp: Path, extra_host_data: dict | None = None) -> NetnsCluste
         for i in range(n):
             cluster.hosts.append(_add_host(cluster, tag, i, str(net.network_address + 10 + i)))
         for host in cluster.hosts:
-            wait_for_ssh(SshTarget(host.address, 22, "root", str(cluster.key),
-                                   str(cluster.known_hosts), "yes"), timeout_s=20, interval_s=0.2)
+            wait_for_ssh(
+                SshTarget(host.address, 22, "root", str(cluster.key), str(cluster.known_hosts), "yes"),
+                timeout_s=20,
+                interval_s=0.2,
+            )
         cluster.write_inventory(**(extra_host_data or {}))
     except BaseException:
         cluster.stop()
@@ -136,8 +145,11 @@ def _add_host(cluster: NetnsCluster, tag: str, i: int, address: str) -> NetnsHos
     cluster.veths.append(outside)
     _ip("link", "set", outside, "master", cluster.bridge, "up")
     prefix = ipaddress.ip_network(cluster.subnet).prefixlen
-    for args in (("addr", "add", f"{address}/{prefix}", "dev", NIC), ("link", "set", NIC, "up"),
-                 ("link", "set", "lo", "up")):
+    for args in (
+        ("addr", "add", f"{address}/{prefix}", "dev", NIC),
+        ("link", "set", NIC, "up"),
+        ("link", "set", "lo", "up"),
+    ):
         _ip("-n", netns, *args)
     host_key = cluster.tmp / f"host_key_{i}"
     _keygen(host_key)
@@ -155,9 +167,13 @@ def _add_host(cluster: NetnsCluster, tag: str, i: int, address: str) -> NetnsHos
     )
     with open(cluster.tmp / f"sshd_{i}.log", "w") as log:
         # `ip netns exec` enters the namespace and execs sshd: the pid is sshd's own.
-        sshd = subprocess.Popen(["ip", "netns", "exec", netns, "/usr/sbin/sshd", "-D", "-e",
-                                 "-f", str(config)], stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
+        sshd = subprocess.Popen(
+            ["ip", "netns", "exec", netns, "/usr/sbin/sshd", "-D", "-e", "-f", str(config)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            start_new_session=True,
+        )
     return NetnsHost(f"ns{i}", netns, address, sshd)
 
 

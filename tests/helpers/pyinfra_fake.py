@@ -19,8 +19,11 @@ from provision.settings import Settings
 
 # Facts pyinfra's own operations ask every Linux host for, and the one shell behaviour
 # the fake must copy: engine.refuse()'s command fails.
-BASELINE: dict[Any, Any] = {"uname -s": ["Linux"], "command -v useradd": ["/usr/sbin/useradd"],
-                            re.compile(r">&2; exit 1$"): {"success": False}}
+BASELINE: dict[Any, Any] = {
+    "uname -s": ["Linux"],
+    "command -v useradd": ["/usr/sbin/useradd"],
+    re.compile(r">&2; exit 1$"): {"success": False},
+}
 
 
 @dataclass
@@ -35,8 +38,9 @@ class FakeRun:
         return [c for c in self.commands.get(host, []) if re.search(pattern, c)]
 
 
-def fake_node(name: str, settings: Settings, responses: dict[Any, Any],
-              groups: tuple[str, ...] = (), address: str | None = None) -> Node:
+def fake_node(
+    name: str, settings: Settings, responses: dict[Any, Any], groups: tuple[str, ...] = (), address: str | None = None
+) -> Node:
     """A Node pyinfra reaches through the @fake connector, answering with ``responses``
     (substring or re.Pattern -> stdout lines, or {"stdout", "stderr", "success"})."""
     data = {"fake_responses": {**responses, **BASELINE}, "fake_delay": 0, "fake_delay_jitter": 0}

@@ -26,8 +26,9 @@ def state_dir(tmp_path, monkeypatch):
 
 
 def test_deploy_sets_up_account_secrets_and_timer_without_the_password_in_any_command(tmp_path, monkeypatch):
-    server = fake_node("node1", Settings(cluster_address="10.77.0.1", cluster_cidr="10.77.0.0/24"), {},
-                       groups=("storage",))
+    server = fake_node(
+        "node1", Settings(cluster_address="10.77.0.1", cluster_cidr="10.77.0.0/24"), {}, groups=("storage",)
+    )
     client = fake_node("node2", Settings(cluster_address="10.77.0.2"), {})
     cluster = Cluster(tmp_path / "inv.py", (server, client))
     password = backup_layout.password_file(cluster, server).read_text().strip()

@@ -24,9 +24,11 @@ MERGED = "from cloudinit import util; print(util.read_conf_with_confd(sys.argv[1
 def cloud_init(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The unpacked cloud-init package (its Python code and its shipped /etc/cloud)."""
     where = tmp_path_factory.mktemp("cloud-init")
+
     def download() -> subprocess.CompletedProcess:
-        return subprocess.run(["apt-get", "download", "cloud-init"], cwd=where, capture_output=True, text=True,
-                              timeout=300)
+        return subprocess.run(
+            ["apt-get", "download", "cloud-init"], cwd=where, capture_output=True, text=True, timeout=300
+        )
 
     done = download()
     if done.returncode != 0:  # no package lists yet (scripts/bootstrap updates them only to install)
@@ -42,8 +44,9 @@ def cloud_init(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def merged_manage_etc_hosts(root: Path, etc: Path) -> str:
     code = "import sys; " + MERGED
     env = {**os.environ, "PYTHONPATH": str(root / "usr/lib/python3/dist-packages")}
-    done = subprocess.run([sys.executable, "-c", code, str(etc / "cloud.cfg")], capture_output=True, text=True,
-                          env=env, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(etc / "cloud.cfg")], capture_output=True, text=True, env=env, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout.strip()
 

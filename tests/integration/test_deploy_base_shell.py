@@ -35,8 +35,12 @@ def test_a_shadowed_hosts_block_is_moved_first_keeping_every_other_line(tmp_path
     command = hosts_ops.hosts_first_command(block).replace("/etc/hosts", str(hosts))
     subprocess.run(["bash", "-c", command], check=True, timeout=30)
     assert hosts.read_text().splitlines() == [
-        "# BEGIN provision cluster nodes", "10.77.0.11 node1", "10.77.0.12 node2", "# END provision cluster nodes",
-        *INSTALLER_HOSTS]
+        "# BEGIN provision cluster nodes",
+        "10.77.0.11 node1",
+        "10.77.0.12 node2",
+        "# END provision cluster nodes",
+        *INSTALLER_HOSTS,
+    ]
     assert hosts.stat().st_ino == inode
     assert list(tmp_path.iterdir()) == [hosts]
     # The first match of the rewritten file is the cluster address: what getent answers.
@@ -51,8 +55,7 @@ def test_training_user_key_is_generated_once_and_shared(state_dir: Path) -> None
     assert first.stat().st_mtime_ns == mtime
     assert first.stat().st_mode & 0o777 == 0o600
     assert first.with_suffix(".pub").is_file()
-    ops, _ = plan_with_facts(base.step, cluster().nodes[1], FakeHost(Os=os_info("debian-12-bookworm")),
-                                    cluster())
+    ops, _ = plan_with_facts(base.step, cluster().nodes[1], FakeHost(Os=os_info("debian-12-bookworm")), cluster())
     assert f"upload {first} -> /home/train/.ssh/id_ed25519" in by_name(ops)["training user: private key"].commands
     # The plan shows that the key is uploaded, never the key itself.
     everything = "\n".join(c for o in ops for c in (*o.commands, *o.diffs))
@@ -61,7 +64,8 @@ def test_training_user_key_is_generated_once_and_shared(state_dir: Path) -> None
     # The pinned uid/gid (training_uid), group first: NFS files carry numeric ids.
     assert by_name(ops)["training group train"].commands == ["groupadd train --gid 2000"]
     assert by_name(ops)["training user train"].commands[0] == (
-        "useradd -d /home/train -s /bin/bash -g train --uid 2000 -m train")
+        "useradd -d /home/train -s /bin/bash -g train --uid 2000 -m train"
+    )
 
 
 def test_the_cloud_init_probe_finds_the_setting_in_user_and_vendor_data(tmp_path: Path) -> None:
@@ -71,8 +75,12 @@ def test_the_cloud_init_probe_finds_the_setting_in_user_and_vendor_data(tmp_path
     (instance / "user-data.txt").write_text("#cloud-config\nmanage_etc_hosts: false\n")
     (instance / "vendor-data.txt").write_text("#cloud-config\ndisable_root: false\nmanage_etc_hosts: true\n")
     (instance / "vendor-data2.txt").write_text("#cloud-config\n  manage_etc_hosts: 'template'\n")
-    command = probes.CloudInitFact().command().replace("/etc/cloud", f"{tmp_path}/etc/cloud") \
+    command = (
+        probes.CloudInitFact()
+        .command()
+        .replace("/etc/cloud", f"{tmp_path}/etc/cloud")
         .replace("/var/lib/cloud", f"{tmp_path}/var/lib/cloud")
+    )
     out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True).stdout
     found = probes.parse_cloud_init(out.splitlines())
     assert found.installed

@@ -26,8 +26,7 @@ def write_inventory(path: Path, hosts: list[tuple[str, dict]]) -> Path:
 
 
 def run_provision(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "provision", *args],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "provision", *args], capture_output=True, text=True, timeout=120)
 
 
 def test_facts_reports_the_local_machine_over_ssh(sshd, tmp_path):
@@ -88,8 +87,9 @@ def test_status_names_host_package_and_both_versions_on_drift(sshd, tmp_path):
     import torch
 
     venv = str(Path(sys.executable).parent.parent)
-    inv = write_inventory(tmp_path / "inv.py",
-                          [("local", dict(sshd.host_data(), venv_path=venv, torch_version="2.0.1"))])
+    inv = write_inventory(
+        tmp_path / "inv.py", [("local", dict(sshd.host_data(), venv_path=venv, torch_version="2.0.1"))]
+    )
     result = run_provision("status", str(inv))
     assert result.returncode == 1
     flat = " ".join(result.stdout.split())
@@ -139,8 +139,13 @@ def test_a_fact_failing_on_one_host_leaves_the_others_their_facts(sshd, tmp_path
     known = tmp_path / "known_hosts"
     lines = sshd.known_hosts.read_text()
     known.write_text(lines + lines.replace("127.0.0.1", "localhost"))
-    broken = dict(sshd.host_data(), ssh_hostname="localhost", ssh_known_hosts_file=str(known),
-                  cluster_address="127.0.0.2", _env={"PROVISION_TEST_FAIL": "1"})
+    broken = dict(
+        sshd.host_data(),
+        ssh_hostname="localhost",
+        ssh_known_hosts_file=str(known),
+        cluster_address="127.0.0.2",
+        _env={"PROVISION_TEST_FAIL": "1"},
+    )
     inv = write_inventory(tmp_path / "inv.py", [("local", sshd.host_data()), ("broken", broken)])
     wanted = {"hostname": (Hostname, {}), "probe": (TestStandInFailsWhenAsked, {})}
     result = engine.gather_facts(list(inventory.load(inv).nodes), wanted)
@@ -155,8 +160,10 @@ def test_accept_new_trusts_a_new_host_once_and_refuses_a_changed_key(sshd, tmp_p
     from provision import inventory, remote
 
     known = tmp_path / "known_hosts"
-    inv = write_inventory(tmp_path / "inv.py", [("local", dict(
-        sshd.host_data(), ssh_known_hosts_file=str(known), ssh_strict_host_key_checking="accept-new"))])
+    inv = write_inventory(
+        tmp_path / "inv.py",
+        [("local", dict(sshd.host_data(), ssh_known_hosts_file=str(known), ssh_strict_host_key_checking="accept-new"))],
+    )
     node = inventory.load(inv).node("local")
     assert remote.run(node, "echo first").stdout.strip() == "first"
     saved = known.read_text()

@@ -16,8 +16,9 @@ def test_the_run_as_probe_names_the_user_only_for_root_and_an_existing_account(t
     me = subprocess.run(["id", "-un"], capture_output=True, text=True, check=True).stdout.strip()
     out = subprocess.run(["sh", "-c", plan.run_as_probe(me)], capture_output=True, text=True).stdout
     assert out.strip() == (f"RUN_AS={me}" if os.geteuid() == 0 else "")
-    missing = subprocess.run(["sh", "-c", plan.run_as_probe("no-such-user-provision")],
-                             capture_output=True, text=True).stdout
+    missing = subprocess.run(
+        ["sh", "-c", plan.run_as_probe("no-such-user-provision")], capture_output=True, text=True
+    ).stdout
     assert missing == ""
 
 

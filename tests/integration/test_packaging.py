@@ -18,8 +18,9 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(ROOT)],
-                   check=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(ROOT)], check=True, timeout=300
+    )
     (built,) = out.glob("provision-*.whl")
     return built
 
@@ -37,12 +38,15 @@ def test_non_editable_install_finds_resources_outside_the_source_tree(wheel, tmp
     venv.create(env_dir, with_pip=True)
     python = env_dir / "bin" / "python"
     subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", str(wheel)], check=True, timeout=300)
-    probe = ("from provision.resources import inventories_dir, templates_dir; "
-             "d = inventories_dir(); print(d); assert (d / 'example.py').is_file(); "
-             "assert (templates_dir() / 'README.md').is_file()")
+    probe = (
+        "from provision.resources import inventories_dir, templates_dir; "
+        "d = inventories_dir(); print(d); assert (d / 'example.py').is_file(); "
+        "assert (templates_dir() / 'README.md').is_file()"
+    )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # only the installed copy
-    result = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, cwd=tmp_path,
-                            timeout=60, env=env)
+    result = subprocess.run(
+        [str(python), "-c", probe], capture_output=True, text=True, cwd=tmp_path, timeout=60, env=env
+    )
     assert result.returncode == 0, result.stderr
     inventories = Path(result.stdout.splitlines()[0])
     assert str(env_dir) in str(inventories), "resources must come from the installed wheel"

@@ -9,8 +9,9 @@ from tests.unit.test_testbed_accel import _never
 
 
 def test_auto_falls_back_to_tcg_when_the_probe_vm_does_not_boot(tmp_path: Path) -> None:
-    verdict = accel.choose("auto", tmp_path / "v.json", lambda: (False, "no login prompt in 60s"),
-                           device_usable=lambda: True)
+    verdict = accel.choose(
+        "auto", tmp_path / "v.json", lambda: (False, "no login prompt in 60s"), device_usable=lambda: True
+    )
     assert (verdict.accel, verdict.reason, verdict.cached) == ("tcg", "no login prompt in 60s", False)
 
 

@@ -27,8 +27,7 @@ def test_bad_counts_are_bad_input_and_nothing_is_created(tmp_path: Path) -> None
     state = tmp_path / "state"
     done = _run("up", "--nodes", "0", "--disks", "9", "--state-dir", str(state))
     assert done.returncode == 2
-    assert done.stderr.splitlines() == ["error: --nodes: 0 is outside 1..200",
-                                        "error: --disks: 9 is outside 0..8"]
+    assert done.stderr.splitlines() == ["error: --nodes: 0 is outside 1..200", "error: --disks: 9 is outside 0..8"]
     assert not state.exists()
 
 

@@ -13,8 +13,9 @@ def test_seed_tree_carries_identity_with_guest_modes(tmp_path: Path) -> None:
     from provision.testbed import keys, seed
 
     host_key = keys.generate(tmp_path / "ssh_host_ed25519_key", "root@node1")
-    seed.write_tree(tmp_path / "seed", host_key, "ssh-ed25519 AAAA test", {"20-eth1.network": "x"},
-                    "127.0.0.1 localhost\n")
+    seed.write_tree(
+        tmp_path / "seed", host_key, "ssh-ed25519 AAAA test", {"20-eth1.network": "x"}, "127.0.0.1 localhost\n"
+    )
     tree = tmp_path / "seed" / "tree"
     assert (tree / "etc/ssh/ssh_host_ed25519_key").stat().st_mode & 0o777 == 0o600
     assert (tree / "root").stat().st_mode & 0o777 == 0o700
@@ -44,7 +45,6 @@ def test_seed_script_finds_its_disk_by_serial_even_without_a_final_newline(tmp_p
         (tmp_path / disk).mkdir()
         (tmp_path / disk / "serial").write_text(serial)  # sysfs gives no trailing newline
     discovery = guest_files.SEED_SCRIPT.split("mnt=")[0].replace("/sys/block", str(tmp_path))
-    done = subprocess.run(["sh", "-c", discovery + 'echo "$dev"'], capture_output=True, text=True,
-                          timeout=30)
+    done = subprocess.run(["sh", "-c", discovery + 'echo "$dev"'], capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "/dev/vdc"

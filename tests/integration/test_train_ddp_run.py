@@ -21,8 +21,9 @@ from tests.unit.test_train_ddp import (
 
 
 def test_default_run_is_a_tiny_cpu_smoke_test(tmp_path):
-    proc = subprocess.run([sys.executable, str(TRAINER)], cwd=tmp_path, env=ENV,
-                          capture_output=True, text=True, timeout=TIMEOUT_S)
+    proc = subprocess.run(
+        [sys.executable, str(TRAINER)], cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=TIMEOUT_S
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.splitlines()[-1].removeprefix("summary "))
     assert summary["steps"] == 20
@@ -45,8 +46,19 @@ def test_two_ranks_match_one_rank_at_every_step(tmp_path, cache):
     that drift while still catching any real mistake (a wrong shard, a missing
     all-reduce, double counting), which moves the loss by 1e-2 or more.
     """
-    args = [*BASE, "--data-cache", str(cache), "--steps", "8", "--global-batch", "8",
-            "--micro-batch", "4", "--ckpt-dir", str(tmp_path)]
+    args = [
+        *BASE,
+        "--data-cache",
+        str(cache),
+        "--steps",
+        "8",
+        "--global-batch",
+        "8",
+        "--micro-batch",
+        "4",
+        "--ckpt-dir",
+        str(tmp_path),
+    ]
     (tmp_path / "one").mkdir()
     (tmp_path / "two").mkdir()
     one = single(args, tmp_path / "one")
@@ -60,8 +72,7 @@ def test_two_ranks_match_one_rank_at_every_step(tmp_path, cache):
     a, b = np.array(one["train_losses"]), np.array(two["train_losses"])
     assert a.shape == b.shape == (8, 2)
     np.testing.assert_allclose(b, a, rtol=0, atol=1e-5)
-    np.testing.assert_allclose(np.array(two["val_losses"]), np.array(one["val_losses"]),
-                               rtol=0, atol=1e-5)
+    np.testing.assert_allclose(np.array(two["val_losses"]), np.array(one["val_losses"]), rtol=0, atol=1e-5)
 
 
 def test_resume_continues_from_the_checkpoint_with_the_same_losses(tmp_path, cache):
@@ -70,8 +81,7 @@ def test_resume_continues_from_the_checkpoint_with_the_same_losses(tmp_path, cac
     common = [*BASE, "--data-cache", str(cache), "--lr-decay-steps", "6", "--ckpt-interval", "3"]
     (tmp_path / "whole").mkdir()
     (tmp_path / "split").mkdir()
-    whole = single([*common, "--steps", "6", "--ckpt-dir", str(tmp_path / "whole")],
-                   tmp_path / "whole")
+    whole = single([*common, "--steps", "6", "--ckpt-dir", str(tmp_path / "whole")], tmp_path / "whole")
     ckpt = ["--ckpt-dir", str(tmp_path / "split")]
     first = single([*common, "--steps", "3", *ckpt], tmp_path / "split")
     resumed = single([*common, "--steps", "6", "--resume", *ckpt], tmp_path / "split")
@@ -82,9 +92,22 @@ def test_resume_continues_from_the_checkpoint_with_the_same_losses(tmp_path, cac
 
 def test_resume_without_a_checkpoint_fails_with_a_message(tmp_path, cache):
     proc = subprocess.run(
-        [sys.executable, str(TRAINER), *BASE, "--data-cache", str(cache), "--resume",
-         "--ckpt-dir", str(tmp_path / "none")],
-        cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=TIMEOUT_S)
+        [
+            sys.executable,
+            str(TRAINER),
+            *BASE,
+            "--data-cache",
+            str(cache),
+            "--resume",
+            "--ckpt-dir",
+            str(tmp_path / "none"),
+        ],
+        cwd=tmp_path,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
     assert proc.returncode != 0
     assert "no checkpoint at" in proc.stderr
 

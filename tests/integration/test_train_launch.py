@@ -42,11 +42,27 @@ def no_run_outlives_its_test(hosts):
 
 
 def start(inventory: Path, cwd: Path, *args: str, preexec_fn=None) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "provision", "train", str(inventory), "--runs-dir",
-           str(cwd / "runs"), "--monitor-interval", "1", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "provision",
+        "train",
+        str(inventory),
+        "--runs-dir",
+        str(cwd / "runs"),
+        "--monitor-interval",
+        "1",
+        *args,
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=open(cwd / "out.txt", "w"),
-                            stderr=open(cwd / "err.txt", "w"), preexec_fn=preexec_fn)
+    return subprocess.Popen(
+        cmd,
+        cwd=cwd,
+        env=env,
+        stdout=open(cwd / "out.txt", "w"),
+        stderr=open(cwd / "err.txt", "w"),
+        preexec_fn=preexec_fn,
+    )
 
 
 def finish(proc: subprocess.Popen, cwd: Path) -> tuple[int, dict]:
@@ -121,8 +137,7 @@ def worker(run_id: str, host: str) -> tuple[int, int]:
     """(pid, global rank) of the trainer process on a host."""
     for pid, cmdline in processes_of(run_id).items():
         if f"{run_id}/{host}/train_ddp.py" in cmdline and "torch.distributed.run" not in cmdline:
-            env = dict(kv.split("=", 1) for kv in
-                       Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in kv)
+            env = dict(kv.split("=", 1) for kv in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in kv)
             return pid, int(env["RANK"])
     raise AssertionError(f"no worker on {host}")
 
@@ -175,8 +190,11 @@ def _ignore_sigint() -> None:
 
 # SIGINT with SIGINT ignored at start, as a shell's background job gets it (the launcher must
 # install its own handler), and SIGTERM, as a scheduler or `kill` sends it.
-@pytest.mark.parametrize(("sig", "said"), [(signal.SIGINT, "interrupted (Ctrl-C)"),
-                                           (signal.SIGTERM, "stopped by SIGTERM")], ids=["ctrl-c", "sigterm"])
+@pytest.mark.parametrize(
+    ("sig", "said"),
+    [(signal.SIGINT, "interrupted (Ctrl-C)"), (signal.SIGTERM, "stopped by SIGTERM")],
+    ids=["ctrl-c", "sigterm"],
+)
 def test_ctrl_c_or_sigterm_stops_every_host_and_exits_1(hosts, tmp_path, sig, said):
     cluster, node_dir = hosts
     proc = start(cluster.inventory, tmp_path, "--steps", "100000", *TRAINER, preexec_fn=_ignore_sigint)
@@ -200,17 +218,16 @@ def test_resume_continues_from_the_checkpoint_step(hosts, tmp_path):
     cluster, _node_dir = hosts
     (tmp_path / "first").mkdir()
     (tmp_path / "again").mkdir()
-    code, first = finish(start(cluster.inventory, tmp_path / "first", "--steps", "4", *TRAINER),
-                         tmp_path / "first")
+    code, first = finish(start(cluster.inventory, tmp_path / "first", "--steps", "4", *TRAINER), tmp_path / "first")
     assert code == 0, why(tmp_path / "first", first)
-    code, again = finish(start(cluster.inventory, tmp_path / "again", "--steps", "6", "--resume",
-                               *TRAINER), tmp_path / "again")
+    code, again = finish(
+        start(cluster.inventory, tmp_path / "again", "--steps", "6", "--resume", *TRAINER), tmp_path / "again"
+    )
     assert code == 0, (tmp_path / "again" / "err.txt").read_text()[-3000:]
     text = "\n".join(p.read_text() for p in Path(again["out_dir"]).glob("*.log"))
     assert "resumed from" in text
     assert "at step 4" in text
-    steps = [int(line.split("step ")[1].split("/")[0]) for line in text.splitlines()
-             if "| train loss" in line]
+    steps = [int(line.split("step ")[1].split("/")[0]) for line in text.splitlines() if "| train loss" in line]
     assert steps == [5, 6]
 
 
@@ -280,7 +297,8 @@ def test_as_root_the_trainer_runs_as_the_training_user(netns_hosts, tmp_path):
     venv = node_dir / "venv"
     subprocess.run([str(system_python), "-m", "venv", "--without-pip", str(venv)], check=True)
     (venv / "lib" / f"python{version}" / "site-packages" / "project.pth").write_text(
-        sysconfig.get_paths()["purelib"] + "\n")
+        sysconfig.get_paths()["purelib"] + "\n"
+    )
     try:
         cluster = netns_hosts(2, venv_path=str(venv), train_dir=str(node_dir), training_user="nobody")
         code, report = finish(start(cluster.inventory, tmp_path, "--steps", "4", *TRAINER), tmp_path)

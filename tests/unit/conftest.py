@@ -10,8 +10,18 @@ import sys
 
 import pytest
 
-_WATCHED = ("subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.exec", "os.spawn",
-            "os.system", "socket.bind", "socket.connect", "pty.spawn")
+_WATCHED = (
+    "subprocess.Popen",
+    "os.fork",
+    "os.forkpty",
+    "os.posix_spawn",
+    "os.exec",
+    "os.spawn",
+    "os.system",
+    "socket.bind",
+    "socket.connect",
+    "pty.spawn",
+)
 _seen: list[str] | None = None  # what the running unit test did; None between tests
 
 
@@ -32,6 +42,8 @@ def pytest_runtest_call(item: pytest.Item):
     finally:
         seen, _seen = _seen, None
     if seen:
-        pytest.fail("a unit test starts no process and opens no socket (move it to tests/integration): "
-                    + "; ".join(seen[:3]), pytrace=False)
+        pytest.fail(
+            "a unit test starts no process and opens no socket (move it to tests/integration): " + "; ".join(seen[:3]),
+            pytrace=False,
+        )
     return result

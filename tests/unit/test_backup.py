@@ -75,10 +75,14 @@ def test_restic_command_lines_never_hold_the_password(tmp_path):
     node = _node("node1", ("storage",))
     cluster = _cluster(tmp_path, node)
     password = backup_layout.password_file(cluster, node).read_text().strip()
-    commands = [backup.run_command(), backup.journal_command(), backup.snapshots_command("node1"),
-                backup.restore_command("latest", "/data/restores/x", "node1"),
-                backup.checksum_command("/shared/checkpoints"), backup.as_root(replace(
-                    node, ssh=replace(node.ssh, user="ops")), backup.snapshots_command("node1"))]
+    commands = [
+        backup.run_command(),
+        backup.journal_command(),
+        backup.snapshots_command("node1"),
+        backup.restore_command("latest", "/data/restores/x", "node1"),
+        backup.checksum_command("/shared/checkpoints"),
+        backup.as_root(replace(node, ssh=replace(node.ssh, user="ops")), backup.snapshots_command("node1")),
+    ]
     files = backups.unit_files(node, cluster)
     assert all(password not in c for c in commands)
     assert all(password not in text for text in files.values())
@@ -139,8 +143,10 @@ def test_plan_never_shows_the_contents_of_a_secret_upload(tmp_path):
 
 def _run_steps_with_path(original, path):
     """run_fake builds a Cluster without a path; the backups step keys secrets on it."""
+
     def wrapped(cluster, steps, *args, **kwargs):
         return original(replace(cluster, path=path), steps, *args, **kwargs)
+
     return wrapped
 
 
@@ -151,8 +157,10 @@ def test_checksums_are_parsed_and_compared():
 
 
 def test_snapshots_json_is_parsed():
-    text = ('[{"time":"2026-11-29T23:00:00.1+00:00","paths":["/shared/checkpoints"],"hostname":"node1",'
-            '"tags":["provision"],"id":"4f1b2c3d4e5f","short_id":"4f1b2c3d"}]')
+    text = (
+        '[{"time":"2026-11-29T23:00:00.1+00:00","paths":["/shared/checkpoints"],"hostname":"node1",'
+        '"tags":["provision"],"id":"4f1b2c3d4e5f","short_id":"4f1b2c3d"}]'
+    )
     (snap,) = backup.parse_snapshots(text)
     assert (snap.short_id, snap.hostname, snap.paths) == ("4f1b2c3d", "node1", ["/shared/checkpoints"])
     assert backup.parse_snapshots("null") == []
@@ -160,9 +168,13 @@ def test_snapshots_json_is_parsed():
 
 def test_restore_check_passes_only_when_files_were_compared_and_matched():
     assert backup.check_verdict({"identical": 3, "different": [], "missing_live": []}) == (
-        True, "3 file(s) restored identical to live")
+        True,
+        "3 file(s) restored identical to live",
+    )
     assert backup.check_verdict({"identical": 0, "different": [], "missing_live": []}) == (
-        False, "the snapshot holds no files: nothing was checked")
+        False,
+        "the snapshot holds no files: nothing was checked",
+    )
     assert backup.check_verdict({"identical": 2, "different": ["a.pt"], "missing_live": []})[0] is False
 
 
@@ -174,7 +186,8 @@ def test_check_command_runs_restic_check_through_the_wrapper_with_an_optional_su
     assert backup.check_command("10%") == f"{backup_layout.WRAPPER} check --read-data-subset 10%"
     ops = replace(_node("node1"), ssh=replace(_node("node1").ssh, user="ops"))
     assert backup.as_root(ops, backup.check_command("1/5")) == (
-        f"sudo -n sh -c '{backup_layout.WRAPPER} check --read-data-subset 1/5'")
+        f"sudo -n sh -c '{backup_layout.WRAPPER} check --read-data-subset 1/5'"
+    )
 
 
 @pytest.mark.parametrize("value", ["10%", "2.5%", "100%", "1/5", "5/5", "256/256"])
@@ -182,10 +195,19 @@ def test_read_data_subset_accepts_what_every_supported_restic_accepts(value):
     assert backup.read_data_subset(f" {value} ") == value
 
 
-@pytest.mark.parametrize(("value", "why"), [
-    ("0%", "above 0%"), ("101%", "at most 100%"), ("0/5", "1 <= n <= t"), ("6/5", "1 <= n <= t"),
-    ("1/257", "t <= 256"), ("10", "not a subset"), ("5G", "not a subset"), ("", "not a subset"),
-])
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        ("0%", "above 0%"),
+        ("101%", "at most 100%"),
+        ("0/5", "1 <= n <= t"),
+        ("6/5", "1 <= n <= t"),
+        ("1/257", "t <= 256"),
+        ("10", "not a subset"),
+        ("5G", "not a subset"),
+        ("", "not a subset"),
+    ],
+)
 def test_read_data_subset_refuses_what_restic_would_refuse(value, why):
     with pytest.raises(InputError, match=re.escape(why)):
         backup.read_data_subset(value)
@@ -197,9 +219,11 @@ def _inventory(tmp_path: Path, text: str) -> Path:
     return inv
 
 
-TWO_BACKING_UP = ("nodes = [('node1', {'ssh_hostname': '192.0.2.1', 'ssh_user': 'root'}), "
-                  "('node2', {'ssh_hostname': '192.0.2.2', 'ssh_user': 'root', 'backup_paths': ['/home']})]\n"
-                  "storage = ['node1']\n")
+TWO_BACKING_UP = (
+    "nodes = [('node1', {'ssh_hostname': '192.0.2.1', 'ssh_user': 'root'}), "
+    "('node2', {'ssh_hostname': '192.0.2.2', 'ssh_user': 'root', 'backup_paths': ['/home']})]\n"
+    "storage = ['node1']\n"
+)
 
 
 def _remote_run_stand_in(monkeypatch, answers: dict[str, tuple[int, str, str]]) -> dict[str, list[str]]:
@@ -222,20 +246,23 @@ def test_cli_check_bad_subset_exits_2_with_one_line_and_contacts_no_host(cli, tm
     assert result.code == 2
     assert result.err.strip().splitlines() == [
         "error: --read-data-subset 5G: not a subset restic understands "
-        "(give a percentage such as 10% or a part n/t such as 1/5)"]
+        "(give a percentage such as 10% or a part n/t such as 1/5)"
+    ]
     assert sent == {}
 
 
 def test_cli_check_reports_pass_and_fail_per_host_and_exits_1_when_one_fails(cli, tmp_path, monkeypatch):
-    sent = _remote_run_stand_in(monkeypatch, {
-        "node1": (0, "no errors were found\n", ""),
-        "node2": (1, "", "Fatal: wrong password or no key found\n")})
-    result = cli("backup", "check", str(_inventory(tmp_path, TWO_BACKING_UP)), "--read-data-subset", "1/5",
-                 "--json")
+    sent = _remote_run_stand_in(
+        monkeypatch,
+        {"node1": (0, "no errors were found\n", ""), "node2": (1, "", "Fatal: wrong password or no key found\n")},
+    )
+    result = cli("backup", "check", str(_inventory(tmp_path, TWO_BACKING_UP)), "--read-data-subset", "1/5", "--json")
     assert result.code == 1
     hosts = {h["host"]: (h["ok"], h["detail"]) for h in json.loads(result.out)["hosts"]}
-    assert hosts == {"node1": (True, "no errors found, 1/5 of the data read back"),
-                     "node2": (False, "check failed: Fatal: wrong password or no key found")}
+    assert hosts == {
+        "node1": (True, "no errors found, 1/5 of the data read back"),
+        "node2": (False, "check failed: Fatal: wrong password or no key found"),
+    }
     assert sent == {n: [f"{backup_layout.WRAPPER} check --read-data-subset 1/5"] for n in ("node1", "node2")}
 
 
@@ -290,8 +317,12 @@ def test_a_configured_password_file_that_differs_from_the_hosts_is_named(tmp_pat
 
 
 def _deploy_with_host_password(tmp_path, monkeypatch, sha1: str):
-    server = fake_node("node1", Settings(cluster_address="10.77.0.1", cluster_cidr="10.77.0.0/24"),
-                       {f"sha1sum {HOST_PASSWORD}": [f"{sha1}  {HOST_PASSWORD}"]}, groups=("storage",))
+    server = fake_node(
+        "node1",
+        Settings(cluster_address="10.77.0.1", cluster_cidr="10.77.0.0/24"),
+        {f"sha1sum {HOST_PASSWORD}": [f"{sha1}  {HOST_PASSWORD}"]},
+        groups=("storage",),
+    )
     monkeypatch.setattr(engine, "run_steps", _run_steps_with_path(engine.run_steps, tmp_path / "inv.py"))
     return server, run_fake(backups.step, [server], monkeypatch)
 

@@ -35,7 +35,14 @@ def test_runs_every_stage_in_order(tmp_path):
     results, code = run_demo(paths(tmp_path), 2, lambda *a: None, runner)
     assert code == 0
     assert [c[0] if c[0] not in ("testbed", "backup") else " ".join(c[:2]) for c in runner.calls] == [
-        "testbed up", "up", "verify", "validate", "train", "backup run", "backup restore"]
+        "testbed up",
+        "up",
+        "verify",
+        "validate",
+        "train",
+        "backup run",
+        "backup restore",
+    ]
     assert all(status == "done" for _, status in names(results))
 
 
@@ -43,8 +50,12 @@ def test_failed_stage_stops_the_pipeline_and_exits_1(tmp_path):
     runner = RecordingRunner(tmp_path / "testbed.py", fail={"validate"})
     results, code = run_demo(paths(tmp_path), 2, lambda *a: None, runner)
     assert code == 1
-    assert names(results)[3:] == [("validate", "failed"), ("train", "not run"), ("backup", "not run"),
-                                  ("restore", "not run")]
+    assert names(results)[3:] == [
+        ("validate", "failed"),
+        ("train", "not run"),
+        ("backup", "not run"),
+        ("restore", "not run"),
+    ]
 
 
 def test_second_run_continues_where_the_first_stopped(tmp_path):
@@ -89,7 +100,9 @@ def test_a_command_that_ends_with_a_table_is_summed_up_by_its_rows(tmp_path):
     from provision.demo.stages import last_line
 
     log = tmp_path / "backup.log"
-    log.write_text("⠙ node1            done 0:00:14\n                   backup run\n"
-                   "┏━━━━━━━┳━━━━━━━━┓\n┃ host  ┃ result ┃\n┡━━━━━━━╇━━━━━━━━┩\n"
-                   "│ node1 │ ok     │\n│       │ (more) │\n│ node2 │ FAILED │\n└───────┴────────┘\n")
+    log.write_text(
+        "⠙ node1            done 0:00:14\n                   backup run\n"
+        "┏━━━━━━━┳━━━━━━━━┓\n┃ host  ┃ result ┃\n┡━━━━━━━╇━━━━━━━━┩\n"
+        "│ node1 │ ok     │\n│       │ (more) │\n│ node2 │ FAILED │\n└───────┴────────┘\n"
+    )
     assert last_line(log) == "node1 ok; node2 FAILED"

@@ -16,8 +16,10 @@ from provision.rules.packages import BASE_PACKAGES
 from provision.state import inventory_dir
 from tests.helpers.deploy_facts import FIXTURES, FakeHost, node, os_info, plan_with_facts
 
-APT_INSTALL = ('DEBIAN_FRONTEND=noninteractive apt-get -y -o Dpkg::Options::="--force-confdef" '
-               '-o Dpkg::Options::="--force-confold" install --no-install-recommends')
+APT_INSTALL = (
+    'DEBIAN_FRONTEND=noninteractive apt-get -y -o Dpkg::Options::="--force-confdef" '
+    '-o Dpkg::Options::="--force-confold" install --no-install-recommends'
+)
 
 
 @pytest.fixture(autouse=True)
@@ -39,8 +41,9 @@ def seeded_training_key(state_dir: Path) -> None:
 
 
 def cluster() -> Cluster:
-    return Cluster(Path("inv.py"), (node("node1", cluster_address="10.77.0.11"),
-                                    node("node2", cluster_address="10.77.0.12")))
+    return Cluster(
+        Path("inv.py"), (node("node1", cluster_address="10.77.0.11"), node("node2", cluster_address="10.77.0.12"))
+    )
 
 
 def by_name(ops: list[engine.PlannedOp]) -> dict[str, engine.PlannedOp]:
@@ -48,28 +51,42 @@ def by_name(ops: list[engine.PlannedOp]) -> dict[str, engine.PlannedOp]:
 
 
 def test_fresh_debian_host_gets_packages_with_cache_window() -> None:
-    ops, _ = plan_with_facts(base.step, cluster().nodes[0], FakeHost(Os=os_info("debian-12-bookworm")),
-                                    cluster())
+    ops, _ = plan_with_facts(base.step, cluster().nodes[0], FakeHost(Os=os_info("debian-12-bookworm")), cluster())
     assert by_name(ops)["Install base packages"].commands == [
         "apt-get update",
         "touch /var/lib/apt/periodic/update-success-stamp",
         f"{APT_INSTALL} {' '.join(BASE_PACKAGES)}",
     ]
-    assert BASE_PACKAGES == ["build-essential", "python3-venv", "numactl", "pciutils", "nvme-cli",
-                             "mdadm", "fio", "iperf3", "chrony", "rsync"]
+    assert BASE_PACKAGES == [
+        "build-essential",
+        "python3-venv",
+        "numactl",
+        "pciutils",
+        "nvme-cli",
+        "mdadm",
+        "fio",
+        "iperf3",
+        "chrony",
+        "rsync",
+    ]
 
 
 def test_hosts_block_lists_every_node_of_the_inventory() -> None:
-    ops, _ = plan_with_facts(base.step, cluster().nodes[0], FakeHost(Os=os_info("debian-12-bookworm")),
-                                    cluster())
+    ops, _ = plan_with_facts(base.step, cluster().nodes[0], FakeHost(Os=os_info("debian-12-bookworm")), cluster())
     command = by_name(ops)["/etc/hosts: cluster nodes"].commands[0]
-    assert "# BEGIN provision cluster nodes\n10.77.0.11 node1\n10.77.0.12 node2\n# END provision cluster nodes" \
-        in command
+    assert (
+        "# BEGIN provision cluster nodes\n10.77.0.11 node1\n10.77.0.12 node2\n# END provision cluster nodes" in command
+    )
 
 
 # /etc/hosts as the Debian installer (and cloud-init's default template) leave it.
-INSTALLER_HOSTS = ["127.0.0.1\tlocalhost", "127.0.1.1\tnode1.example.com\tnode1", "",
-                   "# The following lines are desirable for IPv6 capable hosts", "::1     localhost ip6-localhost"]
+INSTALLER_HOSTS = [
+    "127.0.0.1\tlocalhost",
+    "127.0.1.1\tnode1.example.com\tnode1",
+    "",
+    "# The following lines are desirable for IPv6 capable hosts",
+    "::1     localhost ip6-localhost",
+]
 
 
 def test_the_installers_loopback_line_for_the_nodes_own_name_is_found() -> None:
@@ -92,15 +109,19 @@ def test_base_moves_the_block_only_while_a_line_shadows_it() -> None:
 
 
 def test_known_hosts_name_each_node_by_name_and_cluster_address() -> None:
-    text = base.known_hosts_lines({"node2": ("10.77.0.12", ["ssh-ed25519 BBB"]),
-                                   "node1": ("10.77.0.11", ["ssh-ed25519 AAA", "ecdsa-sha2-nistp256 CCC"])})
-    assert text == ("node1,10.77.0.11 ssh-ed25519 AAA\nnode1,10.77.0.11 ecdsa-sha2-nistp256 CCC\n"
-                    "node2,10.77.0.12 ssh-ed25519 BBB\n")
+    text = base.known_hosts_lines(
+        {
+            "node2": ("10.77.0.12", ["ssh-ed25519 BBB"]),
+            "node1": ("10.77.0.11", ["ssh-ed25519 AAA", "ecdsa-sha2-nistp256 CCC"]),
+        }
+    )
+    assert text == (
+        "node1,10.77.0.11 ssh-ed25519 AAA\nnode1,10.77.0.11 ecdsa-sha2-nistp256 CCC\nnode2,10.77.0.12 ssh-ed25519 BBB\n"
+    )
 
 
 def test_unattended_upgrades_blacklist_names_nvidia_and_cuda() -> None:
-    ops, _ = plan_with_facts(base.step, cluster().nodes[0], FakeHost(Os=os_info("debian-12-bookworm")),
-                                    cluster())
+    ops, _ = plan_with_facts(base.step, cluster().nodes[0], FakeHost(Os=os_info("debian-12-bookworm")), cluster())
     diff = by_name(ops)["unattended-upgrades: never NVIDIA/CUDA"].diffs[0]
     assert "+/etc/apt/apt.conf.d/51provision-unattended-upgrades (planned)" in diff.replace("+++ ", "+")
     for prefix in ('"nvidia-";', '"libnvidia-";', '"cuda-";'):
@@ -114,16 +135,13 @@ def test_sysctls_are_each_commented_and_applied_only_when_changed() -> None:
     for setting in settings:
         above = lines[lines.index(setting) - 1]
         assert above.startswith("#") or "=" in above, f"{setting} has no comment"
-    ops, _ = plan_with_facts(base.step, cluster().nodes[0], FakeHost(Os=os_info("debian-12-bookworm")),
-                                    cluster())
-    assert by_name(ops)["apply networking sysctls"].commands == [
-        "sysctl -q -p /etc/sysctl.d/90-provision-network.conf"]
+    ops, _ = plan_with_facts(base.step, cluster().nodes[0], FakeHost(Os=os_info("debian-12-bookworm")), cluster())
+    assert by_name(ops)["apply networking sysctls"].commands == ["sysctl -q -p /etc/sysctl.d/90-provision-network.conf"]
 
 
 def test_ntp_servers_setting_writes_chrony_sources() -> None:
     n = node("node1", ntp_servers=["time1.example.org", "time2.example.org"])
-    ops, _ = plan_with_facts(base.step, n, FakeHost(Os=os_info("debian-12-bookworm")),
-                                    Cluster(Path("inv.py"), (n,)))
+    ops, _ = plan_with_facts(base.step, n, FakeHost(Os=os_info("debian-12-bookworm")), Cluster(Path("inv.py"), (n,)))
     diff = by_name(ops)["chrony servers (ntp_servers)"].diffs[0]
     assert "+server time1.example.org iburst" in diff
     assert "+server time2.example.org iburst" in diff
@@ -132,9 +150,12 @@ def test_ntp_servers_setting_writes_chrony_sources() -> None:
 def test_packages_and_cache_already_current_change_nothing() -> None:
     now = datetime.datetime.now(datetime.UTC).replace(tzinfo=None)
     installed = {name: ["1.0"] for name in BASE_PACKAGES}
-    fake = FakeHost(Os=os_info("debian-12-bookworm"), DebPackages=installed,
-                    File={"mtime": now, "mode": 644, "user": "root", "group": "root", "size": 1},
-                    Date=datetime.datetime.now())
+    fake = FakeHost(
+        Os=os_info("debian-12-bookworm"),
+        DebPackages=installed,
+        File={"mtime": now, "mode": 644, "user": "root", "group": "root", "size": 1},
+        Date=datetime.datetime.now(),
+    )
     ops, _ = plan_with_facts(base.step, cluster().nodes[0], fake, cluster())
     assert "Install base packages" not in by_name(ops)
 
@@ -150,11 +171,13 @@ def test_an_interrupted_dpkg_run_is_finished_before_installing(state_dir: Path) 
     names = [o.name for o in ops]
     finish = "Base | Finish an interrupted dpkg run"
     assert by_name(ops)["Finish an interrupted dpkg run"].commands == [
-        "DEBIAN_FRONTEND=noninteractive dpkg --force-confdef --force-confold --configure -a"]
+        "DEBIAN_FRONTEND=noninteractive dpkg --force-confdef --force-confold --configure -a"
+    ]
     assert names.index(finish) < names.index("Base | Install base packages")
     clean = FakeHost(Os=os_info("debian-12-bookworm"))
-    assert "Finish an interrupted dpkg run" not in by_name(plan_with_facts(base.step, cluster().nodes[0],
-                                                                                   clean, cluster())[0])
+    assert "Finish an interrupted dpkg run" not in by_name(
+        plan_with_facts(base.step, cluster().nodes[0], clean, cluster())[0]
+    )
 
 
 def test_an_account_already_as_wanted_skips_pyinfras_user_and_group_ops() -> None:
@@ -180,8 +203,9 @@ LOCK_STEP = "apt: wait for the dpkg lock (apt_lock_wait_s)"
 def test_every_later_apt_run_waits_for_the_dpkg_lock_by_a_config_written_before_the_first_install() -> None:
     # After provision's own reboot apt-daily/unattended-upgrades often hold the lock while the
     # nvidia and storage steps run apt; the apt.conf.d file makes all of them wait, not only base.
-    ops, _ = plan_with_facts(base.step, node("node1", apt_lock_wait_s=120),
-                                    FakeHost(Os=os_info("debian-12-bookworm")), cluster())
+    ops, _ = plan_with_facts(
+        base.step, node("node1", apt_lock_wait_s=120), FakeHost(Os=os_info("debian-12-bookworm")), cluster()
+    )
     assert base.apt_lock_conf(120).splitlines()[-1] == 'DPkg::Lock::Timeout "120";'
     assert all(line.startswith("//") for line in base.apt_lock_conf(120).splitlines()[:-1])
     lock = by_name(ops)[LOCK_STEP]
@@ -197,11 +221,21 @@ def test_the_lock_timeout_config_already_in_place_changes_nothing() -> None:
     written = hashlib.sha1(base.apt_lock_conf(300).encode()).hexdigest()
     now = datetime.datetime.now(datetime.UTC).replace(tzinfo=None)
     present = {"mtime": now, "mode": 644, "user": "root", "group": "root", "size": 1}
-    same = FakeHost(Os=os_info("debian-12-bookworm"), File=present, Directory=present, Sha1File=written,
-                    Date=datetime.datetime.now())
+    same = FakeHost(
+        Os=os_info("debian-12-bookworm"),
+        File=present,
+        Directory=present,
+        Sha1File=written,
+        Date=datetime.datetime.now(),
+    )
     assert LOCK_STEP not in by_name(plan_with_facts(base.step, cluster().nodes[0], same, cluster())[0])
-    other = FakeHost(Os=os_info("debian-12-bookworm"), File=present, Directory=present, Sha1File="0" * 40,
-                     Date=datetime.datetime.now())
+    other = FakeHost(
+        Os=os_info("debian-12-bookworm"),
+        File=present,
+        Directory=present,
+        Sha1File="0" * 40,
+        Date=datetime.datetime.now(),
+    )
     assert LOCK_STEP in by_name(plan_with_facts(base.step, cluster().nodes[0], other, cluster())[0])
 
 
@@ -212,13 +246,13 @@ def test_cloud_init_is_told_to_leave_etc_hosts_alone_where_it_is_installed(monke
     ops = by_name(plan_with_facts(base.step, cluster().nodes[0], fake, cluster())[0])
     diff = ops["cloud-init: leave /etc/hosts to provision"].diffs[0]
     assert "+manage_etc_hosts: false" in diff
-    assert base.CLOUD_INIT_HOSTS == \
-        "/etc/cloud/cloud.cfg.d/99-provision-etc-hosts.cfg"
+    assert base.CLOUD_INIT_HOSTS == "/etc/cloud/cloud.cfg.d/99-provision-etc-hosts.cfg"
     assert said == []
     # No cloud-init: nothing written there.
     bare = FakeHost(Os=os_info("debian-12-bookworm"), CloudInitFact=probes.CloudInit(False, ()))
     assert "cloud-init: leave /etc/hosts to provision" not in by_name(
-        plan_with_facts(base.step, cluster().nodes[0], bare, cluster())[0])
+        plan_with_facts(base.step, cluster().nodes[0], bare, cluster())[0]
+    )
 
 
 def test_user_data_that_sets_manage_etc_hosts_is_named_in_a_note(monkeypatch) -> None:

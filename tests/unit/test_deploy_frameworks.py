@@ -10,8 +10,11 @@ from provision.rules import frameworks as framework_rules
 from provision.settings import Settings
 from tests.helpers.deploy_facts import FakeHost, node, plan_with_facts
 
-WHEELS = ["torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl", "numpy-2.2.6-cp311-cp311-manylinux_2_17_x86_64.whl",
-          "nvidia_ml_py-13.580.126-py3-none-any.whl"]
+WHEELS = [
+    "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl",
+    "numpy-2.2.6-cp311-cp311-manylinux_2_17_x86_64.whl",
+    "nvidia_ml_py-13.580.126-py3-none-any.whl",
+]
 PINS = "numpy==2.2.6 nvidia-ml-py==13.580.126"  # the default pins
 
 
@@ -23,23 +26,24 @@ def test_wheelhouse_is_uploaded_and_installed_without_an_index(tmp_path: Path) -
     assert names[:1] == ["wheelhouse directory"]
     assert sorted(n for n in names if n.startswith("wheel ")) == sorted(f"wheel {w}" for w in WHEELS)
     install = {o.name: o for o in ops}["Frameworks | torch, numpy, nvidia-ml-py"].commands
-    assert install[-1] == ("/opt/provision/venv/bin/pip install --no-index --find-links /opt/provision/wheelhouse "
-                           f"torch==2.13.0+cpu {PINS}")
+    assert install[-1] == (
+        "/opt/provision/venv/bin/pip install --no-index --find-links /opt/provision/wheelhouse "
+        f"torch==2.13.0+cpu {PINS}"
+    )
 
 
 def test_index_url_setting_goes_to_pip() -> None:
     ops, _ = plan_with_facts(frameworks.step, node(pip_index_url="http://10.0.0.5/simple"), FakeHost())
     install = {o.name: o for o in ops}["Frameworks | torch, numpy, nvidia-ml-py"].commands
-    assert install == ["/opt/provision/venv/bin/pip install --index-url http://10.0.0.5/simple "
-                       f"torch==2.13.0 {PINS}"]
+    assert install == [f"/opt/provision/venv/bin/pip install --index-url http://10.0.0.5/simple torch==2.13.0 {PINS}"]
 
 
 def test_installed_pins_change_nothing(tmp_path: Path) -> None:
     (tmp_path / WHEELS[0]).write_bytes(b"wheel")
-    freeze = venv_facts.parse_freeze(["torch==2.13.0+cpu", "numpy==2.2.6", "nvidia-ml-py==13.580.126",
-                                      "sympy==1.14.0"])
-    fake = FakeHost(VenvPackages=freeze, Directory={"mode": 755}, File={"mode": 644},
-                    WheelSizes={WHEELS[0]: len(b"wheel")})
+    freeze = venv_facts.parse_freeze(["torch==2.13.0+cpu", "numpy==2.2.6", "nvidia-ml-py==13.580.126", "sympy==1.14.0"])
+    fake = FakeHost(
+        VenvPackages=freeze, Directory={"mode": 755}, File={"mode": 644}, WheelSizes={WHEELS[0]: len(b"wheel")}
+    )
     assert plan_with_facts(frameworks.step, node(wheelhouse=str(tmp_path)), fake)[0] == []
     assert plan_with_facts(frameworks.step, node(), fake)[0] == []
     # A wheel is identified by its name and size, never by a sha1 of it on the host.
@@ -61,7 +65,9 @@ def test_local_version_label_counts_as_installed_and_other_versions_do_not() -> 
     assert framework_rules.missing(["torch==2.13.0+cpu", "numpy", "nvidia-ml-py"], installed) == ["numpy"]
     assert framework_rules.missing(["torch==2.13.0"], installed) == []
     assert framework_rules.missing(["torch==2.12.1", "torch==2.13.0+cu128"], installed) == [
-        "torch==2.12.1", "torch==2.13.0+cu128"]
+        "torch==2.12.1",
+        "torch==2.13.0+cu128",
+    ]
 
 
 def test_torch_pin_takes_the_wheel_local_label_and_numpy_pin() -> None:
@@ -69,14 +75,18 @@ def test_torch_pin_takes_the_wheel_local_label_and_numpy_pin() -> None:
     assert framework_rules.torch_version("2.13.0", []) == "2.13.0"
     assert framework_rules.requirements(Settings()) == ["torch==2.13.0", "numpy==2.2.6", "nvidia-ml-py==13.580.126"]
     assert framework_rules.requirements(Settings(numpy_version="2.3.4", nvml_version=None)) == [
-        "torch==2.13.0", "numpy==2.3.4", "nvidia-ml-py"]
+        "torch==2.13.0",
+        "numpy==2.3.4",
+        "nvidia-ml-py",
+    ]
     assert framework_rules.requirements(Settings(nvml_version="13.580.82"))[2] == "nvidia-ml-py==13.580.82"
 
 
 def test_a_pinned_numpy_or_nvml_that_the_installed_venv_lacks_is_installed() -> None:
     # A venv made before the pins (numpy 2.4.6, the newest nvidia-ml-py) is brought to them.
-    old = FakeHost(VenvPackages=venv_facts.parse_freeze(
-        ["torch==2.13.0+cpu", "numpy==2.4.6", "nvidia-ml-py==13.615.71"]))
+    old = FakeHost(
+        VenvPackages=venv_facts.parse_freeze(["torch==2.13.0+cpu", "numpy==2.4.6", "nvidia-ml-py==13.615.71"])
+    )
     ops, _ = plan_with_facts(frameworks.step, node(), old)
     install = {o.name: o for o in ops}["Frameworks | torch, numpy, nvidia-ml-py"].commands
     assert install == [f"/opt/provision/venv/bin/pip install {PINS}"]
@@ -84,8 +94,12 @@ def test_a_pinned_numpy_or_nvml_that_the_installed_venv_lacks_is_installed() -> 
 
 def test_wheelhouse_gaps_name_each_pin_no_wheel_satisfies() -> None:
     assert framework_rules.wheelhouse_gaps(Settings(), WHEELS) == []
-    newer = [WHEELS[0], "numpy-2.4.6-cp311-cp311-manylinux_2_28_x86_64.whl",
-             "nvidia_ml_py-13.615.71-py3-none-any.whl", "not-a-wheel.whl"]
+    newer = [
+        WHEELS[0],
+        "numpy-2.4.6-cp311-cp311-manylinux_2_28_x86_64.whl",
+        "nvidia_ml_py-13.615.71-py3-none-any.whl",
+        "not-a-wheel.whl",
+    ]
     assert framework_rules.wheelhouse_gaps(Settings(), newer) == ["numpy==2.2.6", "nvidia-ml-py==13.580.126"]
     # Several versions of a package side by side: one matching wheel is enough.
     assert framework_rules.wheelhouse_gaps(Settings(), [*newer, WHEELS[1], WHEELS[2]]) == []
@@ -97,8 +111,10 @@ def test_wheelhouse_gaps_name_each_pin_no_wheel_satisfies() -> None:
 def test_torch_check_verdicts() -> None:
     assert framework_rules.torch_problem("torch-ok 2.13.0+cpu", "2.13.0") is None
     assert framework_rules.torch_problem("torch-ok 2.12.1", "2.13.0") == "torch 2.12.1 is installed, 2.13.0 is pinned"
-    assert framework_rules.torch_problem("AssertionError: torch.cuda.is_available() is False", "2.13.0") == \
-        "AssertionError: torch.cuda.is_available() is False"
+    assert (
+        framework_rules.torch_problem("AssertionError: torch.cuda.is_available() is False", "2.13.0")
+        == "AssertionError: torch.cuda.is_available() is False"
+    )
     assert "torch.cuda.is_available()" in venv_facts.check_script(need_cuda=True)
     assert "cuda" not in venv_facts.check_script(need_cuda=False)
 
@@ -108,8 +124,10 @@ def test_pip_compile_false_installs_without_byte_compiling(tmp_path: Path) -> No
         (tmp_path / name).write_bytes(b"wheel")
     ops, _ = plan_with_facts(frameworks.step, node(wheelhouse=str(tmp_path), pip_compile=False), FakeHost())
     install = {o.name: o for o in ops}["Frameworks | torch, numpy, nvidia-ml-py"].commands
-    assert install[-1] == ("/opt/provision/venv/bin/pip install --no-compile --no-index --find-links "
-                           f"/opt/provision/wheelhouse torch==2.13.0+cpu {PINS}")
+    assert install[-1] == (
+        "/opt/provision/venv/bin/pip install --no-compile --no-index --find-links "
+        f"/opt/provision/wheelhouse torch==2.13.0+cpu {PINS}"
+    )
 
 
 def test_wheel_sizes_come_from_one_listing() -> None:

@@ -18,8 +18,13 @@ NO_GPU = Gpus((), ())
 
 
 def state(**kw: object) -> RebootState:
-    values = {"reboot_required": False, "loaded_module": None, "installed_module": None,
-              "smi_version": None, "machine_id": "host"} | kw
+    values = {
+        "reboot_required": False,
+        "loaded_module": None,
+        "installed_module": None,
+        "smi_version": None,
+        "machine_id": "host",
+    } | kw
     return RebootState(**values)  # type: ignore[arg-type]
 
 
@@ -44,11 +49,16 @@ def test_batches_default_to_a_quarter_at_least_one() -> None:
 
 
 def test_never_reboots_the_controller() -> None:
-    nodes = [node("node1"), node("node2"), Node("@local", SshTarget("@local", 22, None, None, None, "yes"),
-                                                 (), Settings(), {})]
-    probes = {"node1": state(reboot_required=True, machine_id="ctrl"),
-              "node2": state(reboot_required=True, machine_id="other"),
-              "@local": state(reboot_required=True, machine_id="x")}
+    nodes = [
+        node("node1"),
+        node("node2"),
+        Node("@local", SshTarget("@local", 22, None, None, None, "yes"), (), Settings(), {}),
+    ]
+    probes = {
+        "node1": state(reboot_required=True, machine_id="ctrl"),
+        "node2": state(reboot_required=True, machine_id="other"),
+        "@local": state(reboot_required=True, machine_id="x"),
+    }
     gpus = {"node1": Gpus((H100,), ()), "node2": NO_GPU, "@local": NO_GPU}
     decision = reboots.plan(nodes, probes, gpus, {"node1": True, "node2": True, "@local": True}, "ctrl")
     assert decision.reboot == {"node2": "packages changed and a reboot is required"}
@@ -57,10 +67,8 @@ def test_never_reboots_the_controller() -> None:
 
 
 def test_reboot_probe_parses() -> None:
-    got = parse_reboot_state(["reboot_required=1", "loaded=", "installed=580.95.05", "smi=580.95.05",
-                              "machine_id=abc"])
-    assert got == state(reboot_required=True, installed_module="580.95.05", smi_version="580.95.05",
-                        machine_id="abc")
+    got = parse_reboot_state(["reboot_required=1", "loaded=", "installed=580.95.05", "smi=580.95.05", "machine_id=abc"])
+    assert got == state(reboot_required=True, installed_module="580.95.05", smi_version="580.95.05", machine_id="abc")
 
 
 # --- reboot_where_needed, with test stand-ins for the hosts ------------------------------
@@ -81,8 +89,9 @@ class StandInHosts:
         self.batches: list[list[str]] = []  # host names per reboot call, in order
         self.asked: list[list[str]] = []  # host names per gather_facts call
 
-    def stand_in_gather_facts(self, nodes: list, wanted: dict,
-                              on_event: Callable = lambda h, t: None) -> engine.FactsResult:
+    def stand_in_gather_facts(
+        self, nodes: list, wanted: dict, on_event: Callable = lambda h, t: None
+    ) -> engine.FactsResult:
         self.asked.append([n.name for n in nodes])
         facts = {}
         for n in nodes:
@@ -103,12 +112,15 @@ def stand_in(monkeypatch: pytest.MonkeyPatch) -> Callable[..., StandInHosts]:
         monkeypatch.setattr(engine, "gather_facts", hosts.stand_in_gather_facts)
         monkeypatch.setattr(engine, "run_step", hosts.stand_in_reboot_step)
         return hosts
+
     return install
 
 
 def results_after_nvidia(*names: str, without_nvidia: tuple[str, ...] = ()) -> dict[str, engine.HostResult]:
-    return {n: engine.HostResult(n, steps=["preflight", "base"] + ([] if n in without_nvidia else ["nvidia"]))
-            for n in names}
+    return {
+        n: engine.HostResult(n, steps=["preflight", "base"] + ([] if n in without_nvidia else ["nvidia"]))
+        for n in names
+    }
 
 
 def test_only_hosts_the_nvidia_step_ran_on_this_run_are_rebooted(stand_in) -> None:
@@ -144,9 +156,11 @@ def test_a_batch_that_fails_its_driver_check_stops_the_later_batches(stand_in) -
     assert results["node1"].ok
     assert results["node1"].rebooted
     assert [str(f) for f in results["node2"].failures] == [
-        "reboot: nvidia-smi does not answer after the reboot (driver 580.* expected)"]
+        "reboot: nvidia-smi does not answer after the reboot (driver 580.* expected)"
+    ]
     for name in ("node3", "node4", "node5"):
         assert not results[name].rebooted
         assert [str(f) for f in results[name].failures] == [
             "reboot: not rebooted because an earlier batch failed (node2); it still needs one "
-            "(kernel runs NVIDIA module 570.195.03, 580.95.05 is installed): fix those hosts and re-run"]
+            "(kernel runs NVIDIA module 570.195.03, 580.95.05 is installed): fix those hosts and re-run"
+        ]

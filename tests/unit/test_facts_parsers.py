@@ -25,11 +25,14 @@ def fixture(name: str) -> str:
     return (FIXTURES / name).read_text()
 
 
-@pytest.mark.parametrize(("name", "os_id", "version", "codename", "supported"), [
-    ("os-release_ubuntu-22.04-jammy", "ubuntu", "22.04", "jammy", True),
-    ("os-release_ubuntu-24.04.3-noble", "ubuntu", "24.04", "noble", True),
-    ("os-release_debian-12-bookworm", "debian", "12", "bookworm", True),
-])
+@pytest.mark.parametrize(
+    ("name", "os_id", "version", "codename", "supported"),
+    [
+        ("os-release_ubuntu-22.04-jammy", "ubuntu", "22.04", "jammy", True),
+        ("os-release_ubuntu-24.04.3-noble", "ubuntu", "24.04", "noble", True),
+        ("os-release_debian-12-bookworm", "debian", "12", "bookworm", True),
+    ],
+)
 def test_os_fact_reads_release_kernel_and_hostname(name, os_id, version, codename, supported):
     lines = [*fixture(name).splitlines(), "---", "6.8.0-45-generic", "x86_64", "gpu01"]
     info = Os().process(lines)
@@ -66,8 +69,10 @@ def test_lsblk_dev_vm_root_disk_holds_data():
 
 
 def test_blank_disk_holds_nothing_and_matches_by_id_and_serial():
-    text = ('{"blockdevices": [{"name": "vdb", "path": "/dev/vdb", "type": "disk", "size": 2147483648,'
-            ' "serial": "NVME-node1-1", "fstype": null, "pttype": null, "mountpoints": [null]}]}')
+    text = (
+        '{"blockdevices": [{"name": "vdb", "path": "/dev/vdb", "type": "disk", "size": 2147483648,'
+        ' "serial": "NVME-node1-1", "fstype": null, "pttype": null, "mountpoints": [null]}]}'
+    )
     by_id = parse_by_id(["lrwxrwxrwx 1 root root 9 Nov 29 10:00 virtio-NVME-node1-1 -> ../../vdb"])
     (disk,) = parse_lsblk(text, by_id)
     assert disk.holds is None
@@ -79,13 +84,18 @@ def test_blank_disk_holds_nothing_and_matches_by_id_and_serial():
 
 
 def test_raid_member_and_filesystem_are_reported_as_data():
-    text = ('{"blockdevices": ['
-            '{"name": "vdb", "type": "disk", "size": 1, "fstype": "linux_raid_member"},'
-            '{"name": "vdc", "type": "disk", "size": 1, "fstype": "xfs", "uuid": "u-1"},'
-            '{"name": "vdd", "type": "disk", "size": 1, "pttype": "gpt"}]}')
+    text = (
+        '{"blockdevices": ['
+        '{"name": "vdb", "type": "disk", "size": 1, "fstype": "linux_raid_member"},'
+        '{"name": "vdc", "type": "disk", "size": 1, "fstype": "xfs", "uuid": "u-1"},'
+        '{"name": "vdd", "type": "disk", "size": 1, "pttype": "gpt"}]}'
+    )
     holds = {d.name: d.holds for d in parse_lsblk(text)}
-    assert holds == {"vdb": "a RAID superblock (linux_raid_member)", "vdc": "a xfs filesystem",
-                     "vdd": "a gpt partition table"}
+    assert holds == {
+        "vdb": "a RAID superblock (linux_raid_member)",
+        "vdc": "a xfs filesystem",
+        "vdd": "a gpt partition table",
+    }
 
 
 def test_blockdevices_fact_splits_lsblk_and_by_id_sections():
@@ -108,12 +118,20 @@ def test_ip_addr_parser_reads_real_laptop_output():
 
 def test_nic_speeds_unknown_is_none():
     assert parse_speeds(["eth0 25000", "eth1 -1", "wg0", "ib0 200000"]) == {
-        "eth0": 25000, "eth1": None, "wg0": None, "ib0": 200000}
+        "eth0": 25000,
+        "eth1": None,
+        "wg0": None,
+        "ib0": 200000,
+    }
 
 
 def test_nics_fact_combines_addresses_and_speeds():
-    lines = [fixture("ip-d-j-addr_ubuntu-laptop_netplan-test.json").strip(),
-             "--- speeds ---", "enp0s31f6 1000", "wlan0"]
+    lines = [
+        fixture("ip-d-j-addr_ubuntu-laptop_netplan-test.json").strip(),
+        "--- speeds ---",
+        "enp0s31f6 1000",
+        "wlan0",
+    ]
     nics = {n.name: n for n in Nics().process(lines)}
     assert nics["enp0s31f6"].speed_mbps == 1000
     assert nics["wlan0"].speed_mbps is None
@@ -184,7 +202,9 @@ def test_nvidia_devices_fact_finds_gpus_on_a_host_without_lspci():
     # GPUs must still be found (else preflight skips the Secure Boot and headers checks).
     found = NvidiaDevices().process([*CONSTRUCTED_HGX_SYSFS.splitlines(), LSPCI_SEPARATOR, "--- nvml ---"])
     assert [(g.slot, g.class_id, g.device_id) for g in found.gpus] == [
-        ("0000:18:00.0", "0302", "2330"), ("0000:2a:00.0", "0302", "2330")]
+        ("0000:18:00.0", "0302", "2330"),
+        ("0000:2a:00.0", "0302", "2330"),
+    ]
     assert found.gpus[0].description == "PCI device 10de:2330"
     assert found.has_nvswitch
     assert found.nvml == ()
@@ -195,7 +215,7 @@ def test_sysfs_pci_capture_of_the_dev_vm_agrees_with_its_lspci_capture():
     # lspci -Dnn. sysfs must give the same addresses, classes and device ids as lspci.
     lines = fixture("nvidia-devices-fact_dev-vm-no-gpu.txt").splitlines()
     assert NvidiaDevices().process(lines).pci == ()
-    sysfs = "\n".join(lines[:lines.index(LSPCI_SEPARATOR)])
+    sysfs = "\n".join(lines[: lines.index(LSPCI_SEPARATOR)])
     lspci = fixture("lspci-Dnn_dev-vm-no-gpu.txt")
     for vendor in ("8086", "1af4"):
         from_sysfs = [(d.slot, d.class_id, d.device_id) for d in parse_sysfs_pci(sysfs, vendor)]
@@ -206,9 +226,11 @@ def test_sysfs_pci_capture_of_the_dev_vm_agrees_with_its_lspci_capture():
 def make_synthetic_sysfs(root: Path) -> None:
     """A synthetic /sys/bus/pci/devices (this machine has no NVIDIA device): an H100, an
     NVSwitch, a host bridge, and an entry without a vendor file (skipped)."""
-    for address, vendor, device, cls in [("0000:18:00.0", "0x10de", "0x2330", "0x030200"),
-                                         ("0000:05:00.0", "0x10de", "0x22a3", "0x068000"),
-                                         ("0000:00:00.0", "0x8086", "0x0d57", "0x060000")]:
+    for address, vendor, device, cls in [
+        ("0000:18:00.0", "0x10de", "0x2330", "0x030200"),
+        ("0000:05:00.0", "0x10de", "0x22a3", "0x068000"),
+        ("0000:00:00.0", "0x8086", "0x0d57", "0x060000"),
+    ]:
         (root / address).mkdir(parents=True)
         for name, value in (("vendor", vendor), ("device", device), ("class", cls)):
             (root / address / name).write_text(value + "\n")
@@ -221,20 +243,22 @@ def test_nvml_csv_parser_reads_the_fields_of_a_real_h200_query():
     header, values = list(csv.reader(fixture("nvidia-smi-query-gpu-csv_h200_590.48.01.csv").splitlines()))[:2]
     row = dict(zip([h.strip() for h in header], [v.strip() for v in values], strict=True))
     # The fixture was captured with units ("143771 MiB"); the fact asks for nounits.
-    line = ", ".join(["0", row["name"], row["pci.bus_id"], row["memory.total [MiB]"].split()[0],
-                      row["driver_version"]])
+    line = ", ".join(["0", row["name"], row["pci.bus_id"], row["memory.total [MiB]"].split()[0], row["driver_version"]])
     (gpu,) = parse_nvml_csv(line)
     assert (gpu.name, gpu.memory_mib, gpu.driver_version) == ("NVIDIA H200", 143771, "590.48.01")
 
 
-@pytest.mark.parametrize(("device_id", "open_ok"), [
-    ("1db4", False),  # V100 (Volta): proprietary modules only
-    ("1e04", True),  # RTX 2080 Ti (Turing): the first generation the open modules support
-    ("20b0", True),  # A100 SXM4 (Ampere)
-    ("2330", True),  # H100 SXM5 (Hopper)
-    ("26b9", True),  # L40S (Ada)
-    ("2901", True),  # B200 (Blackwell)
-])
+@pytest.mark.parametrize(
+    ("device_id", "open_ok"),
+    [
+        ("1db4", False),  # V100 (Volta): proprietary modules only
+        ("1e04", True),  # RTX 2080 Ti (Turing): the first generation the open modules support
+        ("20b0", True),  # A100 SXM4 (Ampere)
+        ("2330", True),  # H100 SXM5 (Hopper)
+        ("26b9", True),  # L40S (Ada)
+        ("2901", True),  # B200 (Blackwell)
+    ],
+)
 def test_open_kernel_modules_need_turing_or_newer(device_id, open_ok):
     assert supports_open_modules(device_id) is open_ok
 
@@ -256,8 +280,11 @@ def test_apt_source_files_say_which_file_names_which_repository():
     files = AptSourceFiles().process(lines)
     assert {path: [(r.url, r.distribution) for r in repos] for path, repos in files.items()} == {
         "/etc/apt/sources.list.d/debian.sources": [
-            ("http://deb.debian.org/debian", "bookworm"), ("http://deb.debian.org/debian", "bookworm-updates"),
-            ("http://deb.debian.org/debian-security", "bookworm-security")],
+            ("http://deb.debian.org/debian", "bookworm"),
+            ("http://deb.debian.org/debian", "bookworm-updates"),
+            ("http://deb.debian.org/debian-security", "bookworm-security"),
+        ],
         "/etc/apt/sources.list.d/cuda-debian12-x86_64.list": [
-            ("https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/", "/")],
+            ("https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/", "/")
+        ],
     }

@@ -27,11 +27,14 @@ def problems_of(path: Path) -> list[str]:
 
 
 def test_loads_a_plain_pyinfra_inventory_with_groups_and_group_data(tmp_path):
-    inv = write(tmp_path / "inv.py", """
+    inv = write(
+        tmp_path / "inv.py",
+        """
         gpu_nodes = [("gpu1", {"ssh_hostname": "192.0.2.1", "cluster_address": "10.0.0.1"}),
                      ("gpu2", {"ssh_hostname": "192.0.2.2", "cluster_address": "10.0.0.2"})]
         storage = (["gpu1"], {"nfs_exports": ["datasets"]})
-    """)
+    """,
+    )
     write(tmp_path / "group_data" / "all.py", "ssh_user = 'ubuntu'\n_sudo = True\ndata_mount = '/scratch'\n")
     cluster = inventory.load(inv)
     gpu1 = cluster.node("gpu1")
@@ -86,8 +89,11 @@ def test_unknown_key_names_file_host_key_and_a_suggestion(tmp_path):
 
 
 def test_known_pyinfra_keys_and_global_arguments_load(tmp_path):
-    inv = write(tmp_path / "inv.py", "nodes = [('n1', {'ssh_user': 'ubuntu', 'ssh_connect_retries': 2, "
-                                     "'ssh_strict_host_key_checking': 'accept-new', '_sudo': True})]\n")
+    inv = write(
+        tmp_path / "inv.py",
+        "nodes = [('n1', {'ssh_user': 'ubuntu', 'ssh_connect_retries': 2, "
+        "'ssh_strict_host_key_checking': 'accept-new', '_sudo': True})]\n",
+    )
     assert inventory.load(inv).node("n1").ssh.strict_host_key_checking == "accept-new"
 
 
@@ -100,21 +106,24 @@ def test_unknown_key_in_group_data_names_that_file(tmp_path):
     assert "nvidia_driver_branch" in line
 
 
-@pytest.mark.parametrize(("key", "value", "expected"), [
-    ("raid_level", "'0'", "is not 0 or 1"),
-    ("min_root_free_gb", "True", "is not int"),
-    ("ssh_port", "'22'", "is not a port number"),
-    ("cluster_cidr", "'10.0.0.0/33'", "not a network in CIDR form"),
-    ("cluster_address", "'node1'", "not an IP address"),
-    ("data_disks", "['/dev/sdb']", "kernel name that can change"),
-    ("venv_path", "'venv'", "absolute path"),
-    ("nvidia", "'yes'", "is not 'auto' or 'force' or 'skip'"),
-    # pyinfra's own keys too: pyinfra would silently ignore a typo in them.
-    ("ssh_hostnme", "'10.0.0.1'", "did you mean ssh_hostname?"),
-    ("_sduo", "True", "did you mean _sudo?"),
-    ("ssh_user", "5", "5 is not a string"),
-    ("ssh_strict_host_key_checking", "'bogus'", "is not one of yes, accept-new, no, off"),
-])
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        ("raid_level", "'0'", "is not 0 or 1"),
+        ("min_root_free_gb", "True", "is not int"),
+        ("ssh_port", "'22'", "is not a port number"),
+        ("cluster_cidr", "'10.0.0.0/33'", "not a network in CIDR form"),
+        ("cluster_address", "'node1'", "not an IP address"),
+        ("data_disks", "['/dev/sdb']", "kernel name that can change"),
+        ("venv_path", "'venv'", "absolute path"),
+        ("nvidia", "'yes'", "is not 'auto' or 'force' or 'skip'"),
+        # pyinfra's own keys too: pyinfra would silently ignore a typo in them.
+        ("ssh_hostnme", "'10.0.0.1'", "did you mean ssh_hostname?"),
+        ("_sduo", "True", "did you mean _sudo?"),
+        ("ssh_user", "5", "5 is not a string"),
+        ("ssh_strict_host_key_checking", "'bogus'", "is not one of yes, accept-new, no, off"),
+    ],
+)
 def test_wrong_type_or_value_names_the_key(tmp_path, key, value, expected):
     inv = write(tmp_path / "inv.py", f"nodes = [('n1', {{'{key}': {value}}})]\n")
     (line,) = problems_of(inv)
@@ -135,10 +144,13 @@ def test_duplicate_host_in_a_group(tmp_path):
 
 
 def test_duplicate_cluster_address(tmp_path):
-    inv = write(tmp_path / "inv.py", """
+    inv = write(
+        tmp_path / "inv.py",
+        """
         nodes = [("n1", {"ssh_hostname": "192.0.2.1", "cluster_address": "10.0.0.1"}),
                  ("n2", {"ssh_hostname": "192.0.2.2", "cluster_address": "10.0.0.1"})]
-    """)
+    """,
+    )
     (line,) = problems_of(inv)
     assert "host n2" in line
     assert "duplicate cluster address 10.0.0.1" in line
@@ -146,10 +158,13 @@ def test_duplicate_cluster_address(tmp_path):
 
 
 def test_duplicate_ssh_address(tmp_path):
-    inv = write(tmp_path / "inv.py", """
+    inv = write(
+        tmp_path / "inv.py",
+        """
         nodes = [("n1", {"ssh_hostname": "192.0.2.1", "cluster_address": "10.0.0.1"}),
                  ("n2", {"ssh_hostname": "192.0.2.1", "cluster_address": "10.0.0.2"})]
-    """)
+    """,
+    )
     (line,) = problems_of(inv)
     assert "duplicate SSH address 192.0.2.1:22" in line
 

@@ -26,11 +26,29 @@ FIXTURES = Path(__file__).parent.parent / "fixtures"
 
 def two_node_plan(extra: tuple[str, ...] = ()) -> plan.RunPlan:
     nodes = tuple(
-        plan.NodePlan(f"n{i}", f"10.9.0.{i + 1}", "eth1", "/opt/provision/venv/bin/python", 2,
-                      f"/var/tmp/pt/runs/r1/n{i}", "/var/tmp/pt", i == 0)
-        for i in range(2))
-    args = plan.trainer_args(steps=5, model="tiny", world=4, batch_per_rank=8, resume=False,
-                             run_id="r1", ckpt_name="inv-tiny", summary="summary.json", extra=extra)
+        plan.NodePlan(
+            f"n{i}",
+            f"10.9.0.{i + 1}",
+            "eth1",
+            "/opt/provision/venv/bin/python",
+            2,
+            f"/var/tmp/pt/runs/r1/n{i}",
+            "/var/tmp/pt",
+            i == 0,
+        )
+        for i in range(2)
+    )
+    args = plan.trainer_args(
+        steps=5,
+        model="tiny",
+        world=4,
+        batch_per_rank=8,
+        resume=False,
+        run_id="r1",
+        ckpt_name="inv-tiny",
+        summary="summary.json",
+        extra=extra,
+    )
     return plan.RunPlan("r1", "10.9.0.1", 29500, nodes, args)
 
 
@@ -76,8 +94,10 @@ def test_as_root_the_trainer_runs_as_the_training_user_in_the_same_process_group
     # as the user without a session or group of its own.
     after = words[words.index("provision-train") + 1 :]
     assert after[:5] == ["runuser", "-u", "train", "--", "env"]
-    assert cmd.startswith("mkdir -p /var/tmp/pt/runs/r1/n1 /var/tmp/pt && "
-                          "chown -R train: /var/tmp/pt /var/tmp/pt/runs/r1/n1 && cd /var/tmp/pt && exec ")
+    assert cmd.startswith(
+        "mkdir -p /var/tmp/pt/runs/r1/n1 /var/tmp/pt && "
+        "chown -R train: /var/tmp/pt /var/tmp/pt/runs/r1/n1 && cd /var/tmp/pt && exec "
+    )
     assert "runuser" not in plan.node_command(base, base.nodes[1])  # a non-root SSH user runs it itself
 
 
@@ -91,15 +111,26 @@ def test_global_batch_grows_with_the_world_and_user_flags_come_last():
 
 
 def options(tmp_path: Path, extra: tuple[str, ...] = ()) -> Options:
-    return Options(steps=5, model="tiny", nproc_per_node=None, batch_per_rank=8, resume=False,
-                   extra_args=extra, python=None, runs_dir=tmp_path, monitor_interval=5.0,
-                   timeout_s=None, ckpt_name="inv-tiny")
+    return Options(
+        steps=5,
+        model="tiny",
+        nproc_per_node=None,
+        batch_per_rank=8,
+        resume=False,
+        extra_args=extra,
+        python=None,
+        runs_dir=tmp_path,
+        monitor_interval=5.0,
+        timeout_s=None,
+        ckpt_name="inv-tiny",
+    )
 
 
 def nfs_node(i: int) -> Node:
     settings = Settings(cluster_address=f"10.9.0.{i + 1}", nfs_mount_root="/mnt/nfs")
-    return Node(f"n{i}", SshTarget(f"192.0.2.{i + 1}", 22, None, None, None, "yes"),
-                ("storage",) if i == 0 else (), settings)
+    return Node(
+        f"n{i}", SshTarget(f"192.0.2.{i + 1}", 22, None, None, None, "yes"), ("storage",) if i == 0 else (), settings
+    )
 
 
 class FakeConn:
@@ -107,8 +138,9 @@ class FakeConn:
         pass
 
 
-def prepare_with_fake_nodes(monkeypatch, tmp_path, writable: dict[str, list[str]],
-                            extra: tuple[str, ...] = (), run_as: str = "") -> tuple[plan.RunPlan, list[str], list[str]]:
+def prepare_with_fake_nodes(
+    monkeypatch, tmp_path, writable: dict[str, list[str]], extra: tuple[str, ...] = (), run_as: str = ""
+) -> tuple[plan.RunPlan, list[str], list[str]]:
     """session.prepare against two nodes whose probe answers as given (no SSH)."""
     probes: list[str] = []
     said: list[str] = []
@@ -116,21 +148,28 @@ def prepare_with_fake_nodes(monkeypatch, tmp_path, writable: dict[str, list[str]
     def fake_run(node, command, timeout=None, conn=None):
         probes.append(command)
         ip = json.dumps([{"ifname": "eth1", "addr_info": [{"local": node.cluster_address}]}])
-        out = (f"PY_OK\n{ip}\n--gpus--\n--run-as--\n{run_as}\n--writable--\n"
-               + "".join(f"{w}\n" for w in writable[node.name]))
+        out = f"PY_OK\n{ip}\n--gpus--\n--run-as--\n{run_as}\n--writable--\n" + "".join(
+            f"{w}\n" for w in writable[node.name]
+        )
         return remote.CommandResult(node.name, 0, out, "")
 
     monkeypatch.setattr(remote, "run", fake_run)
     nodes = [nfs_node(0), nfs_node(1)]
-    run_plan = session.prepare(nodes, {n.name: FakeConn() for n in nodes}, options(tmp_path, extra),
-                               "r1", lambda host, text: said.append(f"{host}: {text}"), nfs_server=True)
+    run_plan = session.prepare(
+        nodes,
+        {n.name: FakeConn() for n in nodes},
+        options(tmp_path, extra),
+        "r1",
+        lambda host, text: said.append(f"{host}: {text}"),
+        nfs_server=True,
+    )
     return run_plan, probes, said
 
 
 def test_checkpoints_and_token_cache_go_to_the_nfs_shares_named_by_the_settings(monkeypatch, tmp_path):
     both = ["/mnt/nfs/checkpoints", "/mnt/nfs/datasets"]
     run_plan, probes, said = prepare_with_fake_nodes(monkeypatch, tmp_path, {"n0": both, "n1": both})
-    assert all("test -w \"$1\"; fi' - /mnt/nfs/checkpoints && echo /mnt/nfs/checkpoints;" in c for c in probes)
+    assert all('test -w "$1"; fi\' - /mnt/nfs/checkpoints && echo /mnt/nfs/checkpoints;' in c for c in probes)
     assert all(n.run_as is None for n in run_plan.nodes)
     words = shlex.split(plan.node_command(run_plan, run_plan.nodes[1]))
     trainer = words[words.index("/var/tmp/provision-train/runs/r1/n1/train_ddp.py") + 1 :]
@@ -141,7 +180,8 @@ def test_checkpoints_and_token_cache_go_to_the_nfs_shares_named_by_the_settings(
 
 def test_a_share_that_a_node_cannot_write_is_left_out_with_a_note(monkeypatch, tmp_path):
     run_plan, _, said = prepare_with_fake_nodes(
-        monkeypatch, tmp_path, {"n0": ["/mnt/nfs/checkpoints", "/mnt/nfs/datasets"], "n1": ["/mnt/nfs/checkpoints"]})
+        monkeypatch, tmp_path, {"n0": ["/mnt/nfs/checkpoints", "/mnt/nfs/datasets"], "n1": ["/mnt/nfs/checkpoints"]}
+    )
     args = list(run_plan.trainer_args)
     assert args[args.index("--ckpt-dir") + 1] == "/mnt/nfs/checkpoints"
     assert "--data-cache" not in args
@@ -150,8 +190,12 @@ def test_a_share_that_a_node_cannot_write_is_left_out_with_a_note(monkeypatch, t
 
 def test_the_users_own_trainer_dirs_win_and_no_nfs_server_means_no_shares(monkeypatch, tmp_path):
     both = ["/mnt/nfs/checkpoints", "/mnt/nfs/datasets"]
-    run_plan, _, _ = prepare_with_fake_nodes(monkeypatch, tmp_path, {"n0": both, "n1": both},
-                                             extra=("--ckpt-dir", "/scratch/ck", "--data-cache=/scratch/data"))
+    run_plan, _, _ = prepare_with_fake_nodes(
+        monkeypatch,
+        tmp_path,
+        {"n0": both, "n1": both},
+        extra=("--ckpt-dir", "/scratch/ck", "--data-cache=/scratch/data"),
+    )
     args = list(run_plan.trainer_args)
     assert args.count("--ckpt-dir") == 1
     assert args[args.index("--ckpt-dir") + 1] == "/scratch/ck"
@@ -159,8 +203,7 @@ def test_the_users_own_trainer_dirs_win_and_no_nfs_server_means_no_shares(monkey
     settings = Settings(nfs_mount_root="/mnt/nfs", nfs_exports=["scratch"])
     assert plan.shares(settings, True, ()) == ()
     assert plan.shares(Settings(), False, ()) == ()
-    assert [s.path for s in plan.shares(Settings(), True, ())] == ["/shared/checkpoints",
-                                                                  "/shared/datasets/train_ddp"]
+    assert [s.path for s in plan.shares(Settings(), True, ())] == ["/shared/checkpoints", "/shared/datasets/train_ddp"]
 
 
 def test_a_log_that_cannot_be_written_ends_the_nodes_stream_with_a_reason(tmp_path):
@@ -186,8 +229,10 @@ def test_interface_is_found_by_the_address_it_holds():
 
 
 def test_gpu_count_reads_nvidia_smi_list_and_zero_without_it():
-    listing = ("GPU 0: NVIDIA H200 (UUID: GPU-00000000-0000-0000-0000-000000000000)\n"
-               "GPU 1: NVIDIA H200 (UUID: GPU-00000000-0000-0000-0000-000000000001)\n")
+    listing = (
+        "GPU 0: NVIDIA H200 (UUID: GPU-00000000-0000-0000-0000-000000000000)\n"
+        "GPU 1: NVIDIA H200 (UUID: GPU-00000000-0000-0000-0000-000000000001)\n"
+    )
     assert plan.gpu_count(listing) == 2
     assert plan.gpu_count("") == 0
 
@@ -226,14 +271,14 @@ def test_rank0_lines_give_loss_curves_throughput_and_the_summary():
 def test_torchrun_lines_without_a_rank_prefix_are_torchruns_own():
     assert logs.split_rank("[rank12]:step 1/2 | x") == ("rank12", "step 1/2 | x")
     assert logs.split_rank("Root Cause (first observed failure):") == (
-        "torchrun", "Root Cause (first observed failure):")
+        "torchrun",
+        "Root Cause (first observed failure):",
+    )
 
 
 def test_the_rank_killed_by_a_signal_is_named_first_not_the_peer_that_lost_it():
-    killed = logs.rank_failures(
-        (FIXTURES / "torchrun-failure_sigkill_2-agent-loopback_torch-2.13.log").read_text())
-    peer = logs.rank_failures(
-        (FIXTURES / "torchrun-failure_peer-exit1_2-agent-loopback_torch-2.13.log").read_text())
+    killed = logs.rank_failures((FIXTURES / "torchrun-failure_sigkill_2-agent-loopback_torch-2.13.log").read_text())
+    peer = logs.rank_failures((FIXTURES / "torchrun-failure_peer-exit1_2-agent-loopback_torch-2.13.log").read_text())
     assert killed == [logs.RankFailure(1, -9, "2026-11-29_23:11:42")]
     assert peer == [logs.RankFailure(0, 1, "2026-11-29_23:11:44")]
     host, failure = logs.first_failure({"a": peer, "b": killed})
@@ -255,8 +300,7 @@ def test_line_sink_reassembles_lines_split_across_chunks(tmp_path):
         for chunk in ("[rank0]:step 1/2 | tra", "in loss 5.0\n[rank1]:x\r\nno newline"):
             sink.write(chunk)
         sink.close()
-    assert seen == [("h", "rank0", "step 1/2 | train loss 5.0"), ("h", "rank1", "x"),
-                    ("h", "torchrun", "no newline")]
+    assert seen == [("h", "rank0", "step 1/2 | train loss 5.0"), ("h", "rank1", "x"), ("h", "torchrun", "no newline")]
     assert (tmp_path / "h.log").read_text().splitlines()[0] == "[rank0]:step 1/2 | train loss 5.0"
 
 
@@ -281,8 +325,7 @@ def test_gpu_utilisation_and_memory_are_parsed_from_nvidia_smi_csv():
     with open(FIXTURES / "nvidia-smi-query-gpu-csv_h200_590.48.01.csv") as f:
         header, row = [[c.strip() for c in r] for r in csv.reader(f)][:2]
     col = {name: row[i] for i, name in enumerate(header)}
-    fields = [col["index"], col["utilization.gpu [%]"], col["memory.used [MiB]"],
-              col["memory.total [MiB]"]]
+    fields = [col["index"], col["utilization.gpu [%]"], col["memory.used [MiB]"], col["memory.total [MiB]"]]
     line = ", ".join(v.split()[0] for v in fields)
     proc = (FIXTURES / "monitor-sample_dev-vm-no-gpu.txt").read_text()
     raw = monitor.parse_sample(proc + line + "\n[N/A], bad line\n", 0.0)
@@ -290,8 +333,7 @@ def test_gpu_utilisation_and_memory_are_parsed_from_nvidia_smi_csv():
 
 
 def test_usage_gives_mean_and_peak():
-    samples = [monitor.Sample(t, cpu, mem, gpu, 10.0) for t, cpu, mem, gpu in
-               [(1, 50, 20, 90), (2, 100, 30, 70)]]
+    samples = [monitor.Sample(t, cpu, mem, gpu, 10.0) for t, cpu, mem, gpu in [(1, 50, 20, 90), (2, 100, 30, 70)]]
     u = monitor.usage(samples)
     assert (u.cpu_mean, u.cpu_peak, u.mem_peak, u.gpu_util_mean, u.gpu_util_peak) == (75, 100, 30, 80, 90)
     assert monitor.usage([]) is None
@@ -320,8 +362,15 @@ def test_scaling_efficiency_compares_with_the_latest_matching_single_node_record
 
 def test_a_run_that_failed_is_not_ok_and_names_who_failed(tmp_path):
     p = two_node_plan()
-    out = Outcome("r1", p, tmp_path, failure="n1 rank 3 failed first (killed by signal 9)",
-                  failed_host="n1", failed_rank=3, teardown={"n0": {"left": []}, "n1": {"left": []}})
+    out = Outcome(
+        "r1",
+        p,
+        tmp_path,
+        failure="n1 rank 3 failed first (killed by signal 9)",
+        failed_host="n1",
+        failed_rank=3,
+        teardown={"n0": {"left": []}, "n1": {"left": []}},
+    )
     r = report.build(out, tmp_path / "rec.json", "sig")
     assert not r.ok
     assert r.failed_host == "n1"
@@ -343,8 +392,9 @@ def spawn_fake_run(tmp_path: Path, run_id: str, node: str) -> tuple[subprocess.P
     env = {**os.environ, "PROVISION_RUN_ID": run_id, "PROVISION_NODE": node}
     proc = subprocess.Popen(["setsid", "sh", "-c", script], env=env)
     for _ in range(100):
-        if (run_dir / "torchrun.pid").exists() and len(reaper.targets(
-                int((run_dir / "torchrun.pid").read_text()), run_id, node)) >= 3:
+        if (run_dir / "torchrun.pid").exists() and len(
+            reaper.targets(int((run_dir / "torchrun.pid").read_text()), run_id, node)
+        ) >= 3:
             break
         time.sleep(0.05)
     return proc, run_dir
@@ -358,16 +408,16 @@ def test_blame_names_the_killed_rank_but_not_after_ctrl_c_and_not_an_errored_pee
     assert (host, rank) == ("b", 1)
     assert failure == "b rank 1 failed first (killed by signal 9); a: torchrun exited 1"
     assert logs.blame("interrupted (Ctrl-C)", None, texts) == ("interrupted (Ctrl-C)", None, None)
-    assert logs.blame("a: SSH connection lost", "a", {"a": peer}) == (
-        "a: SSH connection lost", "a", None)
+    assert logs.blame("a: SSH connection lost", "a", {"a": peer}) == ("a: SSH connection lost", "a", None)
     sigterm = killed.replace("exitcode  : -9", "exitcode  : -15")
     assert logs.blame("a: torchrun exited 1", "a", {"b": sigterm})[1:] == ("a", None)
 
 
 def test_a_root_probe_that_finds_the_training_user_runs_the_trainer_as_it(monkeypatch, tmp_path):
     both = ["/mnt/nfs/checkpoints", "/mnt/nfs/datasets"]
-    run_plan, probes, _ = prepare_with_fake_nodes(monkeypatch, tmp_path, {"n0": both, "n1": both},
-                                                  run_as="RUN_AS=train")
+    run_plan, probes, _ = prepare_with_fake_nodes(
+        monkeypatch, tmp_path, {"n0": both, "n1": both}, run_as="RUN_AS=train"
+    )
     assert [n.run_as for n in run_plan.nodes] == ["train", "train"]
     # Writability of the shares is asked as that user (root_squash), not as root.
     assert all("runuser -u train -- test -w" in c for c in probes)

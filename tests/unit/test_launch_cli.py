@@ -9,8 +9,7 @@ import pytest
 @pytest.fixture
 def inventory(tmp_path):
     path = tmp_path / "inv.py"
-    path.write_text("nodes = [('a', {'ssh_hostname': '192.0.2.250'}), "
-                    "('b', {'ssh_hostname': '192.0.2.251'})]\n")
+    path.write_text("nodes = [('a', {'ssh_hostname': '192.0.2.250'}), ('b', {'ssh_hostname': '192.0.2.251'})]\n")
     return path
 
 

@@ -15,8 +15,16 @@ PACKAGE = Path(__file__).resolve().parents[2] / "provision"
 LAYERS: list[tuple[str, ...]] = [
     ("provision.__main__",),
     ("provision.cli",),
-    ("provision.up", "provision.validate", "provision.launch", "provision.backup", "provision.status",
-     "provision.testbed", "provision.demo", "provision.verify"),
+    (
+        "provision.up",
+        "provision.validate",
+        "provision.launch",
+        "provision.backup",
+        "provision.status",
+        "provision.testbed",
+        "provision.demo",
+        "provision.verify",
+    ),
     ("provision.deploys",),
     ("provision.engine", "provision.remote"),
     ("provision.operations",),
@@ -93,8 +101,13 @@ def test_every_import_points_down_the_layers() -> None:
 
 def test_no_deploy_imports_another_deploy() -> None:
     graph = _graph()
-    crossing = [f"{m} -> {t}" for m, ts in graph.items() if m.startswith("provision.deploys.")
-                for t in ts if t.startswith("provision.deploys.") and t != m]
+    crossing = [
+        f"{m} -> {t}"
+        for m, ts in graph.items()
+        if m.startswith("provision.deploys.")
+        for t in ts
+        if t.startswith("provision.deploys.") and t != m
+    ]
     assert crossing == []
 
 
@@ -107,7 +120,7 @@ def test_there_are_no_import_cycles() -> None:
         state[node] = 1
         for nxt in graph.get(node, ()):
             if state.get(nxt) == 1:
-                cycles.append(" -> ".join([*path[path.index(nxt):], nxt]))
+                cycles.append(" -> ".join([*path[path.index(nxt) :], nxt]))
             elif nxt not in state:
                 visit(nxt, [*path, nxt])
         state[node] = 2
@@ -118,13 +131,16 @@ def test_there_are_no_import_cycles() -> None:
     assert cycles == []
 
 
-@pytest.mark.parametrize(("module", "target", "expected"), [
-    ("provision.settings", "provision.validate.judge", "upward"),
-    ("provision.deploys.nfs", "provision.deploys.base", None),  # same package: the deploy test catches it
-    ("provision.status.gather", "provision.validate.history", None),  # allowed sibling
-    ("provision.status.gather", "provision.launch.plan", "sibling"),
-    ("provision.cli.up", "provision.engine", None),
-])
+@pytest.mark.parametrize(
+    ("module", "target", "expected"),
+    [
+        ("provision.settings", "provision.validate.judge", "upward"),
+        ("provision.deploys.nfs", "provision.deploys.base", None),  # same package: the deploy test catches it
+        ("provision.status.gather", "provision.validate.history", None),  # allowed sibling
+        ("provision.status.gather", "provision.launch.plan", "sibling"),
+        ("provision.cli.up", "provision.engine", None),
+    ],
+)
 def test_the_layer_check_itself_tells_up_from_down(module, target, expected) -> None:
     bad = _violations({module: {target}})
     assert bad == ([] if expected is None else [f"{module} imports {target} ({expected})"])

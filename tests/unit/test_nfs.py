@@ -40,8 +40,13 @@ def test_no_cluster_cidr_is_refused_rather_than_exported_to_everyone():
 def test_client_mounts_nfs_4_2_hard_and_never_blocks_boot():
     line = nfs.client_fstab_line("10.77.0.1", settings(), "checkpoints")
     device, path, fstype, options, dump, passno = line.split()
-    assert (device, path, fstype, dump, passno) == ("10.77.0.1:/data/shared/checkpoints",
-                                                    "/shared/checkpoints", "nfs", "0", "0")
+    assert (device, path, fstype, dump, passno) == (
+        "10.77.0.1:/data/shared/checkpoints",
+        "/shared/checkpoints",
+        "nfs",
+        "0",
+        "0",
+    )
     opts = options.split(",")
     for wanted in ("vers=4.2", "hard", "_netdev", "nofail", "x-systemd.automount"):
         assert wanted in opts

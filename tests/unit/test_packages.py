@@ -8,10 +8,14 @@ from provision.rules import packages as pkgs
 from tests.helpers.deploy_facts import H100, P100, os_info
 
 
-@pytest.mark.parametrize(("fixture", "distro"), [
-    ("ubuntu-22.04-jammy", "ubuntu2204"), ("ubuntu-24.04.3-noble", "ubuntu2404"),
-    ("debian-12-bookworm", "debian12"),
-])
+@pytest.mark.parametrize(
+    ("fixture", "distro"),
+    [
+        ("ubuntu-22.04-jammy", "ubuntu2204"),
+        ("ubuntu-24.04.3-noble", "ubuntu2404"),
+        ("debian-12-bookworm", "debian12"),
+    ],
+)
 def test_cuda_distro_names_the_repository_directory(fixture: str, distro: str) -> None:
     assert pkgs.cuda_distro(os_info(fixture)) == distro
 
@@ -33,26 +37,31 @@ def test_cuda_repo_branch_metapackages() -> None:
 
 def test_ubuntu_server_packages_include_signed_modules_for_the_running_kernel() -> None:
     choice = pkgs.driver_packages("ubuntu-server", "580", None, True, "6.8.0-45-generic")
-    assert choice.install == ["nvidia-driver-580-server-open",
-                              "linux-modules-nvidia-580-server-open-6.8.0-45-generic"]
-    prop = pkgs.driver_packages("ubuntu-server", "570", "570.195.03-0ubuntu0.22.04.1", False,
-                                "5.15.0-185-generic")
-    assert prop.install == ["nvidia-driver-570-server=570.195.03-0ubuntu0.22.04.1",
-                            "linux-modules-nvidia-570-server-5.15.0-185-generic"]
+    assert choice.install == ["nvidia-driver-580-server-open", "linux-modules-nvidia-580-server-open-6.8.0-45-generic"]
+    prop = pkgs.driver_packages("ubuntu-server", "570", "570.195.03-0ubuntu0.22.04.1", False, "5.15.0-185-generic")
+    assert prop.install == [
+        "nvidia-driver-570-server=570.195.03-0ubuntu0.22.04.1",
+        "linux-modules-nvidia-570-server-5.15.0-185-generic",
+    ]
 
 
 def test_fabricmanager_name_drops_branch_suffix_from_580() -> None:
-    assert pkgs.fabricmanager_package("570", None) == ("nvidia-fabricmanager-570=570.*",
-                                                      "nvidia-fabricmanager-570")
-    assert pkgs.fabricmanager_package("580", "580.95.05") == ("nvidia-fabricmanager=580.95.05-1",
-                                                             "nvidia-fabricmanager")
+    assert pkgs.fabricmanager_package("570", None) == ("nvidia-fabricmanager-570=570.*", "nvidia-fabricmanager-570")
+    assert pkgs.fabricmanager_package("580", "580.95.05") == (
+        "nvidia-fabricmanager=580.95.05-1",
+        "nvidia-fabricmanager",
+    )
 
 
 def test_fabricmanager_from_canonical_keeps_the_branch_suffix_and_its_own_revisions() -> None:
-    assert pkgs.fabricmanager_package("580", None, "ubuntu-server") == ("nvidia-fabricmanager-580=580.*",
-                                                                       "nvidia-fabricmanager-580")
+    assert pkgs.fabricmanager_package("580", None, "ubuntu-server") == (
+        "nvidia-fabricmanager-580=580.*",
+        "nvidia-fabricmanager-580",
+    )
     assert pkgs.fabricmanager_package("580", "580.95.05-0ubuntu0.24.04.1", "ubuntu-server") == (
-        "nvidia-fabricmanager-580=580.95.05-*", "nvidia-fabricmanager-580")
+        "nvidia-fabricmanager-580=580.95.05-*",
+        "nvidia-fabricmanager-580",
+    )
 
 
 def test_secure_boot_on_debian_stops_with_what_to_do() -> None:

@@ -31,7 +31,8 @@ def test_an_error_preparing_one_host_fails_that_host_and_the_others_finish(monke
     assert run.ran(good.name, r"echo hello")
     assert not run.results[bad.name].ok
     assert [str(f) for f in run.results[bad.name].failures] == [
-        "raising: internal error: OSError: state directory is read-only"]
+        "raising: internal error: OSError: state directory is read-only"
+    ]
     assert not run.ran(bad.name, r"echo hello")
 
 
@@ -39,7 +40,8 @@ def test_an_error_on_every_host_is_recorded_for_each(monkeypatch) -> None:
     bad = fake_node("bad", Settings(), {})
     run = run_fake(STEP, [bad], monkeypatch)
     assert [str(f) for f in run.results[bad.name].failures] == [
-        "raising: internal error: OSError: state directory is read-only"]
+        "raising: internal error: OSError: state directory is read-only"
+    ]
 
 
 @deploy("Skips itself on one host")

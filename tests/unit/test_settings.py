@@ -44,14 +44,17 @@ def test_data_disks_accepts_auto_by_id_and_serial():
 
 
 @pytest.mark.parametrize("key", ["data_disks", "force_format"])
-@pytest.mark.parametrize(("disk", "expected"), [
-    ("/dev/sdb", "kernel name that can change between boots"),
-    ("/dev/nvme0n1", "kernel name that can change between boots"),
-    ("/dev/disk/by-uuid/1b4e28ba-2fa1-11d2-883f-0016d3cca427", "not a /dev/disk/by-id path"),
-    ("/dev/disk/by-path/pci-0000:00:04.0", "not a /dev/disk/by-id path"),
-    ("/dev/disk/by-label/scratch", "not a /dev/disk/by-id path"),
-    ("", "neither a /dev/disk/by-id path nor a serial"),
-])
+@pytest.mark.parametrize(
+    ("disk", "expected"),
+    [
+        ("/dev/sdb", "kernel name that can change between boots"),
+        ("/dev/nvme0n1", "kernel name that can change between boots"),
+        ("/dev/disk/by-uuid/1b4e28ba-2fa1-11d2-883f-0016d3cca427", "not a /dev/disk/by-id path"),
+        ("/dev/disk/by-path/pci-0000:00:04.0", "not a /dev/disk/by-id path"),
+        ("/dev/disk/by-label/scratch", "not a /dev/disk/by-id path"),
+        ("", "neither a /dev/disk/by-id path nor a serial"),
+    ],
+)
 def test_disk_keys_refuse_anything_but_a_by_id_path_or_a_serial_naming_host_and_key(key, disk, expected):
     _, problems = parse_settings({key: [disk]}, "inv.py: host node1")
     assert len(problems) == 1
@@ -85,16 +88,19 @@ def test_the_nfs_export_root_follows_the_data_mount_unless_set():
     assert chosen.nfs_export_root == "/export"
 
 
-@pytest.mark.parametrize(("key", "value", "expected"), [
-    ("numpy_version", "2.2.6; rm -rf /", "not a version number"),
-    ("torch_version", "2.13.0 numpy", "not a version number"),
-    ("nvml_version", ">=13", "not a version number"),
-    ("nccl_version", "", "not a version number"),
-    ("nvidia_driver_version", "latest", "not a version number"),
-    ("nvidia_driver_branch", "580.95", "not a driver branch"),
-    ("cuda_toolkit_version", "12", "not a CUDA major-minor version"),
-    ("nvidia_keyring_sha256", "ABC", "not a SHA-256"),
-])
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        ("numpy_version", "2.2.6; rm -rf /", "not a version number"),
+        ("torch_version", "2.13.0 numpy", "not a version number"),
+        ("nvml_version", ">=13", "not a version number"),
+        ("nccl_version", "", "not a version number"),
+        ("nvidia_driver_version", "latest", "not a version number"),
+        ("nvidia_driver_branch", "580.95", "not a driver branch"),
+        ("cuda_toolkit_version", "12", "not a CUDA major-minor version"),
+        ("nvidia_keyring_sha256", "ABC", "not a SHA-256"),
+    ],
+)
 def test_versions_that_go_into_install_commands_are_checked(key, value, expected):
     _, problems = parse_settings({key: value}, "inv.py: host n1")
     (problem,) = problems
@@ -103,9 +109,16 @@ def test_versions_that_go_into_install_commands_are_checked(key, value, expected
 
 
 def test_real_versions_pass_and_nulls_unpin():
-    good = {"torch_version": "2.13.0+cpu", "numpy_version": "2.2.6", "nvml_version": "13.580.126",
-            "nccl_version": "2.27.7-1+cuda12.8", "nvidia_driver_version": "580.95.05-0ubuntu0.24.04.1",
-            "nvidia_driver_branch": "1000", "cuda_toolkit_version": "12.8", "nvidia_keyring_sha256": "0" * 64}
+    good = {
+        "torch_version": "2.13.0+cpu",
+        "numpy_version": "2.2.6",
+        "nvml_version": "13.580.126",
+        "nccl_version": "2.27.7-1+cuda12.8",
+        "nvidia_driver_version": "580.95.05-0ubuntu0.24.04.1",
+        "nvidia_driver_branch": "1000",
+        "cuda_toolkit_version": "12.8",
+        "nvidia_keyring_sha256": "0" * 64,
+    }
     assert parse_settings(good, "x")[1] == []
     unpinned, problems = parse_settings({"numpy_version": None, "nvml_version": None}, "x")
     assert problems == []
@@ -118,8 +131,10 @@ def test_nccl_without_a_cuda_version_to_match_is_refused():
     (problem,) = problems
     assert str(problem).startswith("inv.py: host n1: key install_nccl: ")
     assert "nccl_version with its +cudaX.Y suffix" in str(problem)
-    for fine in ({"install_nccl": True}, {"install_nccl": True, "cuda_toolkit_version": None,
-                                          "nccl_version": "2.27.7-1+cuda12.8"}):
+    for fine in (
+        {"install_nccl": True},
+        {"install_nccl": True, "cuda_toolkit_version": None, "nccl_version": "2.27.7-1+cuda12.8"},
+    ):
         assert parse_settings(fine, "x")[1] == []
 
 

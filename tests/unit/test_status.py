@@ -14,7 +14,8 @@ def cluster(tmp_path: Path, **data):
     inv = tmp_path / "inv.py"
     inv.write_text(
         f"nodes = [('n1', {{'ssh_hostname': '192.0.2.1', **{data!r}}}), ('n2', {{'ssh_hostname': '192.0.2.2'}})]\n"
-        "storage = ['n2']\n")
+        "storage = ['n2']\n"
+    )
     return inventory.load(inv)
 
 
@@ -40,8 +41,12 @@ def test_torch_version_drift_names_both_versions(tmp_path):
 
 def test_driver_of_another_branch_is_drift(tmp_path):
     c = cluster(tmp_path, nvidia="force", cuda_toolkit_version=None)
-    stack = InstalledStack(packages={"nvidia-driver-570-open": "570.172.08-0ubuntu1"},
-                           loaded_driver="570.172.08", venv=GOOD_VENV, mounts=NFS_OK)
+    stack = InstalledStack(
+        packages={"nvidia-driver-570-open": "570.172.08-0ubuntu1"},
+        loaded_driver="570.172.08",
+        venv=GOOD_VENV,
+        mounts=NFS_OK,
+    )
     (d,) = judge(c, stack).drift
     assert d.item == "nvidia driver"
     assert d.expected == "580.*"
@@ -50,8 +55,9 @@ def test_driver_of_another_branch_is_drift(tmp_path):
 
 def test_loaded_module_older_than_installed_driver_means_reboot_pending(tmp_path):
     c = cluster(tmp_path, nvidia="force", cuda_toolkit_version=None)
-    stack = InstalledStack(packages={"nvidia-driver-580-open": "580.95.05-1"}, loaded_driver="580.82.07",
-                           venv=GOOD_VENV, mounts=NFS_OK)
+    stack = InstalledStack(
+        packages={"nvidia-driver-580-open": "580.95.05-1"}, loaded_driver="580.82.07", venv=GOOD_VENV, mounts=NFS_OK
+    )
     status = judge(c, stack)
     assert status.reboot_pending
     assert [(d.item, d.actual) for d in status.drift] == [("loaded nvidia module", "580.82.07")]
@@ -59,9 +65,13 @@ def test_loaded_module_older_than_installed_driver_means_reboot_pending(tmp_path
 
 def test_fabric_manager_must_match_the_driver_on_nvswitch_systems(tmp_path):
     c = cluster(tmp_path, nvidia="force", cuda_toolkit_version=None)
-    stack = InstalledStack(packages={"nvidia-driver-580-open": "580.95.05-1",
-                                     "nvidia-fabricmanager-580": "580.82.07-1"},
-                           loaded_driver="580.95.05", nvswitches=4, venv=GOOD_VENV, mounts=NFS_OK)
+    stack = InstalledStack(
+        packages={"nvidia-driver-580-open": "580.95.05-1", "nvidia-fabricmanager-580": "580.82.07-1"},
+        loaded_driver="580.95.05",
+        nvswitches=4,
+        venv=GOOD_VENV,
+        mounts=NFS_OK,
+    )
     (d,) = judge(c, stack).drift
     assert (d.item, d.expected, d.actual) == ("fabric manager", "580.95.05", "580.82.07")
 
@@ -82,36 +92,53 @@ def test_storage_node_checks_its_data_volume_not_nfs_clients(tmp_path):
 
 
 def test_backup_age_from_the_service_exit_time(tmp_path):
-    status = judge(cluster(tmp_path), InstalledStack(venv=GOOD_VENV, mounts=NFS_OK, backup_result="success",
-                                                     backup_finished_epoch=1_000_000 - 7200))
+    status = judge(
+        cluster(tmp_path),
+        InstalledStack(venv=GOOD_VENV, mounts=NFS_OK, backup_result="success", backup_finished_epoch=1_000_000 - 7200),
+    )
     assert status.last_backup == "2h ago (success)"
 
 
 def test_last_backup_survives_a_reboot_and_a_later_failure_is_said(tmp_path):
     # After a reboot systemd has no Result or timestamp; the script's stamp still has the time.
-    rebooted = judge(cluster(tmp_path), InstalledStack(venv=GOOD_VENV, mounts=NFS_OK,
-                                                       backup_success_epoch=1_000_000 - 3 * 3600))
+    rebooted = judge(
+        cluster(tmp_path), InstalledStack(venv=GOOD_VENV, mounts=NFS_OK, backup_success_epoch=1_000_000 - 3 * 3600)
+    )
     assert rebooted.last_backup == "3h ago (success)"
     assert rebooted.last_backup_age_s == 3 * 3600
-    failed = judge(cluster(tmp_path), InstalledStack(venv=GOOD_VENV, mounts=NFS_OK, backup_result="exit-code",
-                                                     backup_finished_epoch=1_000_000 - 60,
-                                                     backup_success_epoch=1_000_000 - 86400))
+    failed = judge(
+        cluster(tmp_path),
+        InstalledStack(
+            venv=GOOD_VENV,
+            mounts=NFS_OK,
+            backup_result="exit-code",
+            backup_finished_epoch=1_000_000 - 60,
+            backup_success_epoch=1_000_000 - 86400,
+        ),
+    )
     assert failed.last_backup == "1d ago (last run: failed)"
-    never = judge(cluster(tmp_path), InstalledStack(venv=GOOD_VENV, mounts=NFS_OK, backup_result="exit-code",
-                                                    backup_finished_epoch=1_000_000 - 60))
+    never = judge(
+        cluster(tmp_path),
+        InstalledStack(venv=GOOD_VENV, mounts=NFS_OK, backup_result="exit-code", backup_finished_epoch=1_000_000 - 60),
+    )
     assert never.last_backup == "never succeeded (last run: failed)"
     assert never.last_backup_age_s is None
 
 
 def test_stack_parser_reads_packages_venv_mounts_and_backup():
     lines = [
-        "loaded_driver=580.95.05", "nvidia_gpus=8", "nvswitches=4",
+        "loaded_driver=580.95.05",
+        "nvidia_gpus=8",
+        "nvswitches=4",
         "pkg nvidia-driver-580-open 580.95.05-0ubuntu1 ii ",
         "pkg cuda-toolkit-12-8 12.8.1-1 rc ",
         'venv={"torch": "2.13.0+cu128", "nccl": "2.27.3"}',
         "reboot_required=no",
-        "mount /data yes yes xfs", "mount /shared/datasets no no -",
-        "backup_result=success", "backup_finished=1700000000", "backup_success=1699999000",
+        "mount /data yes yes xfs",
+        "mount /shared/datasets no no -",
+        "backup_result=success",
+        "backup_finished=1700000000",
+        "backup_success=1699999000",
     ]
     stack = parse_stack(lines)
     assert stack.packages == {"nvidia-driver-580-open": "580.95.05-0ubuntu1"}  # rc = removed

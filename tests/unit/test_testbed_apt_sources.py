@@ -41,8 +41,7 @@ Components: main
 
 def test_deb822_stanzas_are_parsed_with_comments_skipped() -> None:
     sources = apt_sources.parse_deb822(DEBIAN_SOURCES, "debian.sources")
-    assert [s.uris for s in sources] == [("http://mirror.test/debian",),
-                                         ("http://mirror.test/debian-security",)]
+    assert [s.uris for s in sources] == [("http://mirror.test/debian",), ("http://mirror.test/debian-security",)]
     assert sources[0].suites == ("bookworm", "bookworm-updates")
     assert sources[0].components == ("main",)
 
@@ -58,9 +57,11 @@ def test_deb822_disabled_stanzas_are_dropped() -> None:
 
 
 def test_one_line_entries_drop_options_and_comments() -> None:
-    text = ("# comment\ndeb [arch=amd64 signed-by=/k.gpg] http://mirror.test/debian bookworm main contrib\n"
-            "deb-src http://mirror.test/debian bookworm main\n"
-            "deb http://mirror.test/debian-security bookworm-security main # trailing\n")
+    text = (
+        "# comment\ndeb [arch=amd64 signed-by=/k.gpg] http://mirror.test/debian bookworm main contrib\n"
+        "deb-src http://mirror.test/debian bookworm main\n"
+        "deb http://mirror.test/debian-security bookworm-security main # trailing\n"
+    )
     sources = apt_sources.parse_one_line(text, "sources.list")
     assert [(s.types, s.uris, s.suites, s.components) for s in sources] == [
         (("deb",), ("http://mirror.test/debian",), ("bookworm",), ("main", "contrib")),
@@ -70,8 +71,7 @@ def test_one_line_entries_drop_options_and_comments() -> None:
 
 
 def test_mirror_is_the_source_carrying_the_release_and_guests_get_its_suites() -> None:
-    other = apt_sources.parse_deb822(
-        "Types: deb\nURIs: https://vendor.test/apt\nSuites: nodistro\nComponents: main\n")
+    other = apt_sources.parse_deb822("Types: deb\nURIs: https://vendor.test/apt\nSuites: nodistro\nComponents: main\n")
     mirror = apt_sources.debian_mirror(other + apt_sources.parse_deb822(DEBIAN_SOURCES))
     assert mirror.uri == "http://mirror.test/debian"
     text = apt_sources.guest_sources(mirror)
@@ -96,8 +96,12 @@ def test_system_sources_read_the_files_apt_reads_and_skip_others(tmp_path: Path)
     (tmp_path / "sources.list.d" / "extra.list").write_text("deb http://two.test/debian bookworm main\n")
     (tmp_path / "sources.list.d" / "old.list.disabled").write_text("deb http://no.test/debian bookworm main\n")
     uris = [s.uris[0] for s in apt_sources.read_system_sources(tmp_path)]
-    assert uris == ["http://one.test/debian", "http://mirror.test/debian",
-                    "http://mirror.test/debian-security", "http://two.test/debian"]
+    assert uris == [
+        "http://one.test/debian",
+        "http://mirror.test/debian",
+        "http://mirror.test/debian-security",
+        "http://two.test/debian",
+    ]
 
 
 def test_an_explicit_mirror_gives_release_and_updates() -> None:

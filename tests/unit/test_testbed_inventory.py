@@ -11,8 +11,10 @@ from provision.testbed.state import NodeRecord
 
 
 def _nodes() -> list[NodeRecord]:
-    return [NodeRecord(f"node{i}", i, 40000 + i, f"10.77.0.{10 + i}", 2048, 2,
-                       [f"NVME-node{i}-1", f"NVME-node{i}-2"]) for i in (1, 2)]
+    return [
+        NodeRecord(f"node{i}", i, 40000 + i, f"10.77.0.{10 + i}", 2048, 2, [f"NVME-node{i}-1", f"NVME-node{i}-2"])
+        for i in (1, 2)
+    ]
 
 
 def _write(tmp_path: Path) -> Path:
@@ -34,8 +36,7 @@ def test_written_inventory_loads_with_every_host_and_setting(tmp_path: Path) -> 
     assert node2.cluster_address == "10.77.0.12"
     assert node2.settings.cluster_cidr == "10.77.0.0/24"
     assert node2.settings.cluster_interface == "eth1"
-    assert node2.settings.data_disks == ["/dev/disk/by-id/virtio-NVME-node2-1",
-                                         "/dev/disk/by-id/virtio-NVME-node2-2"]
+    assert node2.settings.data_disks == ["/dev/disk/by-id/virtio-NVME-node2-1", "/dev/disk/by-id/virtio-NVME-node2-2"]
 
 
 def test_first_node_is_the_storage_node(tmp_path: Path) -> None:
@@ -64,8 +65,9 @@ def test_inventory_points_the_frameworks_step_at_the_cpu_wheelhouse(tmp_path: Pa
     key = tmp_path / "id"
     key.write_text("test stand-in key\n")
     (tmp_path / "wheels").mkdir()
-    path = inventory_writer.write(tmp_path / "testbed.py", _nodes(), key, tmp_path / "kh", tmp_path,
-                                  wheelhouse=tmp_path / "wheels")
+    path = inventory_writer.write(
+        tmp_path / "testbed.py", _nodes(), key, tmp_path / "kh", tmp_path, wheelhouse=tmp_path / "wheels"
+    )
     cluster = inventory_lib.load(path)
     assert {n.settings.wheelhouse for n in cluster.nodes} == {str(tmp_path / "wheels")}
 

@@ -33,8 +33,18 @@ def test_root_label_fits_ext4() -> None:
 
 
 def test_image_recipe_includes_what_later_steps_need() -> None:
-    for package in ("systemd-sysv", "openssh-server", "openssh-sftp-server", "linux-image-amd64",
-                    "python3", "sudo", "ifupdown", "iproute2", "udev", "iputils-ping"):
+    for package in (
+        "systemd-sysv",
+        "openssh-server",
+        "openssh-sftp-server",
+        "linux-image-amd64",
+        "python3",
+        "sudo",
+        "ifupdown",
+        "iproute2",
+        "udev",
+        "iputils-ping",
+    ):
         assert package in image.PACKAGES
 
 
@@ -131,8 +141,9 @@ def test_a_running_node_keeps_its_disks_and_memory_and_says_so(tmp_path: Path) -
     st = TestbedState("/img/x", "pvroot-1", "tcg", [node])
     tb._ensure_record(st, 1, disks=2, memory_mb=2048, cpus=2, disk_bps_total=None)
     assert st.nodes == [node]  # unchanged: its disks may hold data
-    assert said == [("node1", "kept as made: 1 data disks, 1024 MiB (asked 2, 2048); "
-                              "`provision testbed down` first to change them")]
+    assert said == [
+        ("node1", "kept as made: 1 data disks, 1024 MiB (asked 2, 2048); `provision testbed down` first to change them")
+    ]
     said.clear()
     tb._ensure_record(st, 1, disks=1, memory_mb=1024, cpus=2, disk_bps_total=None)
     assert said == []

@@ -11,13 +11,24 @@ from provision.testbed import network, qemu
 
 def _spec(**changes: object) -> qemu.VmSpec:
     base = dict(
-        name="node1", accel="tcg", memory_mb=2048, cpus=2, kernel=Path("/img/vmlinuz"),
-        initrd=Path("/img/initrd.img"), root_label="pvroot-abcdef12", root_disk=Path("/s/root.qcow2"),
+        name="node1",
+        accel="tcg",
+        memory_mb=2048,
+        cpus=2,
+        kernel=Path("/img/vmlinuz"),
+        initrd=Path("/img/initrd.img"),
+        root_label="pvroot-abcdef12",
+        root_disk=Path("/s/root.qcow2"),
         seed_disk=Path("/s/seed.img"),
-        data_disks=(qemu.DataDisk(Path("/s/data1.img"), "NVME-node1-1"),
-                    qemu.DataDisk(Path("/s/data2.img"), "NVME-node1-2")),
-        ssh_port=40022, mgmt_mac="52:54:00:77:00:01", cluster_mac="52:54:00:77:01:01",
-        vde_sock=Path("/s/switch/vde.ctl"), run_dir=Path("/s/nodes/node1"),
+        data_disks=(
+            qemu.DataDisk(Path("/s/data1.img"), "NVME-node1-1"),
+            qemu.DataDisk(Path("/s/data2.img"), "NVME-node1-2"),
+        ),
+        ssh_port=40022,
+        mgmt_mac="52:54:00:77:00:01",
+        cluster_mac="52:54:00:77:01:01",
+        vde_sock=Path("/s/switch/vde.ctl"),
+        run_dir=Path("/s/nodes/node1"),
     )
     base.update(changes)
     return qemu.VmSpec(**base)  # type: ignore[arg-type]
@@ -29,8 +40,9 @@ def _after(argv: list[str], flag: str) -> list[str]:
 
 def test_kernel_boots_root_by_label_with_serial_console_and_hostname() -> None:
     append = _after(qemu.argv(_spec()), "-append")
-    assert append == ["root=LABEL=pvroot-abcdef12 rw console=ttyS0 net.ifnames=0 "
-                      "systemd.hostname=node1 panic=-1 mitigations=off"]
+    assert append == [
+        "root=LABEL=pvroot-abcdef12 rw console=ttyS0 net.ifnames=0 systemd.hostname=node1 panic=-1 mitigations=off"
+    ]
 
 
 def test_tcg_uses_cpu_max_and_kvm_never_cpu_host() -> None:
@@ -52,13 +64,14 @@ def test_daemonized_with_pidfile_and_no_nographic() -> None:
 
 def test_ssh_forward_binds_loopback_only_and_cluster_nic_is_on_the_switch() -> None:
     netdevs = _after(qemu.argv(_spec()), "-netdev")
-    assert netdevs == ["user,id=mgmt,hostfwd=tcp:127.0.0.1:40022-:22",
-                       "vde,id=cluster,sock=/s/switch/vde.ctl"]
+    assert netdevs == ["user,id=mgmt,hostfwd=tcp:127.0.0.1:40022-:22", "vde,id=cluster,sock=/s/switch/vde.ctl"]
     devices = _after(qemu.argv(_spec()), "-device")
     nics = [d for d in devices if d.startswith("virtio-net-pci")]
     # management NIC first, so the guest names it eth0 and the cluster NIC eth1
-    assert nics == ["virtio-net-pci,netdev=mgmt,mac=52:54:00:77:00:01",
-                    "virtio-net-pci,netdev=cluster,mac=52:54:00:77:01:01"]
+    assert nics == [
+        "virtio-net-pci,netdev=mgmt,mac=52:54:00:77:00:01",
+        "virtio-net-pci,netdev=cluster,mac=52:54:00:77:01:01",
+    ]
 
 
 def test_data_disk_serials_are_on_the_device_not_the_drive() -> None:

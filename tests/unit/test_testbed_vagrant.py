@@ -27,8 +27,7 @@ def _checkout(tmp_path: Path, provider: str, make_keys: bool = True) -> Path:
     return inventory
 
 
-@pytest.mark.parametrize(("provider", "disk_prefix"), [("libvirt", "virtio-"),
-                                                     ("virtualbox", "ata-VBOX_HARDDISK_")])
+@pytest.mark.parametrize(("provider", "disk_prefix"), [("libvirt", "virtio-"), ("virtualbox", "ata-VBOX_HARDDISK_")])
 def test_vagrant_inventory_loads_for_each_provider(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, provider: str, disk_prefix: str
 ) -> None:
@@ -51,15 +50,21 @@ def test_vagrant_inventory_before_vagrant_up_reports_the_missing_keys(
     with pytest.raises(InputError) as raised:
         inventory_lib.load(_checkout(tmp_path, "libvirt", make_keys=False))
     assert [p.where.rsplit(": ", 2)[-2:] for p in raised.value.problems] == [
-        ["host vagrant1", "key ssh_key"], ["host vagrant2", "key ssh_key"]]
+        ["host vagrant1", "key ssh_key"],
+        ["host vagrant2", "key ssh_key"],
+    ]
 
 
 def test_vagrantfile_declares_the_inventorys_addresses_ports_and_serials() -> None:
     text = (REPO / "Vagrantfile").read_text()
     assert 'config.vm.box = "generic/ubuntu2204"' in text
-    for expected in ('name: "vagrant1", ip: "10.78.0.11", ssh_port: 2222',
-                     'name: "vagrant2", ip: "10.78.0.12", ssh_port: 2200',
-                     'serial: "NVME-#{node[:name]}-#{k}"', 'provider "libvirt"', 'provider "virtualbox"'):
+    for expected in (
+        'name: "vagrant1", ip: "10.78.0.11", ssh_port: 2222',
+        'name: "vagrant2", ip: "10.78.0.12", ssh_port: 2200',
+        'serial: "NVME-#{node[:name]}-#{k}"',
+        'provider "libvirt"',
+        'provider "virtualbox"',
+    ):
         assert expected in text
 
 

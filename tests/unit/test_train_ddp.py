@@ -44,8 +44,14 @@ def free_port() -> int:
 
 def single(args: list[str], cwd: Path) -> dict:
     summary = cwd / "summary.json"
-    proc = subprocess.run([sys.executable, str(TRAINER), *args, "--summary", str(summary)],
-                          cwd=cwd, env=ENV, capture_output=True, text=True, timeout=TIMEOUT_S)
+    proc = subprocess.run(
+        [sys.executable, str(TRAINER), *args, "--summary", str(summary)],
+        cwd=cwd,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(summary.read_text())
 
@@ -55,14 +61,33 @@ def two_nodes(args: list[str], cwd: Path) -> dict:
     summary, port = cwd / "summary.json", free_port()
     agents = []
     for node in range(2):
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
-               "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-               "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "ddptest",
-               "--rdzv-conf", f"is_host={int(node == 0)}", "--max-restarts", "0",
-               str(TRAINER), *args, "--summary", str(summary)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            "2",
+            "--nproc-per-node",
+            "1",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            f"127.0.0.1:{port}",
+            "--rdzv-id",
+            "ddptest",
+            "--rdzv-conf",
+            f"is_host={int(node == 0)}",
+            "--max-restarts",
+            "0",
+            str(TRAINER),
+            *args,
+            "--summary",
+            str(summary),
+        ]
         env = {**ENV, "PROVISION_NODE": f"node{node}"}
-        agents.append(subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
-                                       stderr=subprocess.STDOUT, text=True))
+        agents.append(
+            subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        )
     outputs = [a.communicate(timeout=TIMEOUT_S)[0] for a in agents]
     for a, out in zip(agents, outputs, strict=True):
         assert a.returncode == 0, out[-3000:]
@@ -87,9 +112,11 @@ def test_data_option_reads_any_directory_of_text_files(tmp_path):
 
 def test_ranks_together_read_the_single_rank_batch_at_every_step():
     trainer = load_trainer()
+
     def sampler(rank: int, world: int):
         d = trainer.Dist(rank, rank, world, None, "n")
         return trainer.StepSampler(d, 1000, 16 // world, seed=7)
+
     one = sampler(0, 1)
     pair = [sampler(0, 2), sampler(1, 2)]
     for step in (0, 1, 61, 62, 63, 500):  # 62 steps per epoch: crosses epochs
@@ -144,11 +171,18 @@ def test_peak_flops_take_the_most_specific_gpu_name():
     NVL and Blackwell parts that a plain "H100"/"H200" fragment used to mistake."""
     trainer = load_trainer()
     fixtures = Path(__file__).parent.parent / "fixtures"
-    captured = {line.split(":", 1)[1].strip() for f in fixtures.glob("nvidia-smi-a_*.txt")
-                for line in f.read_text().splitlines() if "Product Name" in line}
-    captured |= {line.split("<product_name>")[1].split("<")[0]
-                 for f in fixtures.glob("nvidia-smi-q-x_*.xml")
-                 for line in f.read_text().splitlines() if "<product_name>" in line}
+    captured = {
+        line.split(":", 1)[1].strip()
+        for f in fixtures.glob("nvidia-smi-a_*.txt")
+        for line in f.read_text().splitlines()
+        if "Product Name" in line
+    }
+    captured |= {
+        line.split("<product_name>")[1].split("<")[0]
+        for f in fixtures.glob("nvidia-smi-q-x_*.xml")
+        for line in f.read_text().splitlines()
+        if "<product_name>" in line
+    }
     assert {"NVIDIA H100 80GB HBM3", "NVIDIA H100 NVL", "NVIDIA H200"} <= captured
     names = captured | {"NVIDIA H100 PCIe", "NVIDIA H200 NVL", "NVIDIA B200", "NVIDIA GH200 480GB"}
     for name in names:
@@ -242,8 +276,11 @@ def test_a_node_that_waits_for_a_slow_one_reports_its_own_faster_rate():
     assert rate["tps"] == pytest.approx(8 * 64 / 0.2)  # the cluster: the first step left out
     assert rate["own_tps"] == pytest.approx(4 * 64 / 0.1)  # this rank: step less its wait
     assert (rate["step_ms"], rate["wait_ms"], rate["fwd_ms"]) == pytest.approx((200, 100, 20))
-    ranks = [{"node": "fast", "tokens_per_s": 2560.0}, {"node": "fast", "tokens_per_s": 2560.0},
-             {"node": "slow", "tokens_per_s": 1280.0}]
+    ranks = [
+        {"node": "fast", "tokens_per_s": 2560.0},
+        {"node": "fast", "tokens_per_s": 2560.0},
+        {"node": "slow", "tokens_per_s": 1280.0},
+    ]
     assert trainer.node_rates(ranks) == {"fast": 5120.0, "slow": 1280.0}
 
 

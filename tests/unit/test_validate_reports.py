@@ -114,11 +114,25 @@ def test_each_gpus_full_nvml_record_reaches_the_json_inventory_and_the_html():
     from provision.settings import Settings
     from provision.validate import controller, parsers
 
-    gpu = {"index": 0, "name": "NVIDIA H100 80GB HBM3", "pci_device_id": 0x2330, "memory_mib": 81559,
-           "driver_version": "580.95.05", "cuda_version": "13.0", "pcie_gen_current": 5, "pcie_gen_max": 5,
-           "pcie_width_current": 16, "pcie_width_max": 16, "ecc_uncorrected": 0, "retired_pages": 0,
-           "throttle_active": ["sw_power_cap"], "persistence_mode": True, "bus_id": "00000000:18:00.0",
-           "clocks_mhz": {"sm": 1980, "sm_max": 1980}, "nvlink_up": 18}
+    gpu = {
+        "index": 0,
+        "name": "NVIDIA H100 80GB HBM3",
+        "pci_device_id": 0x2330,
+        "memory_mib": 81559,
+        "driver_version": "580.95.05",
+        "cuda_version": "13.0",
+        "pcie_gen_current": 5,
+        "pcie_gen_max": 5,
+        "pcie_width_current": 16,
+        "pcie_width_max": 16,
+        "ecc_uncorrected": 0,
+        "retired_pages": 0,
+        "throttle_active": ["sw_power_cap"],
+        "persistence_mode": True,
+        "bus_id": "00000000:18:00.0",
+        "clocks_mhz": {"sm": 1980, "sm_max": 1980},
+        "nvlink_up": 18,
+    }
     report = parsers.AgentReport("g1", "g1", {"cpu": {}}, (parsers.gpu_from_nvml(gpu),), (), ())
     node = Node("g1", SshTarget("192.0.2.1", 22, None, None, None, "yes"), ("gpu_nodes",), Settings())
     record = controller._input(node, report, controller.Plan()).inventory["gpus"][0]

@@ -22,12 +22,21 @@ from provision.verify import test_base as base_checks
 from provision.verify import test_nvidia as nvidia_checks
 
 # NvidiaDevices' output on a host with an NVSwitch: sysfs, then lspci's name, then no NVML.
-HGX_NVSWITCH = ("0000:05:00.0 0x10de 0x22a3 0x068000\n--- lspci ---\n"
-                "0000:05:00.0 Bridge [0680]: NVIDIA Corporation GH100 [H100 NVSwitch] [10de:22a3] (rev a1)\n"
-                "--- nvml ---\n")
+HGX_NVSWITCH = (
+    "0000:05:00.0 0x10de 0x22a3 0x068000\n--- lspci ---\n"
+    "0000:05:00.0 Bridge [0680]: NVIDIA Corporation GH100 [H100 NVSwitch] [10de:22a3] (rev a1)\n"
+    "--- nvml ---\n"
+)
 NO_NVIDIA_DEVICE = "--- lspci ---\n--- nvml ---\n"
-STANDIN_DRIVER = ["nvidia-open-580", "nvidia-open", "nvidia-driver-cuda", "libnvidia-compute",
-                  "nvidia-kernel-open-dkms", "nvidia-persistenced", "nvidia-fabricmanager"]
+STANDIN_DRIVER = [
+    "nvidia-open-580",
+    "nvidia-open",
+    "nvidia-driver-cuda",
+    "libnvidia-compute",
+    "nvidia-kernel-open-dkms",
+    "nvidia-persistenced",
+    "nvidia-fabricmanager",
+]
 
 
 @dataclass
@@ -78,27 +87,37 @@ def dpkg(held: list[str], unheld: list[str], version: str = "580.95.05-1") -> st
     return "\n".join(lines) + "\n"
 
 
-def standin_host(held: list[str] | None = None, unheld: tuple[str, ...] = (), fm_active: str = "active",
-                 fm_version: str = "580.95.05-1", pci: str = NO_NVIDIA_DEVICE) -> StandInHost:
+def standin_host(
+    held: list[str] | None = None,
+    unheld: tuple[str, ...] = (),
+    fm_active: str = "active",
+    fm_version: str = "580.95.05-1",
+    pci: str = NO_NVIDIA_DEVICE,
+) -> StandInHost:
     """The state the stand-in e2e leaves after `up --only nvidia` and its reboot."""
     held = STANDIN_DRIVER if held is None else held
     packages = dpkg([n for n in held if n != "nvidia-fabricmanager"], list(unheld))
     if "nvidia-fabricmanager" in held:
         packages += f"pkg nvidia-fabricmanager {fm_version} hi \nhold nvidia-fabricmanager\n"
-    return StandInHost({
-        AptHolds().command(): (0, packages),
-        "uname -r": (0, "6.1.0-41-amd64\n"),
-        NvidiaDevices().command(): (0, pci),
-        "nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n1": (0, "580.95.05\n"),
-        "systemctl is-enabled nvidia-fabricmanager": (0, "enabled\n"),
-        "systemctl is-active nvidia-fabricmanager": (0 if fm_active == "active" else 3, fm_active + "\n"),
-        "systemctl is-enabled nvidia-persistenced": (0, "enabled\n"),
-        "systemctl is-active nvidia-persistenced": (0, "active\n"),
-        "cat /proc/modules": (0, "nvidia 12345 0 - Live 0x0\nvirtio_net 61440 0 - Live 0x0\n"),
-        "ls /etc/apt/sources.list.d/cuda-*.sources": (0, "/etc/apt/sources.list.d/cuda-debian12.sources\n"),
-    }, {nvidia.PIN_FILE: apt_pin_preferences("580"),
-        nvidia.PERSISTENCED_DROPIN: "[Service]\nExecStart=\nExecStart=/usr/bin/nvidia-persistenced "
-                                    "--persistence-mode\n"})
+    return StandInHost(
+        {
+            AptHolds().command(): (0, packages),
+            "uname -r": (0, "6.1.0-41-amd64\n"),
+            NvidiaDevices().command(): (0, pci),
+            "nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n1": (0, "580.95.05\n"),
+            "systemctl is-enabled nvidia-fabricmanager": (0, "enabled\n"),
+            "systemctl is-active nvidia-fabricmanager": (0 if fm_active == "active" else 3, fm_active + "\n"),
+            "systemctl is-enabled nvidia-persistenced": (0, "enabled\n"),
+            "systemctl is-active nvidia-persistenced": (0, "active\n"),
+            "cat /proc/modules": (0, "nvidia 12345 0 - Live 0x0\nvirtio_net 61440 0 - Live 0x0\n"),
+            "ls /etc/apt/sources.list.d/cuda-*.sources": (0, "/etc/apt/sources.list.d/cuda-debian12.sources\n"),
+        },
+        {
+            nvidia.PIN_FILE: apt_pin_preferences("580"),
+            nvidia.PERSISTENCED_DROPIN: "[Service]\nExecStart=\nExecStart=/usr/bin/nvidia-persistenced "
+            "--persistence-mode\n",
+        },
+    )
 
 
 def settings(**changes: Any) -> dict[str, Any]:
@@ -146,11 +165,14 @@ def test_enabled_but_stopped_persistence_daemon_fails() -> None:
         nvidia_checks.test_persistence_daemon_runs_in_persistence_mode(host)
 
 
-@pytest.mark.parametrize("broken", [
-    {"held": [n for n in STANDIN_DRIVER if n != "nvidia-fabricmanager"]},  # NVSwitch host, none installed
-    {"fm_active": "failed"},
-    {"fm_version": "580.82.07-1"},
-])
+@pytest.mark.parametrize(
+    "broken",
+    [
+        {"held": [n for n in STANDIN_DRIVER if n != "nvidia-fabricmanager"]},  # NVSwitch host, none installed
+        {"fm_active": "failed"},
+        {"fm_version": "580.82.07-1"},
+    ],
+)
 def test_nvswitch_host_without_a_working_matching_fabric_manager_fails(broken: dict[str, Any]) -> None:
     host = standin_host(pci=HGX_NVSWITCH, **broken)
     with pytest.raises(AssertionError):
@@ -159,8 +181,10 @@ def test_nvswitch_host_without_a_working_matching_fabric_manager_fails(broken: d
 
 def test_unheld_fabric_manager_fails() -> None:
     host = standin_host()
-    host.commands[AptHolds().command()] = (0, host.commands[AptHolds().command()][1].replace(
-        "hold nvidia-fabricmanager\n", ""))
+    host.commands[AptHolds().command()] = (
+        0,
+        host.commands[AptHolds().command()][1].replace("hold nvidia-fabricmanager\n", ""),
+    )
     with pytest.raises(AssertionError, match="not held"):
         nvidia_checks.test_fabric_manager_is_held_running_and_matches_the_driver(host, settings(fabric_manager="force"))
 
@@ -202,4 +226,5 @@ def test_training_user_ssh_is_tried_to_every_other_node_only() -> None:
 def test_training_user_ssh_check_skips_on_one_node() -> None:
     with pytest.raises(pytest.skip.Exception):
         base_checks.test_training_user_reaches_every_other_node_by_ssh(
-            StandInHost({}), settings(), {"all_nodes": {"node1": "10.77.0.11"}})
+            StandInHost({}), settings(), {"all_nodes": {"node1": "10.77.0.11"}}
+        )

@@ -38,8 +38,10 @@ def test_exportfs_output_is_read_per_share_with_exact_clients_and_options() -> N
     # line, its client on the next; options in parentheses.
     from provision.verify.test_storage import parse_exportfs
 
-    text = ("/data/shared/datasets\n\t\t10.77.0.0/24(sync,wdelay,hide,no_subtree_check,sec=sys,rw,secure,"
-            "root_squash,no_all_squash)\n/srv\t<world>(async,rw,no_root_squash)\n")
+    text = (
+        "/data/shared/datasets\n\t\t10.77.0.0/24(sync,wdelay,hide,no_subtree_check,sec=sys,rw,secure,"
+        "root_squash,no_all_squash)\n/srv\t<world>(async,rw,no_root_squash)\n"
+    )
     exports = parse_exportfs(text)
     assert [c for c, _ in exports["/data/shared/datasets"]] == ["10.77.0.0/24"]
     assert {"sync", "rw", "root_squash"} <= exports["/data/shared/datasets"][0][1]

@@ -26,8 +26,18 @@ def disk(name: str, serial: str | None = None, **kw: object) -> BlockDevice:
     """A whole virtio disk as the BlockDevices fact reports it (blank unless told)."""
     serial = serial or f"NVME-node1-{name[-1]}"
     fields: dict[str, object] = dict(
-        name=name, path=f"/dev/{name}", type="disk", size_bytes=10 * GIB, serial=serial, model=None,
-        fstype=None, pttype=None, uuid=None, label=None, mountpoints=(), children=(),
+        name=name,
+        path=f"/dev/{name}",
+        type="disk",
+        size_bytes=10 * GIB,
+        serial=serial,
+        model=None,
+        fstype=None,
+        pttype=None,
+        uuid=None,
+        label=None,
+        mountpoints=(),
+        children=(),
         by_id=(f"/dev/disk/by-id/virtio-{serial}",),
     )
     fields.update(kw)
@@ -83,24 +93,24 @@ def test_refuses_disk_with_raid_superblock_of_another_array():
 
 def test_force_format_allows_disk_holding_data():
     used = disk("vdb", fstype="ext4", uuid="u1")
-    disks, problems = disk_rules.choose_disks(
-        settings(data_disks=[ID_B], force_format=[ID_B]), [ROOT, used], "node1")
+    disks, problems = disk_rules.choose_disks(settings(data_disks=[ID_B], force_format=[ID_B]), [ROOT, used], "node1")
     assert problems == []
     assert disks == [used]
 
 
 def test_force_format_on_another_disk_does_not_allow_this_one():
     used = disk("vdb", fstype="ext4", uuid="u1")
-    _, problems = disk_rules.choose_disks(
-        settings(data_disks=[ID_B], force_format=[ID_C]), [ROOT, used, C], "node1")
+    _, problems = disk_rules.choose_disks(settings(data_disks=[ID_B], force_format=[ID_C]), [ROOT, used, C], "node1")
     assert len(problems) == 1
     assert "refusing to format" in problems[0]
 
 
 def test_missing_disk_is_an_error_naming_the_disks_that_exist():
     _, problems = disk_rules.choose_disks(settings(data_disks=["/dev/disk/by-id/virtio-GONE"]), [ROOT, B], "n1")
-    assert problems == [f"n1: data disk /dev/disk/by-id/virtio-GONE does not exist "
-                        f"(disks on the host: /dev/disk/by-id/virtio-ROOT (vda), {ID_B} (vdb))"]
+    assert problems == [
+        f"n1: data disk /dev/disk/by-id/virtio-GONE does not exist "
+        f"(disks on the host: /dev/disk/by-id/virtio-ROOT (vda), {ID_B} (vdb))"
+    ]
 
 
 def test_root_disk_listed_as_data_disk_is_an_error():
@@ -130,8 +140,9 @@ def test_auto_picks_blank_disks_and_excludes_root_and_used_disks():
 
 def test_auto_picks_a_forced_used_disk():
     used = disk("vdc", fstype="xfs", uuid="u2")
-    disks, _ = disk_rules.choose_disks(settings(data_disks="auto", force_format=["NVME-node1-c"]),
-                                    [ROOT, B, used], "node1")
+    disks, _ = disk_rules.choose_disks(
+        settings(data_disks="auto", force_format=["NVME-node1-c"]), [ROOT, B, used], "node1"
+    )
     assert [d.name for d in disks] == ["vdb", "vdc"]
 
 
@@ -144,8 +155,10 @@ def test_our_own_filesystem_is_kept_and_not_refused():
 
 
 def test_members_of_our_array_are_kept_and_auto_picks_them_again():
-    members = [disk(n, fstype="linux_raid_member", label=disk_rules.ARRAY_NAME, uuid="m1", children=("md127",))
-               for n in ("vdb", "vdc")]
+    members = [
+        disk(n, fstype="linux_raid_member", label=disk_rules.ARRAY_NAME, uuid="m1", children=("md127",))
+        for n in ("vdb", "vdc")
+    ]
     disks, problems = disk_rules.choose_disks(settings(data_disks="auto"), [ROOT, *members], "node1")
     assert problems == []
     assert disks == members
@@ -170,15 +183,17 @@ def test_describe_choice_lists_picked_and_left_out_disks():
 
 def test_describe_choice_says_a_listed_disk_holding_data_is_refused_and_a_forced_one_erased():
     used, other = disk("vdb", fstype="ext4", uuid="u1"), disk("vdc", pttype="gpt")
-    lines = disk_rules.describe_choice(settings(data_disks=[ID_B, ID_C], force_format=[ID_C]), [ROOT, used, other],
-                                    "node1")
+    lines = disk_rules.describe_choice(
+        settings(data_disks=[ID_B, ID_C], force_format=[ID_C]), [ROOT, used, other], "node1"
+    )
     assert f"node1: data disk {ID_B} (vdb) 10 GiB: holds a ext4 filesystem: refused" in lines
     assert f"node1: data disk {ID_C} (vdc) 10 GiB: FORCED: a gpt partition table will be erased" in lines
 
 
 def _cluster() -> Cluster:
-    nodes = tuple(Node(n, SshTarget(n, 22, None, None, None, "yes"), (), Settings(force_format=["X"]))
-                  for n in ("node1", "node2"))
+    nodes = tuple(
+        Node(n, SshTarget(n, 22, None, None, None, "yes"), (), Settings(force_format=["X"])) for n in ("node1", "node2")
+    )
     return Cluster(Path("inv.py"), nodes)
 
 
@@ -224,12 +239,13 @@ def test_a_kernel_path_never_names_a_disk_so_forcing_it_erases_nothing():
     assert not used.matches("/dev/vdb")
     # Settings() skips parse_settings' validation: this is the second line of defence
     _disks, problems = disk_rules.choose_disks(
-        settings(data_disks=[ID_B], force_format=["/dev/vdb"]), [ROOT, used], "node1")
+        settings(data_disks=[ID_B], force_format=["/dev/vdb"]), [ROOT, used], "node1"
+    )
     assert len(problems) == 1
     assert "refusing to format" in problems[0]
     assert disk_rules.choose_disks(settings(data_disks=["/dev/vdb"]), [ROOT, used], "node1")[1] == [
-        "node1: data disk /dev/vdb does not exist (disks on the host: /dev/disk/by-id/virtio-ROOT (vda), "
-        f"{ID_B} (vdb))"]
+        f"node1: data disk /dev/vdb does not exist (disks on the host: /dev/disk/by-id/virtio-ROOT (vda), {ID_B} (vdb))"
+    ]
 
 
 def test_every_raid_level_the_settings_allow_has_a_minimum_disk_count():
@@ -253,9 +269,11 @@ def test_a_raid_level_the_listed_disks_cannot_make_is_refused_naming_host_level_
 def test_auto_picking_too_few_disks_for_the_raid_level_is_refused():
     used = disk("vdc", fstype="xfs", uuid="u2")
     _, problems = disk_rules.choose_disks(settings(data_disks="auto", raid_level=5), [ROOT, B, used, D], "node1")
-    assert problems == [f"node1: raid_level 5 needs at least 3 disks but data_disks: auto picked 2 "
-                        f"({ID_B} (vdb), /dev/disk/by-id/virtio-NVME-node1-d (vdd)); "
-                        "add disks or choose another raid_level"]
+    assert problems == [
+        f"node1: raid_level 5 needs at least 3 disks but data_disks: auto picked 2 "
+        f"({ID_B} (vdb), /dev/disk/by-id/virtio-NVME-node1-d (vdd)); "
+        "add disks or choose another raid_level"
+    ]
 
 
 @pytest.mark.parametrize(("level", "count"), [(0, 1), (0, 2), (1, 2), (5, 3), (6, 4), (10, 2), (10, 4)])
@@ -267,27 +285,35 @@ def test_a_raid_level_the_disks_can_make_is_accepted(level, count):
 
 def test_fstab_line_mounts_by_uuid_with_noatime_nofail_and_a_device_timeout():
     line = vol_ops.fstab_line("1b4e28ba-2fa1-11d2-883f-0016d3cca427", settings())
-    assert line == ("UUID=1b4e28ba-2fa1-11d2-883f-0016d3cca427 /data xfs "
-                    "defaults,noatime,nofail,x-systemd.device-timeout=30s 0 0")
+    assert line == (
+        "UUID=1b4e28ba-2fa1-11d2-883f-0016d3cca427 /data xfs defaults,noatime,nofail,x-systemd.device-timeout=30s 0 0"
+    )
 
 
 def test_fstab_line_for_ext4_is_checked_at_boot():
     line = vol_ops.fstab_line("u", settings(filesystem="ext4", data_mount="/mnt/d"))
-    assert line.split() == ["UUID=u", "/mnt/d", "ext4", "defaults,noatime,nofail,x-systemd.device-timeout=30s",
-                            "0", "2"]
+    assert line.split() == [
+        "UUID=u",
+        "/mnt/d",
+        "ext4",
+        "defaults,noatime,nofail,x-systemd.device-timeout=30s",
+        "0",
+        "2",
+    ]
 
 
 def test_mdadm_conf_line_names_our_array_by_uuid():
     line = vol_ops.mdadm_conf_line("1b4e28ba-2fa1-11d2-883f-0016d3cca427")
-    assert line == ("ARRAY /dev/md/data metadata=1.2 UUID=1b4e28ba:2fa111d2:883f0016:d3cca427 "
-                    "name=provision:data")
+    assert line == ("ARRAY /dev/md/data metadata=1.2 UUID=1b4e28ba:2fa111d2:883f0016:d3cca427 name=provision:data")
 
 
 def test_mdadm_create_uses_stable_ids_level_and_our_name_after_checking_each_member_is_blank():
     command = vol_ops.mdadm_create_command(settings(raid_level=1), [B, C], "1b4e28ba-2fa1-11d2-883f-0016d3cca427")
-    assert command == (f"{vol_ops.blank_guard(ID_B)}; {vol_ops.blank_guard(ID_C)}; "
-                       f"mdadm --create /dev/md/data --run --metadata=1.2 --name=provision:data "
-                       f"--uuid=1b4e28ba:2fa111d2:883f0016:d3cca427 --level=1 --raid-devices=2 {ID_B} {ID_C}")
+    assert command == (
+        f"{vol_ops.blank_guard(ID_B)}; {vol_ops.blank_guard(ID_C)}; "
+        f"mdadm --create /dev/md/data --run --metadata=1.2 --name=provision:data "
+        f"--uuid=1b4e28ba:2fa111d2:883f0016:d3cca427 --level=1 --raid-devices=2 {ID_B} {ID_C}"
+    )
 
 
 def test_mdadm_create_does_not_check_members_that_were_force_erased():
@@ -296,17 +322,23 @@ def test_mdadm_create_does_not_check_members_that_were_force_erased():
     assert vol_ops.blank_guard(ID_B) not in command
 
 
-@pytest.mark.parametrize(("filesystem", "mkfs"), [("xfs", "mkfs.xfs -q -L PVDATA -m uuid=u1 /dev/md/data"),
-                                              ("ext4", "mkfs.ext4 -q -L PVDATA -U u1 /dev/md/data")])
+@pytest.mark.parametrize(
+    ("filesystem", "mkfs"),
+    [("xfs", "mkfs.xfs -q -L PVDATA -m uuid=u1 /dev/md/data"), ("ext4", "mkfs.ext4 -q -L PVDATA -U u1 /dev/md/data")],
+)
 def test_mkfs_without_force_first_refuses_any_signature_itself(filesystem, mkfs):
     # mke2fs without a terminal overwrites a signature without asking: the guard is ours
-    assert vol_ops.mkfs_command(settings(filesystem=filesystem), "/dev/md/data", "u1", force=False) == \
-        f"{vol_ops.blank_guard('/dev/md/data')}; {mkfs}"
+    assert (
+        vol_ops.mkfs_command(settings(filesystem=filesystem), "/dev/md/data", "u1", force=False)
+        == f"{vol_ops.blank_guard('/dev/md/data')}; {mkfs}"
+    )
 
 
 def test_forced_mkfs_has_no_guard_and_overwrites():
-    assert vol_ops.mkfs_command(settings(filesystem="ext4"), "/dev/x", "u1", force=True) == \
-        "mkfs.ext4 -q -F -L PVDATA -U u1 /dev/x"
+    assert (
+        vol_ops.mkfs_command(settings(filesystem="ext4"), "/dev/x", "u1", force=True)
+        == "mkfs.ext4 -q -F -L PVDATA -U u1 /dev/x"
+    )
     assert vol_ops.mkfs_command(settings(), "/dev/x", "u1", force=True) == "mkfs.xfs -q -f -L PVDATA -m uuid=u1 /dev/x"
 
 
@@ -331,29 +363,39 @@ def _run_guard(tmp_path: Path, device: str, blkid_exit: int) -> subprocess.Compl
     stand_in.write_text(f"#!/bin/sh\n# test stand-in for blkid -p\nexit {blkid_exit}\n")
     stand_in.chmod(0o755)
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
-    return subprocess.run(["sh", "-c", f"{vol_ops.blank_guard(device)}; echo guard-passed"],
-                          capture_output=True, text=True, env=env, check=False)
+    return subprocess.run(
+        ["sh", "-c", f"{vol_ops.blank_guard(device)}; echo guard-passed"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
 
 
 def test_blkid_export_is_parsed():
-    fs = filesystems.parse_blkid_export(["DEVNAME=/dev/md127", "UUID=abc", "BLOCK_SIZE=512", "TYPE=xfs",
-                                     "LABEL=PVDATA", "USAGE=filesystem"])
+    fs = filesystems.parse_blkid_export(
+        ["DEVNAME=/dev/md127", "UUID=abc", "BLOCK_SIZE=512", "TYPE=xfs", "LABEL=PVDATA", "USAGE=filesystem"]
+    )
     assert fs == filesystems.Filesystem("abc", "xfs", "PVDATA")
     assert filesystems.parse_blkid_export([]) == filesystems.Filesystem(None, None, None)
 
 
 def test_device_filesystem_fact_tells_blank_from_found():
     fact = filesystems.DeviceFilesystem()
-    assert fact.process(["DEVNAME=/dev/md127", "UUID=abc", "TYPE=xfs", "LABEL=PVDATA", "provision-blkid-exit=0"]) \
-        == filesystems.Filesystem("abc", "xfs", "PVDATA")
+    assert fact.process(
+        ["DEVNAME=/dev/md127", "UUID=abc", "TYPE=xfs", "LABEL=PVDATA", "provision-blkid-exit=0"]
+    ) == filesystems.Filesystem("abc", "xfs", "PVDATA")
     assert fact.process(["provision-blkid-exit=2"]) == filesystems.Filesystem(None, None, None)
 
 
-@pytest.mark.parametrize(("lines", "error"), [
-    (["provision-blkid-exit=4"], "blkid -p failed (exit 4)"),
-    (["provision-blkid-exit=8"], "blkid -p failed (exit 8)"),  # ambivalent: more than one signature
-    (["TYPE=xfs"], "blkid -p gave no exit status"),
-])
+@pytest.mark.parametrize(
+    ("lines", "error"),
+    [
+        (["provision-blkid-exit=4"], "blkid -p failed (exit 4)"),
+        (["provision-blkid-exit=8"], "blkid -p failed (exit 8)"),  # ambivalent: more than one signature
+        (["TYPE=xfs"], "blkid -p gave no exit status"),
+    ],
+)
 def test_device_filesystem_fact_reports_a_blkid_error_instead_of_a_blank_device(lines, error):
     assert filesystems.DeviceFilesystem().process(lines) == filesystems.Filesystem(None, None, None, error=error)
 
@@ -380,8 +422,10 @@ def test_auto_on_a_captured_testbed_node_picks_both_blank_data_disks_not_root_or
     disks, problems = disk_rules.choose_disks(settings(data_disks="auto"), devices, "node1")
     assert problems == []
     # vda holds / and vdb the testbed's ext4 seed filesystem
-    assert [d.by_id for d in disks] == [("/dev/disk/by-id/virtio-NVME-node1-1",),
-                                        ("/dev/disk/by-id/virtio-NVME-node1-2",)]
+    assert [d.by_id for d in disks] == [
+        ("/dev/disk/by-id/virtio-NVME-node1-1",),
+        ("/dev/disk/by-id/virtio-NVME-node1-2",),
+    ]
 
 
 def test_captured_members_of_our_raid0_are_recognised_so_a_rerun_keeps_them():
@@ -391,6 +435,7 @@ def test_captured_members_of_our_raid0_are_recognised_so_a_rerun_keeps_them():
     assert all(disk_rules.is_ours(d) for d in members)
     assert {c for d in members for c in d.children} == {"md127"}
     disks, problems = disk_rules.choose_disks(
-        settings(data_disks=[f"/dev/disk/by-id/virtio-NVME-node1-{k}" for k in (1, 2)]), devices, "node1")
+        settings(data_disks=[f"/dev/disk/by-id/virtio-NVME-node1-{k}" for k in (1, 2)]), devices, "node1"
+    )
     assert problems == []
     assert disks == members

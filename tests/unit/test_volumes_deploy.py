@@ -13,25 +13,47 @@ from provision.settings import Settings
 from tests.helpers.pyinfra_fake import fake_node, run_fake
 
 HOST = "@fake/node1"
-ROOT = {"name": "vda", "path": "/dev/vda", "type": "disk", "size": 3221225472, "serial": None,
-        "fstype": "ext4", "label": "root", "uuid": "0f0e", "pttype": None, "rota": False,
-        "mountpoints": ["/"]}
+ROOT = {
+    "name": "vda",
+    "path": "/dev/vda",
+    "type": "disk",
+    "size": 3221225472,
+    "serial": None,
+    "fstype": "ext4",
+    "label": "root",
+    "uuid": "0f0e",
+    "pttype": None,
+    "rota": False,
+    "mountpoints": ["/"],
+}
 
 
 def _disk(name: str, **kw: object) -> dict:
-    entry = {"name": name, "path": f"/dev/{name}", "type": "disk", "size": 1073741824,
-             "serial": f"NVME-node1-{name[-1]}", "fstype": None, "label": None, "uuid": None,
-             "pttype": None, "rota": False, "mountpoints": [None]}
+    entry = {
+        "name": name,
+        "path": f"/dev/{name}",
+        "type": "disk",
+        "size": 1073741824,
+        "serial": f"NVME-node1-{name[-1]}",
+        "fstype": None,
+        "label": None,
+        "uuid": None,
+        "pttype": None,
+        "rota": False,
+        "mountpoints": [None],
+    }
     entry.update(kw)
     return entry
 
 
 def _lsblk(*disks: dict) -> list[str]:
     """stdout of the BlockDevices fact: lsblk JSON, the separator, then `ls -l` of by-id."""
-    links = [f"lrwxrwxrwx 1 root root 9 Nov 29 22:00 virtio-{d['serial']} -> ../../{d['name']}"
-             for d in disks if d.get("serial")]
-    return [*json.dumps({"blockdevices": [ROOT, *disks]}, indent=1).splitlines(), "--- by-id ---",
-            "total 0", *links]
+    links = [
+        f"lrwxrwxrwx 1 root root 9 Nov 29 22:00 virtio-{d['serial']} -> ../../{d['name']}"
+        for d in disks
+        if d.get("serial")
+    ]
+    return [*json.dumps({"blockdevices": [ROOT, *disks]}, indent=1).splitlines(), "--- by-id ---", "total 0", *links]
 
 
 def _settings(**kw: object) -> Settings:
@@ -48,18 +70,24 @@ def _guarded(*devices: str) -> str:
 
 
 def test_two_blank_disks_become_raid0_xfs_mounted_by_uuid(monkeypatch):
-    node = fake_node("node1", _settings(data_disks=[ID.format("b"), ID.format("c")]),
-                     {"lsblk -J -O -b": _lsblk(_disk("vdb"), _disk("vdc"))})
+    node = fake_node(
+        "node1",
+        _settings(data_disks=[ID.format("b"), ID.format("c")]),
+        {"lsblk -J -O -b": _lsblk(_disk("vdb"), _disk("vdc"))},
+    )
     run = run_fake(volumes.step, [node], monkeypatch)
     assert run.results[HOST].ok, run.results[HOST].failures
     (create,) = run.ran(HOST, "mdadm --create")
     assert re.fullmatch(
         _guarded(ID.format("b"), ID.format("c"))
         + r"mdadm --create /dev/md/data --run --metadata=1\.2 --name=provision:data --uuid=[0-9a-f:]{35} "
-        rf"--level=0 --raid-devices=2 {ID.format('b')} {ID.format('c')}", create)
+        rf"--level=0 --raid-devices=2 {ID.format('b')} {ID.format('c')}",
+        create,
+    )
     (mkfs,) = run.ran(HOST, "mkfs")
-    fs_uuid = re.fullmatch(_guarded("/dev/md/data") + r"mkfs\.xfs -q -L PVDATA -m uuid=([0-9a-f-]{36}) /dev/md/data",
-                           mkfs).group(1)
+    fs_uuid = re.fullmatch(
+        _guarded("/dev/md/data") + r"mkfs\.xfs -q -L PVDATA -m uuid=([0-9a-f-]{36}) /dev/md/data", mkfs
+    ).group(1)
     md_uuid = create.split("--uuid=")[1].split()[0]
     assert run.ran(HOST, re.escape(f"ARRAY /dev/md/data metadata=1.2 UUID={md_uuid} name=provision:data"))
     assert run.ran(HOST, "update-initramfs -u")
@@ -72,20 +100,23 @@ def test_two_blank_disks_become_raid0_xfs_mounted_by_uuid(monkeypatch):
 
 
 def test_one_blank_disk_gets_a_filesystem_directly(monkeypatch):
-    node = fake_node("node1", _settings(data_disks=["NVME-node1-b"], filesystem="ext4"),
-                     {"lsblk -J -O -b": _lsblk(_disk("vdb"))})
+    node = fake_node(
+        "node1", _settings(data_disks=["NVME-node1-b"], filesystem="ext4"), {"lsblk -J -O -b": _lsblk(_disk("vdb"))}
+    )
     run = run_fake(volumes.step, [node], monkeypatch)
     assert run.results[HOST].ok
     assert not run.ran(HOST, "mdadm")
     (mkfs,) = run.ran(HOST, "mkfs")
-    assert re.fullmatch(_guarded(ID.format("b")) + rf"mkfs\.ext4 -q -L PVDATA -U [0-9a-f-]{{36}} {ID.format('b')}",
-                        mkfs)
+    assert re.fullmatch(
+        _guarded(ID.format("b")) + rf"mkfs\.ext4 -q -L PVDATA -U [0-9a-f-]{{36}} {ID.format('b')}", mkfs
+    )
 
 
 def test_disk_holding_a_filesystem_is_refused_and_nothing_is_written(monkeypatch):
     used = _disk("vdc", fstype="ext4", uuid="6d1f", label="mine")
-    node = fake_node("node1", _settings(data_disks=[ID.format("b"), ID.format("c")]),
-                     {"lsblk -J -O -b": _lsblk(_disk("vdb"), used)})
+    node = fake_node(
+        "node1", _settings(data_disks=[ID.format("b"), ID.format("c")]), {"lsblk -J -O -b": _lsblk(_disk("vdb"), used)}
+    )
     run = run_fake(volumes.step, [node], monkeypatch)
     (failure,) = map(str, run.results[HOST].failures)
     assert failure.startswith("volumes: Data volume | volumes checks")
@@ -96,8 +127,9 @@ def test_disk_holding_a_filesystem_is_refused_and_nothing_is_written(monkeypatch
 
 def test_forced_disk_is_erased_then_formatted_with_force(monkeypatch):
     used = _disk("vdb", fstype="ext4", uuid="6d1f", label="mine")
-    node = fake_node("node1", _settings(data_disks=[ID.format("b")], force_format=[ID.format("b")]),
-                     {"lsblk -J -O -b": _lsblk(used)})
+    node = fake_node(
+        "node1", _settings(data_disks=[ID.format("b")], force_format=[ID.format("b")]), {"lsblk -J -O -b": _lsblk(used)}
+    )
     run = run_fake(volumes.step, [node], monkeypatch)
     assert run.results[HOST].ok
     assert run.ran(HOST, "wipefs|mkfs") == [
@@ -109,20 +141,38 @@ def test_forced_disk_is_erased_then_formatted_with_force(monkeypatch):
 
 def test_rerun_on_our_assembled_array_changes_nothing_on_disk(monkeypatch):
     fs_uuid, md_uuid = "1b4e28ba-2fa1-11d2-883f-0016d3cca427", "00112233-4455-6677-8899-aabbccddeeff"
-    members = [_disk(n, fstype="linux_raid_member", label="provision:data", uuid=md_uuid,
-                     children=[{"name": "md127", "type": "raid0", "mountpoints": ["/data"]}])
-               for n in ("vdb", "vdc")]
+    members = [
+        _disk(
+            n,
+            fstype="linux_raid_member",
+            label="provision:data",
+            uuid=md_uuid,
+            children=[{"name": "md127", "type": "raid0", "mountpoints": ["/data"]}],
+        )
+        for n in ("vdb", "vdc")
+    ]
     s = _settings(data_disks=[ID.format("b"), ID.format("c")], force_format=[ID.format("b")])
-    node = fake_node("node1", s, {
-        "lsblk -J -O -b": _lsblk(*members),
-        "blkid -p -o export /dev/md127": ["DEVNAME=/dev/md127", f"UUID={fs_uuid}", "TYPE=xfs", "LABEL=PVDATA",
-                                          "provision-blkid-exit=0"],
-        re.compile(r"grep .*/etc/fstab"): [vol_ops.fstab_line(fs_uuid, s)],
-        re.compile(r"grep .*mdadm\.conf"): [vol_ops.mdadm_conf_line(md_uuid)],
-        "/proc/self/mountinfo": ["40 25 9:127 / /data rw,noatime shared:30 - xfs /dev/md127 rw,attr2"],
-        "dpkg -l": ["ii  mdadm  4.2-5  amd64  Tool to administer Linux MD arrays",
-                                   "ii  xfsprogs  6.1.0-1  amd64  Utilities for managing the XFS filesystem"],
-    })
+    node = fake_node(
+        "node1",
+        s,
+        {
+            "lsblk -J -O -b": _lsblk(*members),
+            "blkid -p -o export /dev/md127": [
+                "DEVNAME=/dev/md127",
+                f"UUID={fs_uuid}",
+                "TYPE=xfs",
+                "LABEL=PVDATA",
+                "provision-blkid-exit=0",
+            ],
+            re.compile(r"grep .*/etc/fstab"): [vol_ops.fstab_line(fs_uuid, s)],
+            re.compile(r"grep .*mdadm\.conf"): [vol_ops.mdadm_conf_line(md_uuid)],
+            "/proc/self/mountinfo": ["40 25 9:127 / /data rw,noatime shared:30 - xfs /dev/md127 rw,attr2"],
+            "dpkg -l": [
+                "ii  mdadm  4.2-5  amd64  Tool to administer Linux MD arrays",
+                "ii  xfsprogs  6.1.0-1  amd64  Utilities for managing the XFS filesystem",
+            ],
+        },
+    )
     run = run_fake(volumes.step, [node], monkeypatch)
     assert run.results[HOST].ok, run.results[HOST].failures
     # force_format names a member, yet our own volume is never reformatted
@@ -132,8 +182,11 @@ def test_rerun_on_our_assembled_array_changes_nothing_on_disk(monkeypatch):
 
 def test_forced_member_is_erased_and_only_the_blank_member_is_checked_before_the_array(monkeypatch):
     used = _disk("vdb", fstype="ext4", uuid="6d1f", label="mine")
-    node = fake_node("node1", _settings(data_disks=[ID.format("b"), ID.format("c")], force_format=["NVME-node1-b"]),
-                     {"lsblk -J -O -b": _lsblk(used, _disk("vdc"))})
+    node = fake_node(
+        "node1",
+        _settings(data_disks=[ID.format("b"), ID.format("c")], force_format=["NVME-node1-b"]),
+        {"lsblk -J -O -b": _lsblk(used, _disk("vdc"))},
+    )
     run = run_fake(volumes.step, [node], monkeypatch)
     assert run.results[HOST].ok, run.results[HOST].failures
     wipe, create, mkfs = run.ran(HOST, DESTRUCTIVE)[:3]
@@ -156,15 +209,23 @@ def test_raid_level_the_disks_cannot_make_is_refused_before_a_forced_disk_is_era
 
 def _our_running_array(blkid: list[str]) -> dict:
     md_uuid = "00112233-4455-6677-8899-aabbccddeeff"
-    members = [_disk(n, fstype="linux_raid_member", label="provision:data", uuid=md_uuid,
-                     children=[{"name": "md127", "type": "raid0", "mountpoints": [None]}])
-               for n in ("vdb", "vdc")]
+    members = [
+        _disk(
+            n,
+            fstype="linux_raid_member",
+            label="provision:data",
+            uuid=md_uuid,
+            children=[{"name": "md127", "type": "raid0", "mountpoints": [None]}],
+        )
+        for n in ("vdb", "vdc")
+    ]
     return {"lsblk -J -O -b": _lsblk(*members), "blkid -p -o export /dev/md127": blkid}
 
 
 def test_blkid_failing_on_our_array_is_a_refusal_not_a_blank_device(monkeypatch):
-    node = fake_node("node1", _settings(data_disks=[ID.format("b"), ID.format("c")]),
-                     _our_running_array(["provision-blkid-exit=4"]))
+    node = fake_node(
+        "node1", _settings(data_disks=[ID.format("b"), ID.format("c")]), _our_running_array(["provision-blkid-exit=4"])
+    )
     run = run_fake(volumes.step, [node], monkeypatch)
     (refusal,) = run.ran(HOST, "exit 1$")
     assert "cannot tell what our array /dev/md127 holds (blkid -p failed (exit 4)); refusing to format it" in refusal
@@ -172,8 +233,9 @@ def test_blkid_failing_on_our_array_is_a_refusal_not_a_blank_device(monkeypatch)
 
 
 def test_our_array_without_a_filesystem_gets_one_after_the_blank_check(monkeypatch):
-    node = fake_node("node1", _settings(data_disks=[ID.format("b"), ID.format("c")]),
-                     _our_running_array(["provision-blkid-exit=2"]))
+    node = fake_node(
+        "node1", _settings(data_disks=[ID.format("b"), ID.format("c")]), _our_running_array(["provision-blkid-exit=2"])
+    )
     run = run_fake(volumes.step, [node], monkeypatch)
     assert run.results[HOST].ok, run.results[HOST].failures
     (mkfs,) = run.ran(HOST, "mkfs")
@@ -188,8 +250,9 @@ def test_plan_shows_exactly_which_disks_auto_picked_and_which_it_left_out():
     from provision.inventory import Cluster
 
     used = _disk("vdc", fstype="xfs", uuid="u2", label="backup")
-    node = fake_node("node1", _settings(data_disks="auto"),
-                     {"lsblk -J -O -b": _lsblk(_disk("vdb"), used, _disk("vdd"))})
+    node = fake_node(
+        "node1", _settings(data_disks="auto"), {"lsblk -J -O -b": _lsblk(_disk("vdb"), used, _disk("vdd"))}
+    )
     plans = engine.plan_steps(Cluster(path=None, nodes=(node,)), [volumes.step])  # type: ignore[arg-type]
     notes = plans[HOST].notes
     assert f"volumes: data disk {ID.format('b')} (vdb) 1 GiB: blank, will be formatted" in notes
@@ -211,8 +274,11 @@ def test_up_summary_names_the_disks_the_volume_was_built_from(monkeypatch):
 
 
 def test_a_missing_package_is_installed_only_after_the_apt_locks_are_free(monkeypatch):
-    node = fake_node("node1", _settings(data_disks=[ID.format("b"), ID.format("c")]),
-                     {"lsblk -J -O -b": _lsblk(_disk("vdb"), _disk("vdc"))})
+    node = fake_node(
+        "node1",
+        _settings(data_disks=[ID.format("b"), ID.format("c")]),
+        {"lsblk -J -O -b": _lsblk(_disk("vdb"), _disk("vdc"))},
+    )
     run = run_fake(volumes.step, [node], monkeypatch)
     wait = lock_wait_command(Settings().apt_lock_wait_s)
     commands = run.commands[HOST]

@@ -45,8 +45,10 @@ class Package:
 
 
 def _smi(version: str) -> str:
-    return ("#!/bin/sh\n# TEST STAND-IN for nvidia-smi: prints the driver version it belongs to.\n"
-            f"echo {version.split('-')[0]}\n")
+    return (
+        "#!/bin/sh\n# TEST STAND-IN for nvidia-smi: prints the driver version it belongs to.\n"
+        f"echo {version.split('-')[0]}\n"
+    )
 
 
 PERSISTENCED_UNIT = """[Unit]
@@ -79,48 +81,80 @@ def driver_release(version: str) -> list[Package]:
     pin = f"(= {version})"
     return [
         Package(f"nvidia-open-{branch}", version, [f"nvidia-open {pin}"]),
-        Package("nvidia-open", version, [f"nvidia-driver-cuda {pin}", f"nvidia-kernel-open-dkms {pin}",
-                                         f"nvidia-persistenced {pin}", f"libnvidia-compute {pin}"]),
+        Package(
+            "nvidia-open",
+            version,
+            [
+                f"nvidia-driver-cuda {pin}",
+                f"nvidia-kernel-open-dkms {pin}",
+                f"nvidia-persistenced {pin}",
+                f"libnvidia-compute {pin}",
+            ],
+        ),
         Package(f"cuda-drivers-{branch}", version, [f"cuda-drivers {pin}"]),
-        Package("cuda-drivers", version, [f"nvidia-driver-cuda {pin}", f"nvidia-kernel-dkms {pin}",
-                                          f"nvidia-persistenced {pin}", f"libnvidia-compute {pin}"]),
+        Package(
+            "cuda-drivers",
+            version,
+            [
+                f"nvidia-driver-cuda {pin}",
+                f"nvidia-kernel-dkms {pin}",
+                f"nvidia-persistenced {pin}",
+                f"libnvidia-compute {pin}",
+            ],
+        ),
         Package("nvidia-driver-cuda", version, [], {"usr/bin/nvidia-smi": _smi(version)}, ("usr/bin/nvidia-smi",)),
         Package("libnvidia-compute", version),
         Package("nvidia-kernel-open-dkms", version, postinst="touch /var/run/reboot-required"),
         Package("nvidia-kernel-dkms", version, postinst="touch /var/run/reboot-required"),
-        Package("nvidia-persistenced", version, [], {
-            "usr/bin/nvidia-persistenced": "#!/bin/sh\n# TEST STAND-IN: stays up.\nexec sleep infinity\n",
-            "lib/systemd/system/nvidia-persistenced.service": PERSISTENCED_UNIT,
-        }, ("usr/bin/nvidia-persistenced",)),
-        Package("nvidia-fabricmanager", version, [], {"lib/systemd/system/nvidia-fabricmanager.service":
-                                                       FABRICMANAGER_UNIT}),
+        Package(
+            "nvidia-persistenced",
+            version,
+            [],
+            {
+                "usr/bin/nvidia-persistenced": "#!/bin/sh\n# TEST STAND-IN: stays up.\nexec sleep infinity\n",
+                "lib/systemd/system/nvidia-persistenced.service": PERSISTENCED_UNIT,
+            },
+            ("usr/bin/nvidia-persistenced",),
+        ),
+        Package(
+            "nvidia-fabricmanager", version, [], {"lib/systemd/system/nvidia-fabricmanager.service": FABRICMANAGER_UNIT}
+        ),
     ]
 
 
 def nccl_builds() -> list[Package]:
-    return [pkg for version in NCCL_BUILDS
-            for pkg in (Package("libnccl2", version), Package("libnccl-dev", version, [f"libnccl2 (= {version})"]))]
+    return [
+        pkg
+        for version in NCCL_BUILDS
+        for pkg in (Package("libnccl2", version), Package("libnccl-dev", version, [f"libnccl2 (= {version})"]))
+    ]
 
 
 def packages() -> list[Package]:
-    return (driver_release(DRIVER) + driver_release(NEWER) + [Package("cuda-toolkit-12-8", TOOLKIT)]
-            + nccl_builds())
+    return driver_release(DRIVER) + driver_release(NEWER) + [Package("cuda-toolkit-12-8", TOOLKIT)] + nccl_builds()
 
 
 def build_deb(pkg: Package, out: Path) -> Path:
     root = Path(tempfile.mkdtemp(prefix=f"standin-{pkg.name}-"))
     try:
         (root / "DEBIAN").mkdir()
-        control = [f"Package: {pkg.name}", f"Version: {pkg.version}", "Architecture: amd64",
-                   "Maintainer: provision tests <standin@test.invalid>", "Section: non-free/libs",
-                   "Priority: optional", f"Description: TEST STAND-IN for NVIDIA's {pkg.name}"]
+        control = [
+            f"Package: {pkg.name}",
+            f"Version: {pkg.version}",
+            "Architecture: amd64",
+            "Maintainer: provision tests <standin@test.invalid>",
+            "Section: non-free/libs",
+            "Priority: optional",
+            f"Description: TEST STAND-IN for NVIDIA's {pkg.name}",
+        ]
         if pkg.depends:
             control.insert(3, f"Depends: {', '.join(pkg.depends)}")
         (root / "DEBIAN" / "control").write_text("\n".join(control) + "\n")
         if pkg.postinst:
             script = root / "DEBIAN" / "postinst"
-            script.write_text(f"#!/bin/sh\nset -e\n# TEST STAND-IN: the real module package asks for a reboot.\n"
-                              f"{pkg.postinst}\n")
+            script.write_text(
+                f"#!/bin/sh\nset -e\n# TEST STAND-IN: the real module package asks for a reboot.\n{pkg.postinst}\n"
+            )
             script.chmod(0o755)
         for path, content in pkg.files.items():
             target = root / path
@@ -128,8 +162,12 @@ def build_deb(pkg: Package, out: Path) -> Path:
             target.write_text(content)
             target.chmod(0o755 if path in pkg.executable else 0o644)
         deb = out / f"{pkg.name}_{pkg.version}_amd64.deb"
-        subprocess.run(["dpkg-deb", "--root-owner-group", "-Zgzip", "--build", str(root), str(deb)],
-                       check=True, capture_output=True, timeout=60)
+        subprocess.run(
+            ["dpkg-deb", "--root-owner-group", "-Zgzip", "--build", str(root), str(deb)],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
         return deb
     finally:
         shutil.rmtree(root)
@@ -143,9 +181,19 @@ def build(directory: str | Path) -> Path:
     for pkg in packages():
         build_deb(pkg, repo)
     _run(["apt-ftparchive", "packages", "."], repo, out=repo / "Packages")
-    _run(["apt-ftparchive", "-o", "APT::FTPArchive::Release::Origin=provision test stand-in",
-          "-o", "APT::FTPArchive::Release::Label=NVIDIA CUDA stand-in", "release", "."],
-         repo, out=repo / "Release")
+    _run(
+        [
+            "apt-ftparchive",
+            "-o",
+            "APT::FTPArchive::Release::Origin=provision test stand-in",
+            "-o",
+            "APT::FTPArchive::Release::Label=NVIDIA CUDA stand-in",
+            "release",
+            ".",
+        ],
+        repo,
+        out=repo / "Release",
+    )
     _sign(repo)
     return repo
 
@@ -164,8 +212,11 @@ def _sign(repo: Path) -> None:
     env = os.environ | {"GNUPGHOME": str(home)}
     try:
         uid = "provision test stand-in repository <standin@test.invalid>"
-        _run(["gpg", "--batch", "--passphrase", "", "--quick-generate-key", uid, "rsa3072", "sign", "never"],
-             repo, env=env)
+        _run(
+            ["gpg", "--batch", "--passphrase", "", "--quick-generate-key", uid, "rsa3072", "sign", "never"],
+            repo,
+            env=env,
+        )
         _run(["gpg", "--batch", "--yes", "--clearsign", "-o", "InRelease", "Release"], repo, env=env)
         _run(["gpg", "--batch", "--yes", "-abs", "-o", "Release.gpg", "Release"], repo, env=env)
         _run(["gpg", "--batch", "--export", uid], repo, out=repo / KEYRING, env=env)
