@@ -7,18 +7,7 @@ from typing import Any
 
 import pytest
 
-BASE_PACKAGES = [
-    "build-essential",
-    "python3-venv",
-    "numactl",
-    "pciutils",
-    "nvme-cli",
-    "mdadm",
-    "fio",
-    "iperf3",
-    "chrony",
-    "rsync",
-]
+from provision.rules.packages import BASE_PACKAGES  # what the base step installs
 
 
 @pytest.mark.parametrize("name", BASE_PACKAGES)

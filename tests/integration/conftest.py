@@ -25,6 +25,13 @@ import pytest
 from tests.helpers import netns
 
 
+@pytest.fixture
+def state_dir(tmp_path, monkeypatch):
+    """PROVISION_STATE_DIR in the test's own tmp_path: generated keys and passwords land there."""
+    monkeypatch.setenv("PROVISION_STATE_DIR", str(tmp_path / "state"))
+    return tmp_path / "state"
+
+
 @pytest.fixture(scope="module")
 def netns_hosts(tmp_path_factory):
     if os.geteuid() != 0:

@@ -18,11 +18,8 @@ from tests.unit.test_backup import (
     _run_steps_with_path,
 )
 
-
-@pytest.fixture(autouse=True)
-def state_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("PROVISION_STATE_DIR", str(tmp_path / "state"))
-    return tmp_path / "state"
+# The controller's state directory is the test's own (tests/integration/conftest.py).
+pytestmark = pytest.mark.usefixtures("state_dir")
 
 
 def test_deploy_sets_up_account_secrets_and_timer_without_the_password_in_any_command(tmp_path, monkeypatch):

@@ -18,11 +18,8 @@ from tests.unit.test_deploy_base import (
     cluster,
 )
 
-
-@pytest.fixture(autouse=True)
-def state_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("PROVISION_STATE_DIR", str(tmp_path / "state"))
-    return tmp_path / "state"
+# The controller's state directory is the test's own (tests/integration/conftest.py).
+pytestmark = pytest.mark.usefixtures("state_dir")
 
 
 def test_a_shadowed_hosts_block_is_moved_first_keeping_every_other_line(tmp_path: Path) -> None:
