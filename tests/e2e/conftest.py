@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from provision.testbed import NodeRecord, Testbed
+from tests.e2e import clock
 
 NODES = 2  # node1 is the storage node
 DISKS = 2  # data disks per node: /dev/disk/by-id/virtio-NVME-<node>-<k>
@@ -33,9 +34,11 @@ class SharedTestbed:
 @pytest.fixture(scope="session")
 def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedTestbed]:
     root = tmp_path_factory.mktemp("testbed")
-    tb = Testbed(root / "state", inventory_path=root / "inventories" / "testbed.py")
+    tb = Testbed(root / "state", inventory_path=root / "inventories" / "testbed.py", progress=clock.testbed_progress)
     try:
+        clock.record("phase", "testbed up", at="start")
         nodes = tb.up(nodes=NODES, disks=DISKS)
+        clock.record("phase", "testbed up", at="end")
         yield SharedTestbed(tb, tb.inventory_path, nodes)
     finally:
         tb.down()
@@ -53,4 +56,13 @@ def provisioned(testbed: SharedTestbed):
     from provision.up import pipeline
 
     cluster = inventory.load(testbed.inventory_path)
-    return pipeline.up(cluster, pipeline.select())
+    clock.record("phase", "shared up", at="start")
+    report = pipeline.up(cluster, pipeline.select(), on_event=clock.up_events("shared up"))
+    clock.record("phase", "shared up", at="end")
+    return report
+
+
+def pytest_runtest_logreport(report):
+    if "e2e" in report.keywords:
+        seconds = round(report.duration, 1)
+        clock.record("test", report.nodeid, phase=report.when, seconds=seconds, outcome=report.outcome)

@@ -90,6 +90,14 @@ def wait_for_new_boot(node, old_boot_id: str, timeout_s: float) -> None:
     raise AssertionError(f"{node.name} did not come back from its reboot within {timeout_s:.0f}s")
 
 
+def _wait_for_file(node, path: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not remote.run(node, f"test -e {path}", timeout=15).ok:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{node.name}: no {path} within {timeout_s:.0f}s")
+        time.sleep(0.5)
+
+
 @pytest.mark.destructive
 def test_nfs_server_reboot_while_a_client_reads(provisioned, testbed):
     cluster = inventory.load(testbed.inventory_path)
@@ -103,15 +111,18 @@ def test_nfs_server_reboot_while_a_client_reads(provisioned, testbed):
     sh(client, f"runuser -u {user} -- sh -c 'head -c 67108864 /dev/urandom > {share}/drill.bin' && sync")
     expected = sh(server, f"sha256sum {server.settings.nfs_export_root}/datasets/drill.bin").split()[0]
     # A slow reader: 1 MiB every 0.2 s (about 13 s of reading), so the reboot lands mid-read.
+    # It leaves /root/drill.reading once its first MiB is in, so the reboot waits for a
+    # read under way instead of a fixed sleep.
     reader = (
         "import hashlib, time\n"
         f"h = hashlib.sha256(); f = open('{share}/drill.bin', 'rb')\n"
         "while chunk := f.read(1 << 20):\n"
-        "    h.update(chunk); time.sleep(0.2)\n"
+        "    h.update(chunk); open('/root/drill.reading', 'w').close(); time.sleep(0.2)\n"
         "open('/root/drill.sha256', 'w').write(h.hexdigest())\n"
     )
-    sh(client, f'rm -f /root/drill.sha256; nohup python3 -c "{reader}" > /root/drill.log 2>&1 & echo started')
-    time.sleep(3)
+    sh(client, "rm -f /root/drill.sha256 /root/drill.reading")
+    sh(client, f'nohup python3 -c "{reader}" > /root/drill.log 2>&1 & echo started')
+    _wait_for_file(client, "/root/drill.reading", timeout_s=60)
     boot_id = sh(server, "cat /proc/sys/kernel/random/boot_id").strip()
     remote.run(server, "systemctl reboot", timeout=20)  # the connection drops: expected
     wait_for_new_boot(server, boot_id, timeout_s=600)
