@@ -260,13 +260,16 @@ class Testbed:
         state.save(self.state_dir, st)
         return st
 
-    def _build_image(self) -> image.BaseImage:
+    def recipe(self) -> image.Recipe:
+        """The base image's recipe for this testbed's mirror (its name carries its hash)."""
         if self.mirror:
             mirror = apt_sources.mirror_from_uri(self.mirror)
         else:
             mirror = apt_sources.debian_mirror(apt_sources.read_system_sources())
-        recipe = image.recipe_for(mirror)
-        return image.ensure(recipe, self.images_dir, lambda text: self.progress("image", text))
+        return image.recipe_for(mirror)
+
+    def _build_image(self) -> image.BaseImage:
+        return image.ensure(self.recipe(), self.images_dir, lambda text: self.progress("image", text))
 
     def _base(self, st: TestbedState) -> image.BaseImage:
         base = image.at(Path(st.image), st.image_label)

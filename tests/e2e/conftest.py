@@ -4,7 +4,9 @@ Every e2e test (testbed, provision up, storage, validate, train) uses the same V
 booting and provisioning them once is what keeps the suite inside its time budget
 (docs/ARCHITECTURE.md). The testbed lives in a temporary state dir with its own inventory file
 and is taken down at the end of the session; the debootstrapped base image stays in
-the user's image cache (~/.cache/provision/images) so the next run starts from it.
+the user's image cache (~/.cache/provision/images) so the next run starts from it, and the
+provisioned disks stay beside it (snapshots/, tests/e2e/snapshot.py) so the next run with
+the same code boots them instead of provisioning again.
 """
 
 from __future__ import annotations
@@ -15,11 +17,13 @@ from pathlib import Path
 
 import pytest
 
+from provision.engine import RunReport
 from provision.testbed import NodeRecord, Testbed
-from tests.e2e import clock
+from tests.e2e import clock, snapshot
 
 NODES = 2  # node1 is the storage node
 DISKS = 2  # data disks per node: /dev/disk/by-id/virtio-NVME-<node>-<k>
+SHAPE = {"nodes": NODES, "disks": DISKS}  # part of the snapshot key
 
 
 @dataclass
@@ -29,17 +33,26 @@ class SharedTestbed:
     testbed: Testbed  # the library handle (status, stop_node, start_node, throttle, ssh_argv)
     inventory_path: Path  # the pyinfra inventory `up` wrote for these VMs
     nodes: list[NodeRecord]  # node records as `up` returned them
+    snapshot_key: str  # hash of everything the provisioned disks depend on (tests/e2e/snapshot.py)
+    cached_report: RunReport | None  # the snapshot's `up` report when the nodes came from it
 
 
 @pytest.fixture(scope="session")
 def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedTestbed]:
     root = tmp_path_factory.mktemp("testbed")
-    tb = Testbed(root / "state", inventory_path=root / "inventories" / "testbed.py", progress=clock.testbed_progress)
+    inventory_path = root / "inventories" / "testbed.py"
+    tb = Testbed(root / "state", inventory_path=inventory_path, progress=clock.testbed_progress)
+    digest = snapshot.key(tb, SHAPE)
+    names = [f"node{i}" for i in range(1, NODES + 1)]
     try:
         clock.record("phase", "testbed up", at="start")
+        # A snapshot of this same provisioning (same key) is put in place before the nodes
+        # boot: they come up provisioned, and `provisioned` hands out its report.
+        cached = snapshot.restore(tb, digest, inventory_path, names)
+        clock.record("snapshot", "restore", hit=cached is not None, key=digest)
         nodes = tb.up(nodes=NODES, disks=DISKS)
         clock.record("phase", "testbed up", at="end")
-        yield SharedTestbed(tb, tb.inventory_path, nodes)
+        yield SharedTestbed(tb, tb.inventory_path, nodes, digest, cached)
     finally:
         tb.down()
 
@@ -48,17 +61,28 @@ def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedTestbed]
 
 
 @pytest.fixture(scope="session")
-def provisioned(testbed: SharedTestbed):
+def provisioned(testbed: SharedTestbed) -> RunReport:
     """`provision up` once on the shared testbed, all steps (nvidia skips itself: no GPU),
     frameworks from the CPU-torch wheelhouse the testbed inventory names. Returns the
-    RunReport; tests assert on it."""
+    RunReport; tests assert on it.
+
+    When the nodes came from a snapshot with this key, that is the report of the `up` which
+    made it, with identical code; otherwise `up` runs here for real, and a successful run is
+    stored as the new snapshot (the nodes are powered off for the copy and booted again)."""
     from provision import inventory
     from provision.up import pipeline
 
+    if testbed.cached_report is not None:
+        clock.record("phase", "shared up", at="from snapshot", key=testbed.snapshot_key)
+        return testbed.cached_report
     cluster = inventory.load(testbed.inventory_path)
     clock.record("phase", "shared up", at="start")
     report = pipeline.up(cluster, pipeline.select(), on_event=clock.up_events("shared up"))
     clock.record("phase", "shared up", at="end")
+    names = [n.name for n in testbed.nodes]
+    snapshot.save(testbed.testbed, testbed.snapshot_key, testbed.inventory_path, report, names)
+    testbed.nodes[:] = testbed.testbed.status()  # booted again: new pids
+    clock.record("phase", "snapshot saved", at="end")
     return report
 
 
