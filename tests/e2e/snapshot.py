@@ -16,8 +16,11 @@ run provisions for real (and stores a new snapshot), so the tests exercise `up` 
 changed. With the same key, the report the tests read is the one that identical code
 produced when it built the snapshot; every later `up`, `plan` and `verify` runs for real.
 
-Only the newest snapshot is kept. Set PROVISION_TEST_SNAPSHOT=0 to ignore and not write
-the cache (a run that must provision).
+What the key cannot see is the Debian mirror: a package updated there since the snapshot
+was made would only meet a real `up` at the next change. So a snapshot older than
+MAX_AGE_S is not used (the run provisions and replaces it). Only the newest snapshot is
+kept. Set PROVISION_TEST_SNAPSHOT=0 to ignore and not write the cache (a run that must
+provision).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -41,6 +45,7 @@ ROOT = Path(__file__).resolve().parents[2]
 NOT_UP_INPUTS = ("validate", "launch", "status", "demo", "verify", "backup", "cli")  # other commands
 NODE_FILES = ("root.qcow2", "ssh_host_ed25519_key", "ssh_host_ed25519_key.pub")
 REPORT = "report.json"
+MAX_AGE_S = 3 * 86400
 
 
 def enabled() -> bool:
@@ -81,6 +86,8 @@ def restore(testbed: Testbed, digest: str, inventory_path: Path, nodes: list[str
     exist); return the report of the `up` that made it, or None when there is no snapshot."""
     where = snapshots_dir(testbed) / digest
     if not enabled() or not (where / REPORT).is_file():
+        return None
+    if time.time() - (where / REPORT).stat().st_mtime > MAX_AGE_S:
         return None
     for name in nodes:
         dest = node.files(testbed.state_dir, name).dir
