@@ -50,7 +50,8 @@ def up_rows(events: list[dict], label: str = "shared up") -> list[tuple[str, flo
     span = [e for e in events if e["kind"] == "phase" and e["name"] == label]
     start = next((e["t"] for e in span if e.get("at") == "start"), None)
     if start is None:
-        return []
+        cached = [e for e in span if e.get("at") == "from snapshot"]
+        return [(f"{label}: from the snapshot {cached[0].get('key')} (not run)", 0.0)] if cached else []
     last_done: dict[str, float] = {}
     for e in events:
         if e["kind"] == "up" and e["name"] == label and e["text"].endswith((": done", ": skipped")):
@@ -63,11 +64,30 @@ def up_rows(events: list[dict], label: str = "shared up") -> list[tuple[str, flo
     end = next((e["t"] for e in span if e.get("at") == "end"), None)
     if end is not None:
         rows.append((f"{label}, in all", end - start))
+        saved = [e["t"] for e in events if e["kind"] == "phase" and e["name"] == "snapshot saved"]
+        if saved:
+            rows.append(("snapshot saved (power off, copy the disks, boot again)", saved[0] - end))
     return rows
 
 
+def shared_span(events: list[dict]) -> tuple[float, float] | None:
+    """From the testbed's start to the end of the shared `up` (and its snapshot): the
+    session fixtures' time, which the first test's setup would otherwise be charged."""
+    marks = [e["t"] for e in events if e["kind"] == "phase"]
+    return (min(marks), max(marks)) if marks else None
+
+
+def _outside(start: float, end: float, span: tuple[float, float] | None) -> float:
+    if span is None:
+        return end - start
+    overlap = max(0.0, min(end, span[1]) - max(start, span[0]))
+    return end - start - overlap
+
+
 def module_rows(events: list[dict]) -> list[tuple[str, float, int, str]]:
-    """(module, seconds, tests, outcomes) for every test module, slowest first."""
+    """(module, seconds, tests, outcomes) for every test module, slowest first; the shared
+    fixtures' time is not charged to the module that happened to need them first."""
+    span = shared_span(events)
     seconds: dict[str, float] = defaultdict(float)
     tests: dict[str, set[str]] = defaultdict(set)
     outcomes: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
@@ -75,7 +95,7 @@ def module_rows(events: list[dict]) -> list[tuple[str, float, int, str]]:
         if e["kind"] != "test":
             continue
         module = e["name"].split("::", 1)[0]
-        seconds[module] += e["seconds"]
+        seconds[module] += _outside(e["t"] - e["seconds"], e["t"], span)
         tests[module].add(e["name"])
         if e["phase"] == "call" or e["outcome"] != "passed":
             outcomes[module][e["outcome"]] += 1
@@ -88,7 +108,8 @@ def module_rows(events: list[dict]) -> list[tuple[str, float, int, str]]:
 def table(events: list[dict]) -> str:
     lines = ["| part | seconds |", "|---|---|"]
     lines += [f"| {name} | {s:.0f} |" for name, s in testbed_rows(events) + up_rows(events)]
-    lines += ["", "| test module (setup + call + teardown) | seconds | tests | outcomes |", "|---|---|---|---|"]
+    lines += ["", "| test module (setup + call + teardown, shared fixtures apart) | seconds | tests | outcomes |"]
+    lines += ["|---|---|---|---|"]
     modules = module_rows(events)
     lines += [f"| {m} | {s:.0f} | {n} | {o} |" for m, s, n, o in modules]
     total = max((e["t"] for e in events), default=0.0)
