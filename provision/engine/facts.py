@@ -9,16 +9,27 @@ from provision.engine.pyinfra_state import new_state
 from provision.engine.results import FactsResult, HostResult, OnEvent, no_events
 from provision.inventory import Node
 
+# Deadlines: each fact's command, and the whole gather. A host that hangs (a wedged disk,
+# an sshd that stops answering mid-session) lands in `failed` when its time is up; the
+# others keep what they answered. A TCG test VM's slowest fact (importing the venv's
+# packages) takes well under a minute.
+FACT_TIMEOUT_S = 120
+GATHER_TIMEOUT_S = 300.0
+DISCONNECT_TIMEOUT_S = 30.0
+
 
 def gather_facts(
     nodes: list[Node],
     wanted: dict[str, tuple[type, dict[str, Any]]],
     on_event: OnEvent = no_events,
+    timeout_s: float = GATHER_TIMEOUT_S,
+    fact_timeout_s: int = FACT_TIMEOUT_S,
 ) -> FactsResult:
     """Gather pyinfra facts (name -> (FactClass, kwargs)) from every node in parallel.
 
     A host either answers every fact or lands in `failed` with the reason; one host's
-    failure (a dropped connection, a missing command) never costs the others their facts.
+    failure (a dropped connection, a missing command, no answer within its deadline) never
+    costs the others their facts.
     """
     import gevent
     from pyinfra.api.connect import connect_all, disconnect_all
@@ -31,9 +42,10 @@ def gather_facts(
     state.add_callback_handler(collector)
     out: dict[str, dict[str, Any]] = {}
     fact_errors: dict[str, str] = {}
+    asking: dict[str, str] = {}  # host -> the fact it is waiting for
 
     def one(host: Any) -> None:
-        values, error = _host_facts(state, host, wanted, on_event)
+        values, error = _host_facts(state, host, wanted, on_event, asking, min(fact_timeout_s, int(timeout_s)))
         if error is None:
             out[host.name] = values
             on_event(host.name, "done")
@@ -49,10 +61,17 @@ def gather_facts(
                 collector.settle_connections(state)
                 return _unreachable_only(results)  # "No hosts remaining!": none answered
             collector.settle_connections(state)
-            greenlets = [state.pool.spawn(one, h) for h in list(state.active_hosts)]
-            gevent.joinall(greenlets)
+            hosts = list(state.active_hosts)
+            greenlets = [state.pool.spawn(one, h) for h in hosts]
+            gevent.joinall(greenlets, timeout=timeout_s)
+            for host, g in zip(hosts, greenlets, strict=True):
+                if not g.ready():
+                    g.kill(block=False)
+                    fact_errors[host.name] = f"fact {asking.get(host.name, '?')}: no answer within {timeout_s:.0f}s"
+                    on_event(host.name, "failed")
         finally:
-            disconnect_all(state)
+            with gevent.Timeout(DISCONNECT_TIMEOUT_S, False):  # a wedged connection must not hang the caller
+                disconnect_all(state)
     result = _unreachable_only(results)
     result.facts.update(out)
     for name, why in fact_errors.items():
@@ -61,14 +80,20 @@ def gather_facts(
 
 
 def _host_facts(
-    state: Any, host: Any, wanted: dict[str, tuple[type, dict[str, Any]]], on_event: OnEvent
+    state: Any,
+    host: Any,
+    wanted: dict[str, tuple[type, dict[str, Any]]],
+    on_event: OnEvent,
+    asking: dict[str, str],
+    timeout_s: int,
 ) -> tuple[dict[str, Any], str | None]:
     """Every wanted fact of one host, or the first that failed and why."""
     values: dict[str, Any] = {}
     for name, (fact, kwargs) in wanted.items():
         on_event(host.name, f"fact {name}")
+        asking[host.name] = name
         try:
-            values[name] = host.get_fact(fact, **kwargs)
+            values[name] = host.get_fact(fact, _timeout=timeout_s, **kwargs)
         except Exception as e:  # any error is this host's alone
             return values, f"fact {name}: {type(e).__name__}: {e}".rstrip(": ")
         # pyinfra answers a failed fact command with the fact's default (None) and drops

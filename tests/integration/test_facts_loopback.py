@@ -179,3 +179,34 @@ def test_accept_new_trusts_a_new_host_once_and_refuses_a_changed_key(sshd, tmp_p
     refused = remote.run(node, "echo should-not-run")
     assert refused.exited == -1
     assert "should-not-run" not in refused.stdout
+
+
+def test_a_host_that_hangs_fails_at_the_deadline_and_the_others_keep_their_facts(sshd, tmp_path):
+    # One host's fact never answers (a wedged disk, say): the gather gives up on that host
+    # at its deadline, says which fact it was waiting for, and still returns the other's.
+    from pyinfra.api import FactBase
+
+    from provision import engine, inventory
+
+    class TestStandInHangsWhenAsked(FactBase):
+        def command(self) -> str:
+            return 'if [ -n "$PROVISION_TEST_HANG" ]; then sleep 600; fi; echo fine'
+
+        def process(self, output):
+            return output[0]
+
+    known = tmp_path / "known_hosts"
+    lines = sshd.known_hosts.read_text()
+    known.write_text(lines + lines.replace("127.0.0.1", "localhost"))
+    hung = dict(
+        sshd.host_data(),
+        ssh_hostname="localhost",
+        ssh_known_hosts_file=str(known),
+        cluster_address="127.0.0.2",
+        _env={"PROVISION_TEST_HANG": "1"},
+    )
+    inv = write_inventory(tmp_path / "inv.py", [("local", sshd.host_data()), ("hung", hung)])
+    wanted = {"probe": (TestStandInHangsWhenAsked, {})}
+    result = engine.gather_facts(list(inventory.load(inv).nodes), wanted, timeout_s=5, fact_timeout_s=60)
+    assert result.facts == {"local": {"probe": "fine"}}
+    assert result.failed == {"hung": "fact probe: no answer within 5s"}
