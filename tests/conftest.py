@@ -9,6 +9,13 @@ from dataclasses import dataclass
 
 import pytest
 
+# pyinfra's CLI package monkey-patches threading with gevent when first imported. Patched
+# after paramiko was imported, paramiko's SSH threads deadlock later in the session (seen:
+# gather_facts hung for good in a full run, when the e2e conftest imported pyinfra.api
+# before provision.testbed). Imported here, first of all, every test session patches before
+# anything can import paramiko, whatever order the tiers and conftests load in.
+import pyinfra_cli  # noqa: F401  # isort: skip
+
 
 @dataclass
 class CliResult:
