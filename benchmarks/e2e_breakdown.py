@@ -31,6 +31,9 @@ def testbed_rows(events: list[dict]) -> list[tuple[str, float]]:
     image = [e["t"] for e in tb if e["name"] == "image"]
     if image:
         rows.append(("testbed: image build (debootstrap, initrd, mkfs)", max(image) - min(image)))
+    probe = [e["t"] for e in tb if e["name"] == "accel"]
+    if len(probe) >= 2:
+        rows.append(("testbed: KVM probe (once per cache; the verdict is cached)", probe[-1] - probe[0]))
     starts = {e["name"]: e["t"] for e in tb if e["text"] == "starting qemu"}
     for e in tb:
         if e["text"].startswith("SSH answered") and e["name"] in starts:
