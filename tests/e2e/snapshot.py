@@ -32,7 +32,6 @@ import os
 import shutil
 import subprocess
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +45,7 @@ NOT_UP_INPUTS = ("validate", "launch", "status", "demo", "verify", "backup", "cl
 NODE_FILES = ("root.qcow2", "ssh_host_ed25519_key", "ssh_host_ed25519_key.pub")
 REPORT = "report.json"
 MAX_AGE_S = 3 * 86400
+POWEROFF_S = 180  # a TCG guest's clean shutdown takes seconds to a minute
 
 
 def enabled() -> bool:
@@ -107,11 +107,9 @@ def save(testbed: Testbed, digest: str, inventory_path: Path, report: RunReport,
     root = snapshots_dir(testbed)
     work = root / f".{digest}.partial"
     shutil.rmtree(work, ignore_errors=True)
-    cluster = inventory.load(inventory_path)
-    remote.on_all(cluster.nodes, lambda n: remote.run(n, "sync", timeout=120))
-    with ThreadPoolExecutor(len(nodes)) as pool:  # each power-off waits for its guest
-        list(pool.map(lambda name: testbed.stop_node(name, hard=False), nodes))
     try:
+        if not _power_off(testbed, inventory_path):
+            return  # a node had to be cut off: its disks are not a clean snapshot
         for name in nodes:
             src = node.files(testbed.state_dir, name).dir
             (work / "nodes" / name).mkdir(parents=True)
@@ -127,6 +125,23 @@ def save(testbed: Testbed, digest: str, inventory_path: Path, report: RunReport,
     finally:
         shutil.rmtree(work, ignore_errors=True)
         testbed.up(nodes=len(nodes))
+
+
+def _power_off(testbed: Testbed, inventory_path: Path) -> bool:
+    """Every node shuts down cleanly, all at once (Testbed.stop_node takes the testbed's
+    lock, one command at a time): poweroff from inside, wait for the qemu processes to end.
+    A node still running after POWEROFF_S is stopped hard, and the answer is False."""
+    cluster = inventory.load(inventory_path)
+    remote.on_all(cluster.nodes, lambda n: remote.run(n, "sync; systemctl poweroff", timeout=30))
+    deadline = time.monotonic() + POWEROFF_S
+    while any(r.running for r in testbed.status()) and time.monotonic() < deadline:
+        time.sleep(1)
+    clean = True
+    for rec in testbed.status():
+        if rec.running:
+            testbed.stop_node(rec.name, hard=True)
+            clean = False
+    return clean
 
 
 def _copy(src: Path, dest: Path) -> None:
