@@ -34,10 +34,12 @@ def testbed_rows(events: list[dict]) -> list[tuple[str, float]]:
     probe = [e["t"] for e in tb if e["name"] == "accel"]
     if len(probe) >= 2:
         rows.append(("testbed: KVM probe (once per cache; the verdict is cached)", probe[-1] - probe[0]))
-    starts = {e["name"]: e["t"] for e in tb if e["text"] == "starting qemu"}
+    starts: dict[str, float] = {}  # node -> its latest qemu start (nodes boot again after a snapshot)
     for e in tb:
-        if e["text"].startswith("SSH answered") and e["name"] in starts:
-            rows.append((f"testbed: {e['name']} boot to SSH", e["t"] - starts[e["name"]]))
+        if e["text"] == "starting qemu":
+            starts[e["name"]] = e["t"]
+        elif e["text"].startswith("SSH answered") and e["name"] in starts:
+            rows.append((f"testbed: {e['name']} boot to SSH", e["t"] - starts.pop(e["name"])))
     wheel = [e["t"] for e in tb if e["name"] == "wheelhouse"]
     ends = [e["t"] for e in span if e.get("at") == "end"]
     if wheel and ends:
