@@ -75,8 +75,8 @@ def pytest_collection_modifyitems(config, items):
 # reason and named again at the end. With PROVISION_TEST_REQUIRE_ALL=1 such a run FAILS (a
 # green run then means every test ran). It is not yet the default: on the 2-core Xeon build
 # VM the whole suite ran every test in 70 minutes from an empty cache, only minutes inside
-# the budget (BENCHMARKS.md, issue 21), and a failing CI lands nothing. 72 minutes: the slowest single e2e test still ends inside CI's
-# 90, with the bootstrap before pytest.
+# the budget (BENCHMARKS.md, issue 21), and a failing CI lands nothing. 72 minutes: the
+# slowest single e2e test still ends inside CI's 90, with the bootstrap before pytest.
 SUITE_BUDGET_S = float(os.environ.get("PROVISION_TEST_BUDGET_S", 72 * 60))
 _SUITE_START = time.monotonic()
 
