@@ -119,6 +119,22 @@ def test_a_rewritten_known_hosts_file_is_read_again_in_the_same_process(sshd, tm
     assert after.facts["local"]["hostname"] == subprocess.check_output(["hostname"], text=True).strip()
 
 
+def _local_and_second_host(sshd, tmp_path, name: str, env: dict[str, str]):
+    """An inventory of "local" and a second host `name` on the same sshd, reached as
+    "localhost" (every host needs its own address), whose commands get `env`."""
+    known = tmp_path / "known_hosts"
+    lines = sshd.known_hosts.read_text()
+    known.write_text(lines + lines.replace("127.0.0.1", "localhost"))
+    second = dict(
+        sshd.host_data(),
+        ssh_hostname="localhost",
+        ssh_known_hosts_file=str(known),
+        cluster_address="127.0.0.2",
+        _env=env,
+    )
+    return write_inventory(tmp_path / "inv.py", [("local", sshd.host_data()), (name, second)])
+
+
 def test_a_fact_failing_on_one_host_leaves_the_others_their_facts(sshd, tmp_path):
     # A host that answers SSH but fails a fact (a missing tool, a dropped connection) is
     # reported as failed; the other host still gets every fact. Both hosts are this sshd;
@@ -135,18 +151,7 @@ def test_a_fact_failing_on_one_host_leaves_the_others_their_facts(sshd, tmp_path
         def process(self, output):
             return output[0]
 
-    # The second host reaches the same sshd as "localhost" (every host needs its own address).
-    known = tmp_path / "known_hosts"
-    lines = sshd.known_hosts.read_text()
-    known.write_text(lines + lines.replace("127.0.0.1", "localhost"))
-    broken = dict(
-        sshd.host_data(),
-        ssh_hostname="localhost",
-        ssh_known_hosts_file=str(known),
-        cluster_address="127.0.0.2",
-        _env={"PROVISION_TEST_FAIL": "1"},
-    )
-    inv = write_inventory(tmp_path / "inv.py", [("local", sshd.host_data()), ("broken", broken)])
+    inv = _local_and_second_host(sshd, tmp_path, "broken", {"PROVISION_TEST_FAIL": "1"})
     wanted = {"hostname": (Hostname, {}), "probe": (TestStandInFailsWhenAsked, {})}
     result = engine.gather_facts(list(inventory.load(inv).nodes), wanted)
     assert result.facts["local"]["probe"] == "fine"
@@ -195,17 +200,7 @@ def test_a_host_that_hangs_fails_at_the_deadline_and_the_others_keep_their_facts
         def process(self, output):
             return output[0]
 
-    known = tmp_path / "known_hosts"
-    lines = sshd.known_hosts.read_text()
-    known.write_text(lines + lines.replace("127.0.0.1", "localhost"))
-    hung = dict(
-        sshd.host_data(),
-        ssh_hostname="localhost",
-        ssh_known_hosts_file=str(known),
-        cluster_address="127.0.0.2",
-        _env={"PROVISION_TEST_HANG": "1"},
-    )
-    inv = write_inventory(tmp_path / "inv.py", [("local", sshd.host_data()), ("hung", hung)])
+    inv = _local_and_second_host(sshd, tmp_path, "hung", {"PROVISION_TEST_HANG": "1"})
     wanted = {"probe": (TestStandInHangsWhenAsked, {})}
     result = engine.gather_facts(list(inventory.load(inv).nodes), wanted, timeout_s=5, fact_timeout_s=60)
     assert result.facts == {"local": {"probe": "fine"}}
