@@ -84,7 +84,7 @@ def kernel_cmdline(root_label: str, hostname: str) -> str:
 # The guest CPU under TCG: Westmere (x86-64-v2: SSE4.2, POPCNT, AES-NI), no AVX. `max`
 # offers AVX2, so glibc, OpenSSL, numpy and torch take their AVX2 paths, and qemu 7.2
 # emulates those far slower than SSE on some hosts: on a 2-core Xeon host, python3 under
-# qemu-x86_64 ran a hashing/zlib/json loop 3.2x slower with `-cpu max` than with
+# qemu-x86_64 ran a hashing/zlib/json loop 2.9x slower with `-cpu max` than with
 # Westmere, and a torch 256x256 matmul loop 32x slower (BENCHMARKS.md, issue 21). Every
 # package the testbed installs runs on x86-64-v2. KVM keeps `max`: there it is the host's
 # own CPU, at native speed.
