@@ -106,3 +106,24 @@ def test_plan_stops_a_host_whose_facts_hang_and_plans_the_other(sshd, tmp_path):
     assert time.monotonic() - start < 4 + 20
     assert plans["hung"].refused == ["timed out in standin after 4 s"]
     assert [op.name for op in plans["local"].steps["standin"]] == ["Stand-in | stand-in command"]
+
+
+def test_up_off_a_terminal_logs_a_line_per_host_and_step_event(sshd, tmp_path, monkeypatch):
+    # As under CI or nohup: stderr is a pipe. Preflight on this machine either passes or
+    # stops the host; either way its start and its end each get a line.
+    import re
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("PROVISION_STATE_DIR", str(tmp_path / "state"))
+    inv = write_inventory(tmp_path / "inv.py", [("local", sshd.host_data())])
+    done = subprocess.run(
+        [sys.executable, "-m", "provision", "up", str(inv), "--only", "preflight"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    events = [line for line in done.stderr.splitlines() if re.match(r"\d\d:\d\d:\d\d local: ", line)]
+    assert events[0].endswith("local: preflight: started"), done.stderr
+    assert re.search(r"local: preflight: (done, \d+ changed|FAILED)$", events[-1]), done.stderr
+    assert len(events) <= 3, "one line per step event, not per operation"
