@@ -69,6 +69,23 @@ def run_ops_bounded(state: Any, clocks: HostClocks, on_time_out: Callable[[Any],
             on_time_out(host)
 
 
+def in_parallel(state: Any, work: Callable[[Any], object]) -> None:
+    """``work(host)`` for every active host at once, each in its own greenlet."""
+    import gevent
+
+    gevent.joinall([state.pool.spawn(work, host) for host in list(state.active_hosts)])
+
+
+def quiet_interrupts() -> None:
+    """Ctrl-C reaches the main greenlet as KeyboardInterrupt (the CLI says which hosts were
+    mid-step); gevent's hub would first print it to stderr as an error of its own."""
+    import gevent
+
+    hub = gevent.get_hub()
+    if KeyboardInterrupt not in hub.NOT_ERROR:
+        hub.NOT_ERROR = (*hub.NOT_ERROR, KeyboardInterrupt)
+
+
 def _host_ops(state: Any, host: Any) -> None:
     """One host's operations in order, stopping at the first that fails (as pyinfra does);
     the callbacks record each result."""

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from provision.engine.context import NODE_KEY, RUN_KEY, RunContext
+from provision.engine.deadlines import quiet_interrupts
 from provision.inventory import Node
 
 # pyinfra logs every connection and operation itself; the progress display replaces that.
@@ -49,6 +50,7 @@ def new_state(nodes: list[Node], parallel: int, run: RunContext | None = None) -
     # pyinfra memoizes every known_hosts file it reads for the life of the process. Each run
     # must see the file as it is now: a testbed VM restarted on a new port has a new entry.
     client.get_host_keys.cache.clear()
+    quiet_interrupts()
     # pyinfra has one connect timeout per pass: the longest any of its hosts asks for.
     connect_timeout = max((n.settings.connect_timeout_s for n in nodes), default=15)
     config = Config(PARALLEL=parallel, CONNECT_TIMEOUT=connect_timeout)

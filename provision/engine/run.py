@@ -7,12 +7,13 @@ that failed a step is left out of the later ones while the other hosts go on.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from provision.engine.collector import Collector
 from provision.engine.context import RunContext
-from provision.engine.deadlines import HostClocks, disconnect_bounded, run_ops_bounded
+from provision.engine.deadlines import HostClocks, disconnect_bounded, in_parallel, run_ops_bounded
 from provision.engine.pyinfra_state import new_state
 from provision.engine.results import HostResult, OnEvent, RunReport, Step, no_events
 from provision.inventory import Cluster, Node
@@ -43,8 +44,9 @@ def run_step(
         on_event(node.name, f"{step.name}: started")
     try:
         connect_all(state)
-        for host in list(state.active_hosts):
-            _prepare(state, step, host, results[host.name], clocks)
+        # Hosts are prepared in parallel (as pyinfra's CLI does), so a host whose facts
+        # hang costs the others nothing; each is bounded by its own deadline.
+        in_parallel(state, lambda host: _prepare(state, step, host, results[host.name], clocks))
         if state.active_hosts:
             run_ops_bounded(state, clocks, lambda host: _time_out(step, host, results, clocks, on_event))
     except PyinfraError as e:
@@ -75,7 +77,8 @@ def _prepare(state: Any, step: Step, host: Any, result: HostResult, clocks: Host
         # that cannot be written, a fact shape a deploy did not expect) is this host's
         # failure: the other hosts go on, and the summary names the error.
         result.fail(step.name, f"internal error: {type(e).__name__}: {e}")
-    state.fail_hosts({host})
+    with contextlib.suppress(PyinfraError):  # "No hosts remaining!": the caller sees none left
+        state.fail_hosts({host})
 
 
 def _time_out(step: Step, host: Any, results: dict[str, HostResult], clocks: HostClocks, on_event: OnEvent) -> None:

@@ -14,7 +14,7 @@ import pytest
 from tests.helpers import loopback_sshd
 from tests.integration.test_facts_loopback import write_inventory
 
-HANG = 'if [ -n "$PROVISION_TEST_HANG" ]; then sleep 600; fi; echo fine'
+HANG = 'if [ -n "$PROVISION_TEST_HANG" ]; then sleep 120; fi; echo fine'
 
 
 @pytest.fixture(scope="module")
@@ -127,3 +127,58 @@ def test_up_off_a_terminal_logs_a_line_per_host_and_step_event(sshd, tmp_path, m
     assert events[0].endswith("local: preflight: started"), done.stderr
     assert re.search(r"local: preflight: (done, \d+ changed|FAILED)$", events[-1]), done.stderr
     assert len(events) <= 3, "one line per step event, not per operation"
+
+
+def _hung_shell(tmp_path):
+    """A shell for pyinfra (its _shell_executable) that never answers: every command of a
+    host given it hangs, as on a host whose disk is wedged."""
+    shell = tmp_path / "hung-sh"
+    shell.write_text("#!/bin/sh\nsleep 120\n")
+    shell.chmod(0o755)
+    return str(shell)
+
+
+def _provision_up(inv, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PROVISION_STATE_DIR=str(tmp_path / "state"))
+    command = [sys.executable, "-m", "provision", "up", str(inv), "--only", "preflight", "--json"]
+    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_up_names_the_hung_host_reports_the_other_in_full_and_exits_1(sshd, tmp_path):
+    import json
+
+    inv = _inventory(sshd, tmp_path, step_timeout_s=5)
+    text = inv.read_text().replace(
+        "'_env': {'PROVISION_TEST_HANG': '1'}", f"'_shell_executable': {_hung_shell(tmp_path)!r}"
+    )
+    inv.write_text(text)
+    start = time.monotonic()
+    process = _provision_up(inv, tmp_path)
+    out, err = process.communicate(timeout=120)
+    assert time.monotonic() - start < 5 + 30
+    assert process.returncode == 1, err
+    hosts = {h["name"]: h for h in json.loads(out)["hosts"]}
+    assert hosts["hung"]["failures"] == ["timed out in preflight after 5 s"]
+    assert hosts["local"]["steps"] == ["preflight"]
+
+
+def test_ctrl_c_names_the_hosts_mid_step_and_exits_130_without_a_traceback(sshd, tmp_path):
+    import signal
+
+    inv = _inventory(sshd, tmp_path, step_timeout_s=600)
+    text = inv.read_text().replace(
+        "'_env': {'PROVISION_TEST_HANG': '1'}", f"'_shell_executable': {_hung_shell(tmp_path)!r}"
+    )
+    inv.write_text(text)
+    process = _provision_up(inv, tmp_path)
+    time.sleep(8)  # hung waits on its first fact (and local for every host to be prepared)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err
+    (line,) = [line for line in err.splitlines() if line.startswith("interrupted; hosts mid-step: ")]
+    assert "hung (preflight: started)" in line
+    assert "Traceback" not in err
