@@ -87,6 +87,7 @@ def write_atomic(path: Path, data: str | bytes, mode: int = 0o644) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
+        os.fchmod(fd, mode)  # exactly ``mode`` whatever the umask, before the first byte
         with os.fdopen(fd, "wb") as f:
             f.write(data.encode() if isinstance(data, str) else data)
             f.flush()

@@ -106,3 +106,12 @@ def test_up_exits_2_naming_the_holder_when_another_up_holds_the_inventory(cli):
     assert result.code == 2
     assert f"another provision up (pid {os.getpid()}" in result.err
     assert "holds the lock on" in " ".join(result.err.split())
+
+
+def test_a_file_gets_exactly_its_mode_whatever_the_umask(tmp_path):
+    old = os.umask(0o077)
+    try:
+        state.write_atomic(tmp_path / "hosts", "127.0.0.1 localhost\n", mode=0o644)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(tmp_path / "hosts").st_mode) == 0o644
