@@ -78,7 +78,7 @@ class HostProgress:
 def host_progress(hosts: list[str], enabled: bool = True, mode: str = "auto") -> Iterator[HostProgress]:
     """Progress for a run over hosts. ``mode`` auto: the live display on a terminal, lines
     off one. On Ctrl-C, says which hosts were mid-step before the run stops."""
-    lines = enabled and (mode == "lines" or (mode == "auto" and not err.is_terminal))
+    lines = enabled and (mode == "lines" or (mode == "auto" and not sys.stderr.isatty()))
     progress = Progress(
         SpinnerColumn(),
         TextColumn("[bold]{task.description:<16}"),
