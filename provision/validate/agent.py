@@ -521,12 +521,10 @@ def _nvml_health(nv: Any, h: Any) -> dict[str, Any]:
     cor = _nv(nv.nvmlDeviceGetTotalEccErrors, h, nv.NVML_MEMORY_ERROR_TYPE_CORRECTED, nv.NVML_AGGREGATE_ECC)
     # Ampere and newer remap rows; older GPUs retire pages. Count both kinds.
     remap = _nv(nv.nvmlDeviceGetRemappedRows, h)  # (corr, unc, pending, failure)
+    # Constants are read inside the guard too: a name this pynvml lacks costs one value.
     retired = [
-        _nv(nv.nvmlDeviceGetRetiredPages, h, cause)
-        for cause in (
-            nv.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
-            nv.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERRORS,
-        )
+        _nv(lambda: nv.nvmlDeviceGetRetiredPages(h, nv.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS)),
+        _nv(lambda: nv.nvmlDeviceGetRetiredPages(h, nv.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)),
     ]
     counts = [len(r) for r in retired if r is not None] + ([remap[1]] if remap else [])
     reasons = (
