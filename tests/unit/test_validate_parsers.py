@@ -77,7 +77,8 @@ def test_nvidia_smi_xml_sees_gen5_gpu_in_gen4_slot():
     assert gpu.pcie_gen_max == 4
     assert gpu.pcie_gen_current == 1  # idle link
     assert gpu.ecc_uncorrected is None  # ECC off: N/A everywhere
-    assert gpu.retired_pages == 0
+    assert gpu.retired_pages is None  # Ampere and newer remap rows instead of retiring pages
+    assert (gpu.remapped_rows_uncorrectable, gpu.remap_pending, gpu.remap_failure) == (0, False, False)
     assert gpu.remap_failure is False
 
 
@@ -94,7 +95,8 @@ def test_nvidia_smi_text_8x_h100_sxm():
     assert {(g.pcie_gen_max, g.pcie_width_max) for g in gpus} == {(5, 16)}
     assert all(g.throttle_active == () for g in gpus)  # "Idle: Active" is not a throttle
     assert gpus[0].driver_version == "565.57.01"
-    assert gpus[0].retired_pages == 0
+    assert gpus[0].retired_pages is None
+    assert gpus[0].remapped_rows_uncorrectable == 0
     assert gpus[0].remap_pending is False
 
 
