@@ -457,7 +457,12 @@ def gpu_inventory() -> tuple[list[dict[str, Any]], str, str]:
         pynvml.nvmlInit()
     except Exception as e:
         xml = _nvidia_smi_xml()
-        return [], xml, "" if xml else f"no NVML ({type(e).__name__}) and no nvidia-smi"
+        if xml:
+            return [], xml, ""
+        devices = nvidia_pci_devices()
+        if devices:  # the GPUs are there and the driver cannot reach them: never "no GPU"
+            raise BrokenDriver(devices, e) from e
+        return [], "", f"no NVML ({type(e).__name__}) and no nvidia-smi"
     try:
         driver = _nv(pynvml.nvmlSystemGetDriverVersion)
         cuda = _nv(pynvml.nvmlSystemGetCudaDriverVersion_v2)
@@ -466,6 +471,30 @@ def gpu_inventory() -> tuple[list[dict[str, Any]], str, str]:
         return [_nvml_gpu_or_lost(pynvml, i, _s(driver) if driver else None, cuda_s) for i in range(count)], "", ""
     finally:
         _nv(pynvml.nvmlShutdown)
+
+
+class BrokenDriver(RuntimeError):
+    """NVIDIA GPUs in sysfs, but neither NVML nor nvidia-smi answers: the driver is broken."""
+
+    def __init__(self, devices: list[str], cause: BaseException) -> None:
+        what = f"{type(cause).__name__}: {cause}"
+        hint = (
+            "the loaded kernel module and the NVIDIA libraries differ: reboot after a driver upgrade"
+            if "mismatch" in what.lower()
+            else "load or reinstall the NVIDIA driver (run the `up` step nvidia)"
+        )
+        super().__init__(f"NVIDIA GPU at {', '.join(devices)} but NVML failed ({what}): {hint}")
+
+
+def nvidia_pci_devices(root: str = "/sys/bus/pci/devices") -> list[str]:
+    """PCI addresses of NVIDIA display controllers (vendor 0x10de, class 0x03xxxx): GPUs
+    the kernel sees whatever state the driver is in."""
+    found = []
+    for dev in sorted(glob.glob(f"{root}/*")):
+        vendor, cls = _read(f"{dev}/vendor").strip(), _read(f"{dev}/class").strip()
+        if vendor == "0x10de" and cls.startswith("0x03"):
+            found.append(os.path.basename(dev))
+    return found
 
 
 def _nvml_gpu_or_lost(nv: Any, i: int, driver: str | None, cuda: str | None) -> dict[str, Any]:
@@ -1019,7 +1048,7 @@ def run(mode: str, only: set[str], data_dir: str) -> dict[str, Any]:
     try:
         gpus, smi_xml, no_gpu_why = gpu_inventory()
         absent = NO_GPU
-    except Exception as e:  # NVML started but failed: GPUs may be there, so not "no GPU"
+    except Exception as e:  # NVML failed with GPUs there (or started, then failed): not "no GPU"
         gpus, smi_xml, no_gpu_why = [], "", f"NVML failed: {type(e).__name__}: {e}"
         absent = res.error("gpu inventory", e)
     steps = [
@@ -1051,6 +1080,7 @@ def run(mode: str, only: set[str], data_dir: str) -> dict[str, Any]:
             "nics": nic_inventory(),
             "kernel": platform.release(),
             "gpu_note": no_gpu_why,
+            "gpu_pci": nvidia_pci_devices(),  # judge: a host with NVIDIA GPUs must measure them
             "gpu_counts": counts,
         },
         "gpus": gpus,
@@ -1099,10 +1129,7 @@ def _gpu_steps(
         res.skip(gpu_metrics + ar, why)
         return {}
     if not torch.cuda.is_available():
-        res.skip(
-            gpu_metrics + ar,
-            "not run: torch sees no CUDA device (CPU-only torch build, or driver and CUDA do not match)",
-        )
+        res.skip(gpu_metrics + ar, _no_cuda_reason(torch))
         return {}
     counts = {"nvml": len(gpus) or _smi_gpu_count(smi_xml), "cuda": torch.cuda.device_count()}
     if gpu_metrics:
@@ -1110,6 +1137,24 @@ def _gpu_steps(
     if ar:
         _step(res, ar, lambda: bench_allreduce_local(torch, cfg, res), "")
     return counts
+
+
+def _no_cuda_reason(torch: Any) -> str:
+    """Why torch sees no CUDA device: a CPU-only build, or CUDA's own init error. Error 802
+    (cudaErrorSystemNotReady) on NVSwitch systems means the fabric manager is not running."""
+    if getattr(torch.version, "cuda", None) is None:
+        return "not run: torch sees no CUDA device: CPU-only torch build (install a CUDA build of torch)"
+    try:
+        torch.cuda.init()
+    except Exception as e:
+        text = str(e).strip().splitlines()[-1][:300] if str(e).strip() else type(e).__name__
+        if "802" in text or "system not yet initialized" in text:
+            return (
+                "not run: fabric manager is not running (CUDA error 802: system not yet initialized): "
+                "start nvidia-fabricmanager, whose version must match the driver"
+            )
+        return f"not run: torch sees no CUDA device: CUDA init failed: {text}"
+    return "not run: torch sees no CUDA device (the driver and torch's CUDA do not match?)"
 
 
 MIG_NOT_RUN = "not run: MIG is enabled"  # judge.MIG_NOT_RUN: reported, never a silent pass

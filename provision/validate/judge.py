@@ -339,9 +339,10 @@ def _not_run(i: NodeInput, m: Measurement, metric: Metric) -> Finding:
 
 
 def _has_gpu(i: NodeInput) -> bool:
-    """The host should have GPUs: it is in gpu_nodes, NVML or nvidia-smi listed some, or the
-    agent reported on a GPU by name (one NVML could not read)."""
-    return i.wants_gpu or bool(i.gpus) or any(m.device.startswith("gpu") for m in i.measurements)
+    """The host should have GPUs: it is in gpu_nodes, sysfs lists NVIDIA GPUs, NVML or
+    nvidia-smi listed some, or the agent reported on a GPU by name (one NVML could not read)."""
+    in_sysfs = bool(i.inventory.get("gpu_pci"))  # NVIDIA GPUs on the PCI bus, whatever NVML said
+    return i.wants_gpu or in_sysfs or bool(i.gpus) or any(m.device.startswith("gpu") for m in i.measurements)
 
 
 def fleet_summary(results: list[NodeResult]) -> dict[str, int]:
