@@ -161,7 +161,6 @@ def nvidia_smi_xml(text: str) -> list[GpuInfo]:
 
 def _xml_gpu(index: int, gpu: ET.Element, driver: str | None, cuda: str | None) -> GpuInfo:
     link = "pci/pci_gpu_link_info/"
-    ecc = "ecc_errors/aggregate/"
     reasons = gpu.find("clocks_event_reasons")
     if reasons is None:  # DTD v11 and older name them throttle reasons
         reasons = gpu.find("clocks_throttle_reasons")
@@ -171,6 +170,7 @@ def _xml_gpu(index: int, gpu: ET.Element, driver: str | None, cuda: str | None) 
         if (r.text or "").strip() == "Active"
     )
     minor = _int(gpu.findtext("minor_number"))
+    aggregate = _xml_ecc(gpu, "aggregate")
     return GpuInfo(
         index=minor if minor is not None else index,
         name=gpu.findtext("product_name", ""),
@@ -183,15 +183,8 @@ def _xml_gpu(index: int, gpu: ET.Element, driver: str | None, cuda: str | None) 
         pcie_gen_device_max=_int(gpu.findtext(link + "pcie_gen/max_device_link_gen")),
         pcie_width_current=_int(gpu.findtext(link + "link_widths/current_link_width")),
         pcie_width_max=_int(gpu.findtext(link + "link_widths/max_link_width")),
-        ecc_uncorrected=_sum_known(
-            _int(gpu.findtext(ecc + "dram_uncorrectable")),
-            _int(gpu.findtext(ecc + "sram_uncorrectable")),
-            _int(gpu.findtext(ecc + "sram_uncorrectable_parity")),
-            _int(gpu.findtext(ecc + "sram_uncorrectable_secded")),
-        ),
-        ecc_corrected=_sum_known(
-            _int(gpu.findtext(ecc + "dram_correctable")), _int(gpu.findtext(ecc + "sram_correctable"))
-        ),
+        ecc_uncorrected=aggregate[0],
+        ecc_corrected=aggregate[1],
         retired_pages=_sum_known(
             _int(gpu.findtext("retired_pages/multiple_single_bit_retirement/retired_count")),
             _int(gpu.findtext("retired_pages/double_bit_retirement/retired_count")),
@@ -208,34 +201,30 @@ def _xml_gpu(index: int, gpu: ET.Element, driver: str | None, cuda: str | None) 
     )
 
 
+def _xml_ecc(gpu: ET.Element, counter: str) -> tuple[int | None, int | None]:
+    """(uncorrectable, correctable) ECC errors of the ``volatile`` or ``aggregate`` counter."""
+    # DTD v11 has one sram_uncorrectable; v12+ splits it into parity and SEC-DED.
+    unc = ("dram_uncorrectable", "sram_uncorrectable", "sram_uncorrectable_parity", "sram_uncorrectable_secded")
+    cor = ("dram_correctable", "sram_correctable")
+
+    def total(keys: tuple[str, ...]) -> int | None:
+        return _sum_known(*(_int(gpu.findtext(f"ecc_errors/{counter}/{k}")) for k in keys))
+
+    return total(unc), total(cor)
+
+
 def _xml_modes(gpu: ET.Element) -> dict[str, Any]:
     """ECC mode and volatile counts, the SRAM threshold flag, MIG and compute mode."""
-    vol = "ecc_errors/volatile/"
+    volatile, memory = _xml_ecc(gpu, "volatile"), "fb_memory_usage/total"
     mig = [
-        MigDevice(
-            _int(d.findtext("index")) or 0,
-            _int(d.findtext("gpu_instance_id")),
-            _int(d.findtext("fb_memory_usage/total")),
-        )
+        MigDevice(_int(d.findtext("index")) or 0, _int(d.findtext("gpu_instance_id")), _int(d.findtext(memory)))
         for d in gpu.findall("mig_devices/mig_device")
     ]
     return {
         "ecc_mode": _mode(gpu.findtext("ecc_mode/current_ecc")),
         "ecc_mode_pending": _mode(gpu.findtext("ecc_mode/pending_ecc")),
-        "ecc_uncorrected_volatile": _sum_known(
-            *(
-                _int(gpu.findtext(vol + k))
-                for k in (
-                    "dram_uncorrectable",
-                    "sram_uncorrectable",
-                    "sram_uncorrectable_parity",
-                    "sram_uncorrectable_secded",
-                )
-            )
-        ),
-        "ecc_corrected_volatile": _sum_known(
-            _int(gpu.findtext(vol + "dram_correctable")), _int(gpu.findtext(vol + "sram_correctable"))
-        ),
+        "ecc_uncorrected_volatile": volatile[0],
+        "ecc_corrected_volatile": volatile[1],
         "sram_threshold_exceeded": _yes(gpu.findtext("ecc_errors/aggregate/sram_threshold_exceeded")),
         "mig_mode": _mode(gpu.findtext("mig_mode/current_mig")),
         "mig_mode_pending": _mode(gpu.findtext("mig_mode/pending_mig")),
@@ -333,21 +322,6 @@ def _text_gpu(index: int, g: dict[str, str], top: dict[str, str]) -> GpuInfo:
         ),
         remapped_rows_correctable=_int(g.get("Remapped Rows/Correctable Error")),
         remapped_rows_uncorrectable=_int(g.get("Remapped Rows/Uncorrectable Error")),
-        ecc_mode=_mode(g.get("ECC Mode/Current")),
-        ecc_uncorrected_volatile=_sum_known(
-            *(
-                _int(g.get("ECC Errors/Volatile/" + k))
-                for k in (
-                    "DRAM Uncorrectable",
-                    "SRAM Uncorrectable",
-                    "SRAM Uncorrectable Parity",
-                    "SRAM Uncorrectable SEC-DED",
-                )
-            )
-        ),
-        sram_threshold_exceeded=_yes(g.get(agg + "SRAM Threshold Exceeded")),
-        mig_mode=_mode(g.get("MIG Mode/Current")),
-        compute_mode=_mode(g.get("Compute Mode")),
         remap_failure=_yes(g.get("Remapped Rows/Remapping Failure Occurred")),
         remap_pending=_yes(g.get("Remapped Rows/Pending")),
         throttle_active=tuple(r for r in active if r not in _IGNORED_REASONS),
