@@ -478,7 +478,7 @@ class StandInNvmlLibrary:
         mem.total, mem.used, mem.free = mib << 20, 0, mib << 20
         return S
 
-    def _pcie(key: str) -> Callable[..., int]:  # type: ignore[misc]  # builds methods below
+    def _pcie(key: str) -> Callable[..., int]:  # builds the five PCIe link queries below
         def query(self: StandInNvmlLibrary, h: Any, ref: Any) -> int:
             return self._answer(h, lambda g: g.pcie[key], ref)
 

@@ -49,11 +49,11 @@ def test_a_function_the_real_library_lacks_raises_function_not_found(stand_in_nv
         pynvml.nvmlShutdown()
 
 
-def test_the_stand_in_is_removed_after_the_test(stand_in_nvml):
-    before = pynvml.nvmlLib
-    library = stand_in_nvml("t4")
-    assert pynvml.nvmlLib is library
-    assert before is not library
+def test_the_stand_in_is_removed_after_use():
+    before = (pynvml.nvmlLib, pynvml._nvmlGetFunctionPointer_cache)
+    with nvml.installed(nvml.stand_in_library("t4")) as library:
+        assert pynvml.nvmlLib is library
+    assert (pynvml.nvmlLib, pynvml._nvmlGetFunctionPointer_cache) == before
 
 
 def test_the_stand_in_knows_the_real_library_symbols():
