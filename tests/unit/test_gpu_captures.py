@@ -254,3 +254,36 @@ def test_one_lost_gpu_keeps_the_other_captured_gpu(stand_in_nvml):
     gpus = inventory(stand_in_nvml, library)
     assert gpus[0] == {"index": 0, "error": "NVMLError_GpuIsLost: GPU is lost"}
     assert gpus[1]["bus_id"] == "00000000:C1:00.0"
+
+
+XML_MODELS = sorted(model for model, (filename, _) in nvml.CAPTURES.items() if filename.endswith(".xml"))
+SHARED_FIELDS = (
+    "name",
+    "pci_device_id",
+    "memory_mib",
+    "pcie_gen_max",
+    "pcie_width_max",
+    "ecc_mode",
+    "ecc_uncorrected",
+    "ecc_uncorrected_volatile",
+    "remapped_rows_uncorrectable",
+    "remap_pending",
+    "mig_mode",
+    "compute_mode",
+)
+
+
+@pytest.mark.parametrize("model", XML_MODELS)
+def test_nvml_and_the_nvidia_smi_xml_parser_agree_on_each_capture(stand_in_nvml, model):
+    """Two readers of one capture: the agent through NVML, the controller's XML parser (the
+    path taken where pynvml is missing) must describe the same GPUs."""
+    via_nvml = [parsers.gpu_from_nvml(g) for g in inventory(stand_in_nvml, model)]
+    via_xml = parsers.nvidia_smi_xml((nvml.FIXTURES / nvml.CAPTURES[model][0]).read_text())
+
+    def described(gpus):
+        return [tuple(getattr(g, f) for f in SHARED_FIELDS) for g in gpus]
+
+    assert described(via_nvml) == described(via_xml)
+    assert [[d.memory_mib for d in g.mig_devices] for g in via_nvml] == [
+        [d.memory_mib for d in g.mig_devices] for g in via_xml
+    ]
