@@ -581,29 +581,22 @@ def _ecc(nv: Any, h: Any) -> dict[str, Any]:
     ``ecc_uncorrected``/``ecc_corrected`` stay the aggregate (lifetime) counts, as the
     controller has read them since schema 1; the volatile (since boot) ones are new keys."""
 
-    def total(kind: Callable[[], int], counter: Callable[[], int]) -> Any:
-        return _nv(lambda: nv.nvmlDeviceGetTotalEccErrors(h, kind(), counter()))
+    def count(uncorrected: bool, aggregate: bool) -> Any:
+        def read() -> Any:  # the constants are looked up inside the guard too
+            kind = nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED if uncorrected else nv.NVML_MEMORY_ERROR_TYPE_CORRECTED
+            counter = nv.NVML_AGGREGATE_ECC if aggregate else nv.NVML_VOLATILE_ECC
+            return nv.nvmlDeviceGetTotalEccErrors(h, kind, counter)
 
-    def unc() -> int:
-        return int(nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED)
-
-    def cor() -> int:
-        return int(nv.NVML_MEMORY_ERROR_TYPE_CORRECTED)
-
-    def aggregate() -> int:
-        return int(nv.NVML_AGGREGATE_ECC)
-
-    def volatile() -> int:
-        return int(nv.NVML_VOLATILE_ECC)
+        return _nv(read)
 
     mode = _nv(nv.nvmlDeviceGetEccMode, h)  # [current, pending]
     return {
         "ecc_mode": _feature(mode[0]) if mode else None,
         "ecc_mode_pending": _feature(mode[1]) if mode else None,
-        "ecc_uncorrected": total(unc, aggregate),
-        "ecc_corrected": total(cor, aggregate),
-        "ecc_uncorrected_volatile": total(unc, volatile),
-        "ecc_corrected_volatile": total(cor, volatile),
+        "ecc_uncorrected": count(uncorrected=True, aggregate=True),
+        "ecc_corrected": count(uncorrected=False, aggregate=True),
+        "ecc_uncorrected_volatile": count(uncorrected=True, aggregate=False),
+        "ecc_corrected_volatile": count(uncorrected=False, aggregate=False),
     }
 
 

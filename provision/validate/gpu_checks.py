@@ -36,7 +36,9 @@ MIG = "gpu_mig"
 COMPUTE_MODE = "gpu_compute_mode"
 PROCESSES = "gpu_other_processes"
 
-Check = Callable[[GpuInfo], tuple[str, str, float | None, float | None, str] | None]
+# What a check says about one GPU: (finding name, verdict, value, expectation, reason).
+Answer = tuple[str, str, float | None, float | None, str]
+Check = Callable[[GpuInfo], Answer | None]
 
 
 def gpu_checks(node: str, gpus: list[GpuInfo]) -> list[Finding]:
@@ -51,34 +53,34 @@ def gpu_checks(node: str, gpus: list[GpuInfo]) -> list[Finding]:
     return out
 
 
-def _remap_failure(g: GpuInfo) -> tuple[str, str, float | None, float | None, str] | None:
+def _remap_failure(g: GpuInfo) -> Answer | None:
     if not g.remap_failure:
         return None
     why = "row remapping failed: the GPU is out of spare rows (NVIDIA's RMA policy for row remapping); replace it"
     return REMAP_FAILURE, "fail", 1.0, 0.0, why
 
 
-def _remap_pending(g: GpuInfo) -> tuple[str, str, float | None, float | None, str] | None:
+def _remap_pending(g: GpuInfo) -> Answer | None:
     if not g.remap_pending:
         return None
     why = "a row remap is pending: reset the GPU (nvidia-smi -r -i N, or reboot) to apply it"
     return REMAP_PENDING, "warn", 1.0, 0.0, why
 
 
-def _pages_pending(g: GpuInfo) -> tuple[str, str, float | None, float | None, str] | None:
+def _pages_pending(g: GpuInfo) -> Answer | None:
     if not g.retired_pages_pending:
         return None
     return PAGES_PENDING, "warn", 1.0, 0.0, "a page retirement is pending: reboot (or reset the GPU) to apply it"
 
 
-def _sram_threshold(g: GpuInfo) -> tuple[str, str, float | None, float | None, str] | None:
+def _sram_threshold(g: GpuInfo) -> Answer | None:
     if not g.sram_threshold_exceeded:
         return None
     why = "SRAM uncorrectable errors exceeded NVIDIA's threshold (nvidia-smi: SRAM Threshold Exceeded): replace the GPU"
     return SRAM_THRESHOLD, "fail", 1.0, 0.0, why
 
 
-def _ecc_mode(g: GpuInfo) -> tuple[str, str, float | None, float | None, str] | None:
+def _ecc_mode(g: GpuInfo) -> Answer | None:
     if g.ecc_mode != "disabled":
         return None
     pending = "; enabled after the next reboot" if g.ecc_mode_pending == "enabled" else ""
@@ -86,7 +88,7 @@ def _ecc_mode(g: GpuInfo) -> tuple[str, str, float | None, float | None, str] | 
     return ECC_MODE, "warn", 0.0, 1.0, why
 
 
-def _ecc_history(g: GpuInfo) -> tuple[str, str, float | None, float | None, str] | None:
+def _ecc_history(g: GpuInfo) -> Answer | None:
     parts = [
         (g.ecc_uncorrected, "uncorrectable ECC errors over its life (aggregate)"),
         (g.remapped_rows_uncorrectable, "rows remapped for uncorrectable errors"),
@@ -99,7 +101,7 @@ def _ecc_history(g: GpuInfo) -> tuple[str, str, float | None, float | None, str]
     return ECC_HISTORY, "warn", float(sum(n or 0 for n, _ in parts)), 0.0, why
 
 
-def _nvlink(g: GpuInfo) -> tuple[str, str, float | None, float | None, str] | None:
+def _nvlink(g: GpuInfo) -> Answer | None:
     spec = find_sku(g.name, g.pci_device_id)
     if spec is None or spec.key not in NVLINK_LINKS or g.mig_mode == "enabled":
         return None  # no count to hold it to; NVML hides NVLink state in MIG mode
@@ -117,7 +119,7 @@ def _nvlink(g: GpuInfo) -> tuple[str, str, float | None, float | None, str] | No
     return NVLINK, verdict, float(g.nvlink_up), float(want), why + ("; a link is down" if verdict == "fail" else "")
 
 
-def _mig(g: GpuInfo) -> tuple[str, str, float | None, float | None, str] | None:
+def _mig(g: GpuInfo) -> Answer | None:
     if g.mig_mode != "enabled" and g.mig_mode_pending != "enabled":
         return None
     sizes = ", ".join(f"{d.memory_mib} MiB" for d in g.mig_devices) or "none created"
@@ -127,7 +129,7 @@ def _mig(g: GpuInfo) -> tuple[str, str, float | None, float | None, str] | None:
     return MIG, "warn", float(len(g.mig_devices)), None, why
 
 
-def _compute_mode(g: GpuInfo) -> tuple[str, str, float | None, float | None, str] | None:
+def _compute_mode(g: GpuInfo) -> Answer | None:
     if g.compute_mode == "prohibited":
         return (
             COMPUTE_MODE,
@@ -145,7 +147,7 @@ def _compute_mode(g: GpuInfo) -> tuple[str, str, float | None, float | None, str
     return None
 
 
-def _processes(g: GpuInfo) -> tuple[str, str, float | None, float | None, str] | None:
+def _processes(g: GpuInfo) -> Answer | None:
     if not g.processes:
         return None
     named = ", ".join(
