@@ -25,11 +25,12 @@ def sshd(tmp_path_factory):
 
 
 def _inventory(sshd, tmp_path, **deadlines):
-    """ "local" and "hung" on the same sshd, with these deadline knobs on both."""
+    """Hosts "local" and "hung" on the same sshd, with these deadline knobs; "local" keeps a
+    step deadline a loaded machine cannot miss, since it must finish in full."""
     known = tmp_path / "known_hosts"
     lines = sshd.known_hosts.read_text()
     known.write_text(lines + lines.replace("127.0.0.1", "localhost"))
-    local = dict(sshd.host_data(), **deadlines)
+    local = {**sshd.host_data(), **deadlines, "step_timeout_s": max(deadlines.get("step_timeout_s", 0), 300)}
     hung = dict(
         sshd.host_data(),
         ssh_hostname="localhost",
