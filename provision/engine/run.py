@@ -44,9 +44,10 @@ def run_step(
         on_event(node.name, f"{step.name}: started")
     try:
         connect_all(state)
-        # Hosts are prepared in parallel (as pyinfra's CLI does), so a host whose facts
-        # hang costs the others nothing; each is bounded by its own deadline.
-        in_parallel(state, lambda host: _prepare(state, step, host, results[host.name], clocks))
+        # Hosts are prepared (their facts read) side by side, as pyinfra's CLI does; no host
+        # runs an operation before all are prepared, so a host whose facts hang holds the
+        # others back until its own deadline, and no longer.
+        in_parallel(state, lambda host: _prepare(state, step, host, results, clocks, on_event))
         if state.active_hosts:
             run_ops_bounded(state, clocks, lambda host: _time_out(step, host, results, clocks, on_event))
     except PyinfraError as e:
@@ -60,16 +61,19 @@ def run_step(
         _finish(step, results[node.name], run, on_event)
 
 
-def _prepare(state: Any, step: Step, host: Any, result: HostResult, clocks: HostClocks) -> None:
+def _prepare(
+    state: Any, step: Step, host: Any, results: dict[str, HostResult], clocks: HostClocks, on_event: OnEvent
+) -> None:
     """Add the step's operations for one host (its facts are read here), within the
     host's deadline; an error or a timeout doing so fails that host alone."""
     from pyinfra.api.deploy import add_deploy
     from pyinfra.api.exceptions import PyinfraError
 
+    result = results[host.name]
     try:
         if clocks.run(host.name, lambda: add_deploy(state, step.deploy, host=host)):
             return
-        result.time_out(step.name, clocks.limit_s[host.name])
+        _time_out(step, host, results, clocks, on_event)
     except PyinfraError as e:  # an operation rejected its facts or arguments while prepared
         result.fail(step.name, f"{type(e).__name__}: {e}")
     except Exception as e:  # the host's failure alone (below)
