@@ -135,7 +135,7 @@ def test_each_gpus_full_nvml_record_reaches_the_json_inventory_and_the_html():
     }
     report = parsers.AgentReport("g1", "g1", {"cpu": {}}, (parsers.gpu_from_nvml(gpu),), (), ())
     node = Node("g1", SshTarget("192.0.2.1", 22, None, None, None, "yes"), ("gpu_nodes",), Settings())
-    record = controller._input(node, report, controller.Plan()).inventory["gpus"][0]
+    record = controller._input(node, controller.AgentRun(report, "", True), controller.Plan()).inventory["gpus"][0]
     assert record["driver_version"] == "580.95.05"
     assert record["memory_mib"] == 81559
     assert record["clocks_mhz"] == {"sm": 1980, "sm_max": 1980}
