@@ -136,6 +136,14 @@ def repeat(fn: Callable[[], Any], budget: Budget, max_reps: int) -> list[float]:
     return times
 
 
+def probe_seconds(fn: Callable[[], Any], budget: Budget) -> float:
+    """Mean seconds of fn() over 5 % of the budget: long enough to see a CPU quota (a
+    cgroup runs at full speed for a slice of each 100 ms period, then waits), so a probe
+    on a throttled node is not mistaken for a fast one."""
+    times = repeat(fn, budget.part(0.05), 10_000)
+    return max(sum(times) / len(times), 1e-9) if times else max(budget.seconds, 1e-9)
+
+
 def reps_note(got: int, wanted: int, budget: Budget) -> str:
     """ "best of 4 reps", or why fewer ran: "2 of 4 reps (20 s budget reached)"."""
     if got >= wanted:
@@ -438,7 +446,7 @@ def bench_cpu(torch: Any, cfg: dict[str, Any], cpu: dict[str, Any], budget: Budg
     threads = cpu_threads(torch, cpu)
     probe = torch.randn(PROBE_N, PROBE_N)
     torch.mm(probe, probe)  # warm-up: thread pool and BLAS kernels
-    t = min(repeat(lambda: torch.mm(probe, probe), budget.part(0.05), 3) or [budget.seconds])
+    t = probe_seconds(lambda: torch.mm(probe, probe), budget)
     wanted = cfg["cpu_n"]
     n = cpu_gemm_n(cfg, threads, 2 * PROBE_N**3 / max(t, 1e-9) / 1e9, budget)
     a, b = torch.randn(n, n), torch.randn(n, n)
@@ -527,8 +535,7 @@ def _stream_probe_gbs(torch: Any, budget: Budget) -> float:
     """Triad bandwidth on small arrays: an upper bound of what the big ones reach."""
     triad = _stream_kernels(torch, PROBE_ELEMENTS)["triad"]
     triad()
-    times = repeat(triad, budget.part(0.05), 3) or [budget.seconds]
-    return 24 * PROBE_ELEMENTS / max(min(times), 1e-9) / 1e9
+    return 24 * PROBE_ELEMENTS / probe_seconds(triad, budget) / 1e9
 
 
 def _stream_elements(llc_bytes: int, total_bytes: int | None) -> int:
@@ -545,11 +552,11 @@ def _stream_elements(llc_bytes: int, total_bytes: int | None) -> int:
 DISK_METRICS = ("disk_seq_write_mibs", "disk_seq_read_mibs", "disk_rand_read_iops")
 
 
-def fio_jobfile(path: str, size: str, runtime_s: int, direct: bool) -> str:
+def fio_jobfile(path: str, size: str, runtime_s: int, direct: bool, ramp_s: int = 1) -> str:
     """seq write 1M, seq read 1M, rand read 4k; one after the other (stonewall)."""
     common = (
         f"[global]\nfilename={path}\nsize={size}\ndirect={int(direct)}\nioengine=libaio\n"
-        f"time_based=1\nruntime={runtime_s}\nramp_time=1\ngroup_reporting=1\n"
+        f"time_based=1\nruntime={runtime_s}\nramp_time={ramp_s}\ngroup_reporting=1\n"
         "invalidate=1\n"
     )
     jobs = [
@@ -587,7 +594,8 @@ class FioPlan:
     """fio's file size and per-job runtime, from the mode and the time left."""
 
     size_mib: int  # file size; reads need it laid out first, so a slow disk gets less
-    runtime_s: int  # each of the 3 jobs runs this long (plus 1 s ramp)
+    runtime_s: int  # each of the 3 jobs runs this long, after its ramp
+    ramp_s: int  # fio's ramp_time per job (not measured)
     note: str  # what was reduced and why, "" when nothing was
 
 
@@ -596,14 +604,15 @@ def fio_plan(cfg: dict[str, Any], probe_mibs: float, seconds_left: float) -> Fio
     the three jobs share half of it (fio's own runtime bound, like its time_based mode)."""
     wanted_mib = _mib(cfg["fio_size"])
     size = max(min(wanted_mib, int(probe_mibs * seconds_left / 5)), 16)
-    runtime = max(min(cfg["fio_s"], int(seconds_left / 2 / 3) - 1), 1)
+    ramp = 1 if seconds_left >= 30 else 0  # a short budget has no second to spare per job
+    runtime = max(min(cfg["fio_s"], int(seconds_left / 2 / 3) - ramp), 1)
     reduced = []
     if size < wanted_mib:
         reduced.append(f"file {size} MiB instead of {wanted_mib} (writes at {probe_mibs:.0f} MiB/s)")
     if runtime < cfg["fio_s"]:
         reduced.append(f"{runtime} s per job instead of {cfg['fio_s']}")
     note = "; reduced to fit the time budget: " + ", ".join(reduced) if reduced else ""
-    return FioPlan(size, runtime, note)
+    return FioPlan(size, runtime, ramp, note)
 
 
 def _mib(size: str) -> int:
@@ -652,7 +661,7 @@ def _run_fio(workdir: str, plan: FioPlan, budget: Budget) -> tuple[dict[str, Any
     for direct in (True, False):  # tmpfs and some FUSE mounts refuse O_DIRECT
         jobfile = os.path.join(workdir, "jobs.fio")
         with open(jobfile, "w") as f:
-            f.write(fio_jobfile(target, f"{plan.size_mib}M", plan.runtime_s, direct))
+            f.write(fio_jobfile(target, f"{plan.size_mib}M", plan.runtime_s, direct, plan.ramp_s))
         # Killed at the phase's deadline (TimeoutExpired): the caller says it timed out.
         p = subprocess.run(
             ["fio", "--output-format=json", jobfile], capture_output=True, text=True, timeout=max(budget.left(), 1)

@@ -106,13 +106,13 @@ def test_ram_phase_on_a_slow_node_shrinks_its_arrays_counts_its_passes_and_says_
 def test_fio_runtime_and_file_come_from_the_budget_on_a_slow_disk():
     cfg = agent.MODES["quick"]
     fast = agent.fio_plan(cfg, 2000.0, 45)
-    assert (fast.size_mib, fast.runtime_s, fast.note) == (512, 3, "")
+    assert (fast.size_mib, fast.runtime_s, fast.ramp_s, fast.note) == (512, 3, 1, "")
     slow = agent.fio_plan(cfg, 10.0, 12)  # 10 MiB/s, 12 s left
     assert slow.size_mib == 24  # written in a fifth of the time left
-    assert slow.runtime_s == 1  # three jobs in half of it
+    assert (slow.runtime_s, slow.ramp_s) == (2, 0)  # three jobs in half of it, no ramp to spare
     assert (
         slow.note
-        == "; reduced to fit the time budget: file 24 MiB instead of 512 (writes at 10 MiB/s), 1 s per job instead of 3"
+        == "; reduced to fit the time budget: file 24 MiB instead of 512 (writes at 10 MiB/s), 2 s per job instead of 3"
     )
 
 
