@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import threading
+import types
 
 import pytest
 import torch
@@ -183,3 +184,45 @@ def test_unknown_or_known_budget_flags(phase):
     assert agent._budgets(f"{phase}=3", "quick") == {phase: 3.0}
     with pytest.raises(SystemExit, match="unknown phase"):
         agent._budgets("cpus=3", "quick")
+
+
+def test_each_gpu_has_its_own_phases_and_the_copies_share_one_budget():
+    stand_in = types.SimpleNamespace(cuda=types.SimpleNamespace(device_count=lambda: 3))  # test stand-in: 3 GPUs
+    gpus = [{"index": 0}, {"index": 1, "error": "GPU is lost"}, {"index": 2}]
+    budgets = agent.BUDGETS_S["quick"]
+    groups = agent.gpu_phases(stand_in, agent.MODES["quick"], budgets, gpus)
+    names = [[p.name for p in g] for g in groups]
+    assert names == [
+        ["gpu0 gemm bf16", "gpu2 gemm bf16"],
+        ["gpu0 gemm fp16", "gpu2 gemm fp16"],
+        ["gpu0 gemm tf32", "gpu2 gemm tf32"],
+        ["gpu0 gemm fp32", "gpu2 gemm fp32"],
+        ["gpu0 hbm", "gpu2 hbm"],
+        ["gpu0 burn", "gpu2 burn"],
+        ["gpu0 copies"],
+        ["gpu2 copies"],
+    ]
+    # Side by side within a group, one group after another: the GPU side's time is the sum
+    # of the groups' longest budgets, whatever the GPU count.
+    assert sum(max(p.budget_s for p in g) for g in groups) == pytest.approx(
+        budgets["gemm"] + budgets["hbm"] + budgets["burn"] + budgets["copies"]
+    )
+
+
+def test_a_hung_gpu_costs_only_its_own_phase(monkeypatch):
+    monkeypatch.setattr(agent, "GRACE_S", 0)
+    release = threading.Event()
+
+    def hung(budget, out):  # a kernel that never returns
+        release.wait(30)
+
+    res = agent.Results()
+    phases = [
+        agent.Phase("gpu0 hbm", 60, ("gpu_hbm_gbs",), "gpu0", lambda b, o: o.add("gpu_hbm_gbs", 4000.0, "gpu0")),
+        agent.Phase("gpu1 hbm", 0.01, ("gpu_hbm_gbs",), "gpu1", hung),
+    ]
+    agent.run_phases(phases, res)
+    release.set()
+    rows = {r["device"]: r for r in res.rows}
+    assert rows["gpu0"]["value"] == 4000.0
+    assert rows["gpu1"]["not_run"] == "not run: timed out after 0.01 s (phase gpu1 hbm)"

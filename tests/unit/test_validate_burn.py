@@ -1,0 +1,176 @@
+"""The agent's time-based GPU burn, on stand-ins for torch's CUDA calls and for NVML.
+
+No GPU here: the stand-in runs the burn's matmuls on CPU tensors of the real torch, and
+every name it offers is asserted to exist on the real ``torch`` / ``torch.cuda`` / ``pynvml``,
+so a typo in the agent cannot pass here and fail on the first GPU. A stand-in clock moves
+only when a matmul runs, so throughput and repetition counts are exact."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import types
+
+import pynvml
+import pytest
+import torch
+
+from provision.validate import agent
+
+
+class StandInClock:
+    """A clock for Budget that moves only when told (by the stand-in GPU's matmuls)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class StandInCudaTorch:
+    """Test stand-in for the torch names the burn uses, on CPU tensors of the real torch.
+
+    ``seconds_per_mm(k)``: how long the k-th matmul takes on the stand-in clock;
+    ``corrupt``: matmul indices whose result gets one element changed (a marginal GPU)."""
+
+    TORCH_NAMES = ("bfloat16", "Generator", "randn", "mm", "equal", "empty_like")
+    CUDA_NAMES = ("device", "empty_cache", "device_count")
+
+    def __init__(self, clock: StandInClock, seconds_per_mm, corrupt: frozenset[int] = frozenset()) -> None:
+        self.clock, self.seconds_per_mm, self.corrupt = clock, seconds_per_mm, corrupt
+        self.mms = 0
+        self.bfloat16 = torch.bfloat16
+        self.equal, self.empty_like = torch.equal, torch.empty_like
+        self.cuda = types.SimpleNamespace(device=self._device, empty_cache=lambda: None, device_count=lambda: 1)
+
+    def Generator(self, device: str) -> torch.Generator:
+        assert device.startswith("cuda:")
+        return torch.Generator()
+
+    def randn(self, *size, device, dtype, generator):
+        return torch.randn(*size, dtype=dtype, generator=generator)
+
+    def mm(self, a, b, out=None):
+        result = torch.mm(a, b, out=out)
+        if self.mms in self.corrupt:
+            result.view(-1)[0] += 1
+        self.clock.now += self.seconds_per_mm(self.mms)
+        self.mms += 1
+        return result
+
+    @contextlib.contextmanager
+    def _device(self, i):
+        yield
+
+
+class StandInNvml:
+    """Test stand-in for the pynvml calls of agent.Telemetry: a GPU reporting hardware
+    slowdown (0x8) on the first read only and thermal slowdown (0x40) on every read."""
+
+    NAMES = (
+        "nvmlInit",
+        "nvmlShutdown",
+        "nvmlDeviceGetHandleByIndex",
+        "nvmlDeviceGetClockInfo",
+        "nvmlDeviceGetPowerUsage",
+        "nvmlDeviceGetTemperature",
+        "nvmlDeviceGetCurrentClocksEventReasons",
+        "NVML_CLOCK_SM",
+        "NVML_TEMPERATURE_GPU",
+    )
+    NVML_CLOCK_SM = pynvml.NVML_CLOCK_SM
+    NVML_TEMPERATURE_GPU = pynvml.NVML_TEMPERATURE_GPU
+
+    def __init__(self) -> None:
+        self.reads, self.up = 0, 0
+
+    def nvmlInit(self):
+        self.up += 1
+
+    def nvmlShutdown(self):
+        self.up -= 1
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return i
+
+    def nvmlDeviceGetClockInfo(self, h, clock):
+        return 1755
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        return 690_000  # milliwatts
+
+    def nvmlDeviceGetTemperature(self, h, sensor):
+        return 81
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h):
+        self.reads += 1
+        return 0x8 | 0x40 if self.reads == 1 else 0x40
+
+
+def test_stand_in_names_are_real_torch_cuda_and_nvml_names():
+    for name in StandInCudaTorch.TORCH_NAMES:
+        assert hasattr(torch, name), name
+    for name in StandInCudaTorch.CUDA_NAMES:
+        assert hasattr(torch.cuda, name), name
+    for name in StandInNvml.NAMES:
+        assert hasattr(pynvml, name), name
+        assert hasattr(StandInNvml, name), name
+
+
+def burn(monkeypatch, gpu: StandInCudaTorch, clock: StandInClock, nvml=None, burn_s: float = 10) -> dict[str, dict]:
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    res = agent.Results()
+    cfg = {"burn_n": 16, "burn_s": burn_s}
+    agent._burn(gpu, cfg, 0, agent.Budget(burn_s + agent.GRACE_S, clock), agent.Sink(res, "gpu0 burn"))
+    return {r["metric"]: r for r in res.rows}
+
+
+def test_burn_runs_for_its_time_not_a_count_and_a_steady_gpu_holds_its_throughput(monkeypatch):
+    clock = StandInClock()
+    rows = burn(monkeypatch, StandInCudaTorch(clock, lambda k: 0.125), clock)
+    assert rows["gpu_burn_mismatches"]["value"] == 0.0
+    # 10 s of 0.125 s GEMMs, after the reference result's own GEMM
+    assert rows["gpu_burn_mismatches"]["detail"].startswith("79 x 16^3 bf16 GEMMs in 10.0 s")
+    assert abs(rows["gpu_burn_throughput_ratio"]["value"] - 1.0) < 1e-6
+    assert "gpu_hw_slowdown" not in rows  # no NVML: nothing sampled, the inventory's reading stands
+
+
+def test_burn_counts_results_that_differ_bitwise_from_the_first(monkeypatch):
+    clock = StandInClock()
+    rows = burn(monkeypatch, StandInCudaTorch(clock, lambda k: 0.125, frozenset({7, 30})), clock)
+    assert rows["gpu_burn_mismatches"]["value"] == 2.0
+
+
+def test_burn_compares_the_last_windows_throughput_with_the_first(monkeypatch):
+    clock = StandInClock()
+    heats_up = StandInCudaTorch(clock, lambda k: 0.125 if k < 40 else 0.25)  # half as fast after 5 s
+    rows = burn(monkeypatch, heats_up, clock)
+    assert rows["gpu_burn_throughput_ratio"]["value"] == pytest.approx(0.5)
+    assert "5 windows" in rows["gpu_burn_throughput_ratio"]["detail"]
+
+
+def test_burn_samples_nvml_and_counts_a_hardware_slowdown_only_when_seen_twice(monkeypatch):
+    clock, nvml = StandInClock(), StandInNvml()
+    rows = burn(monkeypatch, StandInCudaTorch(clock, lambda k: 0.125), clock, nvml)
+    slowdown = rows["gpu_hw_slowdown"]
+    assert slowdown["value"] == 1.0  # hw_thermal_slowdown in every sample; hw_slowdown once
+    assert "hardware slowdown in more than one sample: hw_thermal_slowdown" in slowdown["detail"]
+    assert "sm 1755-1755 MHz, power 690-690 W, temp 81-81 C" in slowdown["detail"]
+    assert nvml.reads >= 2  # one read at each end of the burn at least
+    assert nvml.up == 0  # NVML shut down again
+
+
+def test_a_burn_shorter_than_two_windows_says_so():
+    stats = agent.BurnStats(reps=1, seconds=0.1, windows=[10.0])
+    res = agent.Results()
+    agent._burn_rows(0, 16, stats, agent.Telemetry(0), agent.Sink(res, "gpu0 burn"))
+    ratio = next(r for r in res.rows if r["metric"] == "gpu_burn_throughput_ratio")
+    assert ratio["not_run"] == "not run: burn too short for two windows (1 GEMMs)"
+
+
+def test_quick_burn_lasts_about_15_s_and_full_between_60_and_120():
+    assert agent.MODES["quick"]["burn_s"] == 15
+    assert 60 <= agent.MODES["full"]["burn_s"] <= 120
+    for mode in ("quick", "full"):
+        assert agent.BUDGETS_S[mode]["burn"] >= agent.MODES[mode]["burn_s"] + agent.GRACE_S
