@@ -101,3 +101,28 @@ def test_a_node_whose_agent_timed_out_still_has_its_links_measured(monkeypatch):
     net = {r.node: next(f for f in r.findings if f.metric == "net_gbits") for r in outcome.results}
     assert "unreachable" not in net["a"].reason
     assert net["b"].reason.startswith("not run: node unreachable")
+
+
+def test_a_command_stopped_by_its_own_timeout_keeps_what_it_printed():
+    from invoke.exceptions import CommandTimedOut
+    from invoke.runners import Result
+
+    class StandInConnection:
+        """Test stand-in for a fabric Connection whose command outlives run()'s timeout."""
+
+        def run(self, command, **kwargs):
+            raise CommandTimedOut(Result(stdout='{"type": "start"}\n', stderr="", command=command, exited=-1), 5)
+
+    node = Node("n1", SshTarget("127.0.0.1", 22, "root", None, None, "yes"), ("nodes",), Settings())
+    r = remote.run(node, "agent", timeout=5, conn=StandInConnection())
+    assert r.exited == remote.TIMED_OUT == 124
+    assert r.stdout == '{"type": "start"}\n'
+    assert r.stderr.startswith("timed out after 5 s")
+
+
+def test_an_all_reduce_stopped_by_timeout_says_it_timed_out_not_a_bare_exit_code():
+    r = remote.CommandResult("b", 124, "rank 1 waiting", "")
+    assert (
+        netrun._failed(r) == f"timed out after {netrun.ALLREDUCE_TIMEOUT_S} s (all-reduce across nodes): rank 1 waiting"
+    )
+    assert netrun._failed(remote.CommandResult("b", 1, "", "NCCL error")) == "exit 1: NCCL error"
