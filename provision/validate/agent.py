@@ -199,10 +199,16 @@ class Sink:
 
     def __init__(self, res: Results, phase: str) -> None:
         self.res, self.phase, self.closed = res, phase, False
+        self._lock = threading.Lock()  # a row is either in before close() or dropped
 
     def add(self, metric: str, value: float | None, device: str = "", not_run: str = "", detail: str = "") -> None:
-        if not self.closed:
-            self.res.add(metric, value, device, not_run, detail, self.phase)
+        with self._lock:
+            if not self.closed:
+                self.res.add(metric, value, device, not_run, detail, self.phase)
+
+    def close(self) -> None:
+        with self._lock:
+            self.closed = True
 
     def skip(self, metrics: tuple[str, ...] | list[str], reason: str, device: str = "") -> None:
         for m in metrics:
@@ -247,7 +253,7 @@ def run_phases(phases: list[Phase], res: Results, clock: Callable[[], float] = t
     for p, sink, thread, budget in started:
         if thread.is_alive():
             thread.join(max(budget.left() + GRACE_S, 0.0))
-        sink.closed = True
+        sink.close()
         owed = [m for m in p.metrics if (m, p.device) not in res.reported(p.name)]
         if thread.is_alive():
             res.skip(owed, timed_out(p.name, p.budget_s), p.device, p.name)
@@ -915,38 +921,45 @@ def _gemm(torch: Any, cfg: dict[str, Any], i: int, kind: tuple[str, str, bool], 
     """mamf-finder style: several shapes, L2 flushed before each timed matmul, best shape
     wins; the shapes share the budget, and those it does not reach are said so."""
     metric, dtype_name, tf32 = kind
-    dtype = getattr(torch, dtype_name)
     torch.backends.cuda.matmul.allow_tf32 = tf32  # the same value in every GPU's thread
     torch.backends.cudnn.allow_tf32 = tf32
     shapes = cfg["gemm_shapes"]
     with torch.cuda.device(i):
         l2 = torch.cuda.get_device_properties(i).L2_cache_size or (64 << 20)
         flush = torch.empty(2 * l2 // 4, dtype=torch.int32, device=i)
-        best, best_shape, tried, reps = 0.0, None, 0, 0
-        for m, n, k in shapes:
+        best, best_shape, tried, measured, reps = 0.0, None, 0, 0, 0
+        for shape in shapes:
             share = budget.part(1 / (len(shapes) - tried))
             if share.seconds <= 0:
                 break
-            a = torch.randn(m, k, device=i, dtype=dtype)
-            b = torch.randn(k, n, device=i, dtype=dtype)
-            c = torch.empty(m, n, device=i, dtype=dtype)
-            torch.mm(a, b, out=c)  # warm-up: cuBLAS picks its kernel
-            t, got = _timed(
-                torch, i, lambda a=a, b=b, c=c: torch.mm(a, b, out=c), cfg["gemm_iters"], share, flush.zero_
-            )
-            tried, reps = tried + 1, reps + got
-            if 2 * m * n * k / t / 1e12 > best:
-                best, best_shape = 2 * m * n * k / t / 1e12, (m, n, k)
-            del a, b, c
+            tried += 1
+            try:
+                tflops, got = _gemm_shape(torch, cfg, i, shape, getattr(torch, dtype_name), share, flush)
+            except TimeoutError:  # its allocation and warm-up used its share: the next may fit
+                continue
+            measured, reps = measured + 1, reps + got
+            if tflops > best:
+                best, best_shape = tflops, shape
         del flush
         torch.cuda.empty_cache()
-    reached = "" if tried == len(shapes) else f" ({budget.seconds:g} s budget reached)"
-    out.add(
-        metric,
-        best,
-        f"gpu{i}",
-        detail=f"best shape {best_shape}, {tried} of {len(shapes)} shapes{reached}, {reps} reps",
-    )
+    if best_shape is None:
+        return out.add(metric, None, f"gpu{i}", f"not run: no GEMM fitted in the {budget.seconds:g} s budget")
+    reached = "" if measured == len(shapes) else f" ({budget.seconds:g} s budget reached)"
+    detail = f"best shape {best_shape}, {measured} of {len(shapes)} shapes{reached}, {reps} reps"
+    out.add(metric, best, f"gpu{i}", detail=detail)
+
+
+def _gemm_shape(
+    torch: Any, cfg: dict[str, Any], i: int, shape: tuple[int, int, int], dtype: Any, budget: Budget, flush: Any
+) -> tuple[float, int]:
+    """TFLOP/s of one shape (median rep) and how many reps fitted its share of the budget."""
+    m, n, k = shape
+    a = torch.randn(m, k, device=i, dtype=dtype)
+    b = torch.randn(k, n, device=i, dtype=dtype)
+    c = torch.empty(m, n, device=i, dtype=dtype)
+    torch.mm(a, b, out=c)  # warm-up: cuBLAS picks its kernel
+    t, got = _timed(torch, i, lambda: torch.mm(a, b, out=c), cfg["gemm_iters"], budget, flush.zero_)
+    return 2 * m * n * k / t / 1e12, got
 
 
 def _hbm(torch: Any, cfg: dict[str, Any], i: int, budget: Budget, out: Sink) -> None:

@@ -34,21 +34,32 @@ class StandInCudaTorch:
     ``seconds_per_mm(k)``: how long the k-th matmul takes on the stand-in clock;
     ``corrupt``: matmul indices whose result gets one element changed (a marginal GPU)."""
 
-    TORCH_NAMES = ("bfloat16", "Generator", "randn", "mm", "equal", "empty_like")
-    CUDA_NAMES = ("device", "empty_cache", "device_count")
+    TORCH_NAMES = ("bfloat16", "int32", "Generator", "randn", "mm", "equal", "empty", "empty_like", "backends")
+    CUDA_NAMES = ("device", "empty_cache", "device_count", "Event", "get_device_properties")
 
     def __init__(self, clock: StandInClock, seconds_per_mm, corrupt: frozenset[int] = frozenset()) -> None:
         self.clock, self.seconds_per_mm, self.corrupt = clock, seconds_per_mm, corrupt
         self.mms = 0
-        self.bfloat16 = torch.bfloat16
+        self.bfloat16, self.int32 = torch.bfloat16, torch.int32
         self.equal, self.empty_like = torch.equal, torch.empty_like
-        self.cuda = types.SimpleNamespace(device=self._device, empty_cache=lambda: None, device_count=lambda: 1)
+        self.cuda = types.SimpleNamespace(
+            device=self._device,
+            empty_cache=lambda: None,
+            device_count=lambda: 1,
+            Event=lambda enable_timing=False: StandInEvent(clock),
+            get_device_properties=lambda i: types.SimpleNamespace(L2_cache_size=1 << 12),
+        )
+        matmul = types.SimpleNamespace(allow_tf32=False)
+        self.backends = types.SimpleNamespace(cuda=types.SimpleNamespace(matmul=matmul), cudnn=types.SimpleNamespace())
+
+    def empty(self, *size, dtype, device):
+        return torch.empty(*size, dtype=dtype)
 
     def Generator(self, device: str) -> torch.Generator:
         assert device.startswith("cuda:")
         return torch.Generator()
 
-    def randn(self, *size, device, dtype, generator):
+    def randn(self, *size, device, dtype, generator=None):
         return torch.randn(*size, dtype=dtype, generator=generator)
 
     def mm(self, a, b, out=None):
@@ -62,6 +73,24 @@ class StandInCudaTorch:
     @contextlib.contextmanager
     def _device(self, i):
         yield
+
+
+class StandInEvent:
+    """Test stand-in for torch.cuda.Event: records the stand-in clock."""
+
+    NAMES = ("record", "synchronize", "elapsed_time")
+
+    def __init__(self, clock: StandInClock) -> None:
+        self.clock, self.at = clock, 0.0
+
+    def record(self):
+        self.at = self.clock()
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, end: StandInEvent) -> float:
+        return (end.at - self.at) * 1000  # milliseconds, as CUDA events give them
 
 
 class StandInNvml:
@@ -113,6 +142,10 @@ def test_stand_in_names_are_real_torch_cuda_and_nvml_names():
         assert hasattr(torch, name), name
     for name in StandInCudaTorch.CUDA_NAMES:
         assert hasattr(torch.cuda, name), name
+    for name in StandInEvent.NAMES:
+        assert hasattr(torch.cuda.Event, name), name
+    assert hasattr(torch.backends.cuda.matmul, "allow_tf32")
+    assert hasattr(torch.backends.cudnn, "allow_tf32")
     for name in StandInNvml.NAMES:
         assert hasattr(pynvml, name), name
         assert hasattr(StandInNvml, name), name
@@ -174,3 +207,33 @@ def test_quick_burn_lasts_about_15_s_and_full_between_60_and_120():
     assert 60 <= agent.MODES["full"]["burn_s"] <= 120
     for mode in ("quick", "full"):
         assert agent.BUDGETS_S[mode]["burn"] >= agent.MODES[mode]["burn_s"] + agent.GRACE_S
+
+
+def gemm(gpu: StandInCudaTorch, clock: StandInClock, seconds: float) -> dict:
+    res = agent.Results()
+    cfg = {"gemm_shapes": [(32, 32, 32), (64, 32, 32), (32, 64, 32)], "gemm_iters": 10}
+    agent._gemm(gpu, cfg, 0, agent.GEMM_DTYPES[0], agent.Budget(seconds, clock), agent.Sink(res, "gpu0 gemm bf16"))
+    (row,) = res.rows
+    return row
+
+
+def test_gemm_shapes_share_the_budget_and_each_stops_at_its_share():
+    clock = StandInClock()
+    # Each shape gets an equal share of what is left (4 s, then 4.5 s, then 5 s), spends 1 s on
+    # its warm-up and stops a rep before it would end past its share: 2 + 3 + 3 reps.
+    row = gemm(StandInCudaTorch(clock, lambda k: 1.0), clock, 12)
+    assert row["detail"] == "best shape (64, 32, 32), 3 of 3 shapes, 8 reps"
+    assert row["value"] == pytest.approx(2 * 64 * 32 * 32 / 1.0 / 1e12)
+
+
+def test_gemm_on_a_short_budget_says_which_shapes_it_reached():
+    clock = StandInClock()
+    row = gemm(StandInCudaTorch(clock, lambda k: 1.0), clock, 5)  # the third shape's share ends in its warm-up
+    assert row["detail"] == "best shape (64, 32, 32), 2 of 3 shapes (5 s budget reached), 2 reps"
+
+
+def test_gemm_with_no_time_for_one_rep_says_so_instead_of_a_value():
+    clock = StandInClock()
+    row = gemm(StandInCudaTorch(clock, lambda k: 10.0), clock, 3)
+    assert row["value"] is None
+    assert row["not_run"] == "not run: no GEMM fitted in the 3 s budget"
