@@ -101,6 +101,8 @@ def _stopped(report: parsers.AgentReport, r: remote.CommandResult) -> str:
         if r.exited == 124
         else f"stopped with exit {r.exited}: {r.stderr.strip()[-300:]}"
     )
+    if report.stopped_in == parsers.STARTUP:
+        return f"agent {how} during {report.stopped_in}, before its first benchmark"
     return f"agent {how} during {report.stopped_in}; every result it sent before is kept"
 
 

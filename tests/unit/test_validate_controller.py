@@ -126,3 +126,15 @@ def test_an_all_reduce_stopped_by_timeout_says_it_timed_out_not_a_bare_exit_code
         netrun._failed(r) == f"timed out after {netrun.ALLREDUCE_TIMEOUT_S} s (all-reduce across nodes): rank 1 waiting"
     )
     assert netrun._failed(remote.CommandResult("b", 1, "", "NCCL error")) == "exit 1: NCCL error"
+
+
+def test_agent_killed_during_start_up_says_so(monkeypatch):
+    start = {"type": "start", "agent": parsers.AGENT_SCHEMA, "mode": "quick", "deadline_s": 480}
+    result = remote.CommandResult("a", 124, json.dumps(start) + "\n", "")
+    monkeypatch.setattr(controller.remote, "run", stand_in_remote(result))
+    run = controller._agent(node("a"), controller.Plan(), "/tmp/agent.py", lambda host, text: None)
+    assert run.report is None
+    assert run.error == (
+        "agent ran past its deadline of 480 s and was stopped (timeout, exit 124) during "
+        "start-up (python, torch import, inventory), before its first benchmark"
+    )

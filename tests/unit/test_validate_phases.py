@@ -226,3 +226,9 @@ def test_a_hung_gpu_costs_only_its_own_phase(monkeypatch):
     rows = {r["device"]: r for r in res.rows}
     assert rows["gpu0"]["value"] == 4000.0
     assert rows["gpu1"]["not_run"] == "not run: timed out after 0.01 s (phase gpu1 hbm)"
+
+
+def test_the_deadline_command_prints_the_outer_deadline_for_a_shell(capsys):
+    assert agent.main(["deadline", "--mode", "full", "--budget", "cpu=10"]) == 0
+    full = agent.BUDGETS_S["full"]
+    assert capsys.readouterr().out == f"{agent.outer_deadline_s('full', {**full, 'cpu': 10})}\n"
