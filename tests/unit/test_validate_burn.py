@@ -1,15 +1,17 @@
 """The agent's time-based GPU burn, on stand-ins for torch's CUDA calls and for NVML.
 
 No GPU here: the stand-in runs the burn's matmuls on CPU tensors of the real torch, and
-every name it offers is asserted to exist on the real ``torch`` / ``torch.cuda`` / ``pynvml``,
-so a typo in the agent cannot pass here and fail on the first GPU. A stand-in clock moves
+every name it offers is asserted to exist on the real ``torch`` / ``torch.cuda``, so a typo
+in the agent cannot pass here and fail on the first GPU. NVML is the real pynvml module over
+captured values (tests/standins/nvml_from_captures.py); tests/unit/test_nvml_names.py holds
+every NVML name agent.py uses to the installed nvidia-ml-py. A stand-in clock moves
 only when a matmul runs, so throughput and repetition counts are exact."""
 
 from __future__ import annotations
 
 import contextlib
-import sys
 import types
+from dataclasses import replace
 
 import pynvml
 import pytest
@@ -93,51 +95,7 @@ class StandInEvent:
         return (end.at - self.at) * 1000  # milliseconds, as CUDA events give them
 
 
-class StandInNvml:
-    """Test stand-in for the pynvml calls of agent.Telemetry: a GPU reporting hardware
-    slowdown (0x8) on the first read only and thermal slowdown (0x40) on every read."""
-
-    NAMES = (
-        "nvmlInit",
-        "nvmlShutdown",
-        "nvmlDeviceGetHandleByIndex",
-        "nvmlDeviceGetClockInfo",
-        "nvmlDeviceGetPowerUsage",
-        "nvmlDeviceGetTemperature",
-        "nvmlDeviceGetCurrentClocksEventReasons",
-        "NVML_CLOCK_SM",
-        "NVML_TEMPERATURE_GPU",
-    )
-    NVML_CLOCK_SM = pynvml.NVML_CLOCK_SM
-    NVML_TEMPERATURE_GPU = pynvml.NVML_TEMPERATURE_GPU
-
-    def __init__(self) -> None:
-        self.reads, self.up = 0, 0
-
-    def nvmlInit(self):
-        self.up += 1
-
-    def nvmlShutdown(self):
-        self.up -= 1
-
-    def nvmlDeviceGetHandleByIndex(self, i):
-        return i
-
-    def nvmlDeviceGetClockInfo(self, h, clock):
-        return 1755
-
-    def nvmlDeviceGetPowerUsage(self, h):
-        return 690_000  # milliwatts
-
-    def nvmlDeviceGetTemperature(self, h, sensor):
-        return 81
-
-    def nvmlDeviceGetCurrentClocksEventReasons(self, h):
-        self.reads += 1
-        return 0x8 | 0x40 if self.reads == 1 else 0x40
-
-
-def test_stand_in_names_are_real_torch_cuda_and_nvml_names():
+def test_stand_in_names_are_real_torch_and_torch_cuda_names():
     for name in StandInCudaTorch.TORCH_NAMES:
         assert hasattr(torch, name), name
     for name in StandInCudaTorch.CUDA_NAMES:
@@ -146,22 +104,19 @@ def test_stand_in_names_are_real_torch_cuda_and_nvml_names():
         assert hasattr(torch.cuda.Event, name), name
     assert hasattr(torch.backends.cuda.matmul, "allow_tf32")
     assert hasattr(torch.backends.cudnn, "allow_tf32")
-    for name in StandInNvml.NAMES:
-        assert hasattr(pynvml, name), name
-        assert hasattr(StandInNvml, name), name
 
 
-def burn(monkeypatch, gpu: StandInCudaTorch, clock: StandInClock, nvml=None, burn_s: float = 10) -> dict[str, dict]:
-    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+def burn(gpu: StandInCudaTorch, clock: StandInClock, burn_s: float = 10) -> dict[str, dict]:
     res = agent.Results()
     cfg = {"burn_n": 16, "burn_s": burn_s}
     agent._burn(gpu, cfg, 0, agent.Budget(burn_s + agent.GRACE_S, clock), agent.Sink(res, "gpu0 burn"))
     return {r["metric"]: r for r in res.rows}
 
 
-def test_burn_runs_for_its_time_not_a_count_and_a_steady_gpu_holds_its_throughput(monkeypatch):
+def test_burn_runs_for_its_time_not_a_count_and_a_steady_gpu_holds_its_throughput(stand_in_nvml):
+    stand_in_nvml(None)  # no NVML on this node
     clock = StandInClock()
-    rows = burn(monkeypatch, StandInCudaTorch(clock, lambda k: 0.125), clock)
+    rows = burn(StandInCudaTorch(clock, lambda k: 0.125), clock)
     assert rows["gpu_burn_mismatches"]["value"] == 0.0
     # 10 s of 0.125 s GEMMs, after the reference result's own GEMM
     assert rows["gpu_burn_mismatches"]["detail"].startswith("79 x 16^3 bf16 GEMMs in 10.0 s")
@@ -169,29 +124,43 @@ def test_burn_runs_for_its_time_not_a_count_and_a_steady_gpu_holds_its_throughpu
     assert "gpu_hw_slowdown" not in rows  # no NVML: nothing sampled, the inventory's reading stands
 
 
-def test_burn_counts_results_that_differ_bitwise_from_the_first(monkeypatch):
+def test_burn_counts_results_that_differ_bitwise_from_the_first(stand_in_nvml):
+    stand_in_nvml("h200")
     clock = StandInClock()
-    rows = burn(monkeypatch, StandInCudaTorch(clock, lambda k: 0.125, frozenset({7, 30})), clock)
+    rows = burn(StandInCudaTorch(clock, lambda k: 0.125, frozenset({7, 30})), clock)
     assert rows["gpu_burn_mismatches"]["value"] == 2.0
 
 
-def test_burn_compares_the_last_windows_throughput_with_the_first(monkeypatch):
+def test_burn_compares_the_last_windows_throughput_with_the_first(stand_in_nvml):
+    stand_in_nvml("h200")
     clock = StandInClock()
     heats_up = StandInCudaTorch(clock, lambda k: 0.125 if k < 40 else 0.25)  # half as fast after 5 s
-    rows = burn(monkeypatch, heats_up, clock)
+    rows = burn(heats_up, clock)
     assert rows["gpu_burn_throughput_ratio"]["value"] == pytest.approx(0.5)
     assert "5 windows" in rows["gpu_burn_throughput_ratio"]["detail"]
 
 
-def test_burn_samples_nvml_and_counts_a_hardware_slowdown_only_when_seen_twice(monkeypatch):
-    clock, nvml = StandInClock(), StandInNvml()
-    rows = burn(monkeypatch, StandInCudaTorch(clock, lambda k: 0.125), clock, nvml)
-    slowdown = rows["gpu_hw_slowdown"]
-    assert slowdown["value"] == 1.0  # hw_thermal_slowdown in every sample; hw_slowdown once
-    assert "hardware slowdown in more than one sample: hw_thermal_slowdown" in slowdown["detail"]
-    assert "sm 1755-1755 MHz, power 690-690 W, temp 81-81 C" in slowdown["detail"]
-    assert nvml.reads >= 2  # one read at each end of the burn at least
-    assert nvml.up == 0  # NVML shut down again
+def test_burn_samples_nvml_and_counts_a_hardware_slowdown_only_when_seen_twice(stand_in_nvml):
+    """The real pynvml over captured H200 values: HW slowdown (0x8) in the first sample only,
+    HW thermal slowdown (0x40) in every sample."""
+    thermal, slowdown = pynvml.nvmlClocksEventReasonHwThermalSlowdown, pynvml.nvmlClocksEventReasonHwSlowdown
+    library = stand_in_nvml("h200", clock_reasons=thermal | slowdown)
+    first = library.capture.gpus[0]
+
+    def cools_down_after_the_first_sample(k: int) -> float:
+        if k == 0:  # the reference GEMM: the burn's first NVML sample is already taken
+            library.capture.gpus[0] = replace(first, clock_reasons=thermal)
+        return 0.125
+
+    clock = StandInClock()
+    rows = burn(StandInCudaTorch(clock, cools_down_after_the_first_sample), clock)
+    slowdown_row = rows["gpu_hw_slowdown"]
+    assert slowdown_row["value"] == 1.0
+    assert "hardware slowdown in more than one sample: hw_thermal_slowdown" in slowdown_row["detail"]
+    assert "reasons seen: hw_slowdown, hw_thermal_slowdown" in slowdown_row["detail"]
+    assert f"sm {first.sm_clock}-{first.sm_clock} MHz" in slowdown_row["detail"]
+    assert "power n/a" in slowdown_row["detail"]  # the capture has no power reading: N/A, not a crash
+    assert library.called("nvmlDeviceGetCurrentClocksEventReasons") >= 2  # one read at each end at least
 
 
 def test_a_burn_shorter_than_two_windows_says_so():
