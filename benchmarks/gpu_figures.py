@@ -23,7 +23,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from provision.validate import agent, judge, parsers  # noqa: E402 (after the path above)
+from provision.validate import agent, agent_stream, judge  # noqa: E402 (after the path above)
 
 SWEEP_SHAPES = [(n, n, n) for n in (4096, 6144, 8192, 12288, 16384)] + [(8192, 8192, 16384), (16384, 8192, 8192)]
 SWEEP_S = 30  # the mini-sweep's budget on gpu0
@@ -58,7 +58,7 @@ def names(out: Path) -> int:
 
 def judge_quick(out: Path) -> int:
     """The agent's quick GPU output through the controller's parser and the real judge."""
-    report = parsers.agent_output((out / "agent-quick.jsonl").read_text(), "this-node")
+    report = agent_stream.agent_output((out / "agent-quick.jsonl").read_text(), "this-node")
     node = judge.NodeInput("this-node", list(report.measurements), list(report.gpus), True)
     (result,) = judge.judge([node])
     for f in result.findings:

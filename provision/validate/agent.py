@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-SCHEMA = 2  # parsers.AGENT_SCHEMA on the controller must match
+SCHEMA = 2  # agent_stream.AGENT_SCHEMA on the controller must match
 NO_GPU = "not run: no GPU"
 NO_TORCH = "not run: torch missing in this python (run the `up` step frameworks)"
 GPU_METRICS = (

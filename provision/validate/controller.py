@@ -20,7 +20,7 @@ from typing import Any
 from provision import remote
 from provision.inventory import Cluster, Node
 from provision.metrics import GROUPS
-from provision.validate import agent, judge, netrun, parsers
+from provision.validate import agent, agent_stream, judge, netrun, parsers
 from provision.validate.expectations import Overrides, parse_flat
 from provision.validate.records import Measurement, NodeResult
 
@@ -71,7 +71,7 @@ def upload_command(agent_path: str) -> str:
 class AgentRun:
     """What running the agent on one node gave."""
 
-    report: parsers.AgentReport | None  # every row that arrived, even from a killed agent
+    report: agent_stream.AgentReport | None  # every row that arrived, even from a killed agent
     error: str  # why the node has no report (or why it is cut short); "" when it finished
     answered: bool  # the node answered SSH (it is reachable, whatever the agent did)
 
@@ -86,22 +86,22 @@ def _agent(node: Node, plan: Plan, agent_path: str, progress: Progress) -> Agent
     progress(node.name, f"agent running ({plan.mode})")
     r = remote.run(node, agent_command(node, agent_path, plan), timeout=AGENT_TIMEOUT_S[plan.mode] + 30)
     try:
-        report = parsers.agent_output(r.stdout, node.name)
+        report = agent_stream.agent_output(r.stdout, node.name)
     except parsers.ParseError as e:
         return AgentRun(None, _no_output(r, plan.mode, e), r.exited != -1)
-    if report.stopped_in == parsers.STARTUP:
+    if report.stopped_in == agent_stream.STARTUP:
         return AgentRun(None, _stopped(report, r), True)
     return AgentRun(report, _stopped(report, r) if report.stopped_in else "", True)
 
 
-def _stopped(report: parsers.AgentReport, r: remote.CommandResult) -> str:
+def _stopped(report: agent_stream.AgentReport, r: remote.CommandResult) -> str:
     """Why the agent's output ended early, in words: the phase, and what the exit means."""
     how = (
         f"ran past its deadline of {report.deadline_s} s and was stopped (timeout, exit 124)"
         if r.exited == 124
         else f"stopped with exit {r.exited}: {r.stderr.strip()[-300:]}"
     )
-    if report.stopped_in == parsers.STARTUP:
+    if report.stopped_in == agent_stream.STARTUP:
         return f"agent {how} during {report.stopped_in}, before its first benchmark"
     return f"agent {how} during {report.stopped_in}; every result it sent before is kept"
 

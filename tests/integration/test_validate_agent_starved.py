@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from provision.validate import agent as agent_module
-from provision.validate import parsers
+from provision.validate import agent_stream
 
 AGENT = Path(agent_module.__file__)
 BUDGETS = {"cpu": 4.0, "ram": 4.0, "disk": 6.0}  # small, so the test ends in a few minutes
@@ -85,7 +85,7 @@ def test_quick_agent_on_a_tenth_of_a_core_reports_every_phase_within_its_deadlin
                 p.kill()  # our own child, by its handle
                 p.wait()
     assert p.returncode == 0
-    report = parsers.agent_output(stdout, "starved")
+    report = agent_stream.agent_output(stdout, "starved")
     assert report.stopped_in == ""  # it finished: the end line came
     rows = {m.metric: m for m in report.measurements}
     phases = [json.loads(line) for line in stdout.splitlines() if '"type": "phase"' in line]

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from provision.validate import agent, judge, parsers
+from provision.validate import agent, agent_stream, judge, parsers
 from tests.helpers.agent_stream import agent_lines
 from tests.standins import nvml_from_captures as nvml
 
@@ -23,7 +23,7 @@ def inventory(stand_in_nvml, model: str | nvml.StandInNvmlLibrary, **changes) ->
 def judged(gpus: list[dict], results: list[dict] | None = None):
     """The agent's document as the controller parses it, then the judge's NodeResult."""
     doc = {"agent": agent.SCHEMA, "hostname": "h", "gpus": gpus, "results": results or [], "inventory": {}}
-    report = parsers.agent_output(agent_lines(doc), "n")
+    report = agent_stream.agent_output(agent_lines(doc), "n")
     (result,) = judge.judge([judge.NodeInput("n", list(report.measurements), list(report.gpus))])
     return result
 

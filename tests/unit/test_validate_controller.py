@@ -10,7 +10,7 @@ from pathlib import Path
 from provision import remote
 from provision.inventory import Cluster, Node, SshTarget
 from provision.settings import Settings
-from provision.validate import controller, netrun, parsers
+from provision.validate import agent_stream, controller, netrun
 
 
 def node(name: str) -> Node:
@@ -24,7 +24,7 @@ def cut_off_stream() -> str:
         {"phase": "disk", "budget_s": 45, "metrics": ["disk_seq_write_mibs", "disk_seq_read_mibs"], "device": ""},
     ]
     lines = [
-        {"type": "start", "agent": parsers.AGENT_SCHEMA, "mode": "quick", "deadline_s": 480},
+        {"type": "start", "agent": agent_stream.AGENT_SCHEMA, "mode": "quick", "deadline_s": 480},
         {"type": "inventory", "hostname": "a", "inventory": {}, "gpus": []},
         {"type": "plan", "phases": plan},
         {"type": "phase", "phase": "cpu", "state": "start"},
@@ -129,7 +129,7 @@ def test_an_all_reduce_stopped_by_timeout_says_it_timed_out_not_a_bare_exit_code
 
 
 def test_agent_killed_during_start_up_says_so(monkeypatch):
-    start = {"type": "start", "agent": parsers.AGENT_SCHEMA, "mode": "quick", "deadline_s": 480}
+    start = {"type": "start", "agent": agent_stream.AGENT_SCHEMA, "mode": "quick", "deadline_s": 480}
     result = remote.CommandResult("a", 124, json.dumps(start) + "\n", "")
     monkeypatch.setattr(controller.remote, "run", stand_in_remote(result))
     run = controller._agent(node("a"), controller.Plan(), "/tmp/agent.py", lambda host, text: None)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from provision.validate import parsers
+from provision.validate import agent_stream, parsers
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -122,7 +122,7 @@ def agent_lines(*lines: dict) -> str:
     return "".join(json.dumps(line) + "\n" for line in lines)
 
 
-START = {"type": "start", "agent": parsers.AGENT_SCHEMA, "mode": "quick", "deadline_s": 480}
+START = {"type": "start", "agent": agent_stream.AGENT_SCHEMA, "mode": "quick", "deadline_s": 480}
 CPU_PLAN = {"phase": "cpu", "budget_s": 30, "metrics": ["cpu_gemm_gflops", "cpu_gemm_peak_fraction"], "device": ""}
 RAM_PLAN = {"phase": "ram", "budget_s": 30, "metrics": ["ram_triad_gbs"], "device": ""}
 
@@ -147,7 +147,7 @@ def test_agent_output_with_nvidia_smi_fallback():
         row("disk_seq_read_mibs", None, "not run: fio missing"),
         {"type": "end", "errors": []},
     )
-    report = parsers.agent_output("noise\n" + text, "node1")
+    report = agent_stream.agent_output("noise\n" + text, "node1")
     assert report.gpus[0].pci_device_id == 0x20B2
     assert report.measurements[0].node == "node1"
     assert report.measurements[0].value == 12.5
@@ -158,12 +158,12 @@ def test_agent_output_with_nvidia_smi_fallback():
 
 def test_agent_output_of_other_schema_is_refused():
     with pytest.raises(parsers.ParseError, match="schema"):
-        parsers.agent_output(agent_lines({**START, "agent": 99}), "n")
+        agent_stream.agent_output(agent_lines({**START, "agent": 99}), "n")
 
 
 def test_agent_output_of_the_one_document_agent_is_refused():
     with pytest.raises(parsers.ParseError, match="no start line"):
-        parsers.agent_output(json.dumps({"agent": 1, "results": []}), "n")
+        agent_stream.agent_output(json.dumps({"agent": 1, "results": []}), "n")
 
 
 def test_agent_output_leaves_a_gpu_nvml_could_not_read_out_of_the_inventory():
@@ -177,7 +177,7 @@ def test_agent_output_leaves_a_gpu_nvml_could_not_read_out_of_the_inventory():
         row("gpu_hbm_gbs", None, "not run: NVML ...", "gpu1"),
         {"type": "end", "errors": []},
     )
-    report = parsers.agent_output(text, "n1")
+    report = agent_stream.agent_output(text, "n1")
     assert [g.index for g in report.gpus] == [0]
     assert report.measurements[0].device == "gpu1"
 
@@ -193,7 +193,7 @@ def test_agent_cut_off_mid_phase_keeps_every_row_and_times_out_the_rest_naming_t
         )
         + '{"type": "row", "metric": "cpu_gemm_pe'
     )  # killed in the middle of a line
-    report = parsers.agent_output(text, "n1")
+    report = agent_stream.agent_output(text, "n1")
     got = {m.metric: m for m in report.measurements}
     assert got["cpu_gemm_gflops"].value == 3.5
     assert got["cpu_gemm_peak_fraction"].not_run == "not run: timed out after 480 s (the agent's deadline) in phase cpu"
@@ -205,8 +205,8 @@ def test_agent_cut_off_mid_phase_keeps_every_row_and_times_out_the_rest_naming_t
 
 
 def test_agent_cut_off_before_its_plan_stopped_in_start_up():
-    report = parsers.agent_output(agent_lines(START), "n1")
-    assert report.stopped_in == parsers.STARTUP
+    report = agent_stream.agent_output(agent_lines(START), "n1")
+    assert report.stopped_in == agent_stream.STARTUP
     assert report.measurements == ()
 
 
