@@ -98,6 +98,15 @@ def _positive(value: int | float) -> str | None:
     return None if value > 0 else f"{value!r} must be greater than 0"
 
 
+def _seconds_between(low: int, high: int) -> typing.Callable[[int], str | None]:
+    """A check for a deadline in whole seconds: at least ``low``, at most ``high``."""
+
+    def check(value: int) -> str | None:
+        return None if low <= value <= high else f"{value!r} must be between {low} and {high} seconds"
+
+    return check
+
+
 # The kernel's fs.nr_open default: no process may raise its open-files limit above it.
 NR_OPEN_DEFAULT = 1048576
 
@@ -281,6 +290,15 @@ class Settings:
         "/var/tmp/provision-train",
         "node directory for the trainer: runs/<run-id>/ (script, pid file), data/, checkpoints/",
         _absolute,
+    )
+
+    # --- deadlines (up, plan, facts, status): a host past one is reported and the others go on ---
+    connect_timeout_s: int = knob(15, "how long one SSH connection attempt may take", _seconds_between(1, 600))
+    command_timeout_s: int = knob(
+        3600, "how long one remote command may run (an apt install, a fact)", _seconds_between(1, 86400)
+    )
+    step_timeout_s: int = knob(
+        7200, "how long one step (base, nvidia, ...) may take on one host, all commands", _seconds_between(1, 86400)
     )
 
 

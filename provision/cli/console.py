@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -31,21 +32,53 @@ def report_error(error: ProvisionError) -> None:
         err.print(f"[bold red]error:[/] {line}", soft_wrap=True)
 
 
-class HostProgress:
-    """A live line per host saying what it is doing now ("base: apt.packages")."""
+# Events that open, close or fail a host's step (the engine's texts): the ones the line
+# log prints, and the ones that say whether a host is mid-step.
+_ENDS = (": done", ": skipped", ": FAILED", "timed out", "unreachable", "not rebooted")
+_FINAL = {"done", "failed", "unreachable"}
 
-    def __init__(self, progress: Progress, hosts: list[str]):
+
+def is_milestone(text: str) -> bool:
+    """A step event worth a line of its own (not each operation's start)."""
+    return (
+        text in _FINAL or text.endswith(": started") or any(end in text for end in _ENDS) or text.startswith("reboot")
+    )
+
+
+def is_final(text: str) -> bool:
+    """The host is between steps, or finished, after this event."""
+    return text in _FINAL or text == "waiting" or any(end in text for end in _ENDS)
+
+
+class HostProgress:
+    """Per-host progress: a live line per host on a terminal ("base: apt.packages"), or one
+    log line per step event off one (CI, nohup), so a long run shows it is alive."""
+
+    def __init__(self, progress: Progress, hosts: list[str], lines: bool):
         self._progress = progress
+        self._lines = lines  # print a line per step event to stderr
         self._tasks = {h: progress.add_task(h, status="waiting", total=None) for h in hosts}
+        self.last = dict.fromkeys(hosts, "waiting")  # host -> its latest event
 
     def __call__(self, host: str, text: str) -> None:
+        self.last[host] = text
         task = self._tasks.get(host)
         if task is not None:
             self._progress.update(task, status=text)
+        if self._lines and is_milestone(text):
+            sys.stderr.write(f"{time.strftime('%H:%M:%S')} {host}: {text}\n")
+            sys.stderr.flush()
+
+    def in_flight(self) -> dict[str, str]:
+        """Hosts mid-step, with what each was doing."""
+        return {h: text for h, text in self.last.items() if not is_final(text)}
 
 
 @contextmanager
-def host_progress(hosts: list[str], enabled: bool = True) -> Iterator[HostProgress]:
+def host_progress(hosts: list[str], enabled: bool = True, mode: str = "auto") -> Iterator[HostProgress]:
+    """Progress for a run over hosts. ``mode`` auto: the live display on a terminal, lines
+    off one. On Ctrl-C, says which hosts were mid-step before the run stops."""
+    lines = enabled and (mode == "lines" or (mode == "auto" and not sys.stderr.isatty()))
     progress = Progress(
         SpinnerColumn(),
         TextColumn("[bold]{task.description:<16}"),
@@ -53,7 +86,14 @@ def host_progress(hosts: list[str], enabled: bool = True) -> Iterator[HostProgre
         TimeElapsedColumn(),
         console=err,
         transient=False,
-        disable=not enabled,
+        disable=not enabled or lines,
     )
     with progress:
-        yield HostProgress(progress, hosts)
+        tracker = HostProgress(progress, hosts, lines)
+        try:
+            yield tracker
+        except KeyboardInterrupt:
+            busy = tracker.in_flight()
+            mid = ", ".join(f"{h} ({text})" for h, text in busy.items()) or "none"
+            sys.stderr.write(f"interrupted; hosts mid-step: {mid}\n")
+            raise

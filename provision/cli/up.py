@@ -10,8 +10,9 @@ import typer
 from rich.table import Table
 
 from provision import inventory as inventory_lib
+from provision import state
 from provision.cli.console import err, host_progress, out, print_json
-from provision.cli.options import InventoryArg, JsonOpt
+from provision.cli.options import InventoryArg, JsonOpt, ProgressChoice, ProgressOpt
 from provision.engine import HostPlan, RunReport
 from provision.errors import EXIT_FAILED, EXIT_OK
 from provision.up import pipeline
@@ -36,13 +37,21 @@ def up(
         "DISK as in data_disks: a /dev/disk/by-id path or a serial)",
     ),
     as_json: bool = JsonOpt,
+    progress_mode: ProgressChoice = ProgressOpt,
 ) -> None:
     """Bring every host to the desired state: preflight, base, nvidia, frameworks, then
     the storage steps. Hosts run in parallel; a host that fails stops there and the others
     go on. Hosts that need it reboot after the nvidia step, a batch at a time, never the
     machine running provision. A second run changes nothing.
 
-    Exit code: 0 all hosts done, 1 some host failed, 2 bad input (nothing touched).
+    Deadlines (settings connect_timeout_s, command_timeout_s, step_timeout_s): a host past
+    one is reported "timed out in <step> after N s" and the others go on. One `up` per
+    inventory at a time: a second one exits 2 naming the holder's pid and start time.
+    Off a terminal (CI, nohup) progress is one line per host and step event on stderr.
+
+    Exit code: 0 all hosts done, 1 some host failed or timed out, 2 bad input or another
+    `up` holds the inventory (nothing touched), 130 interrupted (Ctrl-C; the hosts that
+    were mid-step are named; run `up` again to finish).
 
     Example: provision up inventories/testbed.py --skip nvidia
     """
@@ -51,7 +60,10 @@ def up(
     cluster = apply_force_format(inventory_lib.load(inventory), force_format)
     steps = pipeline.select(only, skip)
     pipeline.check_inputs(cluster, steps)  # bad input is said before any progress display
-    with host_progress([n.name for n in cluster.nodes], enabled=not as_json) as progress:
+    with (
+        state.inventory_lock(inventory),
+        host_progress([n.name for n in cluster.nodes], enabled=not as_json, mode=progress_mode.value) as progress,
+    ):
         report = pipeline.up(cluster, steps, on_event=progress, reboot_batch=reboot_batch)
     if as_json:
         print_json(report.as_json() | {"steps": [s.name for s in steps]})
@@ -81,6 +93,7 @@ def plan(
     only: str = OnlyOpt,
     skip: str = SkipOpt,
     as_json: bool = JsonOpt,
+    progress_mode: ProgressChoice = ProgressOpt,
 ) -> None:
     """Show what `up` would change on every host, step by step: packages, files (with
     diffs) and services. Runs preflight and change detection only; changes nothing.
@@ -95,7 +108,7 @@ def plan(
     cluster = inventory_lib.load(inventory)
     steps = pipeline.select(only, skip)
     pipeline.check_inputs(cluster, steps)
-    with host_progress([n.name for n in cluster.nodes], enabled=not as_json) as progress:
+    with host_progress([n.name for n in cluster.nodes], enabled=not as_json, mode=progress_mode.value) as progress:
         plans = pipeline.plan(cluster, steps, on_event=progress)
     if as_json:
         print_json(

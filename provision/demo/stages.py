@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from provision.errors import EXIT_FAILED, EXIT_OK
+from provision.state import write_atomic
 
 
 @dataclass(frozen=True)
@@ -135,9 +136,7 @@ def load_done(paths: DemoPaths, identity: str) -> dict[str, float]:
 
 def save_done(paths: DemoPaths, identity: str, done: dict[str, float]) -> None:
     paths.root.mkdir(parents=True, exist_ok=True)
-    tmp = paths.state.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"testbed": identity, "done": done}, indent=2))
-    tmp.replace(paths.state)
+    write_atomic(paths.state, json.dumps({"testbed": identity, "done": done}, indent=2))
 
 
 Runner = Callable[[list[str], Path], int]  # (argv, log file) -> exit code

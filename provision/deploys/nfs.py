@@ -32,6 +32,7 @@ from provision.engine import Step, current_cluster, current_node, refuse, skip
 from provision.inventory import Cluster, Node
 from provision.operations.accounts import training_account
 from provision.operations.apt import install
+from provision.operations.stamps import follow_up
 from provision.resources import render_template
 from provision.settings import Settings
 
@@ -118,17 +119,20 @@ def nfs_server(settings: Settings) -> None:
     user = settings.training_user
     for path in export_paths(settings):
         files.directory(name=f"Share {path}", path=path, user=user, group=user, mode="2775")
-    dropin = files.put(
-        name="nfsd waits for the data volume",
-        dest=SERVER_DROPIN,
-        src=StringIO(render_template("nfs/nfs-server.conf.j2", export_root=settings.nfs_export_root)),
+    dropin_text = render_template("nfs/nfs-server.conf.j2", export_root=settings.nfs_export_root)
+    dropin = files.put(name="nfsd waits for the data volume", dest=SERVER_DROPIN, src=StringIO(dropin_text))
+    follow_up(
+        "Reload systemd (nfs-server drop-in)",
+        "nfs-server-dropin",
+        [dropin_text],
+        ["systemctl daemon-reload"],
+        dropin.did_change,
     )
-    systemd.daemon_reload(name="Reload systemd (nfs-server drop-in)", _if=dropin.did_change)
     exports = files.put(
         name="NFS exports (cluster network only)", dest=EXPORTS_FILE, src=StringIO(exports_text(settings))
     )
     systemd.service(name="nfs-server running", service="nfs-server.service", running=True, enabled=True)
-    server.shell(name="Re-export", commands=["exportfs -ra"], _if=exports.did_change)
+    follow_up("Re-export", "nfs-exports", [exports_text(settings)], ["exportfs -ra"], exports.did_change)
     if settings.nfs_mount_root != settings.nfs_export_root:
         files.directory(name=f"Shares at {settings.nfs_mount_root}", path=settings.nfs_mount_root)
         bind = files.line(
@@ -146,19 +150,28 @@ def nfs_client(settings: Settings, address: str) -> None:
     """Mount every share from the server on first access (systemd automount)."""
     install("Install nfs-common", ["nfs-common"], settings.apt_lock_wait_s)
     training_account(settings)
-    changes = []
+    changes, lines = [], []
     for share, path in zip(settings.nfs_exports, mount_paths(settings), strict=True):
         files.directory(name=f"Mount point {path}", path=path)
+        lines.append(client_fstab_line(address, settings, share))
         changes.append(
             files.line(
                 name=f"fstab: {path}",
                 path="/etc/fstab",
                 line=fstab_match(path),
-                replace=client_fstab_line(address, settings, share),
+                replace=lines[-1],
                 extended_regex=True,
             )
         )
-    systemd.daemon_reload(name="Reload systemd (fstab changed)", _if=lambda: any(c.did_change() for c in changes))
+    # The automount units are generated from fstab: without this reload they do not exist,
+    # and starting them below fails in this run and every later one.
+    follow_up(
+        "Reload systemd (fstab changed)",
+        "nfs-client-fstab",
+        lines,
+        ["systemctl daemon-reload"],
+        lambda: any(c.did_change() for c in changes),
+    )
     for path in mount_paths(settings):
         systemd.service(name=f"automount {path}", service=systemd_unit(path, "automount"), running=True)
 

@@ -21,6 +21,7 @@ from provision.facts.gpus import Gpus, NvidiaDevices
 from provision.facts.probes import HostProbe, Probe, lock_wait_command
 from provision.facts.system import Os, OsInfo
 from provision.operations.nvidia import apt_pinned, driver_daemon, fabricmanager, held, verified_download
+from provision.operations.stamps import follow_up
 from provision.resources import templates_dir
 from provision.rules import packages as pkgs
 from provision.rules.nvidia import applies, driver_choice, other_sources, skip_reason, wants_fabricmanager
@@ -111,14 +112,14 @@ def repository(settings: Settings, os_info: OsInfo, repo_candidate: str | None) 
 
 
 def kernel_side(settings: Settings, os_info: OsInfo, probe: HostProbe) -> None:
-    nouveau = files.template(
-        name="blacklist nouveau",
-        dest=NOUVEAU_FILE,
-        mode="644",
-        src=str(templates_dir() / "nvidia" / "blacklist-nouveau.conf.j2"),
-    )
-    server.shell(
-        name="update initramfs (nouveau blacklisted)", commands=["update-initramfs -u"], _if=nouveau.did_change
+    blacklist = templates_dir() / "nvidia" / "blacklist-nouveau.conf.j2"
+    nouveau = files.template(name="blacklist nouveau", dest=NOUVEAU_FILE, mode="644", src=str(blacklist))
+    follow_up(
+        "update initramfs (nouveau blacklisted)",
+        "initramfs-nouveau",
+        [blacklist.read_text()],
+        ["update-initramfs -u"],
+        nouveau.did_change,
     )
     if not settings.nvidia_kernel_headers:
         return

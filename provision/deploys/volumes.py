@@ -43,6 +43,7 @@ from provision.engine import Step, current_node, note, refuse
 from provision.facts.blockdevices import BlockDevice, BlockDevices
 from provision.facts.filesystems import DeviceFilesystem, Filesystem
 from provision.operations.apt import install
+from provision.operations.stamps import follow_up
 from provision.operations.volumes import (
     ARRAY_DEVICE,
     MARKER,
@@ -112,7 +113,7 @@ def _array(settings: Settings, disks: list[BlockDevice], where: str, conf_ops: l
             )
             return None
         md_device = f"/dev/{running.pop()}"
-        conf_ops.append(_record_array(disks[0].uuid))
+        conf_ops.append((_record_array(disks[0].uuid), mdadm_conf_line(disks[0].uuid)))
         fs = host.get_fact(DeviceFilesystem, device=md_device) or Filesystem(None, None, None, "no answer")
         if fs.error:
             _refuse([f"{where}: cannot tell what our array {md_device} holds ({fs.error}); refusing to format it"])
@@ -129,7 +130,7 @@ def _array(settings: Settings, disks: list[BlockDevice], where: str, conf_ops: l
         name=f"Create RAID{settings.raid_level} {ARRAY_DEVICE}",
         commands=[mdadm_create_command(settings, disks, md_uuid, wiped), "udevadm settle"],
     )
-    conf_ops.append(_record_array(md_uuid))
+    conf_ops.append((_record_array(md_uuid), mdadm_conf_line(md_uuid)))
     # Stale signatures from an earlier array on wiped members can show through the new one.
     return _make_filesystem(settings, ARRAY_DEVICE, force=bool(wiped))
 
@@ -147,9 +148,9 @@ def _record_array(md_uuid: str) -> Any:
 def _update_initramfs(conf_ops: list[Any]) -> None:
     """Last, so a slow initramfs rebuild never keeps the volume from being mounted."""
     if conf_ops:
-        conf = conf_ops[-1]
-        server.shell(
-            name="Update initramfs (mdadm.conf changed)", commands=["update-initramfs -u"], _if=conf.did_change
+        conf, line = conf_ops[-1]
+        follow_up(
+            "Update initramfs (mdadm.conf changed)", "initramfs-mdadm", [line], ["update-initramfs -u"], conf.did_change
         )
 
 
@@ -206,7 +207,7 @@ def data_volume() -> None:
         return
     packages = ["xfsprogs" if settings.filesystem == "xfs" else "e2fsprogs"]
     install("Install volume tools", packages + (["mdadm"] if len(disks) > 1 else []), settings.apt_lock_wait_s)
-    conf_ops: list[Any] = []  # this pass's mdadm.conf operation, for the initramfs update at the end
+    conf_ops: list[Any] = []  # this pass's (mdadm.conf operation, its line), for the initramfs update at the end
     fs_uuid = _single_disk(settings, disks[0]) if len(disks) == 1 else _array(settings, disks, node.name, conf_ops)
     if fs_uuid:
         _mount(settings, fs_uuid)

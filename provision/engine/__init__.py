@@ -32,6 +32,7 @@ from provision.engine.results import (
     PlannedOp,
     RunReport,
     Step,
+    TimedOut,
     no_events,
 )
 from provision.engine.run import run_step, run_steps
@@ -46,6 +47,7 @@ __all__ = [
     "RunContext",
     "RunReport",
     "Step",
+    "TimedOut",
     "current_cluster",
     "current_node",
     "current_run",

@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from provision.engine.collector import Collector
+from provision.engine.deadlines import disconnect_bounded
 from provision.engine.pyinfra_state import new_state
-from provision.engine.results import FactsResult, HostResult, OnEvent, no_events
+from provision.engine.results import FactsResult, HostResult, OnEvent, TimedOut, no_events
 from provision.inventory import Node
 
 # Deadlines: each fact's command, and the whole gather. A host that hangs (a wedged disk,
@@ -15,7 +16,6 @@ from provision.inventory import Node
 # packages) takes well under a minute.
 FACT_TIMEOUT_S = 120
 GATHER_TIMEOUT_S = 300.0
-DISCONNECT_TIMEOUT_S = 30.0
 
 
 def gather_facts(
@@ -32,7 +32,7 @@ def gather_facts(
     costs the others their facts.
     """
     import gevent
-    from pyinfra.api.connect import connect_all, disconnect_all
+    from pyinfra.api.connect import connect_all
     from pyinfra.api.exceptions import PyinfraError
     from pyinfra.context import ctx_state
 
@@ -67,11 +67,10 @@ def gather_facts(
             for host, g in zip(hosts, greenlets, strict=True):
                 if not g.ready():
                     g.kill(block=False)
-                    fact_errors[host.name] = f"fact {asking.get(host.name, '?')}: no answer within {timeout_s:.0f}s"
+                    fact_errors[host.name] = str(TimedOut.after(f"fact {asking.get(host.name, '?')}", timeout_s))
                     on_event(host.name, "failed")
         finally:
-            with gevent.Timeout(DISCONNECT_TIMEOUT_S, False):  # a wedged connection must not hang the caller
-                disconnect_all(state)
+            disconnect_bounded(state)
     result = _unreachable_only(results)
     result.facts.update(out)
     for name, why in fact_errors.items():

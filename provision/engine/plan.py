@@ -4,12 +4,14 @@ with commands and file diffs, executing nothing on any host."""
 from __future__ import annotations
 
 import contextlib
+from functools import partial
 from typing import Any
 
 from provision.engine.collector import Collector, op_name
 from provision.engine.context import RunContext
+from provision.engine.deadlines import HostClocks, disconnect_bounded, in_parallel
 from provision.engine.pyinfra_state import new_state
-from provision.engine.results import HostPlan, HostResult, OnEvent, PlannedOp, Step, no_events
+from provision.engine.results import HostPlan, HostResult, OnEvent, PlannedOp, Step, TimedOut, no_events
 from provision.engine.run import targets_of
 from provision.inventory import Cluster, Node
 
@@ -31,8 +33,7 @@ def plan_steps(cluster: Cluster, steps: list[Step], on_event: OnEvent = no_event
 
 
 def _plan_step(step: Step, nodes: list[Node], plans: dict[str, HostPlan], run: RunContext, on_event: OnEvent) -> None:
-    from pyinfra.api.connect import connect_all, disconnect_all
-    from pyinfra.api.deploy import add_deploy
+    from pyinfra.api.connect import connect_all
     from pyinfra.api.exceptions import PyinfraError
 
     targets = targets_of(step, nodes, plans)
@@ -50,17 +51,39 @@ def _plan_step(step: Step, nodes: list[Node], plans: dict[str, HostPlan], run: R
             if not results[node.name].reachable:
                 plans[node.name].reachable = False
                 plans[node.name].refused.append("; ".join(str(f) for f in results[node.name].failures))
-        if state.active_hosts:
-            add_deploy(state, step.deploy)
-            for host in state.active_hosts:
-                on_event(host.name, f"{step.name}: planned")
-                plans[host.name].steps[step.name] = changing_ops(state, host, run)
+        clocks = HostClocks({n.name: float(n.settings.step_timeout_s) for n in targets})
+        in_parallel(state, partial(_plan_host, state, step, plans, run, clocks, on_event))
     finally:
-        disconnect_all(state)
+        disconnect_bounded(state)
     for node in targets:
         plans[node.name].refused += [f"{step.name}: {r}" for r in run.take_refusals(node.name)]
         plans[node.name].notes += run.take_notes(node.name)
         run.take_skips(node.name)
+
+
+def _plan_host(
+    state: Any,
+    step: Step,
+    plans: dict[str, HostPlan],
+    run: RunContext,
+    clocks: HostClocks,
+    on_event: OnEvent,
+    host: Any,
+) -> None:
+    from pyinfra.api.deploy import add_deploy
+
+    try:
+        finished = clocks.run(host.name, partial(add_deploy, state, step.deploy, host=host))
+    except Exception as e:  # this host's alone: an operation that rejected its facts, say
+        plans[host.name].refused.append(f"{step.name}: {type(e).__name__}: {e}")
+        return
+    if not finished:
+        # Facts that never answer: this host's plan stops here, the others go on.
+        plans[host.name].refused.append(str(TimedOut.after(step.name, clocks.limit_s[host.name])))
+        on_event(host.name, f"{step.name}: timed out after {clocks.limit_s[host.name]:.0f} s")
+        return
+    on_event(host.name, f"{step.name}: planned")
+    plans[host.name].steps[step.name] = changing_ops(state, host, run)
 
 
 def changing_ops(state: Any, host: Any, run: RunContext) -> list[PlannedOp]:

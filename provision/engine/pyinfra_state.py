@@ -11,12 +11,11 @@ from collections.abc import Iterable
 from typing import Any
 
 from provision.engine.context import NODE_KEY, RUN_KEY, RunContext
+from provision.engine.deadlines import quiet_interrupts
 from provision.inventory import Node
 
 # pyinfra logs every connection and operation itself; the progress display replaces that.
 logging.getLogger("pyinfra").setLevel(logging.CRITICAL)
-
-CONNECT_TIMEOUT_S = 15  # one SSH connection attempt
 
 
 def pyinfra_inventory(nodes: Iterable[Node], run: RunContext | None = None) -> Any:
@@ -31,6 +30,9 @@ def pyinfra_inventory(nodes: Iterable[Node], run: RunContext | None = None) -> A
         data[NODE_KEY] = node
         if run is not None:
             data[RUN_KEY] = run
+        # Every command of every operation and fact gets a deadline (pyinfra's _timeout as
+        # host data is the default for all of them); an inventory's own _timeout wins.
+        data.setdefault("_timeout", node.settings.command_timeout_s)
         data["ssh_strict_host_key_checking"] = node.ssh.strict_host_key_checking
         if node.ssh.key:
             data["ssh_key"] = node.ssh.key
@@ -48,5 +50,8 @@ def new_state(nodes: list[Node], parallel: int, run: RunContext | None = None) -
     # pyinfra memoizes every known_hosts file it reads for the life of the process. Each run
     # must see the file as it is now: a testbed VM restarted on a new port has a new entry.
     client.get_host_keys.cache.clear()
-    config = Config(PARALLEL=parallel, CONNECT_TIMEOUT=CONNECT_TIMEOUT_S)
+    quiet_interrupts()
+    # pyinfra has one connect timeout per pass: the longest any of its hosts asks for.
+    connect_timeout = max((n.settings.connect_timeout_s for n in nodes), default=15)
+    config = Config(PARALLEL=parallel, CONNECT_TIMEOUT=connect_timeout)
     return State(pyinfra_inventory(nodes, run), config)

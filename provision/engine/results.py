@@ -30,6 +30,21 @@ class Failure:
         return f"{self.step}: {self.why}"
 
 
+@dataclass(frozen=True)
+class TimedOut(Failure):
+    """A host that did not finish a step (or phase) within its deadline; the run went on
+    with the others. Built with TimedOut.after(step, seconds)."""
+
+    seconds: float = 0.0  # the deadline it ran past
+
+    @classmethod
+    def after(cls, step: str, seconds: float) -> TimedOut:
+        return cls(step, f"timed out in {step} after {seconds:.0f} s", seconds)
+
+    def __str__(self) -> str:
+        return self.why
+
+
 @dataclass
 class HostResult:
     """What happened on one host across a run."""
@@ -49,6 +64,9 @@ class HostResult:
 
     def fail(self, step: str, why: str) -> None:
         self.failures.append(Failure(step, why))
+
+    def time_out(self, step: str, seconds: float) -> None:
+        self.failures.append(TimedOut.after(step, seconds))
 
     def failed_in(self, step: str) -> bool:
         return any(f.step == step for f in self.failures)

@@ -7,11 +7,13 @@ that failed a step is left out of the later ones while the other hosts go on.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from provision.engine.collector import Collector
 from provision.engine.context import RunContext
+from provision.engine.deadlines import HostClocks, disconnect_bounded, in_parallel, run_ops_bounded
 from provision.engine.pyinfra_state import new_state
 from provision.engine.results import HostResult, OnEvent, RunReport, Step, no_events
 from provision.inventory import Cluster, Node
@@ -28,9 +30,8 @@ def run_step(
     """Apply one step to the given nodes (all reachable so far), recording into results.
     ``run`` is the run it belongs to; without one (a reboot pass) it gets a context of its own."""
     run = run or RunContext(None, (step.name,))
-    from pyinfra.api.connect import connect_all, disconnect_all
+    from pyinfra.api.connect import connect_all
     from pyinfra.api.exceptions import PyinfraError
-    from pyinfra.api.operations import run_ops
 
     targets = targets_of(step, nodes, results)
     if not targets:
@@ -38,39 +39,55 @@ def run_step(
     state = new_state(targets, parallel, run)
     collector = Collector(results, step.name, on_event)
     state.add_callback_handler(collector)
+    clocks = HostClocks({n.name: float(n.settings.step_timeout_s) for n in targets})
+    for node in targets:
+        on_event(node.name, f"{step.name}: started")
     try:
         connect_all(state)
-        for host in list(state.active_hosts):
-            _prepare(state, step, host, results[host.name])
+        # Hosts are prepared (their facts read) side by side, as pyinfra's CLI does; no host
+        # runs an operation before all are prepared, so a host whose facts hang holds the
+        # others back until its own deadline, and no longer.
+        in_parallel(state, lambda host: _prepare(state, step, host, results, clocks, on_event))
         if state.active_hosts:
-            run_ops(state, no_wait=True)
+            run_ops_bounded(state, clocks, lambda host: _time_out(step, host, results, clocks, on_event))
     except PyinfraError as e:
         # "No hosts remaining!": every host failed. Each failure is recorded by settle().
         collector.settle(state)
         _record_unexplained(state, targets, results, step.name, str(e))
     finally:
         collector.settle(state)
-        disconnect_all(state)
+        disconnect_bounded(state)
     for node in targets:
         _finish(step, results[node.name], run, on_event)
 
 
-def _prepare(state: Any, step: Step, host: Any, result: HostResult) -> None:
-    """Add the step's operations for one host; an error doing so fails that host alone."""
+def _prepare(
+    state: Any, step: Step, host: Any, results: dict[str, HostResult], clocks: HostClocks, on_event: OnEvent
+) -> None:
+    """Add the step's operations for one host (its facts are read here), within the
+    host's deadline; an error or a timeout doing so fails that host alone."""
     from pyinfra.api.deploy import add_deploy
     from pyinfra.api.exceptions import PyinfraError
 
+    result = results[host.name]
     try:
-        add_deploy(state, step.deploy, host=host)
+        if clocks.run(host.name, lambda: add_deploy(state, step.deploy, host=host)):
+            return
+        _time_out(step, host, results, clocks, on_event)
     except PyinfraError as e:  # an operation rejected its facts or arguments while prepared
         result.fail(step.name, f"{type(e).__name__}: {e}")
-        state.fail_hosts({host})
     except Exception as e:  # the host's failure alone (below)
         # Anything else raised while preparing this host's operations (a controller file
         # that cannot be written, a fact shape a deploy did not expect) is this host's
         # failure: the other hosts go on, and the summary names the error.
         result.fail(step.name, f"internal error: {type(e).__name__}: {e}")
+    with contextlib.suppress(PyinfraError):  # "No hosts remaining!": the caller sees none left
         state.fail_hosts({host})
+
+
+def _time_out(step: Step, host: Any, results: dict[str, HostResult], clocks: HostClocks, on_event: OnEvent) -> None:
+    results[host.name].time_out(step.name, clocks.limit_s[host.name])
+    on_event(host.name, f"{step.name}: timed out after {clocks.limit_s[host.name]:.0f} s")
 
 
 def _finish(step: Step, result: HostResult, run: RunContext, on_event: OnEvent) -> None:
@@ -79,7 +96,7 @@ def _finish(step: Step, result: HostResult, run: RunContext, on_event: OnEvent) 
         on_event(result.name, f"{step.name}: skipped")
     elif result.ok and not result.failed_in(step.name):
         result.steps.append(step.name)
-        on_event(result.name, f"{step.name}: done")
+        on_event(result.name, f"{step.name}: done, {result.changed_by_step.get(step.name, 0)} changed")
 
 
 def targets_of(step: Step, nodes: list[Node], rows: Mapping[str, Any]) -> list[Node]:

@@ -125,8 +125,9 @@ def stack_command(venv_path: str, mount_points: list[str]) -> str:
             # stat first: on an automount point it triggers the mount; a dead server times out.
             f"for m in {checks}; do "
             'h=no; timeout 10 stat -f "$m" >/dev/null 2>&1 && h=yes; '
-            't=$(findmnt -n -o FSTYPE --target "$m" 2>/dev/null | tail -n1); '
-            'if findmnt -n "$m" >/dev/null 2>&1; then p=yes; else p=no; fi; '
+            # findmnt --target stats the path too: a hung server must not hang the probe.
+            't=$(timeout 10 findmnt -n -o FSTYPE --target "$m" 2>/dev/null | tail -n1); '
+            'if timeout 10 findmnt -n "$m" >/dev/null 2>&1; then p=yes; else p=no; fi; '
             'echo "mount $m $p $h ${t:--}"; done'
             if checks
             else "true",

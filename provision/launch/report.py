@@ -15,6 +15,7 @@ from typing import Any
 
 from provision.launch import monitor
 from provision.launch.session import Outcome
+from provision.state import write_atomic
 
 STRAGGLER_RATIO = 1.2  # a node whose forward passes take this much longer than the median
 
@@ -94,9 +95,7 @@ def load_records(path: Path) -> list[Record]:
 
 def save_record(path: Path, record: Record) -> None:
     records = [*load_records(path), record]
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps([asdict(r) for r in records], indent=1))
-    tmp.replace(path)
+    write_atomic(path, json.dumps([asdict(r) for r in records], indent=1))
 
 
 def reference(records: list[Record], sig: str) -> Record | None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from provision.errors import InputError, Problem
+from provision.state import write_atomic
 from provision.testbed import procs, qemu
 
 PROBE_TIMEOUT_S = 60.0  # a KVM boot to login takes a few seconds; a hung one never does
@@ -81,7 +82,7 @@ def _load(cache_file: Path, key: str) -> Verdict | None:
 
 def _save(cache_file: Path, key: str, verdict: Verdict) -> None:
     cache_file.parent.mkdir(parents=True, exist_ok=True)
-    cache_file.write_text(json.dumps({"host": key, "accel": verdict.accel, "reason": verdict.reason}) + "\n")
+    write_atomic(cache_file, json.dumps({"host": key, "accel": verdict.accel, "reason": verdict.reason}) + "\n")
 
 
 def probe_boot(base_spec: qemu.VmSpec, timeout_s: float = PROBE_TIMEOUT_S) -> tuple[bool, str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from provision.state import write_atomic
 from provision.testbed.guest_files import CLUSTER_CIDR
 from provision.testbed.state import NodeRecord
 
@@ -75,9 +76,7 @@ def write(
     wheelhouse: Path | None = None,
 ) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(render(nodes, ssh_key, known_hosts, state_dir, wheelhouse))
-    tmp.replace(path)
+    write_atomic(path, render(nodes, ssh_key, known_hosts, state_dir, wheelhouse))
     return path
 
 

@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 from provision.errors import TestbedError
+from provision.state import generated_key, write_atomic
 
 LOOPBACK = "127.0.0.1"
 
@@ -18,16 +19,10 @@ def generate(path: Path, comment: str) -> Path:
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     path.unlink(missing_ok=True)
-    done = subprocess.run(
-        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    if done.returncode != 0:
-        raise TestbedError(f"ssh-keygen failed for {path}: {done.stderr.strip()}")
-    path.chmod(0o600)
-    return path
+    try:  # made beside it and renamed in, mode 0600 from ssh-keygen's first byte
+        return generated_key(path, comment)
+    except subprocess.CalledProcessError as e:
+        raise TestbedError(f"ssh-keygen failed for {path}: {e.stderr.decode(errors='replace').strip()}") from None
 
 
 def public(path: Path) -> str:
@@ -45,4 +40,4 @@ def known_hosts_line(port: int, public_key: str, host: str = LOOPBACK) -> str:
 def write_known_hosts(path: Path, entries: list[tuple[int, str]]) -> None:
     """Rewrite the testbed's known_hosts from (port, public key) pairs."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(known_hosts_line(port, key) + "\n" for port, key in entries))
+    write_atomic(path, "".join(known_hosts_line(port, key) + "\n" for port, key in entries))

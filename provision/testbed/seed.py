@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 from provision.errors import TestbedError
+from provision.state import write_atomic
 from provision.testbed.guest_files import SEED_LABEL
 
 
@@ -36,8 +37,7 @@ def write_tree(seed_dir: Path, host_key: Path, authorized_keys: str, networks: d
 
 
 def _file(path: Path, text: str, mode: int) -> None:
-    path.write_text(text)
-    path.chmod(mode)
+    write_atomic(path, text, mode)  # the host key is 0600 from its first byte
 
 
 def make_image(seed_dir: Path, image: Path, size: str = "16M") -> Path:

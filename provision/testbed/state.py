@@ -6,10 +6,11 @@ still leaves a record that `down` can clean up from."""
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from provision.state import write_atomic
 
 STATE_FILE = "state.json"
 
@@ -65,11 +66,9 @@ def load(state_dir: Path) -> TestbedState | None:
 
 
 def save(state_dir: Path, state: TestbedState) -> None:
-    """Write the state atomically (write a temporary file, then rename)."""
+    """Write the state whole or not at all (provision.state.write_atomic)."""
     state_dir.mkdir(parents=True, exist_ok=True)
     data = asdict(state)
     for node in data["nodes"]:
         node.pop("running", None)
-    tmp = state_dir / f".{STATE_FILE}.{os.getpid()}"
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    tmp.replace(state_dir / STATE_FILE)
+    write_atomic(state_dir / STATE_FILE, json.dumps(data, indent=2) + "\n")

@@ -107,6 +107,9 @@ def _reboot_deploy() -> Callable[..., object]:
             delay=RECONNECT_DELAY_S,
             interval=2,
             reboot_timeout=node.settings.reboot_timeout_s,
+            # The wait for SSH is one command to pyinfra: its deadline is the reboot's own,
+            # not command_timeout_s (a host may take longer to boot than any command runs).
+            _timeout=node.settings.reboot_timeout_s + RECONNECT_DELAY_S + 60,
         )
 
     return reboot

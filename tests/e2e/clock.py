@@ -43,7 +43,7 @@ def up_events(label: str):
     """An on_event for pipeline.up that records when each host finishes each step."""
 
     def on_event(host: str, text: str) -> None:
-        if text.endswith((": done", ": skipped")) or "reboot" in text:
+        if ": done" in text or text.endswith(": skipped") or "reboot" in text:
             record("up", label, host=host, text=text)
 
     return on_event

@@ -19,6 +19,7 @@ from provision.facts.apt import parse_source_files
 from provision.facts.gpus import Gpus
 from provision.facts.probes import SecureBoot, parse_probe, parse_reboot_state
 from provision.operations import nvidia as nvidia_ops
+from provision.operations import stamps
 from provision.resources import templates_dir
 from provision.rules import nvidia as nvidia_rules
 from provision.rules import packages as pkgs
@@ -84,7 +85,7 @@ def test_ubuntu_2204_hgx_host_gets_repo_open_driver_fabricmanager_toolkit() -> N
         f"{INSTALL} --no-install-recommends linux-headers-5.15.0-185-generic"
     ]
     assert ops["CUDA toolkit and extras"].commands == [f"{INSTALL} --no-install-recommends cuda-toolkit-12-8"]
-    assert ops["update initramfs (nouveau blacklisted)"].commands == ["update-initramfs -u"]
+    assert ops["update initramfs (nouveau blacklisted)"].commands == ["update-initramfs -u", NOUVEAU_STAMP]
     assert ops["nvidia-persistenced enabled"].commands == ["systemctl enable nvidia-persistenced.service"]
 
 
@@ -463,10 +464,34 @@ class SetUpHost(FakeHost):
             }
         )
 
+        # Its follow-ups ran for these files (update-initramfs after the blacklist).
+        self.stamps = {"initramfs-nouveau": stamps.digest([BLACKLIST.read_text()])}
+
     def __call__(self, cls: type, kwargs: dict[str, Any]) -> Any:
         if cls.__name__ == "Sha1File":
             return self.sha1s.get(kwargs["path"])
+        if cls.__name__ == "Stamp":
+            return self.stamps.get(kwargs["stamp"])
         return super().__call__(cls, kwargs)
+
+
+BLACKLIST = templates_dir() / "nvidia" / "blacklist-nouveau.conf.j2"
+NOUVEAU_STAMP = stamps.stamp_command("initramfs-nouveau", stamps.digest([BLACKLIST.read_text()]))
+
+
+@pytest.mark.parametrize("stamp", [None, "an older blacklist's digest"], ids=["missing", "stale"])
+def test_initramfs_is_updated_when_the_blacklist_is_in_place_but_its_stamp_is_not_current(stamp) -> None:
+    # An `up` killed after writing the blacklist and before update-initramfs: the file is
+    # right, so only the stamp says the initramfs still has nouveau in it.
+    host = SetUpHost()
+    host.stamps["initramfs-nouveau"] = stamp
+    ops = {o.name: o for o in plan_with_facts(nvidia.step, node(), host)[0]}
+    # (A plan also lists the daemon-reload guarded by _if once anything before it changes.)
+    assert "NVIDIA stack | blacklist nouveau" not in ops, "the file itself is right"
+    assert ops["NVIDIA stack | update initramfs (nouveau blacklisted)"].commands == [
+        "update-initramfs -u",
+        NOUVEAU_STAMP,
+    ]
 
 
 def test_rerun_changes_nothing_but_updates_apt_when_the_driver_has_no_candidate() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 from provision.deploys import nfs
+from provision.operations import stamps
 from provision.settings import Settings
 from tests.helpers.pyinfra_fake import fake_node, run_fake
 
@@ -110,3 +111,76 @@ def test_server_without_cluster_cidr_is_refused_and_exports_nothing(monkeypatch)
     (refusal,) = run.ran(server.name, "exit 1$")
     assert "cluster_cidr is not set" in refusal
     assert not run.ran(server.name, "exportfs|/etc/exports|apt-get")
+
+
+# Follow-ups after an interrupted `up`: the files are right, only the stamp tells whether
+# exportfs -ra / the daemon-reload ran for them (operations/stamps.py).
+
+
+def _client_with_fstab_in_place(stamp: str | None):
+    s = settings()
+    lines = [nfs.client_fstab_line("10.77.0.1", s, share) for share in s.nfs_exports]
+    answers: dict = {
+        re.compile(rf"grep -E -e .*\]\+{re.escape(path)}\[.* /etc/fstab"): [line]
+        for path, line in zip(nfs.mount_paths(s), lines, strict=True)
+    }
+    answers |= {re.compile(rf"grep -E -e '\^{re.escape(line)}\$' /etc/fstab"): [line] for line in lines}
+    answers[re.compile("cat /var/lib/provision/stamps/nfs-client-fstab")] = [stamp] if stamp else []
+    client = _with_cluster_address(fake_node("node2", s, answers, address="10.77.0.2"), "10.77.0.2")
+    server = _with_cluster_address(fake_node("node1", s, {}, groups=("storage",), address="10.77.0.1"), "10.77.0.1")
+    return server, client, stamps.digest(lines)
+
+
+def test_client_reloads_systemd_when_fstab_is_right_but_its_stamp_is_missing(monkeypatch):
+    # An `up` killed after writing fstab and before the reload: without it the automount
+    # units do not exist, and starting them fails in this run and every later one.
+    server, client, want = _client_with_fstab_in_place(None)
+    run = run_fake(nfs.step, [server, client], monkeypatch)
+    assert not run.ran(client.name, ">> /etc/fstab|sed -i.*/etc/fstab"), "fstab is already right"
+    assert run.ran(client.name, "^systemctl daemon-reload$")
+    assert run.ran(client.name, re.escape(stamps.stamp_command("nfs-client-fstab", want)))
+
+
+def test_client_with_fstab_and_stamp_current_does_not_reload(monkeypatch):
+    _, _, want = _client_with_fstab_in_place(None)
+    server, client, _ = _client_with_fstab_in_place(want)
+    run = run_fake(nfs.step, [server, client], monkeypatch)
+    assert not run.ran(client.name, "daemon-reload|stamps/nfs-client-fstab.tmp")
+
+
+def _server_with_exports_in_place(stamp: str | None):
+    import hashlib
+
+    s = settings()
+    text = nfs.exports_text(s)
+    answers: dict = {
+        re.compile(r"stat -c .* /etc/exports\.d/provision\.exports"): [
+            "user=root group=root mode=-rw-r--r-- atime=0 mtime=0 ctime=0 size=1 '/etc/exports.d/provision.exports'"
+        ],
+        re.compile(r"test -e /etc/exports\.d \|\|"): [
+            "user=root group=root mode=drwxr-xr-x atime=0 mtime=0 ctime=0 size=4096 '/etc/exports.d'"
+        ],
+        re.compile(r"sha1sum /etc/exports\.d/provision\.exports"): [
+            f"{hashlib.sha1(text.encode()).hexdigest()}  /etc/exports.d/provision.exports"
+        ],
+        re.compile("cat /var/lib/provision/stamps/nfs-exports"): [stamp] if stamp else [],
+    }
+    server = _with_cluster_address(
+        fake_node("node1", s, answers, groups=("storage",), address="10.77.0.1"), "10.77.0.1"
+    )
+    return server, stamps.digest([text])
+
+
+def test_server_re_exports_when_the_exports_file_is_right_but_its_stamp_is_stale(monkeypatch):
+    server, want = _server_with_exports_in_place("digest of an older exports file")
+    run = run_fake(nfs.step, [server], monkeypatch)
+    assert not run.ran(server.name, r"mkdir -p /etc/exports\.d"), "the file and its directory are already right"
+    assert run.ran(server.name, "^exportfs -ra$")
+    assert run.ran(server.name, re.escape(stamps.stamp_command("nfs-exports", want)))
+
+
+def test_server_with_exports_and_stamp_current_does_not_re_export(monkeypatch):
+    _, want = _server_with_exports_in_place(None)
+    server, _ = _server_with_exports_in_place(want)
+    run = run_fake(nfs.step, [server], monkeypatch)
+    assert not run.ran(server.name, "exportfs")

@@ -147,3 +147,13 @@ def test_nofile_limit_above_the_kernels_nr_open_is_refused_because_logins_would_
     assert "refuse every login" in str(problem)
     assert parse_settings({"nofile_limit": 1048576}, "x")[1] == []
     assert "greater than 0" in str(parse_settings({"nofile_limit": 0}, "x")[1][0])
+
+
+def test_deadline_knobs_have_defaults_and_refuse_zero_or_absurd_values():
+    from provision.settings import Settings, parse_settings
+
+    defaults = Settings()
+    assert (defaults.connect_timeout_s, defaults.command_timeout_s, defaults.step_timeout_s) == (15, 3600, 7200)
+    _, problems = parse_settings({"connect_timeout_s": 0, "command_timeout_s": 10**6, "step_timeout_s": 5}, "inv.py")
+    assert [p.where for p in problems] == ["inv.py: key connect_timeout_s", "inv.py: key command_timeout_s"]
+    assert "between 1 and 600 seconds" in problems[0].what

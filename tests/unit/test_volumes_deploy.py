@@ -8,6 +8,7 @@ import re
 
 from provision.deploys import volumes
 from provision.facts.probes import lock_wait_command
+from provision.operations import stamps
 from provision.operations import volumes as vol_ops
 from provision.settings import Settings
 from tests.helpers.pyinfra_fake import fake_node, run_fake
@@ -139,8 +140,14 @@ def test_forced_disk_is_erased_then_formatted_with_force(monkeypatch):
     assert run.ran(HOST, "mkfs")[0].startswith("mkfs.xfs -q -f -L PVDATA")
 
 
-def test_rerun_on_our_assembled_array_changes_nothing_on_disk(monkeypatch):
-    fs_uuid, md_uuid = "1b4e28ba-2fa1-11d2-883f-0016d3cca427", "00112233-4455-6677-8899-aabbccddeeff"
+MD_UUID = "00112233-4455-6677-8899-aabbccddeeff"
+MDADM_STAMP = stamps.digest([vol_ops.mdadm_conf_line(MD_UUID)])  # the initramfs has this array
+
+
+def _assembled_array_node(initramfs_stamp: str | None):
+    """A host an earlier run finished the volumes step on: our array assembled and mounted,
+    fstab and mdadm.conf written; its initramfs stamp as given."""
+    fs_uuid, md_uuid = "1b4e28ba-2fa1-11d2-883f-0016d3cca427", MD_UUID
     members = [
         _disk(
             n,
@@ -152,7 +159,7 @@ def test_rerun_on_our_assembled_array_changes_nothing_on_disk(monkeypatch):
         for n in ("vdb", "vdc")
     ]
     s = _settings(data_disks=[ID.format("b"), ID.format("c")], force_format=[ID.format("b")])
-    node = fake_node(
+    return fake_node(
         "node1",
         s,
         {
@@ -171,13 +178,28 @@ def test_rerun_on_our_assembled_array_changes_nothing_on_disk(monkeypatch):
                 "ii  mdadm  4.2-5  amd64  Tool to administer Linux MD arrays",
                 "ii  xfsprogs  6.1.0-1  amd64  Utilities for managing the XFS filesystem",
             ],
+            re.compile(r"cat /var/lib/provision/stamps/initramfs-mdadm"): [initramfs_stamp] if initramfs_stamp else [],
         },
     )
+
+
+def test_rerun_on_our_assembled_array_changes_nothing_on_disk(monkeypatch):
+    node = _assembled_array_node(MDADM_STAMP)
     run = run_fake(volumes.step, [node], monkeypatch)
     assert run.results[HOST].ok, run.results[HOST].failures
     # force_format names a member, yet our own volume is never reformatted
     assert not run.ran(HOST, DESTRUCTIVE + "|update-initramfs|>> /etc/fstab|sed .*/etc/fstab")
     assert not run.ran(HOST, "apt-get")  # packages present: not even an apt cache refresh
+
+
+def test_initramfs_is_updated_when_mdadm_conf_is_right_but_its_stamp_is_missing(monkeypatch):
+    # An `up` killed after writing mdadm.conf and before update-initramfs: the file is
+    # right, so only the stamp says the initramfs does not know the array yet.
+    run = run_fake(volumes.step, [_assembled_array_node(None)], monkeypatch)
+    assert run.results[HOST].ok, run.results[HOST].failures
+    assert run.ran(HOST, "^update-initramfs -u$")
+    assert run.ran(HOST, re.escape(stamps.stamp_command("initramfs-mdadm", MDADM_STAMP)))
+    assert not run.ran(HOST, r"(>>|sed -i).*mdadm\.conf")  # the file itself is left alone
 
 
 def test_forced_member_is_erased_and_only_the_blank_member_is_checked_before_the_array(monkeypatch):
