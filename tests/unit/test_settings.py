@@ -147,3 +147,30 @@ def test_nofile_limit_above_the_kernels_nr_open_is_refused_because_logins_would_
     assert "refuse every login" in str(problem)
     assert parse_settings({"nofile_limit": 1048576}, "x")[1] == []
     assert "greater than 0" in str(parse_settings({"nofile_limit": 0}, "x")[1][0])
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        ({"train_dir": "/"}, "'/' is a system directory"),
+        ({"train_dir": "/var/tmp"}, "'/var/tmp' is a system directory"),
+        ({"train_dir": "/home/"}, "'/home/' is a system directory"),
+        ({"train_dir": "/etc/provision"}, "'/etc/provision' is inside /etc, which holds the system"),
+        ({"train_dir": "/usr/local/train"}, "'/usr/local/train' is inside /usr, which holds the system"),
+        ({"train_dir": "/var/tmp/../../etc"}, "'/var/tmp/../../etc' has a '..' component"),
+        ({"train_dir": "/data"}, "'/data' is, or holds, the data volume or the NFS shares (data_mount /data)"),
+        ({"train_dir": "/srv/x", "data_mount": "/srv/x/data"}, "'/srv/x' is, or holds, the data volume"),
+        ({"train_dir": "/shared/checkpoints/t"}, "'/shared/checkpoints/t' is on the NFS shares (nfs_mount_root"),
+        ({"train_dir": "/shared"}, "'/shared' is on the NFS shares (nfs_mount_root /shared)"),
+        ({"train_dir": "/data/shared/x"}, "'/data/shared/x' is on the NFS shares (nfs_export_root /data/shared)"),
+    ],
+)
+def test_train_dir_refuses_the_root_system_directories_the_data_volume_and_the_shares(data, expected):
+    _, problems = parse_settings(data, "inv.py: host n1")
+    assert [p.where for p in problems] == ["inv.py: host n1: key train_dir"]
+    assert problems[0].what.startswith(expected)
+
+
+@pytest.mark.parametrize("path", ["/var/tmp/provision-train", "/srv/train", "/data/train", "/opt/provision/train"])
+def test_train_dir_of_its_own_passes(path):
+    assert parse_settings({"train_dir": path}, "inv.py")[1] == []
