@@ -94,6 +94,12 @@ def _sha256(value: str | None) -> str | None:
     return f"{value!r} is not a SHA-256 (64 lowercase hex digits)"
 
 
+def _fingerprint(value: str | None) -> str | None:
+    if value is None or re.fullmatch(r"[0-9A-Fa-f]{40}", value):
+        return None
+    return f"{value!r} is not an OpenPGP v4 fingerprint (40 hex digits, no spaces)"
+
+
 def _positive(value: int | float) -> str | None:
     return None if value > 0 else f"{value!r} must be greater than 0"
 
@@ -188,6 +194,12 @@ class Settings:
     )
     nvidia_keyring_sha256: str | None = knob(
         None, "SHA-256 the downloaded keyring must have (sha256sum of the file); null trusts HTTPS alone", _sha256
+    )
+    nvidia_key_fingerprint: str | None = knob(
+        "EB693B3035CD5710E231E123A4B469963BF863CC",
+        "OpenPGP fingerprint of the one key the downloaded keyring may hold (default: NVIDIA's "
+        "published CUDA repository key 3BF863CC); null trusts HTTPS alone",
+        _fingerprint,
     )
     nvidia_driver_branch: str = knob("580", "driver branch to pin, e.g. 570 or 580", _branch)
     nvidia_driver_version: str | None = knob(
