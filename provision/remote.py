@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from provision import hostkeys
 from provision.inventory import Node, SshTarget
 
 T = TypeVar("T")
@@ -33,7 +34,6 @@ class RemoteError(Exception):
 
 def connection(target: SshTarget | Node, connect_timeout: int = CONNECT_TIMEOUT_S) -> Any:
     """A fabric Connection for a host, with provision's host-key policy applied."""
-    import paramiko
     from fabric import Config, Connection
 
     ssh = target.ssh if isinstance(target, Node) else target
@@ -52,34 +52,13 @@ def connection(target: SshTarget | Node, connect_timeout: int = CONNECT_TIMEOUT_
         connect_kwargs=connect_kwargs,
     )
     known_hosts = ssh.known_hosts or os.path.expanduser("~/.ssh/known_hosts")
-    if os.path.isfile(known_hosts):
-        conn.client.load_host_keys(known_hosts)
     # The inventory allows yes, accept-new, no and off (checked when it loads). A changed
     # key of a host in known_hosts is refused under every policy: paramiko checks loaded
     # keys before it asks the policy, which is only consulted for a host it has never seen.
-    policy: Any  # a paramiko MissingHostKeyPolicy (paramiko is imported lazily, see cli/__init__)
-    if ssh.strict_host_key_checking == "yes":
-        policy = paramiko.RejectPolicy()
-    elif ssh.strict_host_key_checking == "accept-new":
-        policy = _AcceptNewPolicy(known_hosts)
-    else:
-        policy = paramiko.AutoAddPolicy()
-    conn.client.set_missing_host_key_policy(policy)
+    # hostkeys reads every line (marker lines included) the way the pyinfra seam does.
+    conn.client._host_keys = hostkeys.load(known_hosts)
+    conn.client.set_missing_host_key_policy(hostkeys.policy(ssh.strict_host_key_checking, known_hosts))
     return conn
-
-
-class _AcceptNewPolicy:
-    """OpenSSH's StrictHostKeyChecking=accept-new for paramiko: a host never seen is trusted
-    and its key saved to known_hosts, so the next connection pins it."""
-
-    def __init__(self, known_hosts: str):
-        self.known_hosts = known_hosts
-
-    def missing_host_key(self, client: Any, hostname: str, key: Any) -> None:
-        client.get_host_keys().add(hostname, key.get_name(), key)
-        os.makedirs(os.path.dirname(self.known_hosts) or ".", exist_ok=True)
-        with open(self.known_hosts, "a") as f:
-            f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
 
 
 @dataclass(frozen=True)

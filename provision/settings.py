@@ -94,6 +94,12 @@ def _sha256(value: str | None) -> str | None:
     return f"{value!r} is not a SHA-256 (64 lowercase hex digits)"
 
 
+def _fingerprint(value: str | None) -> str | None:
+    if value is None or re.fullmatch(r"[0-9A-Fa-f]{40}", value):
+        return None
+    return f"{value!r} is not an OpenPGP v4 fingerprint (40 hex digits, no spaces)"
+
+
 def _positive(value: int | float) -> str | None:
     return None if value > 0 else f"{value!r} must be greater than 0"
 
@@ -198,6 +204,12 @@ class Settings:
     nvidia_keyring_sha256: str | None = knob(
         None, "SHA-256 the downloaded keyring must have (sha256sum of the file); null trusts HTTPS alone", _sha256
     )
+    nvidia_key_fingerprint: str | None = knob(
+        "EB693B3035CD5710E231E123A4B469963BF863CC",
+        "OpenPGP fingerprint of the one key the downloaded keyring may hold (default: NVIDIA's "
+        "published CUDA repository key 3BF863CC); null trusts HTTPS alone",
+        _fingerprint,
+    )
     nvidia_driver_branch: str = knob("580", "driver branch to pin, e.g. 570 or 580", _branch)
     nvidia_driver_version: str | None = knob(
         None,
@@ -288,7 +300,7 @@ class Settings:
     train_master_port: int = knob(29500, "c10d rendezvous port on the first node", _positive)
     train_dir: str = knob(
         "/var/tmp/provision-train",
-        "node directory for the trainer: runs/<run-id>/ (script, pid file), data/, checkpoints/",
+        "node directory for the trainer: runs/<run-id>/ (script, pid file; root's), work/ (data, checkpoints)",
         _absolute,
     )
 
@@ -395,6 +407,7 @@ def parse_settings(data: dict[str, Any], where: str) -> tuple[Settings, list[Pro
             nccl_version_pattern(settings.cuda_toolkit_version, settings.nccl_version)
         except ValueError as e:
             problems.append(Problem(f"{where}: key install_nccl", str(e)))
+    problems += _train_dir_problems(settings, where)
     return settings, problems
 
 
@@ -425,3 +438,50 @@ def nccl_version_pattern(cuda_toolkit: str | None, nccl_version: str | None) -> 
         )
     cuda = cuda_toolkit.replace("-", ".")
     return f"{nccl_version or '*'}+cuda{cuda}"
+
+
+# Directories that hold the system: train_dir is none of them, and none of the trees whose
+# contents are the system's is above it (a trainer directory under /etc or /usr, or one
+# that is /var itself, would put root's run files among the system's).
+SYSTEM_DIRS = frozenset(
+    {
+        *("/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/libx32", "/media", "/mnt"),
+        *("/opt", "/proc", "/root", "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr", "/usr/local", "/var"),
+        *("/var/lib", "/var/log", "/var/tmp", "/var/cache", "/var/spool", "/var/mail"),
+    }
+)
+SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/proc", "/run", "/sbin", "/sys", "/usr")
+
+
+def _train_dir_problems(s: Settings, where: str) -> list[Problem]:
+    message = train_dir_problem(s)
+    fix = "use a directory of its own, e.g. /srv/train"
+    return [Problem(f"{where}: key train_dir", message, fix)] if message else []
+
+
+def _inside(path: str, tree: str) -> bool:
+    return path == tree or path.startswith(tree.rstrip("/") + "/")
+
+
+def train_dir_problem(s: Settings) -> str | None:
+    """Why train_dir cannot hold the trainer's files, or None. It is made and owned by root
+    on every node, so it must be a directory of its own: not the root, not a system
+    directory, not on an NFS share (root_squash; and every node would share one run
+    directory), and not the data volume itself or a directory above it or the shares."""
+    import posixpath
+
+    path = posixpath.normpath(s.train_dir)
+    if ".." in s.train_dir.split("/"):
+        return f"{s.train_dir!r} has a '..' component; give the directory as it is"
+    if path in SYSTEM_DIRS or path == "//":
+        return f"{s.train_dir!r} is a system directory"
+    tree = next((t for t in SYSTEM_TREES if _inside(path, t)), None)
+    if tree:
+        return f"{s.train_dir!r} is inside {tree}, which holds the system"
+    data = posixpath.normpath(s.data_mount)
+    for name, other in (("nfs_mount_root", s.nfs_mount_root), ("nfs_export_root", s.nfs_export_root)):
+        if _inside(path, posixpath.normpath(other)):
+            return f"{s.train_dir!r} is on the NFS shares ({name} {other})"
+    if path == data or any(_inside(posixpath.normpath(p), path) for p in (s.data_mount, s.nfs_mount_root)):
+        return f"{s.train_dir!r} is, or holds, the data volume or the NFS shares (data_mount {data})"
+    return None

@@ -15,7 +15,7 @@ from pyinfra.context import ctx_state
 from pyinfra.facts.files import Sha1File
 from pyinfra.operations import files, server, systemd
 
-from provision.engine import Step, current_cluster, current_node, note, refuse, secret_upload
+from provision.engine import Step, current_cluster, current_node, note, put_secret, refuse
 from provision.errors import InputError
 from provision.facts.probes import HostKeys
 from provision.facts.stack import BACKUP_STAMP
@@ -117,26 +117,12 @@ def sftp_account(node: Node, cluster: Cluster) -> None:
 def client_secrets(node: Node, cluster: Cluster) -> None:
     """Password, SSH key and SSH settings: root-owned, the secrets mode 0600."""
     files.directory(name=backup.CONFIG_DIR, path=backup.CONFIG_DIR, user="root", group="root", mode="700")
-    files.put(
-        name="restic password (0600)",
-        src=str(backup.password_file(cluster, node)),
-        dest=secret_upload(backup.PASSWORD_FILE),
-        user="root",
-        group="root",
-        mode="600",
-    )
+    put_secret("restic password (0600)", str(backup.password_file(cluster, node)), backup.PASSWORD_FILE, "root", "root")
     if not backup.uses_default_repository(node):
         return
     storage = cluster.storage_node()
     assert storage is not None  # backup.repository() refused a default repository without one
-    files.put(
-        name="SFTP key (0600)",
-        src=str(backup.key_file(cluster)),
-        dest=secret_upload(backup.KEY_FILE),
-        user="root",
-        group="root",
-        mode="600",
-    )
+    put_secret("SFTP key (0600)", str(backup.key_file(cluster)), backup.KEY_FILE, "root", "root")
     keys = _storage_host_keys(storage)
     if not keys:
         note(f"backups: {storage.name}'s host key was not read in this pass; first use accepts it")

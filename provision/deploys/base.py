@@ -17,7 +17,7 @@ from pyinfra.context import ctx_state
 from pyinfra.facts.files import FileContents
 from pyinfra.operations import apt, files, server, systemd
 
-from provision.engine import Step, current_cluster, current_node, note, secret_upload
+from provision.engine import Step, current_cluster, current_node, note, put_secret
 from provision.facts.probes import CloudInitFact, DpkgInterrupted, HostKeys
 from provision.inventory import Cluster, Node
 from provision.operations.accounts import training_account
@@ -200,15 +200,8 @@ def training_user() -> None:
     public = Path(f"{key}.pub").read_text().strip()
     training_account(node.settings)
     files.directory(name=f"{home}/.ssh", path=f"{home}/.ssh", user=user, group=user, mode="700")
-    # secret_upload: `provision plan` would otherwise print the private key as a diff.
-    files.put(
-        name="training user: private key",
-        src=str(key),
-        dest=secret_upload(f"{home}/.ssh/id_ed25519"),
-        user=user,
-        group=user,
-        mode="600",
-    )
+    # put_secret: never readable by another user, and no diff in `provision plan`.
+    put_secret("training user: private key", str(key), f"{home}/.ssh/id_ed25519", user, user)
     files.put(
         name="training user: authorized key",
         src=StringIO(public + "\n"),

@@ -3,27 +3,52 @@
 
 Packages come from an index (``pip_index_url``, or pip's own configuration) or from a
 wheelhouse: a controller directory of .whl files uploaded to the node and installed with
-``pip install --no-index --find-links`` (air-gapped clusters, and the testbed).
+``pip install --no-index --find-links`` (air-gapped clusters, and the testbed), each wheel
+checked against the wheelhouse's SHA256SUMS on the controller and by pip
+(``--require-hashes``) on the node. pip takes wheels only (``--only-binary=:all:``).
 After the install, torch is imported with the venv's python; on GPU hosts
 ``torch.cuda.is_available()`` must be True as well.
 """
 
 from __future__ import annotations
 
+from io import StringIO
+
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import files, pip
 
-from provision.engine import Step, current_node
+from provision.engine import Step, current_node, refuse
 from provision.facts.gpus import NvidiaDevices
 from provision.operations.venv import torch_works, venv_packages, wheel_file
-from provision.rules.frameworks import REMOTE_WHEELHOUSE, pip_source_args, requirements, wheel_files
+from provision.rules.frameworks import (
+    REMOTE_REQUIREMENTS,
+    REMOTE_WHEELHOUSE,
+    hashed_requirements,
+    pip_source_args,
+    requirements,
+    sums_problem,
+    wheel_files,
+)
 
 
-def upload_wheelhouse(directory: str) -> None:
+def upload_wheelhouse(directory: str) -> bool:
+    """Upload the wheels and their hash-pinned requirements; False (the host refused) when
+    a wheel does not match the wheelhouse's SHA256SUMS."""
+    problem = sums_problem(directory)
+    if problem:
+        refuse("frameworks", problem)
+        return False
     files.directory(name="wheelhouse directory", path=REMOTE_WHEELHOUSE, mode="755")
     for wheel in wheel_files(directory):
         wheel_file(name=f"wheel {wheel.name}", src=str(wheel), dest=f"{REMOTE_WHEELHOUSE}/{wheel.name}")
+    files.put(
+        name="requirements.txt: the wheels' hashes",
+        src=StringIO(hashed_requirements(directory)),
+        dest=REMOTE_REQUIREMENTS,
+        mode="644",
+    )
+    return True
 
 
 @deploy("Frameworks")
@@ -33,13 +58,15 @@ def frameworks() -> None:
     wheels = []
     if settings.wheelhouse:
         wheels = [w.name for w in wheel_files(settings.wheelhouse)]
-        upload_wheelhouse(settings.wheelhouse)
+        if not upload_wheelhouse(settings.wheelhouse):
+            return
     made = pip.virtualenv(name=f"venv {venv}", path=venv, venv=True, python="python3")
     installed = venv_packages(
         name="torch, numpy, nvidia-ml-py",
         pip=f"{venv}/bin/pip",
         requirements=requirements(settings, wheels),
         source_args=pip_source_args(settings),
+        hashed=bool(settings.wheelhouse),
     )
     need_cuda = bool(host.get_fact(NvidiaDevices).gpus)
     # On a GPU host the check runs every time: the driver under torch may have changed in

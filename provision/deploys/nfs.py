@@ -7,7 +7,7 @@ default). nfsd starts only once the data volume is mounted. The server also sees
 shares at ``nfs_mount_root`` through a bind mount, so a path is the same on every node.
 
 Clients: every other node mounts each share with NFS v4.2, ``hard`` (a write is never
-silently lost), and ``_netdev,nofail,x-systemd.automount``: the mount happens on first
+silently lost), ``nosuid,nodev``, and ``_netdev,nofail,x-systemd.automount``: the mount happens on first
 access, so a node boots and works while the server is down, and the share appears when
 the server is back. Both sides use cluster addresses.
 
@@ -38,7 +38,9 @@ from provision.settings import Settings
 
 EXPORTS_FILE = "/etc/exports.d/provision.exports"
 SERVER_DROPIN = "/etc/systemd/system/nfs-server.service.d/provision.conf"
-CLIENT_OPTIONS = "vers=4.2,hard,noatime,_netdev,nofail,x-systemd.automount,x-systemd.mount-timeout=30s"
+# nosuid,nodev: the shares are written by the training user (and by any node's root, as
+# nobody); a set-uid file or a device node there must not give root on the other nodes.
+CLIENT_OPTIONS = "vers=4.2,hard,noatime,nosuid,nodev,_netdev,nofail,x-systemd.automount,x-systemd.mount-timeout=30s"
 BIND_OPTIONS = "bind,nofail"
 
 

@@ -77,6 +77,7 @@ def repository(settings: Settings, os_info: OsInfo, repo_candidate: str | None) 
         src=settings.nvidia_keyring_url.format(distro=distro),
         dest=KEYRING,
         sha256=settings.nvidia_keyring_sha256,
+        fingerprint=settings.nvidia_key_fingerprint,
     )
     removals = []
     for path in removed:  # before ours is written, so no run ever leaves both in place

@@ -4,7 +4,7 @@
 - ``plan``: the same steps prepared, not executed (`provision plan`);
 - ``facts``: facts from every host in parallel;
 - ``context``: the RunContext a run shares with its deploys, and the calls a deploy makes
-  (current_node, note, skip, refuse, secret_upload);
+  (current_node, note, skip, refuse, secret_upload, put_secret);
 - ``results``: the records (HostResult, Failure, RunReport, HostPlan, FactsResult, Step).
 
 docs/ARCHITECTURE.md places it in the layers.
@@ -17,6 +17,7 @@ from provision.engine.context import (
     current_run,
     current_steps,
     note,
+    put_secret,
     refuse,
     secret_upload,
     skip,
@@ -56,6 +57,7 @@ __all__ = [
     "no_events",
     "note",
     "plan_steps",
+    "put_secret",
     "refuse",
     "run_step",
     "run_steps",

@@ -91,6 +91,29 @@ def secret_upload(dest: str) -> str:
     return dest
 
 
+# The SSH user's own directory for uploads that go through a temporary file (with _sudo):
+# relative, so it is in that user's home for SFTP and for the `cp` that follows (both start
+# there), and mode 0700, so no one else can read what passes through it.
+UPLOAD_DIR = ".provision-upload"
+
+
+def put_secret(name: str, src: str, dest: str, user: str, group: str) -> None:
+    """Inside a deploy: upload a secret (a private key, a password) so that no other user can
+    read it at any moment, and `provision plan` shows no diff of it.
+
+    pyinfra's files.put writes through ``/tmp/pyinfra-<sha1 of dest>`` with the default
+    mode when ``_sudo`` is used, and creates ``dest`` with that mode before its chmod. Here
+    ``dest`` exists first, empty, with mode 0600 and its owner (the upload then only
+    replaces its content: neither SFTP nor ``cp`` changes an existing file's mode), and the
+    temporary file lives in the SSH user's 0700 UPLOAD_DIR."""
+    from pyinfra.operations import files
+
+    secret_upload(dest)
+    files.directory(name=f"{name}: private upload directory", path=UPLOAD_DIR, mode="700", _sudo=False)
+    files.file(name=f"{name}: 0600 before any content", path=dest, user=user, group=group, mode="600")
+    files.put(name=name, src=src, dest=dest, user=user, group=group, mode="600", _temp_dir=UPLOAD_DIR)
+
+
 def refuse(step: str, reason: str) -> None:
     """Inside a deploy: fail the current host with a reason people can read.
 

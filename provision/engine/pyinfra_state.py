@@ -10,6 +10,7 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
+from provision import hostkeys
 from provision.engine.context import NODE_KEY, RUN_KEY, RunContext
 from provision.engine.deadlines import quiet_interrupts
 from provision.inventory import Node
@@ -42,14 +43,26 @@ def pyinfra_inventory(nodes: Iterable[Node], run: RunContext | None = None) -> A
     return Inventory((names_data, {}), **{g: (names, {}) for g, names in groups.items()})
 
 
+def _host_keys(filenames: tuple[str, ...]) -> Any:
+    return hostkeys.load(*filenames)
+
+
+def _host_key_policy(mode: str | None) -> Any:
+    """pyinfra's "ask" (its default) would prompt; provision sets the mode on every host."""
+    return hostkeys.policy(mode if mode in ("accept-new", "no", "off") else "yes")
+
+
 def new_state(nodes: list[Node], parallel: int, run: RunContext | None = None) -> Any:
     """A fresh pyinfra State over these nodes."""
     from pyinfra.api import Config, State
     from pyinfra.connectors.sshuserclient import client
 
-    # pyinfra memoizes every known_hosts file it reads for the life of the process. Each run
-    # must see the file as it is now: a testbed VM restarted on a new port has a new entry.
-    client.get_host_keys.cache.clear()
+    # pyinfra's own loader stops at known_hosts' marker lines and memoizes the file for the
+    # life of the process; its accept-new rewrites the file without them. provision reads
+    # the file the one way both SSH seams share (hostkeys), fresh for each run (a testbed VM
+    # restarted on a new port has a new entry), and refuses @revoked keys.
+    client.get_host_keys = _host_keys
+    client.get_missing_host_key_policy = _host_key_policy
     quiet_interrupts()
     # pyinfra has one connect timeout per pass: the longest any of its hosts asks for.
     connect_timeout = max((n.settings.connect_timeout_s for n in nodes), default=15)

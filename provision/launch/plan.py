@@ -16,6 +16,7 @@ from provision.resources import training_script
 from provision.settings import Settings
 
 RUN_FILE = "torchrun.pid"  # in the node's run dir: torchrun's pid, which is also its pgid
+MARKERS = ("PROVISION_RUN_ID", "PROVISION_NODE")  # in every run process's environment (reaper)
 LOG_PREFIX_TEMPLATE = "[rank${rank}]:"  # torchrun --tee prefixes each worker line with it
 
 
@@ -203,22 +204,75 @@ def node_command(plan: RunPlan, node: NodePlan) -> str:
     torchrun runs under ``setsid`` in a session and process group of its own, whose id
     (torchrun's pid) goes to the run file before torchrun starts; teardown kills that
     group and its workers' groups by id, never by name. ``--wait`` keeps the SSH command
-    open until torchrun exits, with its exit status.
+    open until torchrun exits, with its exit status. The run's markers are set before
+    setsid, so every process of the chain (the recorded pid included) carries them in its
+    environment: the reaper signals a recorded pid only when it does. The directories
+    exist already (``node_dirs_command``); nothing here changes an owner.
     """
+    markers = [f"{k}={v}" for k, v in node_env(plan, node).items() if k in MARKERS]
     env = [f"{k}={v}" for k, v in node_env(plan, node).items()]
     record = f'echo $$ > {shlex.quote(node.run_dir)}/{RUN_FILE} && exec "$@"'
     # runuser keeps the process group setsid made, so teardown (as root) still reaches it.
     user = ["runuser", "-u", node.run_as, "--"] if node.run_as else []
-    inner = ["setsid", "--wait", "sh", "-c", record, "provision-train", *user, "env", *env, *torchrun_argv(plan, node)]
-    dirs = f"{shlex.quote(node.run_dir)} {shlex.quote(node.work_dir)}"
-    # The training user takes over provision's node directory, including ./data and
-    # ./checkpoints that an earlier run as root may have left there.
-    own = (
-        f" && chown -R {shlex.quote(node.run_as)}: {shlex.quote(node.work_dir)} {shlex.quote(node.run_dir)}"
-        if node.run_as
-        else ""
+    inner = [
+        "env",
+        *markers,
+        "setsid",
+        "--wait",
+        "sh",
+        "-c",
+        record,
+        "provision-train",
+        *user,
+        "env",
+        *env,
+        *torchrun_argv(plan, node),
+    ]
+    return f"cd {shlex.quote(node.work_dir)} && exec {shlex.join(inner)} 2>&1"
+
+
+def work_dir(train_dir: str) -> str:
+    """The trainer's working directory (./data, ./checkpoints, summary.json): the one
+    directory under train_dir that the training user owns."""
+    return f"{train_dir.rstrip('/')}/work"
+
+
+def node_dirs_command(train_dir: str, run_dir: str, user: str) -> str:
+    """Shell that makes the node's directories, run in the probe after ``$RUN_AS`` is set
+    (``run_as_probe``). Prints DIRS_OK, or one line saying why train_dir cannot be used.
+
+    train_dir and the run directory (trainer, reaper, pid file) belong to the SSH user
+    (root) and nobody else may write them: root later runs the reaper from there and
+    signals the pid in that file. train_dir is made with mode 0755 unless it exists; an
+    existing one (a local user may make /var/tmp/provision-train first) must be owned by
+    root or the SSH user and writable by no one else, and so must every directory above it,
+    unless sticky (/var/tmp), on the path as given and as resolved. The training user gets
+    two fresh directories of its own, never a recursive chown: the work directory and the
+    run's torchrun log directory."""
+    t, r, w, u = (shlex.quote(x) for x in (train_dir, run_dir, work_dir(train_dir), user))
+    logs = shlex.quote(f"{run_dir}/torchrun-logs")
+    check = (
+        'me=$(id -u); safe() { ( set -f; IFS=/; p=""; for c in $1; do [ -n "$c" ] || continue; p="$p/$c"; '
+        'o=$(stat -c %u -- "$p") || exit 1; '
+        '[ "$o" = 0 ] || [ "$o" = "$me" ] || { echo "$p is owned by uid $o"; exit 1; }; '
+        '[ -L "$p" ] || [ -z "$(find "$p" -maxdepth 0 -perm /022 ! -perm -1000)" ] '
+        '|| { echo "$p is writable by group or others"; exit 1; }; done; '
+        '[ -L "$1" ] || [ -z "$(find "$1" -maxdepth 0 -perm /022)" ] '
+        '|| { echo "$1 is writable by group or others"; exit 1; } ); }; '
     )
-    return f"mkdir -p {dirs}{own} && cd {shlex.quote(node.work_dir)} && exec {shlex.join(inner)} 2>&1"
+    # A work directory root made (a run without the training user) is handed over; one
+    # that already belongs to someone else is left as it is. Never recursive.
+    give = f'chown -h -- {u}: {logs} && {{ [ "$(stat -c %u -- {w})" != "$me" ] || chown -h -- {u}: {w}; }}'
+    return (
+        f"umask 022; T={t}; {check}"
+        f'mkdir -p -- "$(dirname -- "$T")" && {{ mkdir -m 0755 -- "$T" 2>/dev/null; true; }}; '
+        f'if [ ! -d "$T" ]; then echo "cannot create $T"; '
+        f'elif why=$(safe "$T") && why=$(safe "$(readlink -f -- "$T")"); then '
+        f"mkdir -p -- {t}/runs {shlex.quote(run_dir.rsplit('/', 1)[0])} && mkdir -m 0755 -- {r} {logs} "
+        f"&& {{ [ -d {w} ] && [ ! -L {w} ] || mkdir -m 0755 -- {w}; }} "
+        f'&& {{ [ -z "$RUN_AS" ] || {{ {give}; }}; }} && echo DIRS_OK; '
+        'else echo "$why"; fi'
+    )
 
 
 def run_as_probe(user: str) -> str:

@@ -7,7 +7,11 @@ Runs ON THE NODE (uploaded beside the trainer; standard library only):
 Targets, found from /proc before any signal is sent (a killed parent's children are
 re-parented and their ancestry is lost):
   - torchrun's pid from RUN_DIR/torchrun.pid, which is also its process group and session
-    (it was started under setsid), and every process in that group;
+    (it was started under setsid), and every process in that group. The file is believed
+    only when this user owns it and no one else can write it, and the pid only when it is
+    above 1 and the process is ours: the run's markers in its environment, or the run id
+    among its arguments. Root runs this reaper, so a pid another user could write would
+    let that user have any process killed (``1`` in the file: every process);
   - every descendant of it, and their process groups (torchrun starts each worker in a
     session of its own);
   - any process whose environment carries PROVISION_RUN_ID=RUN_ID and PROVISION_NODE=NODE
@@ -22,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -54,10 +59,52 @@ def marked(pid: int, run_id: str, node: str) -> bool:
     return f"PROVISION_RUN_ID={run_id}".encode() in env and f"PROVISION_NODE={node}".encode() in env
 
 
+def ours(pid: int, run_id: str, node: str) -> bool:
+    """The process belongs to this run: its environment carries the run's markers (set
+    before setsid, so torchrun's whole chain has them), or the run id is one of its
+    arguments (torchrun's --rdzv-id)."""
+    if pid <= 1:
+        return False
+    if marked(pid, run_id, node):
+        return True
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            args = f.read().split(b"\0")
+    except OSError:
+        return False
+    return run_id.encode() in args
+
+
+def parse_pid(text: str) -> int | None:
+    """A pid above 1 written as plain decimal digits; anything else (0, 1, -5, 12abc,
+    an empty file) is None: kill(0) and kill(-1) reach far more than one run."""
+    text = text.strip()
+    if not re.fullmatch(r"[0-9]{1,10}", text):
+        return None
+    pid = int(text)
+    return pid if pid > 1 else None
+
+
+def read_pid(path: str) -> int | None:
+    """torchrun's pid from the run file, or None when the file cannot be trusted: a link,
+    owned by another user, or writable by group or others."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    with os.fdopen(fd) as f:
+        st = os.fstat(f.fileno())
+        if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            return None
+        return parse_pid(f.read(64))
+
+
 def targets(root: int | None, run_id: str, node: str) -> set[int]:
     procs = processes()
-    found = {p for p in procs if marked(p, run_id, node)}
-    if root is not None and root in procs:
+    found = {p for p in procs if p > 1 and marked(p, run_id, node)}
+    if root is not None and not (root in procs and ours(root, run_id, node)):
+        root = None  # gone, or not ours: neither it nor a group of that id is touched
+    if root is not None:
         found.add(root)
     groups = {root} if root is not None else set()
     changed = True
@@ -67,17 +114,19 @@ def targets(root: int | None, run_id: str, node: str) -> set[int]:
             if pid not in found and (ppid in found or pgid in groups):
                 found.add(pid)
                 changed = True
-        new_groups = {procs[p][1] for p in found if p in procs} - groups
+        new_groups = {procs[p][1] for p in found if p in procs and procs[p][1] > 1} - groups
         if new_groups:
             groups |= new_groups
             changed = True
     mine = {os.getpid(), os.getppid()}
-    return {p for p in found if p not in mine}
+    return {p for p in found if p not in mine and p > 1}
 
 
 def signal_all(pids: set[int], sig: int) -> None:
     own_group = os.getpgrp()
     for pid in pids:
+        if pid <= 1:  # never kill(0)/kill(-1) or init, whatever reached this set
+            continue
         _quiet(os.kill, pid, sig)
         if pid != own_group:
             _quiet(os.killpg, pid, sig)  # the group this pid leads, if it leads one
@@ -96,11 +145,7 @@ def alive(pids: set[int]) -> set[int]:
 def main(argv: list[str]) -> int:
     run_dir, run_id, node = argv[:3]
     grace = float(argv[argv.index("--grace") + 1]) if "--grace" in argv else 5.0
-    try:
-        with open(os.path.join(run_dir, "torchrun.pid")) as f:
-            root: int | None = int(f.read().strip())
-    except (OSError, ValueError):
-        root = None
+    root = read_pid(os.path.join(run_dir, "torchrun.pid"))
     found = targets(root, run_id, node)
     if "--check" in argv:
         print(json.dumps({"pgid": root, "signalled": [], "left": sorted(found)}))

@@ -150,7 +150,8 @@ def _prepare_node(
         (
             f"{shlex.quote(python)} -c 'import torch' && echo PY_OK; ip -j addr; echo '--gpus--'; "
             f"nvidia-smi -L 2>/dev/null; echo '--run-as--'; RUN_AS=$({plan.run_as_probe(s.training_user)}); "
-            f"export RUN_AS; echo \"$RUN_AS\"; echo '--writable--'; {writable}mkdir -p {shlex.quote(run_dir)}"
+            f"export RUN_AS; echo \"$RUN_AS\"; echo '--writable--'; {writable}echo '--dirs--'; "
+            f"{plan.node_dirs_command(s.train_dir, run_dir, s.training_user)}"
         ),
         timeout=60,
         conn=conn,
@@ -159,7 +160,8 @@ def _prepare_node(
         raise LaunchError(f"unreachable: {probe.stderr}")
     head, _, rest = probe.stdout.partition("--gpus--")
     gpus, _, rest = rest.partition("--run-as--")
-    run_as_out, _, can_write = rest.partition("--writable--")
+    run_as_out, _, rest = rest.partition("--writable--")
+    can_write, _, dirs = rest.partition("--dirs--")
     run_as = s.training_user if f"RUN_AS={s.training_user}" in run_as_out else None
     if "PY_OK" not in head:
         raise LaunchError(f"{python} cannot import torch; run `provision up` (frameworks) or set venv_path / --python")
@@ -168,6 +170,12 @@ def _prepare_node(
     if not interface:
         raise LaunchError(
             f"no interface holds cluster address {node.cluster_address}; set cluster_address or cluster_interface"
+        )
+    if "DIRS_OK" not in dirs:
+        raise LaunchError(
+            f"train_dir {s.train_dir} cannot be used: {dirs.strip() or probe.stderr.strip()[-300:]}; "
+            "it and every directory above it must belong to root (or the SSH user) and be writable by "
+            "no one else: remove it if another user made it, or set train_dir"
         )
     nproc = opts.nproc_per_node or max(1, plan.gpu_count(gpus))
     say(node.name, "uploading trainer")
@@ -180,7 +188,7 @@ def _prepare_node(
         python,
         nproc,
         run_dir,
-        s.train_dir,
+        plan.work_dir(s.train_dir),
         is_first,
         tuple(x.strip() for x in can_write.splitlines() if x.strip()),
         run_as,
@@ -307,8 +315,18 @@ class Supervisor:
 
     def _reaper(self, name: str, check: bool) -> dict[str, Any]:
         p = next(n for n in self.plan.nodes if n.name == name)
+        # -I: the reaper runs as root; no PYTHON* variable, user site or script directory
+        # on its import path.
         cmd = shlex.join(
-            [p.python, f"{p.run_dir}/reaper.py", p.run_dir, self.plan.run_id, name, *(["--check"] if check else [])]
+            [
+                p.python,
+                "-I",
+                f"{p.run_dir}/reaper.py",
+                p.run_dir,
+                self.plan.run_id,
+                name,
+                *(["--check"] if check else []),
+            ]
         )
         r = remote.run_beside(self.conns[name], name, cmd, timeout=TEARDOWN_TIMEOUT_S)
         if r.exited == -1:  # the run's connection is gone: a fresh one

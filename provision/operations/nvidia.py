@@ -83,10 +83,10 @@ def install_matching(installed: dict[str, str], packages: dict[str, str], recomm
     )
 
 
-def download_commands(src: str, dest: str, sha256: str | None) -> list[str]:
-    """Fetch to a temporary name beside ``dest``, check the SHA-256, then move into place:
-    apt trusts whatever key sits at ``dest``, so a wrong file never gets there (pyinfra's
-    files.download checks its sum only after the move)."""
+def download_commands(src: str, dest: str, sha256: str | None, fingerprint: str | None = None) -> list[str]:
+    """Fetch to a temporary name beside ``dest``, check the SHA-256 and the key's
+    fingerprint, then move into place: apt trusts whatever key sits at ``dest``, so a wrong
+    file never gets there (pyinfra's files.download checks its sum only after the move)."""
     new = f"{dest}.provision-new"
     commands = [f"curl -sSLf --retry 3 -o {shlex.quote(new)} {shlex.quote(src)}"]
     if sha256:
@@ -95,19 +95,41 @@ def download_commands(src: str, dest: str, sha256: str | None) -> list[str]:
             f"|| {{ rm -f {shlex.quote(new)}; echo {shlex.quote(f'{src}: SHA-256 is not {sha256}')} >&2; "
             "exit 1; }"
         )
+    if fingerprint:
+        why = f"{src}: the keyring does not hold exactly the key {fingerprint.upper()}"
+        commands.append(
+            f"{fingerprint_command(new, fingerprint)} "
+            f"|| {{ rm -f {shlex.quote(new)}; echo {shlex.quote(why)} >&2; exit 1; }}"
+        )
     commands.append(f"chmod 644 {shlex.quote(new)} && mv -f {shlex.quote(new)} {shlex.quote(dest)}")
     return commands
 
 
+def fingerprint_command(path: str, fingerprint: str) -> str:
+    """python3 on the node: exit 0 only when the keyring at ``path`` holds one primary key
+    and it has ``fingerprint`` (one extra key in it would be trusted by apt as well)."""
+    import inspect
+
+    from provision.rules.nvidia import keyring_fingerprints, packet_header
+
+    script = "".join(inspect.getsource(f) for f in (packet_header, keyring_fingerprints)) + (
+        "import sys\nwith open(sys.argv[1], 'rb') as f:\n    keys = keyring_fingerprints(f.read())\n"
+        "sys.exit(0 if keys == [sys.argv[2].upper()] else 1)\n"
+    )
+    return f"python3 -c {shlex.quote(script)} {shlex.quote(path)} {shlex.quote(fingerprint)}"
+
+
 @operation()
-def verified_download(src: str, dest: str, sha256: str | None) -> Generator[Any, None, None]:
+def verified_download(
+    src: str, dest: str, sha256: str | None, fingerprint: str | None = None
+) -> Generator[Any, None, None]:
     """Download ``src`` to ``dest`` when it is missing, or when its SHA-256 is not ``sha256``."""
     if sha256:
         if host.get_fact(Sha256File, path=dest) == sha256:
             return
     elif host.get_fact(File, path=dest):
         return
-    yield from download_commands(src, dest, sha256)
+    yield from download_commands(src, dest, sha256, fingerprint)
 
 
 @operation()

@@ -19,11 +19,15 @@ from provision.rules.frameworks import missing, torch_problem
 
 
 @operation()
-def venv_packages(pip: str, requirements: list[str], source_args: str | None) -> Generator[Any, None, None]:
-    """pip install what the venv lacks (pinned versions compared exactly)."""
+def venv_packages(
+    pip: str, requirements: list[str], source_args: str | None, hashed: bool = False
+) -> Generator[Any, None, None]:
+    """pip install what the venv lacks (pinned versions compared exactly). ``hashed``: the
+    source arguments name a --require-hashes requirements file, which pip installs whole
+    (requirements on the command line cannot carry hashes)."""
     todo = missing(requirements, host.get_fact(VenvPackages, pip=pip))
     if todo:
-        yield " ".join([pip, "install", *([source_args] if source_args else []), *todo])
+        yield " ".join([pip, "install", *([source_args] if source_args else []), *([] if hashed else todo)])
 
 
 @operation()

@@ -33,15 +33,17 @@ def torch_version(pinned: str, wheel_names: Sequence[str]) -> str:
     return pinned
 
 
-def pip_source_args(settings: Settings) -> str | None:
-    """Where pip looks (the uploaded wheelhouse only, or the index URL), and whether it
-    byte-compiles what it installs."""
-    args = [] if settings.pip_compile else ["--no-compile"]
+def pip_source_args(settings: Settings) -> str:
+    """Where pip looks (the uploaded wheelhouse only, or the index URL), whether it
+    byte-compiles what it installs, and that it takes wheels only: a source distribution
+    would run its setup code as root on the node. From a wheelhouse every wheel is also
+    checked against its hash (``--require-hashes -r``, see hashed_requirements)."""
+    args = ["--only-binary=:all:"] if settings.pip_compile else ["--only-binary=:all:", "--no-compile"]
     if settings.wheelhouse:
-        args.append(f"--no-index --find-links {REMOTE_WHEELHOUSE}")
+        args.append(f"--no-index --find-links {REMOTE_WHEELHOUSE} --require-hashes -r {REMOTE_REQUIREMENTS}")
     elif settings.pip_index_url:
         args.append(f"--index-url {shlex.quote(settings.pip_index_url)}")
-    return " ".join(args) or None
+    return " ".join(args)
 
 
 def wheel_files(directory: str) -> list[Path]:
@@ -90,3 +92,60 @@ def torch_problem(output: str, version: str) -> str | None:
 
 
 REMOTE_WHEELHOUSE = "/opt/provision/wheelhouse"
+REMOTE_REQUIREMENTS = f"{REMOTE_WHEELHOUSE}/requirements.txt"  # hashed_requirements(), uploaded
+SUMS_FILE = "SHA256SUMS"  # in a wheelhouse: `sha256sum *.whl` output, checked before any upload
+
+
+def file_sha256(path: Path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def read_sums(directory: str) -> dict[str, str]:
+    """wheel file name -> sha256 from the wheelhouse's SHA256SUMS (sha256sum's format)."""
+    sums = {}
+    for line in (Path(directory).expanduser() / SUMS_FILE).read_text().splitlines():
+        digest, _, name = line.strip().partition(" ")
+        if digest:
+            sums[name.strip().lstrip("*")] = digest.lower()
+    return sums
+
+
+def sums_problem(directory: str) -> str | None:
+    """Why the wheelhouse's wheels cannot be trusted, or None: every .whl must be listed in
+    its SHA256SUMS with the hash it has now (a wheel swapped after the download is found
+    here, on the controller, before it reaches any host)."""
+    try:
+        sums = read_sums(directory)
+    except OSError:
+        return f"{directory} has no readable {SUMS_FILE}; write it where the wheels were downloaded: sha256sum *.whl"
+    for wheel in wheel_files(directory):
+        want = sums.get(wheel.name)
+        if want is None:
+            return f"{wheel.name} is not listed in {directory}/{SUMS_FILE}"
+        if file_sha256(wheel) != want:
+            return f"{wheel.name} does not match its SHA-256 in {directory}/{SUMS_FILE}"
+    return None
+
+
+def hashed_requirements(directory: str) -> str:
+    """pip's --require-hashes requirements for every wheel of the wheelhouse: one line per
+    package version, with the hash of each of its wheels (from SHA256SUMS, checked by
+    sums_problem), so pip installs only those exact files."""
+    sums = read_sums(directory)
+    pins: dict[str, list[str]] = {}
+    for wheel in wheel_files(directory):
+        name, version = wheel.name.split("-")[:2]
+        pins.setdefault(f"{name}=={version}", []).append(sums[wheel.name])
+    return "".join(f"{pin} {' '.join(f'--hash=sha256:{h}' for h in sorted(hs))}\n" for pin, hs in sorted(pins.items()))
+
+
+def write_sums(directory: Path) -> None:
+    """SHA256SUMS for the wheels of a wheelhouse this tool downloaded itself (the testbed)."""
+    lines = [f"{file_sha256(w)}  {w.name}\n" for w in sorted(directory.glob("*.whl"))]
+    (directory / SUMS_FILE).write_text("".join(lines))

@@ -95,3 +95,45 @@ def other_sources(source_files: dict[str, list[AptRepo]], url: str, ours: str) -
 
 
 SOURCES_LIST = "/etc/apt/sources.list"
+
+
+def packet_header(data: bytes, i: int) -> tuple[int, int, int]:
+    """(tag, body length, body start) of the OpenPGP packet at ``i`` (RFC 4880 4.2)."""
+    head = data[i]
+    if not head & 0x80:
+        raise ValueError("not an OpenPGP packet")
+    if head & 0x40:  # new-format header
+        first = data[i + 1]
+        if first < 192:
+            return head & 0x3F, first, i + 2
+        if first < 224:
+            return head & 0x3F, ((first - 192) << 8) + data[i + 2] + 192, i + 3
+        if first == 255:
+            return head & 0x3F, int.from_bytes(data[i + 2 : i + 6], "big"), i + 6
+        raise ValueError("partial lengths do not occur in a keyring")
+    kind = head & 0x03  # old-format header
+    if kind == 3:
+        raise ValueError("indeterminate lengths do not occur in a keyring")
+    n = (1, 2, 4)[kind]
+    return (head >> 2) & 0x0F, int.from_bytes(data[i + 1 : i + 1 + n], "big"), i + 1 + n
+
+
+def keyring_fingerprints(data: bytes) -> list[str]:
+    """The fingerprints of the primary public keys of a binary OpenPGP keyring (v4: SHA-1
+    of 0x99, a 2-byte length and the key packet, RFC 4880 12.2); a key of another version
+    is listed as "v<N>". ValueError for anything that is not a binary keyring (an armored
+    file, garbage). Standard library only: the node runs this source and packet_header's
+    (operations.nvidia.fingerprint_command)."""
+    import hashlib
+
+    found, i = [], 0
+    while i < len(data):
+        tag, size, start = packet_header(data, i)
+        body, i = data[start : start + size], start + size
+        if len(body) != size:
+            raise ValueError("truncated packet")
+        if tag == 6 and body[:1] == b"\x04":
+            found.append(hashlib.sha1(b"\x99" + size.to_bytes(2, "big") + body).hexdigest().upper())
+        elif tag == 6:
+            found.append(f"v{body[0] if body else 0}")
+    return found

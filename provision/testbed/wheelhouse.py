@@ -55,8 +55,12 @@ def ready(target: Path | None = None) -> bool:
 
 def ensure(target: Path | None = None) -> Path:
     """The wheelhouse directory, downloading the wheels the first time."""
+    from provision.rules.frameworks import SUMS_FILE, write_sums
+
     target = target or directory()
     if _complete(target):
+        if not (target / SUMS_FILE).exists():  # a wheelhouse cached before the sums existed
+            write_sums(target)
         return target
     target.mkdir(parents=True, exist_ok=True)
     done = subprocess.run(
@@ -80,6 +84,7 @@ def ensure(target: Path | None = None) -> Path:
     if done.returncode != 0 or not _complete(target):
         tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
         raise TestbedError(f"could not build the CPU torch wheelhouse in {target}: {' / '.join(tail)}")
+    write_sums(target)
     return target
 
 

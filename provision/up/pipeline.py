@@ -76,6 +76,10 @@ def _wheelhouse_problems(cluster: Cluster, node: Node) -> list[Problem]:
             Problem(where, f"{house} holds no .whl files", "build it with pip download/pip wheel, or unset wheelhouse")
         ]
     gaps = framework_rules.wheelhouse_gaps(node.settings, names)
+    unsure = framework_rules.sums_problem(house)
+    if not gaps and unsure:
+        fix = f"sha256sum *.whl > {framework_rules.SUMS_FILE} where the wheels were downloaded"
+        return [Problem(where, unsure, fix)]
     if not gaps:
         return []
     wanted = " ".join(shlex.quote(g) for g in gaps)

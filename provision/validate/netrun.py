@@ -6,6 +6,7 @@ pure logic in rounds.py.
 from __future__ import annotations
 
 import json
+import secrets
 import shlex
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -118,24 +119,49 @@ def _round(pairs: list[tuple[str, str]], by_name: dict[str, Node], port: int, se
 # --- all-reduce over all nodes --------------------------------------------------------------
 
 
+def private_dir(token: str) -> str:
+    """The all-reduce's directory on a node (pid file and log), made with mode 0700 by the
+    run itself; ``token`` is fresh per all-reduce, so no one can make it first."""
+    return f"/tmp/provision-allreduce-{token}"
+
+
 def torchrun_command(node: Node, rank: int, nnodes: int, master: Node, agent_path: str, gpus: int, token: str) -> str:
-    """One host's torchrun, in its own session so teardown can kill the whole group by pid."""
+    """One host's torchrun, in its own session so teardown can kill the whole group by pid.
+
+    Its pid file and log live in a directory that ``mkdir`` makes with mode 0700 (it fails
+    when the name exists, whoever made it), and torchrun's chain carries
+    PROVISION_ALLREDUCE=<token> in its environment, which teardown checks before any signal."""
     backend, nproc, mb = ("nccl", gpus, 1024) if gpus else ("gloo", 1, 64)
     python = shlex.quote(f"{node.settings.venv_path}/bin/python")
     addr = node.cluster_address
-    pidfile, log = f"/tmp/provision-allreduce-{token}.pid", f"/tmp/provision-allreduce-{token}.log"
+    d = shlex.quote(private_dir(token))
     iface = node.settings.cluster_interface or ""
     return (
+        f'D={d}; umask 077; mkdir -m 0700 -- "$D" || exit 1; '
         f'IF={shlex.quote(iface)}; [ -n "$IF" ] || IF=$(ip -o -4 addr show | '
         f"awk '$4 ~ /^{addr.replace('.', '[.]')}\\// {{print $2; exit}}'); "
         "export GLOO_SOCKET_IFNAME=$IF NCCL_SOCKET_IFNAME=$IF; "
         f'P={python}; [ -x "$P" ] || P=python3; '
+        f"PROVISION_ALLREDUCE={shlex.quote(token)} "
         f'setsid timeout {ALLREDUCE_TIMEOUT_S} "$P" -m torch.distributed.run --nnodes {nnodes} '
         f"--node-rank {rank} --nproc-per-node {nproc} --master-addr {master.cluster_address} "
         f"--master-port {master.settings.train_master_port + ALLREDUCE_PORT_OFFSET} "
         f"{shlex.quote(agent_path)} allreduce-worker --mb {mb} --backend {backend} "
-        f"> {log} 2>&1 & echo $! > {pidfile}; wait $!; rc=$?; cat {log}; rm -f {log} {pidfile}; "
+        '> "$D/log" 2>&1 & echo $! > "$D/pid"; wait $!; rc=$?; cat "$D/log"; rm -rf -- "$D"; '
         "exit $rc"
+    )
+
+
+def teardown_command(token: str) -> str:
+    """Kill the all-reduce's process group by the pid it wrote, only when the directory is
+    ours (made by this user, not a link), the pid is a number above 1 and that process
+    carries the run's marker in its environment."""
+    d, marker = shlex.quote(private_dir(token)), shlex.quote(f"PROVISION_ALLREDUCE={token}")
+    return (
+        f'D={d}; if [ -d "$D" ] && [ ! -L "$D" ] && [ -O "$D" ]; then '
+        'p=$(head -c 20 "$D/pid" 2>/dev/null); case "$p" in ""|*[!0-9]*) p=0;; esac; '
+        f'if [ "$p" -gt 1 ] && tr "\\0" "\\n" < "/proc/$p/environ" 2>/dev/null | grep -qxF -- {marker}; '
+        'then kill -s TERM -- "-$p" 2>/dev/null; fi; rm -rf -- "$D"; fi; true'
     )
 
 
@@ -143,7 +169,7 @@ def allreduce(
     nodes: list[Node], paths: dict[str, str], gpus: dict[str, int], say: Progress
 ) -> tuple[float | None, str, dict[str, Any]]:
     """busbw of one large all-reduce over every node: (GB/s, not-run reason, detail)."""
-    token = paths[nodes[0].name].rsplit("-", 1)[-1].removesuffix(".py")
+    token = secrets.token_hex(8)  # not the agent's token: that one is seen in `ps` first
     per_node_gpus = min(gpus.values())  # NCCL needs the same local world size everywhere
     for n in nodes:
         say(n.name, "all-reduce across nodes")
@@ -178,9 +204,6 @@ def _teardown(nodes: list[Node], token: str) -> None:
     """Kill what is left of the torchrun sessions we started, by the pid each wrote."""
 
     def kill(node: Node) -> remote.CommandResult:
-        pidfile = f"/tmp/provision-allreduce-{node.name}-{token}.pid"
-        return remote.run(
-            node, f"[ -f {pidfile} ] && kill -TERM -- -$(cat {pidfile}) 2>/dev/null; rm -f {pidfile}; true", timeout=30
-        )
+        return remote.run(node, teardown_command(f"{node.name}-{token}"), timeout=30)
 
     remote.on_all(nodes, kill)

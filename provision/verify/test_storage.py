@@ -109,7 +109,7 @@ def test_shares_are_at_the_same_path_on_every_node(host: Any, settings: dict[str
         assert host.file(path).is_directory
 
 
-def test_nfs_client_mounts_are_v4_2_hard_automount_nofail(
+def test_nfs_client_mounts_are_v4_2_hard_nosuid_nodev_automount_nofail(
     host: Any, settings: dict[str, Any], expected: dict[str, Any]
 ) -> None:
     if _is_server(host, expected) or not expected.get("storage_node"):
@@ -119,7 +119,7 @@ def test_nfs_client_mounts_are_v4_2_hard_automount_nofail(
         fields = _fstab(host, f"{settings['nfs_mount_root']}/{share}")
         assert fields[0] == f"{server}:{settings['nfs_export_root']}/{share}"
         options = fields[3].split(",")
-        for wanted in ("vers=4.2", "hard", "_netdev", "nofail", "x-systemd.automount"):
+        for wanted in ("vers=4.2", "hard", "nosuid", "nodev", "_netdev", "nofail", "x-systemd.automount"):
             assert wanted in options
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from provision import inventory, remote, verify
+from provision.rules.nvidia import keyring_fingerprints
 from provision.up import pipeline
 from tests.e2e.storage_helpers import FINGERPRINT
 from tests.standins import nvidia_repo
@@ -56,6 +57,8 @@ def standin_inventory(testbed, tmp_path_factory):
                 "fabric_manager = 'force'",
                 "install_nccl = True",
                 f"nvidia_keyring_sha256 = '{hashlib.sha256((repo / nvidia_repo.KEYRING).read_bytes()).hexdigest()}'",
+                # The stand-in's own key, in place of NVIDIA's published one (the default).
+                f"nvidia_key_fingerprint = '{keyring_fingerprints((repo / nvidia_repo.KEYRING).read_bytes())[0]}'",
                 "nvidia_kernel_headers = False  # TCG: unpacking headers costs minutes and proves nothing here",
                 "min_root_free_gb = 1",
                 "",

@@ -86,3 +86,5 @@ def test_client_mounts_are_nfs_4_2_over_the_cluster_network(cluster, provisioned
     assert source == f"{server.cluster_address}:/data/shared/checkpoints"
     assert "vers=4.2" in options
     assert "hard" in options
+    assert "nosuid" in options.split(",")
+    assert "nodev" in options.split(",")

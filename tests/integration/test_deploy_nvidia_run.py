@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import subprocess
 from pathlib import Path
 
+from provision.rules.nvidia import keyring_fingerprints
 from tests.unit.test_deploy_nvidia import run_download
 
 
@@ -21,3 +24,41 @@ def test_a_keyring_with_another_sha256_never_reaches_its_place(tmp_path: Path) -
     assert dest.read_bytes() == b"the repository key"
     assert oct(dest.stat().st_mode)[-3:] == "644"
     assert list(dest.parent.iterdir()) == [dest]
+
+
+def _gpg_key(tmp_path: Path, name: str) -> tuple[bytes, str]:
+    """A fresh RSA key exported binary, as NVIDIA's keyring file is, and gpg's own
+    fingerprint of it."""
+    home = tmp_path / f"gnupg-{name}"
+    home.mkdir(mode=0o700)
+    env = {**os.environ, "GNUPGHOME": str(home)}
+    uid = f"{name} <{name}@test.invalid>"
+    try:
+        gpg = ["gpg", "--batch", "--passphrase", ""]
+        subprocess.run([*gpg, "--quick-generate-key", uid, "rsa2048", "sign", "never"], env=env, check=True)
+        key = subprocess.run(["gpg", "--batch", "--export", uid], env=env, check=True, capture_output=True).stdout
+        listing = ["gpg", "--batch", "--with-colons", "--fingerprint", uid]
+        colons = subprocess.run(listing, env=env, check=True, capture_output=True, text=True).stdout
+    finally:
+        subprocess.run(["gpgconf", "--kill", "all"], env=env, capture_output=True, timeout=30)
+    fingerprint = next(line.split(":")[9] for line in colons.splitlines() if line.startswith("fpr:"))
+    return key, fingerprint
+
+
+def test_the_keyring_reaches_its_place_only_when_it_holds_exactly_the_published_key(tmp_path: Path) -> None:
+    key, fingerprint = _gpg_key(tmp_path, "repo")
+    other, _ = _gpg_key(tmp_path, "intruder")
+    assert keyring_fingerprints(key) == [fingerprint]  # the same fingerprint as gpg's
+    served = tmp_path / "served.gpg"
+    dest = tmp_path / "keyrings" / "cuda-archive-keyring.gpg"
+    served.write_bytes(key + other)  # one more key: apt would trust it too
+    refused = run_download(tmp_path, None, fingerprint)
+    assert refused.returncode == 1
+    assert f"does not hold exactly the key {fingerprint}" in refused.stderr
+    assert list(dest.parent.iterdir()) == []
+    served.write_bytes(other)
+    assert run_download(tmp_path, None, fingerprint).returncode == 1
+    served.write_bytes(key)
+    right = run_download(tmp_path, None, fingerprint.lower())
+    assert right.returncode == 0, right.stderr
+    assert dest.read_bytes() == key

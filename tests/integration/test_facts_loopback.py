@@ -205,3 +205,63 @@ def test_a_host_that_hangs_fails_at_the_deadline_and_the_others_keep_their_facts
     result = engine.gather_facts(list(inventory.load(inv).nodes), wanted, timeout_s=5, fact_timeout_s=60)
     assert result.facts == {"local": {"probe": "fine"}}
     assert result.failed == {"hung": "timed out in fact probe after 5 s"}
+
+
+def _markers_then(sshd, tmp_path, lines: str, mode: str) -> tuple[Path, Path]:
+    """known_hosts that opens with OpenSSH's marker lines (a CA and a revoked key of
+    someone else's), then ``lines``; an inventory of the loopback host using it."""
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "ca")], check=True)
+    ca = (tmp_path / "ca.pub").read_text().split()[1]
+    known = tmp_path / "known_hosts"
+    known.write_text(f"@cert-authority *.example.com ssh-ed25519 {ca}\n@revoked * ssh-ed25519 {ca}\n{lines}")
+    data = dict(sshd.host_data(), ssh_known_hosts_file=str(known), ssh_strict_host_key_checking=mode)
+    return write_inventory(tmp_path / "inv.py", [("local", data)]), known
+
+
+def _both_seams(inv: Path) -> tuple[bool, bool]:
+    """(pyinfra's facts reached the host, fabric's command ran on it)."""
+    from pyinfra.facts.server import Hostname
+
+    from provision import engine, inventory, remote
+
+    node = inventory.load(inv).node("local")
+    facts = engine.gather_facts([node], {"hostname": (Hostname, {})})
+    ran = remote.run(node, "echo reached").stdout.strip() == "reached"
+    return "local" in facts.facts, ran
+
+
+def _forged_key(sshd, tmp_path) -> str:
+    """The host's known_hosts line with another key of the same type in place of its own."""
+    name, key_type, _ = sshd.known_hosts.read_text().split()[:3]
+    kind = {"ssh-ed25519": "ed25519", "ecdsa-sha2-nistp256": "ecdsa", "ssh-rsa": "rsa"}[key_type]
+    subprocess.run(["ssh-keygen", "-q", "-t", kind, "-N", "", "-f", str(tmp_path / "forged")], check=True)
+    return f"{name} {key_type} {(tmp_path / 'forged.pub').read_text().split()[1]}\n"
+
+
+def test_keys_after_marker_lines_are_read_by_both_seams(sshd, tmp_path):
+    inv, _ = _markers_then(sshd, tmp_path, sshd.known_hosts.read_text(), "yes")
+    assert _both_seams(inv) == (True, True)
+
+
+def test_a_changed_key_after_marker_lines_is_refused_by_both_seams_even_under_accept_new(sshd, tmp_path):
+    inv, known = _markers_then(sshd, tmp_path, _forged_key(sshd, tmp_path), "accept-new")
+    before = known.read_text()
+    assert _both_seams(inv) == (False, False)
+    assert known.read_text() == before  # nothing accepted, the marker lines kept
+
+
+def test_a_revoked_host_key_is_refused_by_both_seams_even_under_accept_new(sshd, tmp_path):
+    _, key_type, key = sshd.known_hosts.read_text().split()[:3]
+    inv, known = _markers_then(sshd, tmp_path, f"@revoked * {key_type} {key}\n", "accept-new")
+    before = known.read_text()
+    assert _both_seams(inv) == (False, False)
+    assert known.read_text() == before
+
+
+def test_accept_new_appends_a_new_host_and_keeps_the_marker_lines_on_both_seams(sshd, tmp_path):
+    inv, known = _markers_then(sshd, tmp_path, "", "accept-new")
+    before = known.read_text()
+    assert _both_seams(inv) == (True, True)
+    after = known.read_text()
+    assert after.startswith(before)
+    assert after[len(before) :].split()[0] == f"[127.0.0.1]:{sshd.port}"

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from provision.launch import plan
+
 RUN_TIMEOUT_S = 240  # a whole `provision train` call, bounded
 CLEAN_WITHIN_S = 30  # the bound: every host clean this long after a failure
 # Tiny and quick on 2 shared cores: 1 MiB of text, evaluation every 3 steps.
@@ -305,9 +307,24 @@ def test_as_root_the_trainer_runs_as_the_training_user(netns_hosts, tmp_path):
         assert code == 0, why(tmp_path, report)
         assert report["world_size"] == 2
         assert all(n["clean"] for n in report["nodes"])
-        checkpoints = list((node_dir / "checkpoints").glob("*.pt"))
+        checkpoints = list((node_dir / "work" / "checkpoints").glob("*.pt"))
         assert checkpoints, sorted(str(p) for p in node_dir.rglob("*"))[:50]
         assert {pwd.getpwuid(p.stat().st_uid).pw_name for p in checkpoints} == {"nobody"}
         assert processes_of(report["run_id"]) == {}
+        # Root runs the reaper from the run directory and signals the pid in its run file:
+        # all of it stays root's, and the training user can change none of it.
+        run_dir = node_dir / "runs" / report["run_id"] / "ns1"
+        for path in (node_dir, run_dir, run_dir / "reaper.py", run_dir / plan.RUN_FILE):
+            assert path.stat().st_uid == 0, path
+            assert not path.stat().st_mode & 0o022, path
+        for attempt in (
+            f"echo 1 > {run_dir}/{plan.RUN_FILE}",
+            f"echo 'import os' > {run_dir}/reaper.py",
+            f"mv {run_dir}/reaper.py {run_dir}/torchrun-logs/",
+            f"ln -s /etc/passwd {run_dir}/json.py",
+            f"mv {node_dir}/runs {node_dir}/work/",
+        ):
+            tried = subprocess.run(["runuser", "-u", "nobody", "--", "sh", "-c", attempt], capture_output=True)
+            assert tried.returncode != 0, attempt
     finally:
         shutil.rmtree(node_dir, ignore_errors=True)

@@ -336,3 +336,54 @@ def test_deploy_refuses_to_replace_a_different_password_on_the_host(tmp_path, mo
     (refusal,) = run.ran(s, "exit 1$")  # the reason the summary shows, as the host prints it
     assert f"{s}:{HOST_PASSWORD} holds a different restic password" in refusal
     assert not run.ran(s, r"apt-get|useradd|mkdir|chmod")  # refused before any change
+
+
+def _secret_events(tmp_path, monkeypatch, sudo: bool) -> list[tuple[str, str, str]]:
+    """The backups step on a fake storage host: every command and upload in order, as
+    (kind, text, temporary file of an upload)."""
+    from pyinfra.connectors.fake import FakeConnector
+
+    events: list[tuple[str, str, str]] = []
+    run_command, put_file = FakeConnector.run_shell_command, FakeConnector.put_file
+
+    def command(self, cmd, *args, **kwargs):
+        events.append(("run", cmd if isinstance(cmd, str) else cmd.get_masked_value(), ""))
+        return run_command(self, cmd, *args, **kwargs)
+
+    def put(self, src, remote, remote_temp_filename=None, *args, **kwargs):
+        events.append(("put", remote, remote_temp_filename or ""))
+        return put_file(self, src, remote, remote_temp_filename, *args, **kwargs)
+
+    monkeypatch.setattr(FakeConnector, "run_shell_command", command)
+    monkeypatch.setattr(FakeConnector, "put_file", put)
+    server = fake_node(
+        "node1", Settings(cluster_address="10.77.0.1", cluster_cidr="10.77.0.0/24"), {}, groups=("storage",)
+    )
+    server = replace(server, data={**server.data, "_sudo": sudo})
+    # The SFTP key pair as the controller keeps it (generating one would run ssh-keygen).
+    key = backup_layout.cluster_dir(Cluster(tmp_path / "inv.py", (server,))) / "backup_ed25519"
+    key.parent.mkdir(parents=True, exist_ok=True)
+    key.write_text("not a real key\n")
+    key.with_suffix(".pub").write_text("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIStandIn provision-backup@provision\n")
+    monkeypatch.setattr(engine, "run_steps", _run_steps_with_path(engine.run_steps, tmp_path / "inv.py"))
+    assert run_fake(backups.step, [server], monkeypatch).results[server.name].ok
+    return events
+
+
+@pytest.mark.parametrize("sudo", [True, False])
+def test_secrets_exist_only_as_0600_files_and_pass_only_through_the_ssh_users_0700_directory(
+    tmp_path, monkeypatch, sudo
+):
+    events = _secret_events(tmp_path, monkeypatch, sudo)
+    texts = [text for _, text, _ in events]
+    for secret in (HOST_PASSWORD, backup_layout.KEY_FILE):
+        (upload,) = [i for i, (kind, text, _) in enumerate(events) if kind == "put" and text == secret]
+        before = texts[:upload]
+        # The file exists, empty, with mode 0600 before its content is sent: the upload
+        # (SFTP, or cp from the temporary file) then keeps that mode.
+        assert before.index(f"touch {secret}") < before.index(f"chmod 600 {secret}")
+        # The temporary file (used with _sudo) is in the SSH user's private directory,
+        # made with mode 0700 before; never /tmp/pyinfra-<sha1>.
+        temp = events[upload][2]
+        assert temp.startswith(f"{engine.context.UPLOAD_DIR}/pyinfra-")
+        assert f"chmod 700 {engine.context.UPLOAD_DIR}" in before

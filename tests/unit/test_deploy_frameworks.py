@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 from provision.deploys import frameworks
@@ -16,43 +17,62 @@ WHEELS = [
     "nvidia_ml_py-13.580.126-py3-none-any.whl",
 ]
 PINS = "numpy==2.2.6 nvidia-ml-py==13.580.126"  # the default pins
+WHEELHOUSE_INSTALL = (
+    "/opt/provision/venv/bin/pip install --only-binary=:all: --no-index --find-links /opt/provision/wheelhouse "
+    "--require-hashes -r /opt/provision/wheelhouse/requirements.txt"
+)
+
+
+def wheelhouse(directory: Path, names: list[str]) -> Path:
+    """Wheels (stand-in bytes) and the SHA256SUMS the wheelhouse carries."""
+    for name in names:
+        (directory / name).write_bytes(b"wheel")
+    framework_rules.write_sums(directory)
+    return directory
 
 
 def test_wheelhouse_is_uploaded_and_installed_without_an_index(tmp_path: Path) -> None:
-    for name in WHEELS:
-        (tmp_path / name).write_bytes(b"wheel")
+    wheelhouse(tmp_path, WHEELS)
     ops, _ = plan_with_facts(frameworks.step, node(wheelhouse=str(tmp_path)), FakeHost())
     names = [o.name.removeprefix("Frameworks | ") for o in ops]
     assert names[:1] == ["wheelhouse directory"]
     assert sorted(n for n in names if n.startswith("wheel ")) == sorted(f"wheel {w}" for w in WHEELS)
+    assert "requirements.txt: the wheels' hashes" in names
     install = {o.name: o for o in ops}["Frameworks | torch, numpy, nvidia-ml-py"].commands
-    assert install[-1] == (
-        "/opt/provision/venv/bin/pip install --no-index --find-links /opt/provision/wheelhouse "
-        f"torch==2.13.0+cpu {PINS}"
-    )
+    assert install[-1] == WHEELHOUSE_INSTALL
 
 
 def test_index_url_setting_goes_to_pip() -> None:
     ops, _ = plan_with_facts(frameworks.step, node(pip_index_url="http://10.0.0.5/simple"), FakeHost())
     install = {o.name: o for o in ops}["Frameworks | torch, numpy, nvidia-ml-py"].commands
-    assert install == [f"/opt/provision/venv/bin/pip install --index-url http://10.0.0.5/simple torch==2.13.0 {PINS}"]
+    assert install == [
+        "/opt/provision/venv/bin/pip install --only-binary=:all: --index-url http://10.0.0.5/simple "
+        f"torch==2.13.0 {PINS}"
+    ]
 
 
 def test_installed_pins_change_nothing(tmp_path: Path) -> None:
-    (tmp_path / WHEELS[0]).write_bytes(b"wheel")
+    wheelhouse(tmp_path, WHEELS[:1])
     freeze = venv_facts.parse_freeze(["torch==2.13.0+cpu", "numpy==2.2.6", "nvidia-ml-py==13.580.126", "sympy==1.14.0"])
+    hashes = hashlib.sha1(framework_rules.hashed_requirements(str(tmp_path)).encode()).hexdigest()
     fake = FakeHost(
-        VenvPackages=freeze, Directory={"mode": 755}, File={"mode": 644}, WheelSizes={WHEELS[0]: len(b"wheel")}
+        VenvPackages=freeze,
+        Directory={"mode": 755},
+        File={"mode": 644},
+        WheelSizes={WHEELS[0]: len(b"wheel")},
+        Sha1File=hashes,
     )
     assert plan_with_facts(frameworks.step, node(wheelhouse=str(tmp_path)), fake)[0] == []
     assert plan_with_facts(frameworks.step, node(), fake)[0] == []
-    # A wheel is identified by its name and size, never by a sha1 of it on the host.
-    assert not any(name == "Sha1File" for name, _ in fake.asked)
+    # A wheel is identified by its name and size, never by a sha1 of it on the host (only
+    # the small requirements file is).
+    asked = [kwargs.get("path") for name, kwargs in fake.asked if name == "Sha1File"]
+    assert asked == [framework_rules.REMOTE_REQUIREMENTS]
 
 
 def test_a_torn_wheel_upload_is_sent_again(tmp_path: Path) -> None:
-    (tmp_path / WHEELS[0]).write_bytes(b"wheel")
-    torn = FakeHost(Directory={"mode": 755}, WheelSizes={WHEELS[0]: 2})
+    wheelhouse(tmp_path, WHEELS[:1])
+    torn = FakeHost(Directory={"mode": 755}, File={"mode": 644}, WheelSizes={WHEELS[0]: 2})
     ops, _ = plan_with_facts(frameworks.step, node(wheelhouse=str(tmp_path)), torn)
     (upload,) = [o for o in ops if o.name.endswith(WHEELS[0])]
     assert upload.commands[-1] == f"chmod 644 /opt/provision/wheelhouse/{WHEELS[0]}"
@@ -89,7 +109,7 @@ def test_a_pinned_numpy_or_nvml_that_the_installed_venv_lacks_is_installed() -> 
     )
     ops, _ = plan_with_facts(frameworks.step, node(), old)
     install = {o.name: o for o in ops}["Frameworks | torch, numpy, nvidia-ml-py"].commands
-    assert install == [f"/opt/provision/venv/bin/pip install {PINS}"]
+    assert install == [f"/opt/provision/venv/bin/pip install --only-binary=:all: {PINS}"]
 
 
 def test_wheelhouse_gaps_name_each_pin_no_wheel_satisfies() -> None:
@@ -120,16 +140,37 @@ def test_torch_check_verdicts() -> None:
 
 
 def test_pip_compile_false_installs_without_byte_compiling(tmp_path: Path) -> None:
-    for name in WHEELS:
-        (tmp_path / name).write_bytes(b"wheel")
+    wheelhouse(tmp_path, WHEELS)
     ops, _ = plan_with_facts(frameworks.step, node(wheelhouse=str(tmp_path), pip_compile=False), FakeHost())
     install = {o.name: o for o in ops}["Frameworks | torch, numpy, nvidia-ml-py"].commands
-    assert install[-1] == (
-        "/opt/provision/venv/bin/pip install --no-compile --no-index --find-links "
-        f"/opt/provision/wheelhouse torch==2.13.0+cpu {PINS}"
-    )
+    assert install[-1] == WHEELHOUSE_INSTALL.replace("--only-binary=:all: ", "--only-binary=:all: --no-compile ")
 
 
 def test_wheel_sizes_come_from_one_listing() -> None:
     sizes = venv_facts.WheelSizes().process([f"{WHEELS[0]} 191234567", "numpy-2.3.4-cp311.whl 17000000", "junk"])
     assert sizes == {WHEELS[0]: 191234567, "numpy-2.3.4-cp311.whl": 17000000}
+
+
+def test_a_wheel_that_does_not_match_the_wheelhouses_sha256sums_is_refused_before_any_upload(tmp_path: Path) -> None:
+    wheelhouse(tmp_path, WHEELS)
+    (tmp_path / WHEELS[1]).write_bytes(b"swapped")  # changed after the download
+    ops, _ = plan_with_facts(frameworks.step, node(wheelhouse=str(tmp_path)), FakeHost())
+    assert [o.name.removeprefix("Frameworks | ") for o in ops] == ["frameworks checks"]
+    assert f"{WHEELS[1]} does not match its SHA-256 in {tmp_path}/SHA256SUMS" in ops[0].commands[0]
+    (tmp_path / "SHA256SUMS").unlink()
+    assert framework_rules.sums_problem(str(tmp_path)).startswith(f"{tmp_path} has no readable SHA256SUMS")
+    framework_rules.write_sums(tmp_path)
+    (tmp_path / "SHA256SUMS").write_text((tmp_path / "SHA256SUMS").read_text().replace(WHEELS[2], "other.whl"))
+    assert framework_rules.sums_problem(str(tmp_path)) == f"{WHEELS[2]} is not listed in {tmp_path}/SHA256SUMS"
+
+
+def test_hashed_requirements_pin_every_wheel_by_its_sha256(tmp_path: Path) -> None:
+    wheelhouse(tmp_path, [*WHEELS, "numpy-2.2.6-cp312-cp312-manylinux_2_17_x86_64.whl"])
+    (tmp_path / WHEELS[0]).write_bytes(b"torch")
+    framework_rules.write_sums(tmp_path)
+    torch, wheel = hashlib.sha256(b"torch").hexdigest(), hashlib.sha256(b"wheel").hexdigest()
+    assert framework_rules.hashed_requirements(str(tmp_path)).splitlines() == [
+        f"numpy==2.2.6 --hash=sha256:{wheel} --hash=sha256:{wheel}",  # one line, a hash per wheel
+        f"nvidia_ml_py==13.580.126 --hash=sha256:{wheel}",
+        f"torch==2.13.0+cpu --hash=sha256:{torch}",
+    ]

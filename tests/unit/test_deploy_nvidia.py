@@ -336,11 +336,14 @@ def test_installed_nccl_for_the_right_cuda_changes_nothing_and_is_held() -> None
     assert "--allow-change-held-packages" in ops["NVIDIA stack | NCCL *+cuda12.8"].commands[0]
 
 
-def run_download(tmp_path: Path, sha256: str | None) -> subprocess.CompletedProcess[str]:
+def run_download(
+    tmp_path: Path, sha256: str | None, fingerprint: str | None = None
+) -> subprocess.CompletedProcess[str]:
     """The keyring download's own commands, run by bash on a file:// URL."""
     src, dest = tmp_path / "served.gpg", tmp_path / "keyrings" / "cuda-archive-keyring.gpg"
     dest.parent.mkdir(exist_ok=True)
-    script = " && ".join(f"( {c} )" for c in nvidia_ops.download_commands(src.as_uri(), str(dest), sha256))
+    commands = nvidia_ops.download_commands(src.as_uri(), str(dest), sha256, fingerprint)
+    script = " && ".join(f"( {c} )" for c in commands)
     return subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
 
 
@@ -594,3 +597,22 @@ def test_running_persistenced_is_restarted_when_its_drop_in_changed(monkeypatch:
 
     assert commands(True) == ["systemctl restart nvidia-persistenced.service"]
     assert commands(False) == []
+
+
+def test_the_keyring_is_checked_against_nvidias_published_fingerprint_by_default_before_it_is_moved() -> None:
+    ops = plan("debian-12-bookworm", Gpus((H100,), ()))
+    commands = ops["CUDA repository keyring"].commands
+    (check,) = [i for i, c in enumerate(commands) if c.startswith("python3 -c ")]
+    assert " EB693B3035CD5710E231E123A4B469963BF863CC || { rm -f " in commands[check]
+    assert commands[check + 1].startswith("chmod 644 /etc/apt/keyrings/cuda-archive-keyring.gpg.provision-new && mv")
+    unchecked = plan("debian-12-bookworm", Gpus((H100,), ()), nvidia_key_fingerprint=None)
+    assert not any(c.startswith("python3") for c in unchecked["CUDA repository keyring"].commands)
+
+
+def test_keyring_fingerprints_refuse_what_is_not_a_binary_keyring() -> None:
+    from provision.rules.nvidia import keyring_fingerprints
+
+    for bad in (b"-----BEGIN PGP PUBLIC KEY BLOCK-----", b"\x99\x01\x0d\x04", b"\x01"):
+        with pytest.raises(ValueError, match="packet"):
+            keyring_fingerprints(bad)
+    assert keyring_fingerprints(b"") == []

@@ -81,7 +81,8 @@ def test_node_command_records_the_pgid_before_torchrun_starts_under_setsid():
     assert "PROVISION_RUN_ID=r1" in env
     assert "PROVISION_NODE=n1" in env
     assert "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE=[rank${rank}]:" in env
-    assert cmd.startswith("mkdir -p /var/tmp/pt/runs/r1/n1 /var/tmp/pt && cd /var/tmp/pt && exec ")
+    # The markers come before setsid: the recorded pid carries them (the reaper checks).
+    assert cmd.startswith("cd /var/tmp/pt && exec env PROVISION_RUN_ID=r1 PROVISION_NODE=n1 setsid --wait ")
 
 
 def test_as_root_the_trainer_runs_as_the_training_user_in_the_same_process_group():
@@ -94,11 +95,45 @@ def test_as_root_the_trainer_runs_as_the_training_user_in_the_same_process_group
     # as the user without a session or group of its own.
     after = words[words.index("provision-train") + 1 :]
     assert after[:5] == ["runuser", "-u", "train", "--", "env"]
-    assert cmd.startswith(
-        "mkdir -p /var/tmp/pt/runs/r1/n1 /var/tmp/pt && "
-        "chown -R train: /var/tmp/pt /var/tmp/pt/runs/r1/n1 && cd /var/tmp/pt && exec "
-    )
+    # Nothing is handed to the training user here: the run directory (reaper, pid file)
+    # stays root's (node_dirs_command made the directories before).
+    assert "chown" not in cmd
+    assert cmd.startswith("cd /var/tmp/pt && exec env ")
     assert "runuser" not in plan.node_command(base, base.nodes[1])  # a non-root SSH user runs it itself
+
+
+def test_node_directories_never_change_an_owner_recursively_and_give_the_user_two_fresh_ones():
+    cmd = plan.node_dirs_command("/var/tmp/pt", "/var/tmp/pt/runs/r1/n1", "train")
+    chowns = [c.split("&&")[0].split(";")[0].strip() for c in cmd.split("chown")[1:]]
+    assert chowns == ["-h -- train: /var/tmp/pt/runs/r1/n1/torchrun-logs", "-h -- train: /var/tmp/pt/work"]
+    # The run directory is made fresh (no -p: mkdir fails when it exists) with mode 0755.
+    assert "mkdir -m 0755 -- /var/tmp/pt/runs/r1/n1 /var/tmp/pt/runs/r1/n1/torchrun-logs" in cmd
+    assert cmd.startswith("umask 022; T=/var/tmp/pt; ")
+
+
+def test_a_train_dir_the_node_refuses_stops_the_run_before_anything_starts(monkeypatch, tmp_path):
+    both = ["/mnt/nfs/checkpoints", "/mnt/nfs/datasets"]
+    with pytest.raises(session.LaunchError) as e:
+        prepare_with_fake_nodes(
+            monkeypatch, tmp_path, {"n0": both, "n1": both}, dirs="/var/tmp/provision-train is owned by uid 1001"
+        )
+    assert "train_dir /var/tmp/provision-train cannot be used: /var/tmp/provision-train is owned by uid 1001" in str(
+        e.value
+    )
+    assert "remove it if another user made it, or set train_dir" in str(e.value)
+
+
+def test_the_trainer_works_in_the_work_directory_beside_the_runs(monkeypatch, tmp_path):
+    both = ["/mnt/nfs/checkpoints", "/mnt/nfs/datasets"]
+    run_plan, _, _ = prepare_with_fake_nodes(monkeypatch, tmp_path, {"n0": both, "n1": both})
+    assert {n.work_dir for n in run_plan.nodes} == {"/var/tmp/provision-train/work"}
+    assert {n.run_dir for n in run_plan.nodes} == {f"/var/tmp/provision-train/runs/r1/{n}" for n in ("n0", "n1")}
+
+
+def test_reaper_refuses_pid_files_that_do_not_name_one_process_above_1():
+    for text in ("1", "0", "-1", "-4242", "", "abc", "12abc", "1 2", "²", "99999999999"):
+        assert reaper.parse_pid(text) is None, text
+    assert reaper.parse_pid("4242\n") == 4242
 
 
 def test_global_batch_grows_with_the_world_and_user_flags_come_last():
@@ -139,7 +174,12 @@ class FakeConn:
 
 
 def prepare_with_fake_nodes(
-    monkeypatch, tmp_path, writable: dict[str, list[str]], extra: tuple[str, ...] = (), run_as: str = ""
+    monkeypatch,
+    tmp_path,
+    writable: dict[str, list[str]],
+    extra: tuple[str, ...] = (),
+    run_as: str = "",
+    dirs: str = "DIRS_OK",
 ) -> tuple[plan.RunPlan, list[str], list[str]]:
     """session.prepare against two nodes whose probe answers as given (no SSH)."""
     probes: list[str] = []
@@ -151,6 +191,7 @@ def prepare_with_fake_nodes(
         out = f"PY_OK\n{ip}\n--gpus--\n--run-as--\n{run_as}\n--writable--\n" + "".join(
             f"{w}\n" for w in writable[node.name]
         )
+        out += f"--dirs--\n{dirs}\n"
         return remote.CommandResult(node.name, 0, out, "")
 
     monkeypatch.setattr(remote, "run", fake_run)

@@ -38,7 +38,7 @@ def test_no_cluster_cidr_is_refused_rather_than_exported_to_everyone():
     assert nfs.export_problems(settings(), "node1") == []
 
 
-def test_client_mounts_nfs_4_2_hard_and_never_blocks_boot():
+def test_client_mounts_nfs_4_2_hard_nosuid_nodev_and_never_blocks_boot():
     line = nfs.client_fstab_line("10.77.0.1", settings(), "checkpoints")
     device, path, fstype, options, dump, passno = line.split()
     assert (device, path, fstype, dump, passno) == (
@@ -49,7 +49,7 @@ def test_client_mounts_nfs_4_2_hard_and_never_blocks_boot():
         "0",
     )
     opts = options.split(",")
-    for wanted in ("vers=4.2", "hard", "_netdev", "nofail", "x-systemd.automount"):
+    for wanted in ("vers=4.2", "hard", "nosuid", "nodev", "_netdev", "nofail", "x-systemd.automount"):
         assert wanted in opts
     assert "soft" not in opts
 

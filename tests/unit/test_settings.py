@@ -157,3 +157,30 @@ def test_deadline_knobs_have_defaults_and_refuse_zero_or_absurd_values():
     _, problems = parse_settings({"connect_timeout_s": 0, "command_timeout_s": 10**6, "step_timeout_s": 5}, "inv.py")
     assert [p.where for p in problems] == ["inv.py: key connect_timeout_s", "inv.py: key command_timeout_s"]
     assert "between 1 and 600 seconds" in problems[0].what
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        ({"train_dir": "/"}, "'/' is a system directory"),
+        ({"train_dir": "/var/tmp"}, "'/var/tmp' is a system directory"),
+        ({"train_dir": "/home/"}, "'/home/' is a system directory"),
+        ({"train_dir": "/etc/provision"}, "'/etc/provision' is inside /etc, which holds the system"),
+        ({"train_dir": "/usr/local/train"}, "'/usr/local/train' is inside /usr, which holds the system"),
+        ({"train_dir": "/var/tmp/../../etc"}, "'/var/tmp/../../etc' has a '..' component"),
+        ({"train_dir": "/data"}, "'/data' is, or holds, the data volume or the NFS shares (data_mount /data)"),
+        ({"train_dir": "/srv/x", "data_mount": "/srv/x/data"}, "'/srv/x' is, or holds, the data volume"),
+        ({"train_dir": "/shared/checkpoints/t"}, "'/shared/checkpoints/t' is on the NFS shares (nfs_mount_root"),
+        ({"train_dir": "/shared"}, "'/shared' is on the NFS shares (nfs_mount_root /shared)"),
+        ({"train_dir": "/data/shared/x"}, "'/data/shared/x' is on the NFS shares (nfs_export_root /data/shared)"),
+    ],
+)
+def test_train_dir_refuses_the_root_system_directories_the_data_volume_and_the_shares(data, expected):
+    _, problems = parse_settings(data, "inv.py: host n1")
+    assert [p.where for p in problems] == ["inv.py: host n1: key train_dir"]
+    assert problems[0].what.startswith(expected)
+
+
+@pytest.mark.parametrize("path", ["/var/tmp/provision-train", "/srv/train", "/data/train", "/opt/provision/train"])
+def test_train_dir_of_its_own_passes(path):
+    assert parse_settings({"train_dir": path}, "inv.py")[1] == []

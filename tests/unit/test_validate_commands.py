@@ -55,7 +55,21 @@ def test_torchrun_per_host_uses_cluster_network_and_can_be_torn_down_by_pid():
     assert "allreduce-worker" in cmd
     assert "10[.]0[.]0[.]12" in cmd  # interface found by the node's own cluster address
     assert "setsid timeout" in cmd
-    assert "echo $! > /tmp/provision-allreduce-tok.pid" in cmd
+    assert cmd.startswith('D=/tmp/provision-allreduce-tok; umask 077; mkdir -m 0700 -- "$D" || exit 1; ')
+    assert 'echo $! > "$D/pid"' in cmd
+    assert "PROVISION_ALLREDUCE=tok setsid timeout" in cmd
     gpu = netrun.torchrun_command(master, 0, 2, master, "/tmp/a.py", 8, "tok")
     assert "--nproc-per-node 8" in gpu
     assert "--backend nccl" in gpu
+
+
+def test_allreduce_teardown_signals_only_a_marked_pid_above_1_from_its_own_private_directory():
+    cmd = netrun.teardown_command("gpu02-tok")
+    assert "kill -- -$(cat" not in cmd  # never the group named by a file as it stands
+    # `kill -s TERM --`: dash (Debian's sh) refuses `kill -TERM -- -PID` with "Illegal number".
+    guard, _, kill = cmd.partition("kill -s TERM")
+    assert '[ -d "$D" ] && [ ! -L "$D" ] && [ -O "$D" ]' in guard  # made by us, not a link
+    assert 'case "$p" in ""|*[!0-9]*) p=0;; esac' in guard  # garbage and negatives read as 0
+    assert '[ "$p" -gt 1 ]' in guard  # 0 and 1 never signalled
+    assert "grep -qxF -- PROVISION_ALLREDUCE=gpu02-tok" in guard  # the process is ours
+    assert kill.startswith(' -- "-$p"')
