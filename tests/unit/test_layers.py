@@ -32,7 +32,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("provision.facts",),
     ("provision.inventory",),
     ("provision.settings",),
-    ("provision.state", "provision.resources", "provision.metrics"),
+    ("provision.state", "provision.resources", "provision.metrics", "provision.values", "provision.inventory_file"),
     ("provision.errors", "provision"),
 ]
 
