@@ -82,8 +82,8 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 def controller_path(value: Any) -> str | None:
     """A path on the controller (~ allowed): opened here, never sent to a shell."""
-    if not isinstance(value, str) or not value.strip() or _CONTROL.search(value):
-        return f"{value!r} is not a file path (empty, or holds a control character)"
+    if not isinstance(value, str) or not value.strip() or _CONTROL.search(value) or '"' in value:
+        return f"{value!r} is not a file path (empty, or holds a control character or a double quote)"
     return None
 
 

@@ -23,7 +23,14 @@ def venv_packages(pip: str, requirements: list[str], source_args: str | None) ->
     """pip install what the venv lacks (pinned versions compared exactly)."""
     todo = missing(requirements, host.get_fact(VenvPackages, pip=pip))
     if todo:
-        yield " ".join([pip, "install", *([source_args] if source_args else []), *todo])
+        yield install_command(pip, todo, source_args)
+
+
+def install_command(pip: str, requirements: list[str], source_args: str | None) -> str:
+    """pip install of the requirements; ``source_args`` is already quoted by its builder
+    (rules.frameworks.pip_source_args), every other value is quoted here."""
+    source = [source_args] if source_args else []
+    return " ".join([shlex.quote(pip), "install", *source, *(shlex.quote(r) for r in requirements)])
 
 
 @operation()

@@ -131,7 +131,7 @@ def torchrun_command(node: Node, rank: int, nnodes: int, master: Node, agent_pat
         "export GLOO_SOCKET_IFNAME=$IF NCCL_SOCKET_IFNAME=$IF; "
         f'P={python}; [ -x "$P" ] || P=python3; '
         f'setsid timeout {ALLREDUCE_TIMEOUT_S} "$P" -m torch.distributed.run --nnodes {nnodes} '
-        f"--node-rank {rank} --nproc-per-node {nproc} --master-addr {master.cluster_address} "
+        f"--node-rank {rank} --nproc-per-node {nproc} --master-addr {shlex.quote(master.cluster_address)} "
         f"--master-port {master.settings.train_master_port + ALLREDUCE_PORT_OFFSET} "
         f"{shlex.quote(agent_path)} allreduce-worker --mb {mb} --backend {backend} "
         f"> {log} 2>&1 & echo $! > {pidfile}; wait $!; rc=$?; cat {log}; rm -f {log} {pidfile}; "
