@@ -27,9 +27,11 @@ TIMEOUT_ENV = "PROVISION_INVENTORY_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 30.0
 
 
-class _Deadline(BaseException):
-    """Raised into the inventory's code by SIGALRM; a BaseException so that the code's own
-    ``except Exception`` cannot swallow it."""
+class _Deadline(SystemExit):
+    """Raised into the inventory's code by SIGALRM. Not an Exception, so the code's own
+    ``except Exception`` cannot swallow it; a SystemExit, so that when it lands in gevent's
+    hub (the code sleeping in a patched time.sleep) the hub hands it to the main greenlet
+    without printing a traceback."""
 
 
 def timeout_s() -> float:

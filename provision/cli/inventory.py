@@ -12,6 +12,7 @@ from provision import inventory as inventory_lib
 from provision.cli.console import out, print_json
 from provision.cli.options import InventoryArg
 from provision.settings import ROLES, knob_docs
+from provision.up import pipeline
 
 app = typer.Typer(help="Check inventories. Nothing here contacts a host.", no_args_is_help=True)
 
@@ -29,6 +30,7 @@ def check(
     Example: provision inventory check inventories/example.py
     """
     cluster = inventory_lib.load(inventory)
+    pipeline.check_inputs(cluster)  # what `up` and `plan` would refuse before any host
     if as_json:
         print_json(
             {
