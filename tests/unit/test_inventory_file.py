@@ -71,7 +71,8 @@ def test_what_the_inventory_prints_goes_to_stderr_not_stdout(tmp_path, capfd):
     inventory.load(inv)
     captured = capfd.readouterr()
     assert captured.out == ""
-    assert "hello from python" in captured.err and "hello through sys.__stdout__" in captured.err
+    assert "hello from python" in captured.err
+    assert "hello through sys.__stdout__" in captured.err
 
 
 @pytest.mark.parametrize(
