@@ -1,0 +1,45 @@
+"""What hosts say is printed as text: never parsed as rich markup (a ``[/x]`` in a host's
+stderr crashed the `up` summary after the work was done), and no terminal escape sequence
+from a host reaches the screen."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from provision.cli import console, up
+from provision.engine import Failure, HostResult, RunReport
+
+HOSTILE = "exit 1: [/x] [bold]not bold[/bold] \x1b]0;retitled\x07 \x1b[2J cleared \x9b31m"
+
+
+def _capture(monkeypatch) -> io.StringIO:
+    buffer = io.StringIO()
+    monkeypatch.setattr(up, "out", Console(file=buffer, width=400, highlight=False, color_system=None))
+    return buffer
+
+
+def test_up_summary_prints_host_stderr_with_markup_and_escapes_as_text(monkeypatch):
+    buffer = _capture(monkeypatch)
+    host = HostResult("node1", failures=[Failure("base", HOSTILE)], notes=[f"note {HOSTILE}"])
+    up.print_summary(RunReport({"node1": host}))
+    text = buffer.getvalue()
+    assert "[/x] [bold]not bold[/bold]" in text
+    assert "\x1b" not in text
+    assert "\x07" not in text
+    assert "\x9b" not in text
+    assert "\\x1b]0;retitled\\x07" in text
+
+
+def test_safe_keeps_newlines_and_tabs_and_shows_other_controls():
+    assert console.plain("a\tb\nc\x1b[0m\x00") == "a\tb\nc\\x1b[0m\\x00"
+
+
+def test_progress_lines_show_host_text_with_markup_as_text(monkeypatch):
+    buffer = io.StringIO()
+    monkeypatch.setattr(console, "err", Console(file=buffer, width=400, color_system=None))
+    with console.host_progress(["node1"]) as progress:
+        progress("node1", HOSTILE)
+    assert "[/x] [bold]not bold[/bold]" in buffer.getvalue()
+    assert "\x1b]0;" not in buffer.getvalue()
