@@ -220,8 +220,9 @@ def _network_problems(inventory_path: Path, nodes: list[Node]) -> list[Problem]:
         if outside:
             problems.append(
                 Problem(
-                    f"{inventory_path}: host {node.name}: key cluster_cidr",
-                    f"{node.settings.cluster_cidr} does not contain the cluster address of {', '.join(outside)}",
+                    f"{inventory_path}: host {host_label(node.name)}: key cluster_cidr",
+                    f"{node.settings.cluster_cidr} does not contain the cluster address of "
+                    + ", ".join(host_label(n) for n in outside),
                     "set cluster_cidr to the network that holds every cluster_address",
                 )
             )
@@ -247,8 +248,9 @@ def _duplicates(inventory_path: Path, nodes: list[Node], attrs: dict[str, Any]) 
             if value in seen:
                 problems.append(
                     Problem(
-                        f"{inventory_path}: host {node.name}",
-                        f"duplicate {label} {value}, also used by host {seen[value]}",
+                        f"{inventory_path}: host {host_label(node.name)}",
+                        f"duplicate {label} {value if value.isprintable() else ascii(value)}, "
+                        f"also used by host {host_label(seen[value])}",
                         "every host needs its own address",
                     )
                 )
@@ -267,7 +269,11 @@ def _duplicate_names(inventory_path: Path, attrs: dict[str, Any]) -> list[Proble
         names = [h[0] if isinstance(h, tuple) else h for h in (hosts[0] if isinstance(hosts, tuple) else hosts)]
         for name in sorted({n for n in names if names.count(n) > 1}):
             problems.append(
-                Problem(f"{inventory_path}: group {group}", f"duplicate host {name}", "list each host once per group")
+                Problem(
+                    f"{inventory_path}: group {group}",
+                    f"duplicate host {host_label(name)}",
+                    "list each host once per group",
+                )
             )
     return problems
 
@@ -280,7 +286,8 @@ def _references(inventory_path: Path, nodes: list[Node]) -> list[Problem]:
         if server is not None and server not in names:
             problems.append(
                 Problem(
-                    f"{inventory_path}: host {node.name}: key nfs_server", f"{server!r} is not a host of this inventory"
+                    f"{inventory_path}: host {host_label(node.name)}: key nfs_server",
+                    f"{server!r} is not a host of this inventory",
                 )
             )
     return problems

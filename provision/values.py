@@ -52,7 +52,7 @@ def absolute_path(value: Any) -> str | None:
     """An absolute path, normalised, of letters, digits and ``._+@:-/`` only."""
     if not isinstance(value, str) or not _PATH.fullmatch(value):
         return f"{value!r} is not an absolute path of letters, digits and ._+@:- (no spaces or shell characters)"
-    if posixpath.normpath(value) != value or "/../" in f"{value}/":
+    if posixpath.normpath(value) != value or "//" in value or "/../" in f"{value}/":
         return f"{value!r} is not a normalised absolute path (no '..', '//', '.' or trailing '/')"
     return None
 
