@@ -107,7 +107,7 @@ def load(path: str | os.PathLike[str]) -> Cluster:
 
 def _node(inv: Any, host: Any, inventory_path: Path, problems: list[Problem]) -> Node:
     where = f"{inventory_path}: host {host_label(host.name)}"
-    name_problem = v.host_name(host.name)
+    name_problem = v.address(host.name)
     if name_problem:
         problems.append(Problem(where, name_problem, "name hosts by host name; the address goes in ssh_hostname"))
     _check_layers(inv, host, inventory_path, problems)
@@ -120,7 +120,7 @@ def _node(inv: Any, host: Any, inventory_path: Path, problems: list[Problem]) ->
 def host_label(name: str) -> str:
     """A host's name as problems print it: as written when it is a host name, else
     escaped (a newline or an escape sequence in a name must not reach the terminal raw)."""
-    return name if v.host_name(name) is None else ascii(name)
+    return name if v.address(name) is None else ascii(name)
 
 
 def _check_layers(inv: Any, host: Any, inventory_path: Path, problems: list[Problem]) -> None:
