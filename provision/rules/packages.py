@@ -41,6 +41,9 @@ _CUDA_DISTROS = {("ubuntu", "22.04"): "ubuntu2204", ("ubuntu", "24.04"): "ubuntu
 BASE_PACKAGES = [
     "build-essential",
     "python3-venv",
+    # Python.h of the system python the frameworks venv is made from: Triton compiles a
+    # C launcher against it the first time a `--compile` (torch.compile) kernel runs.
+    "python3-dev",
     "numactl",
     "pciutils",
     "nvme-cli",

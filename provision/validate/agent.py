@@ -457,7 +457,12 @@ def gpu_inventory() -> tuple[list[dict[str, Any]], str, str]:
         pynvml.nvmlInit()
     except Exception as e:
         xml = _nvidia_smi_xml()
-        return [], xml, "" if xml else f"no NVML ({type(e).__name__}) and no nvidia-smi"
+        if xml:
+            return [], xml, ""
+        devices = nvidia_pci_devices()
+        if devices:  # the GPUs are there and the driver cannot reach them: never "no GPU"
+            raise BrokenDriver(devices, e) from e
+        return [], "", f"no NVML ({type(e).__name__}) and no nvidia-smi"
     try:
         driver = _nv(pynvml.nvmlSystemGetDriverVersion)
         cuda = _nv(pynvml.nvmlSystemGetCudaDriverVersion_v2)
@@ -466,6 +471,30 @@ def gpu_inventory() -> tuple[list[dict[str, Any]], str, str]:
         return [_nvml_gpu_or_lost(pynvml, i, _s(driver) if driver else None, cuda_s) for i in range(count)], "", ""
     finally:
         _nv(pynvml.nvmlShutdown)
+
+
+class BrokenDriver(RuntimeError):
+    """NVIDIA GPUs in sysfs, but neither NVML nor nvidia-smi answers: the driver is broken."""
+
+    def __init__(self, devices: list[str], cause: BaseException) -> None:
+        what = f"{type(cause).__name__}: {cause}"
+        hint = (
+            "the loaded kernel module and the NVIDIA libraries differ: reboot after a driver upgrade"
+            if "mismatch" in what.lower()
+            else "load or reinstall the NVIDIA driver (run the `up` step nvidia)"
+        )
+        super().__init__(f"NVIDIA GPU at {', '.join(devices)} but NVML failed ({what}): {hint}")
+
+
+def nvidia_pci_devices(root: str = "/sys/bus/pci/devices") -> list[str]:
+    """PCI addresses of NVIDIA display controllers (vendor 0x10de, class 0x03xxxx): GPUs
+    the kernel sees whatever state the driver is in."""
+    found = []
+    for dev in sorted(glob.glob(f"{root}/*")):
+        vendor, cls = _read(f"{dev}/vendor").strip(), _read(f"{dev}/class").strip()
+        if vendor == "0x10de" and cls.startswith("0x03"):
+            found.append(os.path.basename(dev))
+    return found
 
 
 def _nvml_gpu_or_lost(nv: Any, i: int, driver: str | None, cuda: str | None) -> dict[str, Any]:
@@ -509,37 +538,85 @@ def _nvml_gpu(nv: Any, i: int, driver: str | None, cuda: str | None) -> dict[str
         "bus_id": bus,
         "numa_node": _pci_numa(bus),
         "clocks_mhz": {
-            "sm": _nv(nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_SM),
-            "sm_max": _nv(nv.nvmlDeviceGetMaxClockInfo, h, nv.NVML_CLOCK_SM),
+            "sm": _nv(lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)),
+            "sm_max": _nv(lambda: nv.nvmlDeviceGetMaxClockInfo(h, nv.NVML_CLOCK_SM)),
         },
-        "nvlink_up": _nvlinks(nv, h),
+        **_nvlinks(nv, h),
+        **_nvml_mig(nv, h),
+        "compute_mode": _compute_mode(nv, h),
+        "processes": _gpu_processes(nv, h),
     }
 
 
 def _nvml_health(nv: Any, h: Any) -> dict[str, Any]:
-    unc = _nv(nv.nvmlDeviceGetTotalEccErrors, h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_AGGREGATE_ECC)
-    cor = _nv(nv.nvmlDeviceGetTotalEccErrors, h, nv.NVML_MEMORY_ERROR_TYPE_CORRECTED, nv.NVML_AGGREGATE_ECC)
-    # Ampere and newer remap rows; older GPUs retire pages. Count both kinds.
-    remap = _nv(nv.nvmlDeviceGetRemappedRows, h)  # (corr, unc, pending, failure)
+    """Memory health as NVIDIA's "GPU Memory Error Management" guide reads it: volatile
+    (since boot) and aggregate (lifetime) ECC counts, row remapping (Ampere and newer) or
+    page retirement (older GPUs), and the SRAM error threshold flag. Every constant is read
+    inside the guard: a name this pynvml lacks costs one value, not the GPU."""
+    remap = _nv(nv.nvmlDeviceGetRemappedRows, h)  # (correctable, uncorrectable, pending, failure)
     retired = [
-        _nv(nv.nvmlDeviceGetRetiredPages, h, cause)
-        for cause in (
-            nv.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
-            nv.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERRORS,
-        )
+        _nv(lambda: nv.nvmlDeviceGetRetiredPages(h, nv.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS)),
+        _nv(lambda: nv.nvmlDeviceGetRetiredPages(h, nv.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)),
     ]
-    counts = [len(r) for r in retired if r is not None] + ([remap[1]] if remap else [])
+    known = [len(r) for r in retired if r is not None]
+    pending_pages = _nv(nv.nvmlDeviceGetRetiredPagesPendingStatus, h)
     reasons = (
         _nv(nv.nvmlDeviceGetCurrentClocksEventReasons, h) or _nv(nv.nvmlDeviceGetCurrentClocksThrottleReasons, h) or 0
     )
     return {
-        "ecc_uncorrected": unc,
-        "ecc_corrected": cor,
-        "retired_pages": sum(counts) if counts else None,
-        "remap_failure": bool(remap[3]) if remap else None,
+        **_ecc(nv, h),
+        "retired_pages": sum(known) if known else None,
+        "retired_pages_pending": None if pending_pages is None else pending_pages == 1,
+        "remapped_rows_correctable": remap[0] if remap else None,
+        "remapped_rows_uncorrectable": remap[1] if remap else None,
         "remap_pending": bool(remap[2]) if remap else None,
+        "remap_failure": bool(remap[3]) if remap else None,
+        "sram_threshold_exceeded": _sram_threshold(nv, h),
         "throttle_active": _throttle_names(reasons),
     }
+
+
+def _ecc(nv: Any, h: Any) -> dict[str, Any]:
+    """ECC mode ("enabled"/"disabled"; None: the GPU has no ECC) and its four counts.
+    ``ecc_uncorrected``/``ecc_corrected`` stay the aggregate (lifetime) counts, as the
+    controller has read them since schema 1; the volatile (since boot) ones are new keys."""
+
+    def count(uncorrected: bool, aggregate: bool) -> Any:
+        def read() -> Any:  # the constants are looked up inside the guard too
+            kind = nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED if uncorrected else nv.NVML_MEMORY_ERROR_TYPE_CORRECTED
+            counter = nv.NVML_AGGREGATE_ECC if aggregate else nv.NVML_VOLATILE_ECC
+            return nv.nvmlDeviceGetTotalEccErrors(h, kind, counter)
+
+        return _nv(read)
+
+    mode = _nv(nv.nvmlDeviceGetEccMode, h)  # [current, pending]
+    return {
+        "ecc_mode": _feature(mode[0]) if mode else None,
+        "ecc_mode_pending": _feature(mode[1]) if mode else None,
+        "ecc_uncorrected": count(uncorrected=True, aggregate=True),
+        "ecc_corrected": count(uncorrected=False, aggregate=True),
+        "ecc_uncorrected_volatile": count(uncorrected=True, aggregate=False),
+        "ecc_corrected_volatile": count(uncorrected=False, aggregate=False),
+    }
+
+
+def _feature(state: int) -> str:
+    return "enabled" if state == 1 else "disabled"
+
+
+def _sram_threshold(nv: Any, h: Any) -> bool | None:
+    """NVML's SRAM error threshold flag (newer GPUs and drivers): SRAM errors past the
+    threshold NVIDIA sets for replacing the GPU. None where NVML has no such query."""
+
+    def read() -> bool:
+        import ctypes
+
+        status = nv.c_nvmlEccSramErrorStatus_v1_t()
+        nv.nvmlDeviceGetSramEccErrorStatus(h, ctypes.byref(status))
+        return bool(status.bThresholdExceeded)
+
+    result: bool | None = _nv(read)
+    return result
 
 
 # NVML clock event reason bits that mean the GPU is held back (idle, app clocks and sync
@@ -557,14 +634,64 @@ def _throttle_names(bits: int) -> list[str]:
     return [name for bit, name in _THROTTLE_BITS.items() if bits & bit]
 
 
-def _nvlinks(nv: Any, h: Any) -> int | None:
-    up = 0
-    for link in range(18):  # NVML_NVLINK_MAX_LINKS
+def _nvlinks(nv: Any, h: Any) -> dict[str, int | None]:
+    """NVLink links up, and links NVML reports on this GPU (None: no NVLink, or NVML
+    cannot say: MIG mode hides them). A link past the GPU's last one is an error."""
+    up = links = 0
+    for link in range(_nv(lambda: nv.NVML_NVLINK_MAX_LINKS) or 18):
         state = _nv(nv.nvmlDeviceGetNvLinkState, h, link)
         if state is None:
-            return up or None
+            break
+        links += 1
         up += int(state == 1)
-    return up
+    return {"nvlink_up": up if links else None, "nvlink_links": links or None}
+
+
+def _nvml_mig(nv: Any, h: Any) -> dict[str, Any]:
+    """MIG mode (current, pending) and the MIG devices that exist, with their memory."""
+    mode = _nv(nv.nvmlDeviceGetMigMode, h)  # [current, pending]
+    if not mode:
+        return {"mig_mode": None, "mig_mode_pending": None, "mig_devices": []}
+    slots = (_nv(nv.nvmlDeviceGetMaxMigDeviceCount, h) or 0) if mode[0] == 1 else 0
+    devices = []
+    for k in range(slots):
+        mig = _nv(nv.nvmlDeviceGetMigDeviceHandleByIndex, h, k)
+        if mig is None:  # NVML_ERROR_NOT_FOUND: no device in this slot
+            continue
+        mem = _nv(nv.nvmlDeviceGetMemoryInfo, mig)
+        devices.append(
+            {
+                "index": k,
+                "gpu_instance_id": _nv(nv.nvmlDeviceGetGpuInstanceId, mig),
+                "memory_mib": mem.total >> 20 if mem else None,
+                "uuid": _s(_nv(nv.nvmlDeviceGetUUID, mig) or ""),
+            }
+        )
+    return {"mig_mode": _feature(mode[0]), "mig_mode_pending": _feature(mode[1]), "mig_devices": devices}
+
+
+_COMPUTE_MODES = {0: "default", 1: "exclusive_thread", 2: "prohibited", 3: "exclusive_process"}  # nvml.h
+
+
+def _compute_mode(nv: Any, h: Any) -> str | None:
+    mode = _nv(nv.nvmlDeviceGetComputeMode, h)
+    return None if mode is None else _COMPUTE_MODES.get(mode, f"mode {mode}")
+
+
+def _gpu_processes(nv: Any, h: Any) -> list[dict[str, Any]] | None:
+    """Compute processes on the GPU other than this agent: pid, name and memory. The name
+    comes from NVML (it sees processes of other containers), else from /proc."""
+    procs = _nv(nv.nvmlDeviceGetComputeRunningProcesses, h)
+    if procs is None:
+        return None
+    out = []
+    for p in procs:
+        if p.pid == os.getpid():
+            continue
+        name = _nv(nv.nvmlSystemGetProcessName, p.pid) or _read(f"/proc/{p.pid}/comm").strip()
+        used = getattr(p, "usedGpuMemory", None)
+        out.append({"pid": p.pid, "name": _s(name) or "?", "used_mib": used >> 20 if used else None})
+    return out
 
 
 def _pci_numa(bus_id: str) -> int | None:
@@ -914,7 +1041,7 @@ def run(mode: str, only: set[str], data_dir: str) -> dict[str, Any]:
     try:
         gpus, smi_xml, no_gpu_why = gpu_inventory()
         absent = NO_GPU
-    except Exception as e:  # NVML started but failed: GPUs may be there, so not "no GPU"
+    except Exception as e:  # NVML failed with GPUs there (or started, then failed): not "no GPU"
         gpus, smi_xml, no_gpu_why = [], "", f"NVML failed: {type(e).__name__}: {e}"
         absent = res.error("gpu inventory", e)
     steps = [
@@ -946,6 +1073,7 @@ def run(mode: str, only: set[str], data_dir: str) -> dict[str, Any]:
             "nics": nic_inventory(),
             "kernel": platform.release(),
             "gpu_note": no_gpu_why,
+            "gpu_pci": nvidia_pci_devices(),  # judge: a host with NVIDIA GPUs must measure them
             "gpu_counts": counts,
         },
         "gpus": gpus,
@@ -987,14 +1115,14 @@ def _gpu_steps(
         if g.get("error"):
             reason = f"not run: NVML cannot read gpu{g['index']}: {g['error']} (fallen off the bus? see dmesg for Xid)"
             res.skip(gpu_metrics, reason, f"gpu{g['index']}")
+    if any(g.get("mig_mode") == "enabled" for g in gpus):
+        _skip_mig(gpus, gpu_metrics, ar, res)
+        return {}
     if torch is None:
         res.skip(gpu_metrics + ar, why)
         return {}
     if not torch.cuda.is_available():
-        res.skip(
-            gpu_metrics + ar,
-            "not run: torch sees no CUDA device (CPU-only torch build, or driver and CUDA do not match)",
-        )
+        res.skip(gpu_metrics + ar, _no_cuda_reason(torch))
         return {}
     counts = {"nvml": len(gpus) or _smi_gpu_count(smi_xml), "cuda": torch.cuda.device_count()}
     if gpu_metrics:
@@ -1002,6 +1130,48 @@ def _gpu_steps(
     if ar:
         _step(res, ar, lambda: bench_allreduce_local(torch, cfg, res), "")
     return counts
+
+
+def _no_cuda_reason(torch: Any) -> str:
+    """Why torch sees no CUDA device: a CPU-only build, or CUDA's own init error. Error 802
+    (cudaErrorSystemNotReady) on NVSwitch systems means the fabric manager is not running."""
+    if getattr(torch.version, "cuda", None) is None:
+        return "not run: torch sees no CUDA device: CPU-only torch build (install a CUDA build of torch)"
+    try:
+        torch.cuda.init()
+    except Exception as e:
+        text = str(e).strip().splitlines()[-1][:300] if str(e).strip() else type(e).__name__
+        if "802" in text or "system not yet initialized" in text:
+            return (
+                "not run: fabric manager is not running (CUDA error 802: system not yet initialized): "
+                "start nvidia-fabricmanager, whose version must match the driver"
+            )
+        return f"not run: torch sees no CUDA device: CUDA init failed: {text}"
+    return "not run: torch sees no CUDA device (the driver and torch's CUDA do not match?)"
+
+
+MIG_NOT_RUN = "not run: MIG is enabled"  # judge.MIG_NOT_RUN: reported, never a silent pass
+
+
+def _skip_mig(gpus: list[dict[str, Any]], gpu_metrics: tuple[str, ...], ar: tuple[str, ...], res: Results) -> None:
+    """With MIG on, CUDA enumerates MIG devices instead of GPUs, and a slice measured against
+    the whole GPU's datasheet would fail for no fault: say so on every GPU metric instead."""
+    on = [g for g in gpus if g.get("mig_mode") == "enabled"]
+    names = ", ".join(f"gpu{g['index']} ({len(g.get('mig_devices') or [])} MIG devices)" for g in on)
+    for g in gpus:
+        if g.get("error"):
+            continue
+        if g.get("mig_mode") == "enabled":
+            sizes = "+".join(str(d.get("memory_mib")) for d in g.get("mig_devices") or []) or "none"
+            why = (
+                f"{MIG_NOT_RUN} on gpu{g['index']} (MIG devices of {sizes} MiB): a MIG slice is not benchmarked "
+                f"against the whole GPU's datasheet; disable MIG (nvidia-smi -i {g['index']} -mig 0, then reset) "
+                "to validate this GPU"
+            )
+        else:
+            why = f"{MIG_NOT_RUN} on {names}: CUDA numbers MIG devices, not GPUs, so no GPU of this node is benchmarked"
+        res.skip(gpu_metrics, why, f"gpu{g['index']}")
+    res.skip(ar, f"{MIG_NOT_RUN} on {names}: the in-node all-reduce is not run")
 
 
 def _smi_gpu_count(xml: str) -> int:

@@ -224,6 +224,16 @@ GPU_SPECS: tuple[GpuSpec, ...] = (
     ),
 )
 
+# NVLink links a GPU of the SKU has, with the source; only these SKUs are judged on links
+# up. PCIe boards (H100 NVL, H200 NVL, A100 PCIe, L40S) have none or bridge-dependent links.
+NVLINK_LINKS: dict[str, tuple[int, str]] = {
+    "A100-SXM4-40GB": (12, "NVIDIA A100 datasheet r4: 3rd-gen NVLink, 12 links x 50 GB/s = 600 GB/s"),
+    "A100-SXM4-80GB": (12, "NVIDIA A100 datasheet r4: 3rd-gen NVLink, 12 links x 50 GB/s = 600 GB/s"),
+    "H100-SXM": (18, "NVIDIA H100 datasheet, SXM: 4th-gen NVLink 900 GB/s = 18 links x 50 GB/s"),
+    "H200-SXM": (18, "NVIDIA H200 datasheet, SXM: NVLink 900 GB/s = 18 links x 50 GB/s"),
+    "B200": (18, "NVIDIA HGX B200 datasheet: 5th-gen NVLink 1.8 TB/s per GPU = 18 links x 100 GB/s"),
+}
+
 # Share of the datasheet figure a healthy GPU reaches. bf16/fp16 from mamf-finder runs
 # (A100 ~0.93, H100 SXM ~0.8 of dense peak); fp32 without tensor cores and tf32 reach less;
 # a device-to-device copy reaches ~0.85-0.9 of HBM peak; pinned host copies ~0.8 of the
@@ -238,10 +248,12 @@ DEFAULT_FRACTIONS: dict[str, float] = {
     "gpu_d2h_gbs": 0.65,
 }
 
-# Ceilings for health counters: more than this is a fail.
+# Ceilings for health counters: more than this is a fail. gpu_ecc_uncorrected is the volatile
+# count (since the driver loaded): NVIDIA's "GPU Memory Error Management" guide treats an
+# uncorrectable error as a current fault, while the aggregate (lifetime) counts, remapped
+# rows and retired pages are repairs the GPU already made; those warn (gpu_checks.py).
 DEFAULT_CEILINGS: dict[str, float] = {
     "gpu_ecc_uncorrected": 0,
-    "gpu_retired_pages": 0,
     "gpu_burn_mismatches": 0,
     # Hardware slowdown (thermal, power brake, HW slowdown) active: DCGM treats it as a fault.
     "gpu_hw_slowdown": 0,

@@ -23,10 +23,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from provision.metrics import METRICS, Metric
+from provision.validate import gpu_checks
 from provision.validate.expectations import DEFAULT_FLOORS, GpuSpec, Overrides, find_sku
 from provision.validate.records import SEVERITY, Finding, GpuInfo, Measurement, NodeResult
 
 NO_GPU = "not run: no GPU"  # the agent's not_run text on a machine without NVIDIA GPUs
+MIG_NOT_RUN = "not run: MIG is enabled"  # the agent's not_run text for GPUs it leaves to MIG
 
 
 @dataclass
@@ -50,7 +52,8 @@ def worst(verdicts: Iterable[str]) -> str:
 
 
 def gpu_health(node: str, gpus: list[GpuInfo], measured: set[tuple[str, str]]) -> list[Measurement]:
-    """PCIe link, ECC and retired-page values from the inventory, for every GPU.
+    """PCIe link, volatile ECC and retired-page values from the inventory, for every GPU
+    (the other health flags are judged in gpu_checks).
 
     ``measured`` holds (metric, device) pairs the agent already sent (it reads the PCIe link
     under load, which beats the idle value here: an idle link drops to gen 1).
@@ -58,19 +61,13 @@ def gpu_health(node: str, gpus: list[GpuInfo], measured: set[tuple[str, str]]) -
     out = []
     for g in gpus:
         dev = f"gpu{g.index}"
-        retired = g.retired_pages
-        if g.remap_failure:
-            retired = max(retired or 0, 1_000_000)  # out of spare rows: fails any ceiling
         hw = [r for r in g.throttle_active if r.startswith("hw_")]
         values = {
             "gpu_hw_slowdown": (len(hw), "active: " + (", ".join(hw) or "none")),
             "gpu_pcie_gen": (g.pcie_gen_max, "max link generation the GPU and slot agree on"),
             "gpu_pcie_width": (g.pcie_width_max, "max link width"),
-            "gpu_ecc_uncorrected": (g.ecc_uncorrected, "aggregate uncorrectable ECC errors"),
-            "gpu_retired_pages": (
-                retired,
-                "retired pages + uncorrectable row remaps" + ("; row remapping FAILED" if g.remap_failure else ""),
-            ),
+            "gpu_ecc_uncorrected": (g.ecc_uncorrected_volatile, "volatile (since boot) uncorrectable ECC errors"),
+            "gpu_retired_pages": (g.retired_pages, "pages retired (pre-Ampere page retirement); no default ceiling"),
         }
         for metric, (value, detail) in values.items():
             if (metric, dev) in measured:
@@ -241,6 +238,7 @@ def _judge_node(
     i: NodeInput, ms: list[Measurement], gpus: dict[str, GpuInfo], pools: dict[str, list[float]]
 ) -> NodeResult:
     findings = [_finding(i, m, _context(m, gpus), pools) for m in ms] + _gpu_count(i)
+    findings += gpu_checks.gpu_checks(i.node, i.gpus)
     verdict = worst([_counted(f) for f in findings] + (["fail"] if i.errors else []))
     return NodeResult(i.node, verdict, findings, _sku_label(gpus), dict(i.inventory), list(i.errors))
 
@@ -331,6 +329,8 @@ def _not_run(i: NodeInput, m: Measurement, metric: Metric) -> Finding:
     verdict = "not_run"
     if i.wants_gpu and metric.group == "gpu" and reason.startswith(NO_GPU):
         verdict, reason = "fail", "no GPU found, but the host is in gpu_nodes"
+    elif reason.startswith(MIG_NOT_RUN):
+        pass  # reported and counted as a warn: MIG slices are not judged as whole GPUs
     elif metric.name.startswith("gpu_") and not reason.startswith(BENIGN_NOT_RUN) and _has_gpu(i):
         # A GPU that could not be measured (a step raised, CUDA sees nothing, NVML lost it)
         # is never skipped quietly on a GPU host: it may be the broken one.
@@ -339,9 +339,10 @@ def _not_run(i: NodeInput, m: Measurement, metric: Metric) -> Finding:
 
 
 def _has_gpu(i: NodeInput) -> bool:
-    """The host should have GPUs: it is in gpu_nodes, NVML or nvidia-smi listed some, or the
-    agent reported on a GPU by name (one NVML could not read)."""
-    return i.wants_gpu or bool(i.gpus) or any(m.device.startswith("gpu") for m in i.measurements)
+    """The host should have GPUs: it is in gpu_nodes, sysfs lists NVIDIA GPUs, NVML or
+    nvidia-smi listed some, or the agent reported on a GPU by name (one NVML could not read)."""
+    in_sysfs = bool(i.inventory.get("gpu_pci"))  # NVIDIA GPUs on the PCI bus, whatever NVML said
+    return i.wants_gpu or in_sysfs or bool(i.gpus) or any(m.device.startswith("gpu") for m in i.measurements)
 
 
 def fleet_summary(results: list[NodeResult]) -> dict[str, int]:

@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 import re
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
-from provision.validate.records import GpuInfo, Measurement
+from provision.validate.records import GpuInfo, GpuProcess, Measurement, MigDevice
 
 
 class ParseError(ValueError):
@@ -161,7 +161,6 @@ def nvidia_smi_xml(text: str) -> list[GpuInfo]:
 
 def _xml_gpu(index: int, gpu: ET.Element, driver: str | None, cuda: str | None) -> GpuInfo:
     link = "pci/pci_gpu_link_info/"
-    ecc = "ecc_errors/aggregate/"
     reasons = gpu.find("clocks_event_reasons")
     if reasons is None:  # DTD v11 and older name them throttle reasons
         reasons = gpu.find("clocks_throttle_reasons")
@@ -171,6 +170,7 @@ def _xml_gpu(index: int, gpu: ET.Element, driver: str | None, cuda: str | None) 
         if (r.text or "").strip() == "Active"
     )
     minor = _int(gpu.findtext("minor_number"))
+    aggregate = _xml_ecc(gpu, "aggregate")
     return GpuInfo(
         index=minor if minor is not None else index,
         name=gpu.findtext("product_name", ""),
@@ -183,19 +183,11 @@ def _xml_gpu(index: int, gpu: ET.Element, driver: str | None, cuda: str | None) 
         pcie_gen_device_max=_int(gpu.findtext(link + "pcie_gen/max_device_link_gen")),
         pcie_width_current=_int(gpu.findtext(link + "link_widths/current_link_width")),
         pcie_width_max=_int(gpu.findtext(link + "link_widths/max_link_width")),
-        ecc_uncorrected=_sum_known(
-            _int(gpu.findtext(ecc + "dram_uncorrectable")),
-            _int(gpu.findtext(ecc + "sram_uncorrectable")),
-            _int(gpu.findtext(ecc + "sram_uncorrectable_parity")),
-            _int(gpu.findtext(ecc + "sram_uncorrectable_secded")),
-        ),
-        ecc_corrected=_sum_known(
-            _int(gpu.findtext(ecc + "dram_correctable")), _int(gpu.findtext(ecc + "sram_correctable"))
-        ),
+        ecc_uncorrected=aggregate[0],
+        ecc_corrected=aggregate[1],
         retired_pages=_sum_known(
             _int(gpu.findtext("retired_pages/multiple_single_bit_retirement/retired_count")),
             _int(gpu.findtext("retired_pages/double_bit_retirement/retired_count")),
-            _int(gpu.findtext("remapped_rows/remapped_row_unc")),
         ),
         remap_failure=_yes(gpu.findtext("remapped_rows/remapped_row_failure")),
         remap_pending=_yes(gpu.findtext("remapped_rows/remapped_row_pending")),
@@ -203,7 +195,49 @@ def _xml_gpu(index: int, gpu: ET.Element, driver: str | None, cuda: str | None) 
         persistence_mode=_yes(gpu.findtext("persistence_mode")),
         bus_id=gpu.get("id", ""),
         numa_node=_int(gpu.findtext("numa_node")),
+        remapped_rows_correctable=_int(gpu.findtext("remapped_rows/remapped_row_corr")),
+        remapped_rows_uncorrectable=_int(gpu.findtext("remapped_rows/remapped_row_unc")),
+        **_xml_modes(gpu),
     )
+
+
+def _xml_ecc(gpu: ET.Element, counter: str) -> tuple[int | None, int | None]:
+    """(uncorrectable, correctable) ECC errors of the ``volatile`` or ``aggregate`` counter."""
+    # DTD v11 has one sram_uncorrectable; v12+ splits it into parity and SEC-DED.
+    unc = ("dram_uncorrectable", "sram_uncorrectable", "sram_uncorrectable_parity", "sram_uncorrectable_secded")
+    cor = ("dram_correctable", "sram_correctable")
+
+    def total(keys: tuple[str, ...]) -> int | None:
+        return _sum_known(*(_int(gpu.findtext(f"ecc_errors/{counter}/{k}")) for k in keys))
+
+    return total(unc), total(cor)
+
+
+def _xml_modes(gpu: ET.Element) -> dict[str, Any]:
+    """ECC mode and volatile counts, the SRAM threshold flag, MIG and compute mode."""
+    volatile, memory = _xml_ecc(gpu, "volatile"), "fb_memory_usage/total"
+    mig = [
+        MigDevice(_int(d.findtext("index")) or 0, _int(d.findtext("gpu_instance_id")), _int(d.findtext(memory)))
+        for d in gpu.findall("mig_devices/mig_device")
+    ]
+    return {
+        "ecc_mode": _mode(gpu.findtext("ecc_mode/current_ecc")),
+        "ecc_mode_pending": _mode(gpu.findtext("ecc_mode/pending_ecc")),
+        "ecc_uncorrected_volatile": volatile[0],
+        "ecc_corrected_volatile": volatile[1],
+        "sram_threshold_exceeded": _yes(gpu.findtext("ecc_errors/aggregate/sram_threshold_exceeded")),
+        "mig_mode": _mode(gpu.findtext("mig_mode/current_mig")),
+        "mig_mode_pending": _mode(gpu.findtext("mig_mode/pending_mig")),
+        "mig_devices": tuple(mig),
+        "compute_mode": _mode(gpu.findtext("compute_mode")),
+    }
+
+
+def _mode(text: str | None) -> str | None:
+    """'Enabled' -> 'enabled', 'Exclusive_Process' -> 'exclusive_process', 'N/A' -> None."""
+    if text is None or text.strip() in ("N/A", ""):
+        return None
+    return text.strip().lower().replace(" ", "_")
 
 
 # --- nvidia-smi -q (text) -------------------------------------------------------------
@@ -284,10 +318,10 @@ def _text_gpu(index: int, g: dict[str, str], top: dict[str, str]) -> GpuInfo:
         ),
         ecc_corrected=_sum_known(_int(g.get(agg + "DRAM Correctable")), _int(g.get(agg + "SRAM Correctable"))),
         retired_pages=_sum_known(
-            _int(g.get("Retired Pages/Single Bit ECC")),
-            _int(g.get("Retired Pages/Double Bit ECC")),
-            _int(g.get("Remapped Rows/Uncorrectable Error")),
+            _int(g.get("Retired Pages/Single Bit ECC")), _int(g.get("Retired Pages/Double Bit ECC"))
         ),
+        remapped_rows_correctable=_int(g.get("Remapped Rows/Correctable Error")),
+        remapped_rows_uncorrectable=_int(g.get("Remapped Rows/Uncorrectable Error")),
         remap_failure=_yes(g.get("Remapped Rows/Remapping Failure Occurred")),
         remap_pending=_yes(g.get("Remapped Rows/Pending")),
         throttle_active=tuple(r for r in active if r not in _IGNORED_REASONS),
@@ -301,34 +335,23 @@ def _text_gpu(index: int, g: dict[str, str], top: dict[str, str]) -> GpuInfo:
 
 def gpu_from_nvml(d: dict[str, Any]) -> GpuInfo:
     """A GpuInfo from the agent's NVML dict (keys are GpuInfo field names; missing -> None)."""
-
-    def get(key: str) -> Any:
-        return d.get(key)
-
-    return GpuInfo(
-        index=int(d["index"]),
-        name=str(d.get("name", "")),
-        pci_device_id=get("pci_device_id"),
-        memory_mib=get("memory_mib"),
-        driver_version=get("driver_version"),
-        cuda_version=get("cuda_version"),
-        pcie_gen_current=get("pcie_gen_current"),
-        pcie_gen_max=get("pcie_gen_max"),
-        pcie_gen_device_max=get("pcie_gen_device_max"),
-        pcie_width_current=get("pcie_width_current"),
-        pcie_width_max=get("pcie_width_max"),
-        ecc_uncorrected=get("ecc_uncorrected"),
-        ecc_corrected=get("ecc_corrected"),
-        retired_pages=get("retired_pages"),
-        remap_failure=get("remap_failure"),
-        remap_pending=get("remap_pending"),
-        throttle_active=tuple(d.get("throttle_active") or ()),
-        persistence_mode=get("persistence_mode"),
-        bus_id=str(d.get("bus_id", "")),
-        numa_node=get("numa_node"),
-        clocks_mhz=get("clocks_mhz"),
-        nvlink_up=get("nvlink_up"),
-    )
+    values = {f.name: d.get(f.name, None if f.default is MISSING else f.default) for f in fields(GpuInfo)}
+    processes = d.get("processes")
+    kwargs: dict[str, Any] = {
+        **values,
+        "index": int(d["index"]),
+        "name": str(d.get("name", "")),
+        "bus_id": str(d.get("bus_id", "")),
+        "throttle_active": tuple(d.get("throttle_active") or ()),
+        "mig_devices": tuple(
+            MigDevice(int(m["index"]), m.get("gpu_instance_id"), m.get("memory_mib"), str(m.get("uuid", "")))
+            for m in d.get("mig_devices") or []
+        ),
+        "processes": None
+        if processes is None
+        else tuple(GpuProcess(int(p["pid"]), str(p.get("name", "")), p.get("used_mib")) for p in processes),
+    }
+    return GpuInfo(**kwargs)
 
 
 def nvml_device_id(pci_device_id_field: int) -> int:

@@ -25,6 +25,25 @@ class Measurement:
 
 
 @dataclass(frozen=True)
+class MigDevice:
+    """One MIG device (a slice of a GPU) as NVML lists it."""
+
+    index: int  # MIG device index on its GPU
+    gpu_instance_id: int | None  # GPU instance id
+    memory_mib: int | None  # its share of the framebuffer
+    uuid: str = ""  # MIG-... (what CUDA_VISIBLE_DEVICES takes)
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """A compute process found on a GPU (not the validation agent itself)."""
+
+    pid: int  # process id on the node
+    name: str  # process name, from NVML or /proc
+    used_mib: int | None  # GPU memory it holds
+
+
+@dataclass(frozen=True)
 class GpuInfo:
     """Inventory and health of one GPU, from NVML or `nvidia-smi -q`."""
 
@@ -39,9 +58,9 @@ class GpuInfo:
     pcie_gen_device_max: int | None  # best generation the GPU supports
     pcie_width_current: int | None  # lanes now
     pcie_width_max: int | None  # lanes the link can have
-    ecc_uncorrected: int | None  # aggregate uncorrectable ECC errors (DRAM+SRAM); None: N/A
-    ecc_corrected: int | None  # aggregate correctable ECC errors
-    retired_pages: int | None  # retired pages (pre-Ampere) or uncorrectable row remaps
+    ecc_uncorrected: int | None  # aggregate (lifetime) uncorrectable ECC errors (DRAM+SRAM); None: N/A
+    ecc_corrected: int | None  # aggregate (lifetime) correctable ECC errors
+    retired_pages: int | None  # pages retired (pre-Ampere page retirement); None: N/A
     remap_failure: bool | None  # row remapping failed: the GPU is out of spare rows
     remap_pending: bool | None  # a remap waits for a GPU reset
     throttle_active: tuple[str, ...] = ()  # active clock event reasons other than idle
@@ -50,6 +69,20 @@ class GpuInfo:
     numa_node: int | None = None  # NUMA node the GPU hangs off, when known
     clocks_mhz: dict[str, int | None] | None = None  # {"sm": now, "sm_max": its maximum}
     nvlink_up: int | None = None  # NVLink links up; None where the GPU has none
+    nvlink_links: int | None = None  # NVLink links NVML reports on the GPU
+    ecc_mode: str | None = None  # "enabled" or "disabled"; None: the GPU has no ECC
+    ecc_mode_pending: str | None = None  # the ECC mode after the next reboot
+    ecc_uncorrected_volatile: int | None = None  # uncorrectable ECC errors since the driver loaded
+    ecc_corrected_volatile: int | None = None  # correctable ECC errors since the driver loaded
+    remapped_rows_correctable: int | None = None  # rows remapped for correctable errors (Ampere+)
+    remapped_rows_uncorrectable: int | None = None  # rows remapped for uncorrectable errors (Ampere+)
+    retired_pages_pending: bool | None = None  # a page retirement waits for a reboot
+    sram_threshold_exceeded: bool | None = None  # SRAM errors past NVIDIA's replacement threshold
+    mig_mode: str | None = None  # "enabled" or "disabled"; None: not MIG capable
+    mig_mode_pending: str | None = None  # the MIG mode after the next GPU reset
+    mig_devices: tuple[MigDevice, ...] = ()  # MIG devices that exist
+    compute_mode: str | None = None  # "default", "exclusive_process", "prohibited"
+    processes: tuple[GpuProcess, ...] | None = None  # other compute processes; None: unknown
 
 
 @dataclass(frozen=True)

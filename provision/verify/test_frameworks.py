@@ -28,3 +28,11 @@ def test_torch_sees_cuda_on_gpu_hosts(host: Any, settings: dict[str, Any]) -> No
         pytest.skip("no NVIDIA GPU on this host: nothing for CUDA to see")
     python = f"{settings['venv_path']}/bin/python"
     assert host.check_output(f"{python} -c 'import torch; print(torch.cuda.is_available())'").strip() == "True"
+
+
+def test_venv_python_has_its_headers_for_triton(host: Any, settings: dict[str, Any]) -> None:
+    # Triton compiles a C launcher against Python.h the first time a compiled kernel runs
+    # (`train --compile`); the base step's python3-dev provides it for the system python.
+    python = f"{settings['venv_path']}/bin/python"
+    include = host.check_output(f"{python} -c 'import sysconfig; print(sysconfig.get_paths()[\"include\"])'")
+    assert host.file(f"{include.strip()}/Python.h").exists

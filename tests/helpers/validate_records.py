@@ -8,7 +8,8 @@ from provision.validate.records import GpuInfo
 
 
 def h100(index: int, **changes: Any) -> GpuInfo:
-    """An H100 80GB HBM3 at full PCIe Gen5 x16 with clean ECC; ``changes`` override fields."""
+    """An H100 80GB HBM3 (SXM) at full PCIe Gen5 x16 with ECC on and clean, all 18 NVLink links
+    up, no MIG and no other process; ``changes`` override fields."""
     fields: dict[str, Any] = dict(
         index=index,
         name="NVIDIA H100 80GB HBM3",
@@ -26,5 +27,15 @@ def h100(index: int, **changes: Any) -> GpuInfo:
         retired_pages=0,
         remap_failure=False,
         remap_pending=False,
+        nvlink_up=18,
+        nvlink_links=18,
+        ecc_mode="enabled",
+        ecc_uncorrected_volatile=0,
+        ecc_corrected_volatile=0,
+        remapped_rows_correctable=0,
+        remapped_rows_uncorrectable=0,
+        mig_mode="disabled",
+        compute_mode="default",
+        processes=(),
     )
     return GpuInfo(**(fields | changes))

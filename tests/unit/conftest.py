@@ -47,3 +47,20 @@ def pytest_runtest_call(item: pytest.Item):
             pytrace=False,
         )
     return result
+
+
+@pytest.fixture
+def stand_in_nvml():
+    """Install NVML stand-ins into the real pynvml module for this test: call it with a
+    captured model name (and StandInGpu changes) or a StandInNvmlLibrary; restored after."""
+    import contextlib
+
+    from tests.standins import nvml_from_captures as nvml
+
+    with contextlib.ExitStack() as stack:
+
+        def install(model: str | nvml.StandInNvmlLibrary | None, **changes: object):
+            library = nvml.stand_in_library(model, **changes) if isinstance(model, str) else model
+            return stack.enter_context(nvml.installed(library))
+
+        yield install

@@ -60,6 +60,7 @@ def test_fresh_debian_host_gets_packages_with_cache_window() -> None:
     assert BASE_PACKAGES == [
         "build-essential",
         "python3-venv",
+        "python3-dev",
         "numactl",
         "pciutils",
         "nvme-cli",

@@ -108,3 +108,8 @@ def test_newest_kernel_is_ordered_as_grub_orders_them_not_as_text() -> None:
     kernels = ["5.15.0-91-generic", "5.15.0-185-generic", "6.8.0-60-generic", "6.8.0-100-generic"]
     assert max(kernels, key=pkgs.kernel_sort_key) == "6.8.0-100-generic"
     assert max(kernels[:2], key=pkgs.kernel_sort_key) == "5.15.0-185-generic"
+
+
+def test_base_installs_the_python_headers_triton_compiles_against() -> None:
+    # torch.compile's Triton backend builds its launcher against Python.h: no header, no --compile
+    assert "python3-dev" in pkgs.BASE_PACKAGES

@@ -6,10 +6,13 @@ import contextlib
 import sys
 import time
 import types
+from dataclasses import replace
 
+import pynvml
 import pytest
 
 from provision.validate import agent
+from tests.standins import nvml_from_captures as nvml
 
 
 def test_cpulist_expands_ranges():
@@ -88,79 +91,18 @@ def test_pci_numa_reads_nothing_for_unknown_bus():
 # --- GPU paths, on test stand-ins (this machine has no GPU) ---------------------------------
 
 
-class StandInNvmlGpuIsLost(Exception):
-    """Test stand-in for pynvml.NVMLError_GpuIsLost (NVML_ERROR_GPU_IS_LOST)."""
-
-    def __str__(self) -> str:
-        return "GPU is lost"
-
-
-class StandInPynvml:
-    """Test stand-in for the pynvml module: healthy H100s, except the indices in ``lost``,
-    which fail like a GPU that fell off the bus. ``busy()`` says whether host copies run."""
-
-    NVML_CLOCK_SM = 1
-    NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
-    NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
-    NVML_AGGREGATE_ECC = 1
-    NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS = 0
-    NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERRORS = 1
-
-    def __init__(self, count: int = 1, lost: tuple[int, ...] = (), busy=lambda: False, on_init=lambda: None):
-        self.count, self.lost, self.busy, self.on_init = count, lost, busy, on_init
-        self.started = 0  # nvmlInit minus nvmlShutdown calls
-
-    def nvmlInit(self):
-        self.on_init()
-        self.started += 1
-
-    def nvmlShutdown(self):
-        self.started -= 1
-
-    def nvmlSystemGetDriverVersion(self):
-        return "565.57.01"
-
-    def nvmlSystemGetCudaDriverVersion_v2(self):
-        raise StandInNvmlGpuIsLost()  # a system query fails too: still not a crash
-
-    def nvmlDeviceGetCount(self):
-        return self.count
-
-    def nvmlDeviceGetHandleByIndex(self, i):
-        if i in self.lost:
-            raise StandInNvmlGpuIsLost()
-        return i
-
-    def nvmlDeviceGetPciInfo(self, h):
-        return types.SimpleNamespace(busId=f"00000000:{h + 0x18:02X}:00.0".encode(), pciDeviceId=0x233010DE)
-
-    def nvmlDeviceGetName(self, h):
-        return b"NVIDIA H100 80GB HBM3"
-
-    def nvmlDeviceGetCurrPcieLinkGeneration(self, h):
-        return 5 if self.busy() else 1  # an idle link trains down to gen 1
-
-    def nvmlDeviceGetCurrPcieLinkWidth(self, h):
-        return 16 if self.busy() else 4
-
-    def __getattr__(self, name):  # every other query: "not supported" on this stand-in
-        def unsupported(*args):
-            raise RuntimeError(f"{name} not supported by the stand-in")
-
-        return unsupported
-
-
-def test_lost_gpu_is_listed_with_its_nvml_error_and_the_others_are_kept(monkeypatch):
-    nvml = StandInPynvml(count=3, lost=(1,))
-    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+def test_lost_gpu_is_listed_with_its_nvml_error_and_the_others_are_kept(stand_in_nvml):
+    library = nvml.stand_in_library("rtx-a5000-x2")
+    library.capture.gpus[1] = replace(library.capture.gpus[1], lost=True)  # fell off the bus
+    stand_in_nvml(library)
     gpus, xml, why = agent.gpu_inventory()
-    assert [g["index"] for g in gpus] == [0, 1, 2]
+    assert [g["index"] for g in gpus] == [0, 1]
     assert xml == ""
     assert why == ""
-    assert gpus[1] == {"index": 1, "error": "StandInNvmlGpuIsLost: GPU is lost"}
-    assert gpus[0]["name"] == gpus[2]["name"] == "NVIDIA H100 80GB HBM3"
-    assert gpus[0]["cuda_version"] is None  # its query failed, and only that value is missing
-    assert nvml.started == 0
+    assert gpus[1] == {"index": 1, "error": "NVMLError_GpuIsLost: GPU is lost"}
+    assert gpus[0]["name"] == "NVIDIA RTX A5000"
+    assert gpus[0]["cuda_version"] == "13.1"
+    assert library.started == 0  # NVML shut down again
 
 
 def test_lost_gpu_gets_not_run_rows_naming_the_nvml_error():
@@ -172,18 +114,21 @@ def test_lost_gpu_gets_not_run_rows_naming_the_nvml_error():
     assert all("NVML cannot read gpu1: NVMLError_GpuIsLost" in r["not_run"] for r in lost)
 
 
-def test_nvml_failing_after_init_keeps_every_other_metric(monkeypatch, tmp_path):
-    class StandInNvmlCountFails(StandInPynvml):
-        def nvmlDeviceGetCount(self):
-            raise StandInNvmlGpuIsLost()
+class StandInNvmlCountFails(nvml.StandInNvmlLibrary):
+    """Test stand-in: NVML starts, then cannot even count the GPUs."""
 
-    monkeypatch.setitem(sys.modules, "pynvml", StandInNvmlCountFails())
+    def c_nvmlDeviceGetCount_v2(self, ref):
+        return pynvml.NVML_ERROR_UNKNOWN
+
+
+def test_nvml_failing_after_init_keeps_every_other_metric(monkeypatch, tmp_path, stand_in_nvml):
+    stand_in_nvml(StandInNvmlCountFails(nvml.load_capture("h100-sxm")))
     monkeypatch.setattr(agent.shutil, "which", lambda name: None)  # no fio: the disk step answers at once
     doc = agent.run("quick", {"disk", "gpu"}, str(tmp_path))
     rows = {(r["metric"], r["device"]): r for r in doc["results"]}
     assert "fio missing" in rows[("disk_seq_read_mibs", "")]["not_run"]
     gpu = rows[("gpu_bf16_tflops", "")]["not_run"]
-    assert gpu.startswith("not run: gpu inventory: StandInNvmlGpuIsLost")
+    assert gpu.startswith("not run: gpu inventory: NVMLError_Unknown")
     assert gpu != agent.NO_GPU
     assert doc["inventory"]["cpu"]["threads"] >= 1
 
@@ -280,19 +225,34 @@ def test_host_copies_run_on_a_torch_without_host_empty_cache(monkeypatch, two_nu
     assert {r["metric"] for r in res.rows} == {"gpu_h2d_gbs", "gpu_d2h_gbs"}
 
 
-def test_pcie_link_is_polled_while_the_copies_run(monkeypatch, two_numa_nodes):
+class StandInNvmlLinkTrainsDown(nvml.StandInNvmlLibrary):
+    """Test stand-in: the captured H100, whose link reads gen 5 x16 only while copies run
+    (an idle link trains down to gen 1 x4), and whose init takes long enough for queued
+    copies to finish meanwhile."""
+
+    def __init__(self, torch):
+        super().__init__(nvml.load_capture("h100-sxm"))
+        self.torch = torch
+
+    def c_nvmlInitWithFlags(self, flags):
+        self.torch.busy = False
+        return super().c_nvmlInitWithFlags(flags)
+
+    def c_nvmlDeviceGetCurrPcieLinkGeneration(self, h, ref):
+        return nvml._set(ref, 5 if self.torch.busy else 1)
+
+    def c_nvmlDeviceGetCurrPcieLinkWidth(self, h, ref):
+        return nvml._set(ref, 16 if self.torch.busy else 4)
+
+
+def test_pcie_link_is_polled_while_the_copies_run(two_numa_nodes, stand_in_nvml):
     torch = StandInTorch(*two_numa_nodes)
-
-    def slow_init():  # nvmlInit takes long enough for queued copies to finish meanwhile
-        torch.busy = False
-
-    nvml = StandInPynvml(busy=lambda: torch.busy, on_init=slow_init)
-    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    library = stand_in_nvml(StandInNvmlLinkTrainsDown(torch))
     res = agent.Results()
     agent._host_copies(torch, agent.MODES["quick"], 0, {"index": 0, "numa_node": 0}, res)
     link = {r["metric"]: r["value"] for r in res.rows if r["metric"].startswith("gpu_pcie")}
     assert link == {"gpu_pcie_gen": 5.0, "gpu_pcie_width": 16.0}
-    assert nvml.started == 0
+    assert library.started == 0
 
 
 def test_gpu_counts_of_nvml_and_cuda_are_reported(monkeypatch):

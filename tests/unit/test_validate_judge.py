@@ -140,16 +140,18 @@ def test_degraded_pcie_link_fails():
     assert findings(r, "gpu_pcie_gen", "gpu0")[0].verdict == "pass"
 
 
-def test_ecc_errors_and_failed_remap_fail():
-    gpus = [h100(0, ecc_uncorrected=3), h100(1, remap_failure=True)]
+def test_volatile_uncorrectable_errors_and_failed_remap_fail():
+    gpus = [h100(0, ecc_uncorrected_volatile=3), h100(1, remap_failure=True)]
     (r,) = judge.judge([gpu_node("n", [800.0, 800.0], gpus)])
     assert findings(r, "gpu_ecc_uncorrected", "gpu0")[0].verdict == "fail"
-    assert findings(r, "gpu_retired_pages", "gpu1")[0].verdict == "fail"
+    assert "volatile (since boot)" in findings(r, "gpu_ecc_uncorrected", "gpu0")[0].reason
+    assert findings(r, "gpu_remap_failure", "gpu1")[0].verdict == "fail"
+    assert r.verdict == "fail"
 
 
 def test_ecc_ceiling_can_be_raised_per_group():
     ov = parse_flat({"gpu_ecc_uncorrected.max": 5}, "settings")
-    (r,) = judge.judge([gpu_node("n", [800.0], [h100(0, ecc_uncorrected=3)], overrides=ov)])
+    (r,) = judge.judge([gpu_node("n", [800.0], [h100(0, ecc_uncorrected_volatile=3)], overrides=ov)])
     assert findings(r, "gpu_ecc_uncorrected")[0].verdict == "pass"
 
 

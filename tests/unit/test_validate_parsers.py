@@ -77,7 +77,8 @@ def test_nvidia_smi_xml_sees_gen5_gpu_in_gen4_slot():
     assert gpu.pcie_gen_max == 4
     assert gpu.pcie_gen_current == 1  # idle link
     assert gpu.ecc_uncorrected is None  # ECC off: N/A everywhere
-    assert gpu.retired_pages == 0
+    assert gpu.retired_pages is None  # Ampere and newer remap rows instead of retiring pages
+    assert (gpu.remapped_rows_uncorrectable, gpu.remap_pending, gpu.remap_failure) == (0, False, False)
     assert gpu.remap_failure is False
 
 
@@ -94,7 +95,8 @@ def test_nvidia_smi_text_8x_h100_sxm():
     assert {(g.pcie_gen_max, g.pcie_width_max) for g in gpus} == {(5, 16)}
     assert all(g.throttle_active == () for g in gpus)  # "Idle: Active" is not a throttle
     assert gpus[0].driver_version == "565.57.01"
-    assert gpus[0].retired_pages == 0
+    assert gpus[0].retired_pages is None
+    assert gpus[0].remapped_rows_uncorrectable == 0
     assert gpus[0].remap_pending is False
 
 
@@ -153,3 +155,13 @@ def test_agent_output_leaves_a_gpu_nvml_could_not_read_out_of_the_inventory():
     report = parsers.agent_output(json.dumps(doc), "n1")
     assert [g.index for g in report.gpus] == [0]
     assert report.measurements[0].device == "gpu1"
+
+
+def test_nvidia_smi_xml_reads_ecc_mode_volatile_counts_mig_and_compute_mode():
+    (a100,) = parsers.nvidia_smi_xml(read("nvidia-smi-q-x_a100-sxm4-40gb-mig_510.47.03.xml"))
+    assert (a100.ecc_mode, a100.ecc_uncorrected, a100.ecc_uncorrected_volatile) == ("enabled", 0, None)
+    assert (a100.mig_mode, a100.mig_mode_pending) == ("enabled", "enabled")
+    assert [(d.gpu_instance_id, d.memory_mib) for d in a100.mig_devices] == [(1, 19968), (2, 19968)]
+    assert a100.compute_mode == "default"
+    a5000 = parsers.nvidia_smi_xml(read("nvidia-smi-q-x_2x-rtx-a5000_590.44.01.xml"))
+    assert {(g.ecc_mode, g.mig_mode, g.sram_threshold_exceeded) for g in a5000} == {("disabled", None, None)}
