@@ -1,61 +1,163 @@
-"""The GPU figures issues 5 and 6 ask for, from the files benchmarks/gpu_check.sh writes
-into one directory on a GPU machine. Prints each figure against its target and exits 1
-when one is missed (or could not be read).
+"""The steps of benchmarks/gpu_check.sh that need Python, one subcommand each, and the
+table of figures it prints last (issue 15's device check). Every step writes its figures
+as JSON into the run's directory; ``table`` reads them all, prints figure, value, target
+and OK/MISS, and exits 1 on any miss (a figure not measured is a miss).
 
-- quick bf16 GEMM / best of the full shape sweep, same GPU, same call: >= 0.97
-- quick bf16 GEMM: >= 760 TFLOP/s (H200)
-- HBM copy bandwidth: >= 3900 GB/s (H200)
-- the GPU part of quick mode: <= 60 s (wall time of `agent --mode quick --only gpu`)
-- reference trainer, bf16 with torch.compile: MFU >= 0.45
+    python3 benchmarks/gpu_figures.py names DIR      NVML names the agent and trainer use exist in pynvml
+    python3 benchmarks/gpu_figures.py judge DIR      the real judge on the agent's quick GPU output
+    python3 benchmarks/gpu_figures.py sweep DIR      bf16 GEMM mini-sweep on gpu0, against quick's best
+    python3 benchmarks/gpu_figures.py burn DIR       20 s sustained burn on gpu0 with NVML telemetry
+    python3 benchmarks/gpu_figures.py table DIR      the table (reads every step's JSON, and the trainer's summary)
 
-Run: python3 benchmarks/gpu_figures.py DIR
+Needs only torch, nvidia-ml-py and this repository (pyinfra/fabric are not imported).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from provision.validate import agent, agent_stream, judge  # noqa: E402 (after the path above)
+
+SWEEP_SHAPES = [(n, n, n) for n in (4096, 6144, 8192, 12288, 16384)] + [(8192, 8192, 16384), (16384, 8192, 8192)]
+SWEEP_S = 30  # the mini-sweep's budget on gpu0
+BURN_S = 20  # the sustained burn on gpu0
 
 
-def best(doc: dict, metric: str) -> float | None:
-    """The best value of a metric over the GPUs of one agent document."""
-    values = [r["value"] for r in doc.get("results", []) if r["metric"] == metric and r["value"] is not None]
-    return max(values) if values else None
+def save(out: Path, name: str, data: dict[str, Any]) -> None:
+    (out / f"{name}.json").write_text(json.dumps(data, indent=1))
 
 
-def load(path: Path) -> dict:
+def load(out: Path, name: str) -> dict[str, Any]:
     try:
-        return json.loads(path.read_text())
+        data = json.loads((out / name).read_text())
+        return data if isinstance(data, dict) else {}
     except (OSError, ValueError):
         return {}
 
 
-def figures(out: Path) -> list[tuple[str, float | None, str, bool]]:
-    quick, full = load(out / "agent-quick.json"), load(out / "agent-full.json")
-    train = load(out / "train-summary.json")
-    seconds_text = (out / "agent-quick.seconds").read_text().strip() if (out / "agent-quick.seconds").is_file() else ""
-    seconds = float(seconds_text) if seconds_text else None
-    q_bf16, f_bf16, hbm = best(quick, "gpu_bf16_tflops"), best(full, "gpu_bf16_tflops"), best(quick, "gpu_hbm_gbs")
-    ratio = q_bf16 / f_bf16 if q_bf16 and f_bf16 else None
-    mfu = train.get("mfu")
+def names(out: Path) -> int:
+    """Every nvml* function and NVML_* constant agent.py and train_ddp.py name must exist
+    in the installed nvidia-ml-py (a typo there fails every GPU node)."""
+    import pynvml
+
+    used: set[str] = set()
+    for path in (ROOT / "provision/validate/agent.py", ROOT / "training/train_ddp.py"):
+        used |= set(re.findall(r"\b(nvml[A-Z]\w+|NVML_[A-Z0-9_]+)\b", path.read_text()))
+    missing = sorted(n for n in used if not hasattr(pynvml, n))
+    save(out, "names", {"used": len(used), "missing": missing})
+    print(f"{len(used)} NVML names used; missing from pynvml: {', '.join(missing) or 'none'}")
+    return 1 if missing else 0
+
+
+def judge_quick(out: Path) -> int:
+    """The agent's quick GPU output through the controller's parser and the real judge."""
+    report = agent_stream.agent_output((out / "agent-quick.jsonl").read_text(), "this-node")
+    node = judge.NodeInput("this-node", list(report.measurements), list(report.gpus), True)
+    (result,) = judge.judge([node])
+    for f in result.findings:
+        where = f"[{f.device}]" if f.device else ""
+        print(f"{f.verdict.upper():8} {f.metric}{where}: {f.value} {f.unit}  {f.reason}")
+    print(f"verdict: {result.verdict.upper()} (SKU {result.sku or 'none'})")
+    best = max((m.value for m in report.measurements if m.metric == "gpu_bf16_tflops" and m.value), default=None)
+    hbm = max((m.value for m in report.measurements if m.metric == "gpu_hbm_gbs" and m.value), default=None)
+    save(out, "judge", {"verdict": result.verdict, "sku": result.sku, "bf16_best": best, "hbm_best": hbm})
+    return 0 if result.verdict in ("pass", "warn") else 1
+
+
+def sweep(out: Path) -> int:
+    """More shapes than quick mode's three, on gpu0, within SWEEP_S."""
+    import torch
+
+    res = agent.Results()
+    cfg = {**agent.MODES["quick"], "gemm_shapes": SWEEP_SHAPES}
+    agent._gemm(torch, cfg, 0, agent.GEMM_DTYPES[0], agent.Budget(SWEEP_S), agent.Sink(res, "sweep"))
+    row = res.rows[0]
+    print(f"bf16 sweep on gpu0: {row['value']} TFLOP/s ({row['detail']})")
+    save(out, "sweep", {"bf16_best": row["value"], "detail": row["detail"]})
+    return 0
+
+
+def burn(out: Path) -> int:
+    """BURN_S of bf16 GEMMs on gpu0, NVML sampled meanwhile."""
+    import torch
+
+    res = agent.Results()
+    cfg = {**agent.MODES["quick"], "burn_s": BURN_S}
+    agent._burn(torch, cfg, 0, agent.Budget(BURN_S + agent.GRACE_S), agent.Sink(res, "burn"))
+    rows = {r["metric"]: r for r in res.rows}
+    for r in res.rows:
+        print(f"{r['metric']}: {r['value']} {r['not_run']} {r['detail']}")
+    save(out, "burn", {m: rows[m]["value"] if m in rows else None for m in agent_burn_metrics()})
+    return 0
+
+
+def agent_burn_metrics() -> tuple[str, ...]:
+    return ("gpu_burn_mismatches", "gpu_burn_throughput_ratio", "gpu_hw_slowdown")
+
+
+Row = tuple[str, float | None, str, bool]
+
+
+def _at_least(name: str, value: Any, floor: float) -> Row:
+    ok = isinstance(value, int | float) and value >= floor
+    return name, value if isinstance(value, int | float) else None, f">= {floor:g}", ok
+
+
+def _at_most(name: str, value: Any, ceiling: float) -> Row:
+    ok = isinstance(value, int | float) and value <= ceiling
+    return name, value if isinstance(value, int | float) else None, f"<= {ceiling:g}", ok
+
+
+def figures(out: Path) -> list[Row]:
+    names_, verdict = load(out, "names.json"), load(out, "judge.json")
+    sweep_, burn_, train = load(out, "sweep.json"), load(out, "burn.json"), load(out, "train-summary.json")
+    steps = load(out, "steps.json")  # step name -> exit code, from the shell script
+    quick_s = load(out, "agent-quick.time.json").get("seconds")
+    q, s = verdict.get("bf16_best"), sweep_.get("bf16_best")
+    ratio = q / s if isinstance(q, float) and isinstance(s, float) and s else None
     rows = [
-        ("bf16 GEMM quick / best of full sweep", ratio, ">= 0.97", ratio is not None and ratio >= 0.97),
-        ("bf16 GEMM quick, TFLOP/s", q_bf16, ">= 760", q_bf16 is not None and q_bf16 >= 760),
-        ("HBM copy, GB/s", hbm, ">= 3900", hbm is not None and hbm >= 3900),
-        ("GPU part of quick mode, s", seconds, "<= 60", seconds is not None and seconds <= 60),
-        ("trainer MFU, bf16 + torch.compile", mfu, ">= 0.45", mfu is not None and mfu >= 0.45),
+        _at_most("NVML names missing from pynvml", len(names_["missing"]) if "missing" in names_ else None, 0),
+        ("judge verdict on quick GPU output", None, "pass or warn", verdict.get("verdict") in ("pass", "warn")),
+        _at_most("agent --quick --only gpu, wall s", quick_s, 110),
+        _at_least("bf16 GEMM quick / mini-sweep best", ratio, 0.97),
+        _at_least("bf16 GEMM quick, TFLOP/s (H200: 760)", q, 760),
+        _at_least("HBM copy, GB/s (H200: 3900)", verdict.get("hbm_best"), 3900),
+        _at_most("burn 20 s: mismatches", burn_.get("gpu_burn_mismatches"), 0),
+        _at_least("burn 20 s: last/first window throughput", burn_.get("gpu_burn_throughput_ratio"), 0.9),
+        _at_most("burn 20 s: HW slowdown reasons (>1 sample)", burn_.get("gpu_hw_slowdown"), 0),
+        _at_most("pytest -m gpu tests/gpu exit code", steps.get("pytest"), 0),
+        _at_least("trainer gpt2 preset, bf16 + compile, MFU", train.get("mfu"), 0.45),
     ]
     return rows
 
 
-def main(argv: list[str]) -> int:
-    out = Path(argv[1] if len(argv) > 1 else ".")
+def table(out: Path) -> int:
     rows = figures(out)
+    width = max(len(r[0]) for r in rows)
+    print(f"{'figure':{width}}  {'value':>12}  {'target':>14}  result")
     for name, value, target, ok in rows:
-        shown = "not measured" if value is None else f"{value:.3f}"
-        print(f"{name}: {shown} (target {target}) {'OK' if ok else 'MISSED'}")
+        shown = "not measured" if value is None else f"{value:.4g}"
+        if name.startswith("judge verdict"):
+            shown = load(out, "judge.json").get("verdict", "not measured")
+        print(f"{name:{width}}  {shown:>12}  {target:>14}  {'OK' if ok else 'MISS'}")
     return 0 if all(ok for *_, ok in rows) else 1
+
+
+COMMANDS = {"names": names, "judge": judge_quick, "sweep": sweep, "burn": burn, "table": table}
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 3 or argv[1] not in COMMANDS:
+        print(__doc__)
+        return 2
+    return COMMANDS[argv[1]](Path(argv[2]))
 
 
 if __name__ == "__main__":

@@ -50,6 +50,7 @@ METRICS: dict[str, Metric] = {
         _m("gpu_h2d_gbs", "gpu", "GB/s", "host to device", per_device=True),
         _m("gpu_d2h_gbs", "gpu", "GB/s", "device to host", per_device=True),
         _m("gpu_burn_mismatches", "gpu", "count", "burn mismatches", False, True, False),
+        _m("gpu_burn_throughput_ratio", "gpu", "ratio", "burn last/first window", per_device=True, fleet=False),
         _m("gpu_pcie_gen", "gpu", "gen", "PCIe generation", per_device=True, fleet=False),
         _m("gpu_pcie_width", "gpu", "lanes", "PCIe width", per_device=True, fleet=False),
         _m("gpu_ecc_uncorrected", "gpu", "count", "ECC uncorrected", False, True, False),

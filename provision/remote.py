@@ -24,6 +24,7 @@ from provision.inventory import Node, SshTarget
 T = TypeVar("T")
 
 CONNECT_TIMEOUT_S = 10
+TIMED_OUT = 124  # exited, when run()'s own timeout stopped the command (as timeout(1) exits)
 
 
 class RemoteError(Exception):
@@ -104,6 +105,10 @@ def run(node: Node, command: str, timeout: float | None = None, conn: Any = None
         result = conn.run(command, hide=True, warn=True, timeout=timeout, in_stream=False)
         return CommandResult(node.name, result.exited, result.stdout, result.stderr)
     except Exception as e:  # paramiko/socket/invoke errors all mean "could not run"
+        partial = getattr(e, "result", None)  # invoke's CommandTimedOut keeps what was printed
+        if timeout is not None and partial is not None and type(e).__name__ == "CommandTimedOut":
+            why = f"timed out after {timeout:g} s (no exit status)\n{partial.stderr}"
+            return CommandResult(node.name, TIMED_OUT, partial.stdout, why)
         return CommandResult(node.name, -1, "", f"{type(e).__name__}: {e}")
     finally:
         if own:

@@ -30,9 +30,10 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
-SCHEMA = 1  # parsers.AGENT_SCHEMA on the controller must match
+SCHEMA = 2  # agent_stream.AGENT_SCHEMA on the controller must match
 NO_GPU = "not run: no GPU"
 NO_TORCH = "not run: torch missing in this python (run the `up` step frameworks)"
 GPU_METRICS = (
@@ -44,11 +45,13 @@ GPU_METRICS = (
     "gpu_h2d_gbs",
     "gpu_d2h_gbs",
     "gpu_burn_mismatches",
+    "gpu_burn_throughput_ratio",
     "gpu_pcie_gen",
     "gpu_pcie_width",
 )
 
-# Run lengths. quick fits the 60 s budget of a one-node validate; full is a proper soak.
+# Run lengths. Sizes and repetition counts are upper bounds: every measurement also stops
+# at its phase's time budget (BUDGETS_S), and sizes shrink on a node too slow for them.
 MODES = {
     "quick": {
         "cpu_n": 1536,
@@ -60,7 +63,8 @@ MODES = {
         "gemm_iters": 10,
         "copy_mb": 1024,
         "h2d_mb": 512,
-        "burn_iters": 40,
+        "burn_n": 8192,
+        "burn_s": 15,
         "allreduce_mb": 256,
     },
     "full": {
@@ -75,41 +79,197 @@ MODES = {
         "gemm_iters": 20,
         "copy_mb": 4096,
         "h2d_mb": 2048,
-        "burn_iters": 400,
+        "burn_n": 8192,
+        "burn_s": 90,
         "allreduce_mb": 1024,
     },
 }
 
+# Seconds each phase may take, per mode. A phase past its budget (plus GRACE_S) is cut
+# off and reported "not run: timed out"; the agent moves on. gemm is shared by the four
+# dtypes, copies by all GPUs (they run one at a time), so the sum does not grow with the
+# GPU count; gemm, hbm and burn run on every GPU at once, each GPU its own phase.
+BUDGETS_S: dict[str, dict[str, float]] = {
+    "quick": {"cpu": 30, "ram": 30, "disk": 45, "gemm": 40, "hbm": 10, "copies": 20, "burn": 25, "allreduce": 40},
+    "full": {"cpu": 90, "ram": 90, "disk": 150, "gemm": 240, "hbm": 30, "copies": 60, "burn": 110, "allreduce": 120},
+}
+GRACE_S = 5  # a phase may overrun its budget by this much (a rep that started in time)
+# Outside the phases: starting python, importing torch, reading the inventory and NVML,
+# and each phase's grace. Generous: importing torch alone takes ~30 s on a starved VM.
+MARGIN_S = {"quick": 240, "full": 300}
+# Share of a phase's budget one repetition may take when the size is chosen, so a phase
+# gets several repetitions and a rep that starts in time ends near it.
+REP_SHARE = 0.1
+
+
+def outer_deadline_s(mode: str, budgets: dict[str, float] | None = None) -> int:
+    """The agent's whole run on one node: its phase budgets plus the margin around them."""
+    return int(sum((budgets or BUDGETS_S[mode]).values()) + MARGIN_S[mode])
+
+
+class Budget:
+    """One phase's time budget. ``clock`` is injectable so tests need no real waiting."""
+
+    def __init__(self, seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.seconds, self.clock = seconds, clock
+        self.start = clock()
+
+    def elapsed(self) -> float:
+        return self.clock() - self.start
+
+    def left(self) -> float:
+        return self.seconds - self.elapsed()
+
+    def part(self, share: float) -> Budget:
+        """A budget of ``share`` of what is left now, on the same clock."""
+        return Budget(max(self.left(), 0.0) * share, self.clock)
+
+
+def repeat(fn: Callable[[], Any], budget: Budget, max_reps: int) -> list[float]:
+    """Seconds of each fn() call, repeated until max_reps, or until the next call would
+    end past the budget (judged by the slowest call so far), whichever comes first."""
+    times: list[float] = []
+    while len(times) < max_reps and budget.left() > (max(times) if times else 0.0):
+        t0 = budget.clock()
+        fn()
+        times.append(budget.clock() - t0)
+    return times
+
+
+def probe_seconds(fn: Callable[[], Any], budget: Budget) -> float:
+    """Mean seconds of fn() over 5 % of the budget: long enough to see a CPU quota (a
+    cgroup runs at full speed for a slice of each 100 ms period, then waits), so a probe
+    on a throttled node is not mistaken for a fast one."""
+    times = repeat(fn, budget.part(0.05), 10_000)
+    return max(sum(times) / len(times), 1e-9) if times else max(budget.seconds, 1e-9)
+
+
+def reps_note(got: int, wanted: int, budget: Budget) -> str:
+    """ "best of 4 reps", or why fewer ran: "2 of 4 reps (20 s budget reached)"."""
+    if got >= wanted:
+        return f"best of {got} reps"
+    return f"{got} of {wanted} reps ({budget.seconds:g} s budget reached)"
+
 
 class Results:
-    """Collects metric values and not-run reasons; thread-safe for the per-GPU threads."""
+    """Collects metric values and not-run reasons; thread-safe for the phase threads.
 
-    def __init__(self) -> None:
+    With a ``stream``, every row is also written there as one JSON line the moment it is
+    added, so the controller keeps it even when the agent is killed later."""
+
+    def __init__(self, stream: Any = None) -> None:
         self.rows: list[dict[str, Any]] = []
         self.errors: list[str] = []
+        self.stream = stream
         self._lock = threading.Lock()
 
-    def add(self, metric: str, value: float | None, device: str = "", not_run: str = "", detail: str = "") -> None:
-        with self._lock:
-            self.rows.append(
-                {
-                    "metric": metric,
-                    "device": device,
-                    "value": value,
-                    "not_run": not_run if value is None else "",
-                    "detail": detail,
-                }
-            )
+    def emit(self, line: dict[str, Any]) -> None:
+        if self.stream is not None:
+            with self._lock:
+                self.stream.write(json.dumps(line) + "\n")
+                self.stream.flush()
 
-    def skip(self, metrics: tuple[str, ...] | list[str], reason: str, device: str = "") -> None:
+    def add(
+        self, metric: str, value: float | None, device: str = "", not_run: str = "", detail: str = "", phase: str = ""
+    ) -> None:
+        row = {"metric": metric, "device": device, "value": value, "not_run": not_run if value is None else ""}
+        row.update(detail=detail, phase=phase)
+        with self._lock:
+            self.rows.append(row)
+        self.emit({"type": "row", **row})
+
+    def skip(self, metrics: tuple[str, ...] | list[str], reason: str, device: str = "", phase: str = "") -> None:
         for m in metrics:
-            self.add(m, None, device, reason)
+            self.add(m, None, device, reason, phase=phase)
 
     def error(self, where: str, exc: BaseException) -> str:
         line = f"{where}: {type(exc).__name__}: {exc}"
         with self._lock:
             self.errors.append(line)
         return f"not run: {line}"
+
+    def reported(self, phase: str) -> set[tuple[str, str]]:
+        with self._lock:
+            return {(r["metric"], r["device"]) for r in self.rows if r["phase"] == phase}
+
+
+class Sink:
+    """What a phase writes its rows to: the run's Results until the phase is closed (cut
+    off at its deadline); rows its abandoned thread adds after that are dropped."""
+
+    def __init__(self, res: Results, phase: str) -> None:
+        self.res, self.phase, self.closed = res, phase, False
+        self._lock = threading.Lock()  # a row is either in before close() or dropped
+
+    def add(self, metric: str, value: float | None, device: str = "", not_run: str = "", detail: str = "") -> None:
+        with self._lock:
+            if not self.closed:
+                self.res.add(metric, value, device, not_run, detail, self.phase)
+
+    def close(self) -> None:
+        with self._lock:
+            self.closed = True
+
+    def skip(self, metrics: tuple[str, ...] | list[str], reason: str, device: str = "") -> None:
+        for m in metrics:
+            self.add(m, None, device, reason)
+
+    def error(self, where: str, exc: BaseException) -> str:
+        return self.res.error(where, exc)
+
+
+@dataclass
+class Phase:
+    """One bounded piece of the run."""
+
+    name: str  # "cpu", "disk", "gpu0 gemm bf16", "gpu1 burn", "allreduce"
+    budget_s: float  # seconds before it is cut off (plus GRACE_S)
+    metrics: tuple[str, ...]  # the rows it owes
+    device: str  # "" for the node, "gpu0".. for a GPU
+    fn: Callable[[Budget, Sink], None]  # the measurement; reads the budget, writes the sink
+    not_run: str = ""  # set when it cannot run at all: every row gets this reason
+
+    def plan(self) -> dict[str, Any]:
+        return {"phase": self.name, "budget_s": self.budget_s, "metrics": list(self.metrics), "device": self.device}
+
+
+def timed_out(phase: str, seconds: float) -> str:
+    return f"not run: timed out after {seconds:g} s (phase {phase})"
+
+
+def run_phases(phases: list[Phase], res: Results, clock: Callable[[], float] = time.monotonic) -> None:
+    """Run phases side by side (one thread each), each cut off at its own deadline; rows a
+    phase owes but never sent get "timed out" (cut off) or the error that stopped it."""
+    started: list[tuple[Phase, Sink, threading.Thread, Budget]] = []
+    for p in phases:
+        res.emit({"type": "phase", "phase": p.name, "state": "start", "budget_s": p.budget_s})
+        sink, budget = Sink(res, p.name), Budget(p.budget_s, clock)
+        if p.not_run:
+            sink.skip(p.metrics, p.not_run, p.device)
+        thread = threading.Thread(target=_guarded, args=(p, budget, sink), daemon=True)
+        if not p.not_run:
+            thread.start()
+        started.append((p, sink, thread, budget))
+    for p, sink, thread, budget in started:
+        if thread.is_alive():
+            thread.join(max(budget.left() + GRACE_S, 0.0))
+        sink.close()
+        owed = [m for m in p.metrics if (m, p.device) not in res.reported(p.name)]
+        if thread.is_alive():
+            res.skip(owed, timed_out(p.name, p.budget_s), p.device, p.name)
+        elif owed:
+            res.skip(owed, f"not run: phase {p.name} ended without a result", p.device, p.name)
+        res.emit({"type": "phase", "phase": p.name, "state": "end", "seconds": round(budget.elapsed(), 3)})
+
+
+def _guarded(p: Phase, budget: Budget, sink: Sink) -> None:
+    try:
+        p.fn(budget, sink)
+    except Exception as e:  # e.g. out of memory, Xid: the phase gets a reason, not a crash
+        done = sink.res.reported(p.name)
+        sink.skip([m for m in p.metrics if (m, p.device) not in done], sink.error(p.name, e), p.device)
+        with sink.res._lock:
+            sink.res.errors.append(traceback.format_exc(limit=3))
 
 
 def _read(path: str) -> str:
@@ -267,34 +427,55 @@ def nic_inventory() -> list[dict[str, Any]]:
 
 # --- CPU: fp32 GEMM ------------------------------------------------------------------------
 
+CPU_METRICS = ("cpu_gemm_gflops", "cpu_gemm_peak_fraction")
+PROBE_N = 128  # the first GEMM, small enough for any node; it sizes the real one
 
-def bench_cpu(torch: Any, cfg: dict[str, Any], cpu: dict[str, Any], res: Results) -> None:
+
+def cpu_threads(torch: Any, cpu: dict[str, Any]) -> int:
     # One thread per physical core: hyper-threads share the FMA ports, and oversubscribing
     # them makes a GEMM slower, not faster (the peak below counts physical cores too).
-    threads = min(cpu["cores"], cpu["threads"])
+    threads = int(min(cpu["cores"], cpu["threads"]))
     torch.set_num_threads(threads)
-    # Enough work per thread to reach the FMA units' steady state on many-core servers:
-    # n grows with the cube root of the core count (1536 is sized for ~8 cores).
+    return threads
+
+
+def cpu_gemm_n(cfg: dict[str, Any], threads: int, probe_gflops: float, budget: Budget) -> int:
+    """The GEMM size: the mode's n (grown with the cube root of the core count so many-core
+    servers reach their FMA units' steady state; 1536 is sized for ~8 cores), reduced so
+    one rep takes at most REP_SHARE of the budget at the speed the probe measured."""
     n = max(cfg["cpu_n"], int(cfg["cpu_n"] * (threads / 8) ** (1 / 3)) // 256 * 256)
+    fits = int((REP_SHARE * max(budget.left(), 0.0) * probe_gflops * 1e9 / 2) ** (1 / 3)) // 64 * 64
+    return int(max(min(n, fits), PROBE_N))
+
+
+def bench_cpu(torch: Any, cfg: dict[str, Any], cpu: dict[str, Any], budget: Budget, out: Sink) -> None:
+    threads = cpu_threads(torch, cpu)
+    probe = torch.randn(PROBE_N, PROBE_N)
+    torch.mm(probe, probe)  # warm-up: thread pool and BLAS kernels
+    t = probe_seconds(lambda: torch.mm(probe, probe), budget)
+    wanted = cfg["cpu_n"]
+    n = cpu_gemm_n(cfg, threads, 2 * PROBE_N**3 / max(t, 1e-9) / 1e9, budget)
     a, b = torch.randn(n, n), torch.randn(n, n)
-    torch.mm(a, b)  # warm-up: thread pool and BLAS kernels
-    best = float("inf")
-    for _ in range(cfg["cpu_reps"]):
-        t0 = time.perf_counter()
-        torch.mm(a, b)
-        best = min(best, time.perf_counter() - t0)
-    gflops = 2 * n**3 / best / 1e9
-    res.add("cpu_gemm_gflops", gflops, detail=f"n={n}, {threads} threads")
+    times = repeat(lambda: torch.mm(a, b), budget, cfg["cpu_reps"])
+    if not times:
+        return out.skip(CPU_METRICS, f"not run: no GEMM fitted in the {budget.seconds:g} s budget")
+    gflops = 2 * n**3 / min(times) / 1e9
+    note = f"n={n}, {threads} threads, {reps_note(len(times), cfg['cpu_reps'], budget)}"
+    if n < wanted:
+        note += (
+            f"; n reduced from {wanted} to fit the {budget.seconds:g} s budget on this node (slow, emulated or busy)"
+        )
+    out.add("cpu_gemm_gflops", gflops, detail=note)
     peak = _cpu_peak_gflops(cpu)
     if peak:
-        res.add(
+        out.add(
             "cpu_gemm_peak_fraction",
             gflops / peak,
             detail=f"peak {peak:.0f} GFLOP/s = {cpu['cores']} cores x {cpu['ghz']:.2f} GHz x "
             f"{cpu['isa']['fp32_flops_per_cycle']} FLOP/cycle ({cpu['isa']['best']})",
         )
     else:
-        res.add("cpu_gemm_peak_fraction", None, not_run="not run: CPU clock unknown")
+        out.add("cpu_gemm_peak_fraction", None, not_run="not run: CPU clock unknown")
 
 
 def _cpu_peak_gflops(cpu: dict[str, Any]) -> float | None:
@@ -309,32 +490,58 @@ def _cpu_peak_gflops(cpu: dict[str, Any]) -> float | None:
 
 # Bytes moved per element, as STREAM counts them (reads + writes, no write-allocate).
 _STREAM_BYTES = {"copy": 16, "scale": 16, "add": 24, "triad": 24}
+RAM_METRICS = tuple(f"ram_{k}_gbs" for k in _STREAM_BYTES)
+PROBE_ELEMENTS = 1 << 18  # 2 MiB per array: sizes the real arrays on a slow node
 
 
-def bench_ram(torch: Any, cfg: dict[str, Any], cpu: dict[str, Any], ram: dict[str, Any], res: Results) -> None:
+def bench_ram(
+    torch: Any, cfg: dict[str, Any], cpu: dict[str, Any], ram: dict[str, Any], budget: Budget, out: Sink
+) -> None:
     torch.set_num_threads(cpu["threads"])
-    n = _stream_elements(cpu["llc_bytes"], ram.get("total_bytes"))
+    wanted = _stream_elements(cpu["llc_bytes"], ram.get("total_bytes"))
+    probe_gbs = _stream_probe_gbs(torch, budget)
+    # One rep (4 kernels, 80 bytes per element) within REP_SHARE of the budget, and the
+    # arrays' first touch (another pass) counted too.
+    fits = int(REP_SHARE * max(budget.left(), 0.0) * probe_gbs * 1e9 / (80 + 24))
+    n = max(min(wanted, fits), PROBE_ELEMENTS)
+    kernels, best, reps = _stream_kernels(torch, n), dict.fromkeys(_STREAM_BYTES, float("inf")), 0
+    next(iter(kernels.values()))()  # the first pass pays page faults and thread start-up
+    while reps < cfg["stream_reps"] and budget.left() > 0:
+        for name, kernel in kernels.items():
+            t0 = budget.clock()
+            kernel()
+            best[name] = min(best[name], budget.clock() - t0)
+        reps += 1
+    if not reps:
+        return out.skip(RAM_METRICS, f"not run: no STREAM pass fitted in the {budget.seconds:g} s budget")
+    detail = f"{n} doubles per array ({n * 8 >> 20} MiB), {reps_note(reps, cfg['stream_reps'], budget)}"
+    if n < wanted:
+        detail += (
+            f"; arrays reduced from {wanted * 8 >> 20} MiB (under 4x the LLC) to fit the {budget.seconds:g} s "
+            "budget on this node (slow, emulated or busy)"
+        )
+    for name, dt in best.items():
+        out.add(f"ram_{name}_gbs", _STREAM_BYTES[name] * n / max(dt, 1e-12) / 1e9, detail=detail)
+
+
+def _stream_kernels(torch: Any, n: int) -> dict[str, Callable[[], Any]]:
     a = torch.full((n,), 1.0, dtype=torch.float64)
     b = torch.full((n,), 2.0, dtype=torch.float64)
     c = torch.zeros(n, dtype=torch.float64)
     s = 3.0
-    kernels: dict[str, Callable[[], Any]] = {
+    return {
         "copy": lambda: c.copy_(a),
         "scale": lambda: torch.mul(c, s, out=b),
         "add": lambda: torch.add(a, b, out=c),
         "triad": lambda: torch.add(b, c, alpha=s, out=a),
     }
-    best = dict.fromkeys(kernels, float("inf"))
-    for rep in range(cfg["stream_reps"] + 1):
-        for name, kernel in kernels.items():
-            t0 = time.perf_counter()
-            kernel()
-            dt = time.perf_counter() - t0
-            if rep > 0:  # the first pass pays page faults and thread start-up
-                best[name] = min(best[name], dt)
-    detail = f"{n} doubles per array ({n * 8 >> 20} MiB), best of {cfg['stream_reps']}"
-    for name, dt in best.items():
-        res.add(f"ram_{name}_gbs", _STREAM_BYTES[name] * n / dt / 1e9, detail=detail)
+
+
+def _stream_probe_gbs(torch: Any, budget: Budget) -> float:
+    """Triad bandwidth on small arrays: an upper bound of what the big ones reach."""
+    triad = _stream_kernels(torch, PROBE_ELEMENTS)["triad"]
+    triad()
+    return 24 * PROBE_ELEMENTS / probe_seconds(triad, budget) / 1e9
 
 
 def _stream_elements(llc_bytes: int, total_bytes: int | None) -> int:
@@ -351,11 +558,11 @@ def _stream_elements(llc_bytes: int, total_bytes: int | None) -> int:
 DISK_METRICS = ("disk_seq_write_mibs", "disk_seq_read_mibs", "disk_rand_read_iops")
 
 
-def fio_jobfile(path: str, size: str, runtime_s: int, direct: bool) -> str:
+def fio_jobfile(path: str, size: str, runtime_s: int, direct: bool, ramp_s: int = 1) -> str:
     """seq write 1M, seq read 1M, rand read 4k; one after the other (stonewall)."""
     common = (
         f"[global]\nfilename={path}\nsize={size}\ndirect={int(direct)}\nioengine=libaio\n"
-        f"time_based=1\nruntime={runtime_s}\nramp_time=1\ngroup_reporting=1\n"
+        f"time_based=1\nruntime={runtime_s}\nramp_time={ramp_s}\ngroup_reporting=1\n"
         "invalidate=1\n"
     )
     jobs = [
@@ -366,23 +573,70 @@ def fio_jobfile(path: str, size: str, runtime_s: int, direct: bool) -> str:
     return common + "".join(f"[{name}]\nstonewall\n{body}" for name, body in jobs)
 
 
-def bench_disk(cfg: dict[str, Any], data_dir: str, res: Results) -> None:
+def bench_disk(cfg: dict[str, Any], data_dir: str, budget: Budget, out: Sink) -> None:
     if not shutil.which("fio"):
-        return res.skip(DISK_METRICS, "not run: fio missing (run the `up` step base)")
+        return out.skip(DISK_METRICS, "not run: fio missing (run the `up` step base)")
     if not os.path.isdir(data_dir):
-        return res.skip(DISK_METRICS, f"not run: data volume {data_dir} does not exist (run the `up` step volumes)")
+        return out.skip(DISK_METRICS, f"not run: data volume {data_dir} does not exist (run the `up` step volumes)")
     unmounted = _unmounted_volume(data_dir)
     if unmounted:  # fio would measure the root disk under the empty mount point
         why = f"not run: {unmounted} is not mounted (the volumes step of provision up makes it)"
-        return res.skip(DISK_METRICS, why)
+        return out.skip(DISK_METRICS, why)
     workdir = tempfile.mkdtemp(prefix=".provision-validate-", dir=data_dir)
     try:
-        out, direct = _run_fio(workdir, cfg)
-        _disk_results(out, direct, res)
+        plan = fio_plan(cfg, _write_probe_mibs(workdir), budget.left())
+        report, direct = _run_fio(workdir, plan, budget)
+        _disk_results(report, direct, plan, out)
+    except subprocess.TimeoutExpired:
+        out.skip(DISK_METRICS, timed_out("disk", budget.seconds))
     except Exception as e:  # fio failed: say why instead of reporting a number
-        res.skip(DISK_METRICS, res.error("fio", e))
+        out.skip(DISK_METRICS, out.error("fio", e))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class FioPlan:
+    """fio's file size and per-job runtime, from the mode and the time left."""
+
+    size_mib: int  # file size; reads need it laid out first, so a slow disk gets less
+    runtime_s: int  # each of the 3 jobs runs this long, after its ramp
+    ramp_s: int  # fio's ramp_time per job (not measured)
+    note: str  # what was reduced and why, "" when nothing was
+
+
+def fio_plan(cfg: dict[str, Any], probe_mibs: float, seconds_left: float) -> FioPlan:
+    """Laying the file out takes at most a fifth of the time left at the probed write speed;
+    the three jobs share half of it (fio's own runtime bound, like its time_based mode)."""
+    wanted_mib = _mib(cfg["fio_size"])
+    size = max(min(wanted_mib, int(probe_mibs * seconds_left / 5)), 16)
+    ramp = 1 if seconds_left >= 30 else 0  # a short budget has no second to spare per job
+    runtime = max(min(cfg["fio_s"], int(seconds_left / 2 / 3) - ramp), 1)
+    reduced = []
+    if size < wanted_mib:
+        reduced.append(f"file {size} MiB instead of {wanted_mib} (writes at {probe_mibs:.0f} MiB/s)")
+    if runtime < cfg["fio_s"]:
+        reduced.append(f"{runtime} s per job instead of {cfg['fio_s']}")
+    note = "; reduced to fit the time budget: " + ", ".join(reduced) if reduced else ""
+    return FioPlan(size, runtime, ramp, note)
+
+
+def _mib(size: str) -> int:
+    return int(size[:-1]) << 10 if size.endswith("G") else int(size.rstrip("M"))
+
+
+def _write_probe_mibs(workdir: str, mib: int = 8) -> float:
+    """Write speed of a small synced file: sizes fio's file on a slow disk."""
+    path, block = os.path.join(workdir, "probe.dat"), os.urandom(1 << 20)
+    t0 = time.monotonic()
+    with open(path, "wb") as f:
+        for _ in range(mib):
+            f.write(block)
+        f.flush()
+        os.fsync(f.fileno())
+    seconds = time.monotonic() - t0
+    os.unlink(path)
+    return mib / max(seconds, 1e-6)
 
 
 def _unmounted_volume(data_dir: str) -> str:
@@ -408,14 +662,15 @@ def _fstab_mount_points(text: str) -> list[str]:
     return points
 
 
-def _run_fio(workdir: str, cfg: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+def _run_fio(workdir: str, plan: FioPlan, budget: Budget) -> tuple[dict[str, Any], bool]:
     target = os.path.join(workdir, "fio.dat")
     for direct in (True, False):  # tmpfs and some FUSE mounts refuse O_DIRECT
         jobfile = os.path.join(workdir, "jobs.fio")
         with open(jobfile, "w") as f:
-            f.write(fio_jobfile(target, cfg["fio_size"], cfg["fio_s"], direct))
+            f.write(fio_jobfile(target, f"{plan.size_mib}M", plan.runtime_s, direct, plan.ramp_s))
+        # Killed at the phase's deadline (TimeoutExpired): the caller says it timed out.
         p = subprocess.run(
-            ["fio", "--output-format=json", jobfile], capture_output=True, text=True, timeout=cfg["fio_s"] * 3 * 4 + 120
+            ["fio", "--output-format=json", jobfile], capture_output=True, text=True, timeout=max(budget.left(), 1)
         )
         start = p.stdout.find("{")
         if p.returncode == 0 and start >= 0:
@@ -426,9 +681,11 @@ def _run_fio(workdir: str, cfg: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     raise RuntimeError("fio did not run")
 
 
-def _disk_results(report: dict[str, Any], direct: bool, res: Results) -> None:
+def _disk_results(report: dict[str, Any], direct: bool, plan: FioPlan, out: Sink) -> None:
     jobs = {j["jobname"]: j for j in report["jobs"]}
-    note = "O_DIRECT" if direct else "buffered: the filesystem refused O_DIRECT"
+    note = ("O_DIRECT" if direct else "buffered: the filesystem refused O_DIRECT") + (
+        f", {plan.size_mib} MiB file, {plan.runtime_s} s per job{plan.note}"
+    )
     for metric, job, side, key in (
         ("disk_seq_write_mibs", "seq_write", "write", "bw_bytes"),
         ("disk_seq_read_mibs", "seq_read", "read", "bw_bytes"),
@@ -436,10 +693,10 @@ def _disk_results(report: dict[str, Any], direct: bool, res: Results) -> None:
     ):
         j = jobs[job]
         if j.get("error"):
-            res.add(metric, None, not_run=f"not run: fio job {job} error {j['error']}")
+            out.add(metric, None, not_run=f"not run: fio job {job} error {j['error']}")
             continue
         value = float(j[side][key])
-        res.add(metric, value / 2**20 if key == "bw_bytes" else value, detail=note)
+        out.add(metric, value / 2**20 if key == "bw_bytes" else value, detail=note)
 
 
 # --- GPU ---------------------------------------------------------------------------------
@@ -713,123 +970,296 @@ def _nvidia_smi_xml() -> str:
     return p.stdout if p.returncode == 0 and "<nvidia_smi_log" in p.stdout else ""
 
 
-def bench_gpus(torch: Any, cfg: dict[str, Any], gpus: list[dict[str, Any]], res: Results) -> None:
-    """Every GPU: GEMM per dtype, HBM copy and burn run on all GPUs at once (phase by phase,
-    because the TF32 switch is process-wide); host copies one GPU at a time (GPUs behind
-    one PCIe switch would otherwise share its bandwidth)."""
-    count = torch.cuda.device_count()
-    phases = [
-        ("gpu_bf16_tflops", torch.bfloat16, False),
-        ("gpu_fp16_tflops", torch.float16, False),
-        ("gpu_tf32_tflops", torch.float32, True),
-        ("gpu_fp32_tflops", torch.float32, False),
-    ]
-    for metric, dtype, tf32 in phases:
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-        torch.backends.cudnn.allow_tf32 = tf32
-        _on_each_gpu(count, res, metric, lambda i, m=metric, d=dtype: _gemm(torch, cfg, i, m, d, res))
-    torch.backends.cuda.matmul.allow_tf32 = False
-    _on_each_gpu(count, res, "gpu_hbm_gbs", lambda i: _hbm(torch, cfg, i, res))
-    _on_each_gpu(count, res, "gpu_burn_mismatches", lambda i: _burn(torch, cfg, i, res))
+# (metric, torch dtype name, TF32 allowed): GEMM phases run in this order, every GPU at
+# once; the TF32 switch is process-wide, so all GPUs run the same dtype at a time.
+GEMM_DTYPES = (
+    ("gpu_bf16_tflops", "bfloat16", False),
+    ("gpu_fp16_tflops", "float16", False),
+    ("gpu_tf32_tflops", "float32", True),
+    ("gpu_fp32_tflops", "float32", False),
+)
+
+
+def gpu_phases(
+    torch: Any, cfg: dict[str, Any], budgets: dict[str, float], gpus: list[dict[str, Any]]
+) -> list[list[Phase]]:
+    """The GPU phases, in groups: the phases of a group run side by side, one per GPU.
+    GEMM, HBM copy and burn on every GPU at once; host copies one GPU at a time (GPUs
+    behind one PCIe switch would otherwise share its bandwidth)."""
+    lost = {g["index"] for g in gpus if g.get("error")}  # already reported not run
+    devs = [i for i in range(torch.cuda.device_count()) if i not in lost]
     by_index = {g["index"]: g for g in gpus}
-    for i in range(count):
-        try:
-            _host_copies(torch, cfg, i, by_index.get(i, {}), res)
-        except Exception as e:
-            res.skip(("gpu_h2d_gbs", "gpu_d2h_gbs"), res.error(f"gpu{i} host copy", e), f"gpu{i}")
+    groups: list[list[Phase]] = []
+    for kind in GEMM_DTYPES:
+
+        def one(i: int, b: Budget, o: Sink, k: tuple[str, str, bool] = kind) -> None:
+            _gemm(torch, cfg, i, k, b, o)
+
+        gemm = _bind(one)
+        groups.append(_per_gpu(f"gemm {kind[0].split('_')[1]}", budgets["gemm"] / 4, kind[:1], devs, gemm))
+    groups.append(
+        _per_gpu("hbm", budgets["hbm"], ("gpu_hbm_gbs",), devs, _bind(lambda i, b, o: _hbm(torch, cfg, i, b, o)))
+    )
+    burn = _bind(lambda i, b, o: _burn(torch, cfg, i, b, o))
+    groups.append(_per_gpu("burn", budgets["burn"], ("gpu_burn_mismatches", "gpu_burn_throughput_ratio"), devs, burn))
+    copies = _bind(lambda i, b, o: _host_copies(torch, cfg, i, by_index.get(i, {}), b, o))
+    for i in devs:
+        groups.append(_per_gpu("copies", budgets["copies"] / len(devs), ("gpu_h2d_gbs", "gpu_d2h_gbs"), [i], copies))
+    return groups
 
 
-def _on_each_gpu(count: int, res: Results, metric: str, fn: Any) -> None:
-    def guarded(i: int) -> None:
-        try:
-            fn(i)
-        except Exception as e:  # e.g. out of memory, Xid: the GPU gets a reason, not a crash
-            res.add(metric, None, f"gpu{i}", res.error(f"gpu{i} {metric}", e))
-
-    threads = [threading.Thread(target=guarded, args=(i,)) for i in range(count)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+PhaseFn = Callable[[Budget, Sink], None]
 
 
-def _timed(torch: Any, dev: int, fn: Any, iters: int, before: Any = None) -> float:
-    """Median seconds of fn() by CUDA events; ``before`` runs outside the timed region."""
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    for k in range(iters):
+def _bind(fn: Callable[[int, Budget, Sink], None]) -> Callable[[int], PhaseFn]:
+    """fn(gpu index, budget, sink) -> for each index, the phase function of that GPU."""
+    return lambda i: lambda budget, out: fn(i, budget, out)
+
+
+def _per_gpu(
+    what: str, seconds: float, metrics: tuple[str, ...], devs: list[int], fn: Callable[[int], PhaseFn]
+) -> list[Phase]:
+    return [Phase(f"gpu{i} {what}", seconds, metrics, f"gpu{i}", fn(i)) for i in devs]
+
+
+def _timed(torch: Any, dev: int, fn: Any, iters: int, budget: Budget, before: Any = None) -> tuple[float, int]:
+    """Median seconds of fn() by CUDA events, and how many ran: up to ``iters``, stopping
+    when the next would end past the budget. ``before`` runs outside the timed region.
+    Each rep is synchronized, so a slow GPU is seen after one rep, not after all of them."""
+    times: list[float] = []
+    wall = 0.0
+    while len(times) < iters and budget.left() > wall:
+        t0 = budget.clock()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         if before:
             before()
-        starts[k].record()
+        start.record()
         fn()
-        ends[k].record()
-    torch.cuda.synchronize(dev)
-    times = sorted(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True))
-    return float(times[len(times) // 2] / 1e3)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+        wall = max(wall, budget.clock() - t0)
+    if not times:
+        raise TimeoutError(f"no repetition fitted in the {budget.seconds:g} s budget")
+    return float(sorted(times)[len(times) // 2]), len(times)
 
 
-def _gemm(torch: Any, cfg: dict[str, Any], i: int, metric: str, dtype: Any, res: Results) -> None:
-    """mamf-finder style: several shapes, L2 flushed before each timed matmul, best shape wins."""
+def _gemm(torch: Any, cfg: dict[str, Any], i: int, kind: tuple[str, str, bool], budget: Budget, out: Sink) -> None:
+    """mamf-finder style: several shapes, L2 flushed before each timed matmul, best shape
+    wins; the shapes share the budget, and those it does not reach are said so."""
+    metric, dtype_name, tf32 = kind
+    torch.backends.cuda.matmul.allow_tf32 = tf32  # the same value in every GPU's thread
+    torch.backends.cudnn.allow_tf32 = tf32
+    shapes = cfg["gemm_shapes"]
     with torch.cuda.device(i):
         l2 = torch.cuda.get_device_properties(i).L2_cache_size or (64 << 20)
         flush = torch.empty(2 * l2 // 4, dtype=torch.int32, device=i)
-        best, best_shape = 0.0, None
-        deadline = time.monotonic() + (60 if len(cfg["gemm_shapes"]) > 3 else 20)
-        for m, n, k in cfg["gemm_shapes"]:
-            if time.monotonic() > deadline:
+        best, best_shape, tried, measured, reps = 0.0, None, 0, 0, 0
+        for shape in shapes:
+            share = budget.part(1 / (len(shapes) - tried))
+            if share.seconds <= 0:
                 break
-            a = torch.randn(m, k, device=i, dtype=dtype)
-            b = torch.randn(k, n, device=i, dtype=dtype)
-            c = torch.empty(m, n, device=i, dtype=dtype)
-            for _ in range(3):
-                torch.mm(a, b, out=c)
-            t = _timed(torch, i, lambda a=a, b=b, c=c: torch.mm(a, b, out=c), cfg["gemm_iters"], before=flush.zero_)
-            tflops = 2 * m * n * k / t / 1e12
+            tried += 1
+            try:
+                tflops, got = _gemm_shape(torch, cfg, i, shape, getattr(torch, dtype_name), share, flush)
+            except TimeoutError:  # its allocation and warm-up used its share: the next may fit
+                continue
+            measured, reps = measured + 1, reps + got
             if tflops > best:
-                best, best_shape = tflops, (m, n, k)
-            del a, b, c
-        res.add(metric, best, f"gpu{i}", detail=f"best shape {best_shape}")
+                best, best_shape = tflops, shape
         del flush
         torch.cuda.empty_cache()
+    if best_shape is None:
+        return out.add(metric, None, f"gpu{i}", f"not run: no GEMM fitted in the {budget.seconds:g} s budget")
+    reached = "" if measured == len(shapes) else f" ({budget.seconds:g} s budget reached)"
+    detail = f"best shape {best_shape}, {measured} of {len(shapes)} shapes{reached}, {reps} reps"
+    out.add(metric, best, f"gpu{i}", detail=detail)
 
 
-def _hbm(torch: Any, cfg: dict[str, Any], i: int, res: Results) -> None:
+def _gemm_shape(
+    torch: Any, cfg: dict[str, Any], i: int, shape: tuple[int, int, int], dtype: Any, budget: Budget, flush: Any
+) -> tuple[float, int]:
+    """TFLOP/s of one shape (median rep) and how many reps fitted its share of the budget."""
+    m, n, k = shape
+    a = torch.randn(m, k, device=i, dtype=dtype)
+    b = torch.randn(k, n, device=i, dtype=dtype)
+    c = torch.empty(m, n, device=i, dtype=dtype)
+    torch.mm(a, b, out=c)  # warm-up: cuBLAS picks its kernel
+    t, got = _timed(torch, i, lambda: torch.mm(a, b, out=c), cfg["gemm_iters"], budget, flush.zero_)
+    return 2 * m * n * k / t / 1e12, got
+
+
+def _hbm(torch: Any, cfg: dict[str, Any], i: int, budget: Budget, out: Sink) -> None:
     """Device-to-device copy; counts read + write bytes."""
     with torch.cuda.device(i):
         n = cfg["copy_mb"] << 20
         src = torch.empty(n, dtype=torch.uint8, device=i)
         dst = torch.empty_like(src)
         dst.copy_(src)
-        t = _timed(torch, i, lambda s=src, d=dst: d.copy_(s), 10)
-        res.add("gpu_hbm_gbs", 2 * n / t / 1e9, f"gpu{i}", detail=f"{cfg['copy_mb']} MiB copy")
+        t, got = _timed(torch, i, lambda s=src, d=dst: d.copy_(s), 10, budget)
+        out.add(
+            "gpu_hbm_gbs", 2 * n / t / 1e9, f"gpu{i}", detail=f"{cfg['copy_mb']} MiB copy, {reps_note(got, 10, budget)}"
+        )
         del src, dst
         torch.cuda.empty_cache()
 
 
-def _burn(torch: Any, cfg: dict[str, Any], i: int, res: Results) -> None:
-    """Repeat one GEMM and compare every result with the first: a healthy GPU is bitwise
-    deterministic for the same kernel and inputs; a marginal one is not."""
-    with torch.cuda.device(i):
-        g = torch.Generator(device=f"cuda:{i}").manual_seed(1234)
-        a = torch.randn(8192, 8192, device=i, dtype=torch.bfloat16, generator=g)
-        b = torch.randn(8192, 8192, device=i, dtype=torch.bfloat16, generator=g)
-        ref = torch.mm(a, b)
-        c = torch.empty_like(ref)
-        mismatches = 0
-        for _ in range(cfg["burn_iters"]):
-            torch.mm(a, b, out=c)
-            mismatches += int(not torch.equal(c, ref))
-        res.add(
-            "gpu_burn_mismatches",
-            float(mismatches),
-            f"gpu{i}",
-            detail=f"{cfg['burn_iters']} x 8192^3 bf16 GEMMs compared with the first",
+# --- GPU under sustained load ----------------------------------------------------------------
+
+# Clock event reasons that are the hardware slowing itself (names of _THROTTLE_BITS).
+HW_SLOWDOWN = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
+BURN_WINDOWS = 5  # throughput is compared between the first and the last of these
+
+
+@dataclass
+class BurnStats:
+    """What a burn loop saw."""
+
+    reps: int = 0  # GEMMs run
+    mismatches: int = 0  # results that differed bitwise from the first
+    seconds: float = 0.0  # how long it ran
+    windows: list[float] = field(default_factory=list)  # GEMMs per second in each time window
+
+
+def burn_loop(step: Callable[[], bool], budget: Budget, windows: int = BURN_WINDOWS) -> BurnStats:
+    """Run ``step`` (one GEMM; True when its result equals the first) until the budget ends,
+    counting mismatches and the rate of each of ``windows`` equal slices of the time."""
+    stats, width = BurnStats(), budget.seconds / windows
+    win_start, win_reps = budget.clock(), 0
+    while budget.left() > 0:
+        stats.mismatches += int(not step())
+        stats.reps, win_reps = stats.reps + 1, win_reps + 1
+        now = budget.clock()
+        if now - win_start >= width:
+            stats.windows.append(win_reps / (now - win_start))
+            win_start, win_reps = now, 0
+    if win_reps:  # the unfinished last slice still has a rate
+        stats.windows.append(win_reps / max(budget.clock() - win_start, 1e-9))
+    stats.seconds = budget.elapsed()
+    return stats
+
+
+def _burn(torch: Any, cfg: dict[str, Any], i: int, budget: Budget, out: Sink) -> None:
+    """Repeat one GEMM for the burn time and compare every result with the first: a healthy
+    GPU is bitwise deterministic for the same kernel and inputs; a marginal one is not.
+    NVML is sampled meanwhile; the last window's throughput is compared with the first's
+    (a GPU that heats up or power-brakes slows down as the burn goes on)."""
+    n = cfg["burn_n"]
+    seconds = min(cfg["burn_s"], max(budget.left() - GRACE_S, 0.0))
+    with torch.cuda.device(i), Telemetry(i) as tel:
+        stats = _burn_gemms(torch, i, n, Budget(seconds, budget.clock))
+        torch.cuda.empty_cache()  # the burn's matrices are gone with _burn_gemms' frame
+    _burn_rows(i, n, stats, tel, out)
+
+
+def _burn_gemms(torch: Any, i: int, n: int, budget: Budget) -> BurnStats:
+    g = torch.Generator(device=f"cuda:{i}").manual_seed(1234)
+    a = torch.randn(n, n, device=i, dtype=torch.bfloat16, generator=g)
+    b = torch.randn(n, n, device=i, dtype=torch.bfloat16, generator=g)
+    ref = torch.mm(a, b)
+    c = torch.empty_like(ref)
+
+    def step() -> bool:
+        torch.mm(a, b, out=c)
+        return bool(torch.equal(c, ref))  # waits for the GEMM: the loop runs at GPU speed
+
+    return burn_loop(step, budget)
+
+
+def _burn_rows(i: int, n: int, stats: BurnStats, tel: Telemetry, out: Sink) -> None:
+    dev, tflops = f"gpu{i}", [w * 2 * n**3 / 1e12 for w in stats.windows]
+    out.add(
+        "gpu_burn_mismatches",
+        float(stats.mismatches),
+        dev,
+        detail=f"{stats.reps} x {n}^3 bf16 GEMMs in {stats.seconds:.1f} s, each compared bitwise with the first",
+    )
+    if len(tflops) >= 2 and tflops[0] > 0:
+        detail = f"first window {tflops[0]:.1f} TFLOP/s, last {tflops[-1]:.1f} ({len(tflops)} windows)"
+        out.add("gpu_burn_throughput_ratio", tflops[-1] / tflops[0], dev, detail=detail)
+    else:
+        out.add("gpu_burn_throughput_ratio", None, dev, f"not run: burn too short for two windows ({stats.reps} GEMMs)")
+    if tel.samples:
+        hw = tel.hw_slowdown()
+        out.add("gpu_hw_slowdown", float(len(hw)), dev, detail=f"under load: {tel.summary()}")
+
+
+class Telemetry:
+    """NVML read from a thread every ``interval_s`` while a GPU is under load, and once at
+    each end: SM clock, power, temperature and the active clock event reasons. Without
+    NVML there are no samples (and no hardware-slowdown row)."""
+
+    def __init__(self, index: int, interval_s: float = 0.5) -> None:
+        self.index, self.interval_s = index, interval_s
+        self.samples: list[dict[str, Any]] = []  # one dict per read
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._nv: Any = None  # the pynvml module while NVML is up
+        self._handle: Any = None  # NVML handle of the GPU
+
+    def __enter__(self) -> Telemetry:
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nv = pynvml
+            self._handle = pynvml.nvmlDeviceGetHandleByIndex(self.index)
+        except Exception:
+            self._shutdown()
+            return self
+        self.sample()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+        return self
+
+    def _poll(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.sample()
+
+    def sample(self) -> None:
+        nv, h = self._nv, self._handle
+        power = _nv(nv.nvmlDeviceGetPowerUsage, h)  # milliwatts
+        self.samples.append(
+            {
+                "sm_mhz": _nv(nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_SM),
+                "power_w": power / 1000 if power is not None else None,
+                "temp_c": _nv(nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU),
+                "reasons": _throttle_names(_nv(nv.nvmlDeviceGetCurrentClocksEventReasons, h) or 0),
+            }
         )
-        del a, b, c, ref
-        torch.cuda.empty_cache()
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self.sample()
+        self._shutdown()
+
+    def _shutdown(self) -> None:
+        if self._nv is not None:
+            _nv(self._nv.nvmlShutdown)
+        self._nv = None
+
+    def hw_slowdown(self) -> list[str]:
+        """Hardware slowdown reasons seen in more than one sample (one is a transient)."""
+        seen = [r for s in self.samples for r in s["reasons"] if r in HW_SLOWDOWN]
+        return sorted({r for r in seen if seen.count(r) > 1})
+
+    def summary(self) -> str:
+        def span(key: str, unit: str) -> str:
+            vals = [s[key] for s in self.samples if s[key] is not None]
+            return f"{key.split('_')[0]} {min(vals):.0f}-{max(vals):.0f} {unit}" if vals else f"{key.split('_')[0]} n/a"
+
+        reasons = sorted({r for s in self.samples for r in s["reasons"]})
+        hw = self.hw_slowdown()
+        return (
+            f"{len(self.samples)} NVML samples, {span('sm_mhz', 'MHz')}, {span('power_w', 'W')}, "
+            f"{span('temp_c', 'C')}; reasons seen: {', '.join(reasons) or 'none'}; "
+            f"hardware slowdown in more than one sample: {', '.join(hw) or 'none'}"
+        )
 
 
-def _host_copies(torch: Any, cfg: dict[str, Any], i: int, gpu: dict[str, Any], res: Results) -> None:
+def _host_copies(torch: Any, cfg: dict[str, Any], i: int, gpu: dict[str, Any], budget: Budget, out: Sink) -> None:
     """Pinned host memory on the GPU's own NUMA node, both directions; the PCIe link is
     polled while copies run (an idle link drops to gen 1 to save power)."""
     n = cfg["h2d_mb"] << 20
@@ -856,9 +1286,9 @@ def _host_copies(torch: Any, cfg: dict[str, Any], i: int, gpu: dict[str, Any], r
             copied = torch.cuda.Event()
             copied.record()
             copied.synchronize()
-        link.report(f"gpu{i}", res)
-        h2d = _timed(torch, i, lambda h=host, d=dev: d.copy_(h, non_blocking=True), 10)
-        d2h = _timed(torch, i, lambda h=host, d=dev: h.copy_(d, non_blocking=True), 10)
+        link.report(f"gpu{i}", out)
+        h2d, h2d_reps = _timed(torch, i, lambda h=host, d=dev: d.copy_(h, non_blocking=True), 10, budget.part(0.5))
+        d2h, d2h_reps = _timed(torch, i, lambda h=host, d=dev: h.copy_(d, non_blocking=True), 10, budget)
     del host, dev
     _empty_host_cache(torch)  # give the pinned pages back before the next GPU's turn
     where = (
@@ -866,8 +1296,8 @@ def _host_copies(torch: Any, cfg: dict[str, Any], i: int, gpu: dict[str, Any], r
         if gpu.get("numa_node") is not None
         else "pinned (NUMA node unknown)"
     )
-    res.add("gpu_h2d_gbs", n / h2d / 1e9, f"gpu{i}", detail=where)
-    res.add("gpu_d2h_gbs", n / d2h / 1e9, f"gpu{i}", detail=where)
+    out.add("gpu_h2d_gbs", n / h2d / 1e9, f"gpu{i}", detail=f"{where}, {reps_note(h2d_reps, 10, budget)}")
+    out.add("gpu_d2h_gbs", n / d2h / 1e9, f"gpu{i}", detail=f"{where}, {reps_note(d2h_reps, 10, budget)}")
 
 
 def _empty_host_cache(torch: Any) -> None:
@@ -928,7 +1358,7 @@ class _LinkPoll:
             _nv(self._nv.nvmlShutdown)
         self._nv = None
 
-    def report(self, device: str, res: Results) -> None:
+    def report(self, device: str, res: Results | Sink) -> None:
         if self.gen:
             res.add("gpu_pcie_gen", float(self.gen), device, detail="max polled during host copies")
         if self.width:
@@ -938,60 +1368,76 @@ class _LinkPoll:
 # --- all-reduce ----------------------------------------------------------------------------
 
 
-def allreduce_busbw(torch: Any, dist: Any, mb: int, device: Any, iters: int = 10) -> dict[str, Any]:
-    """nccl-tests' busbw: algbw x 2(n-1)/n, for one message size."""
+def allreduce_busbw(
+    torch: Any, dist: Any, mb: int, device: Any, iters: int = 10, seconds: float | None = None
+) -> dict[str, Any]:
+    """nccl-tests' busbw: algbw x 2(n-1)/n, for one message size. With ``seconds``, fewer
+    than ``iters`` iterations when the warm-up says they would not fit (every rank agrees
+    on the smallest count: a collective needs the same number everywhere)."""
     world = dist.get_world_size()
     x = torch.ones((mb << 20) // 4, dtype=torch.float32, device=device)
+    t0 = time.perf_counter()
     for _ in range(3):
         dist.all_reduce(x)
     if x.is_cuda:
         torch.cuda.synchronize(device)
+    if seconds is not None:
+        fit = torch.tensor([max(1, min(iters, int(seconds / 2 / ((time.perf_counter() - t0) / 3))))], device=device)
+        dist.all_reduce(fit, op=dist.ReduceOp.MIN)
+        iters = int(fit.item())
     dist.barrier()
     t0 = time.perf_counter()
     for _ in range(iters):
         dist.all_reduce(x)
     if x.is_cuda:
         torch.cuda.synchronize(device)
-    seconds = (time.perf_counter() - t0) / iters
-    algbw = (mb << 20) / seconds / 1e9
+    took = (time.perf_counter() - t0) / iters
+    algbw = (mb << 20) / took / 1e9
     return {
         "busbw_gbs": algbw * 2 * (world - 1) / world,
         "algbw_gbs": algbw,
         "world": world,
         "mb": mb,
+        "iters": iters,
         "backend": dist.get_backend(),
     }
 
 
-def _allreduce_rank(rank: int, world: int, port: int, mb: int, queue: Any) -> None:
+def _allreduce_rank(rank: int, world: int, port: int, mb: int, seconds: float, queue: Any) -> None:
     import torch
     import torch.distributed as dist
 
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
-        out = allreduce_busbw(torch, dist, mb, torch.device("cuda", rank))
+        out = allreduce_busbw(torch, dist, mb, torch.device("cuda", rank), seconds=seconds)
         if rank == 0:
             queue.put(out)
     finally:
         dist.destroy_process_group()
 
 
-def bench_allreduce_local(torch: Any, cfg: dict[str, Any], res: Results) -> None:
-    """All-reduce between this node's GPUs (NCCL, one process per GPU)."""
+def bench_allreduce_local(torch: Any, cfg: dict[str, Any], budget: Budget, out: Sink) -> None:
+    """All-reduce between this node's GPUs (NCCL, one process per GPU). The ranks are
+    processes: at the budget they are terminated, so a hung NCCL costs only this phase."""
     count = torch.cuda.device_count()
     if count < 2:
-        return res.add("gpu_allreduce_busbw_gbs", None, not_run="not run: one GPU")
+        return out.add("gpu_allreduce_busbw_gbs", None, not_run="not run: one GPU")
     import torch.multiprocessing as mp
 
-    ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
-    mp.spawn(_allreduce_rank, args=(count, _free_port(), cfg["allreduce_mb"], queue), nprocs=count, join=True)
-    out = queue.get()
-    res.add(
+    queue = mp.get_context("spawn").SimpleQueue()
+    args = (count, _free_port(), cfg["allreduce_mb"], budget.seconds / 2, queue)
+    ranks = mp.start_processes(_allreduce_rank, args=args, nprocs=count, join=False, start_method="spawn")
+    while not ranks.join(timeout=0.5):
+        if budget.left() <= 0:
+            for p in ranks.processes:  # our own children, by their handles
+                p.terminate()
+            return out.add("gpu_allreduce_busbw_gbs", None, not_run=timed_out("allreduce", budget.seconds))
+    res = queue.get()
+    out.add(
         "gpu_allreduce_busbw_gbs",
-        out["busbw_gbs"],
-        detail=f"{count} GPUs, {out['mb']} MiB, algbw {out['algbw_gbs']:.1f} GB/s, nccl",
+        res["busbw_gbs"],
+        detail=f"{count} GPUs, {res['mb']} MiB, {res['iters']} iterations, algbw {res['algbw_gbs']:.1f} GB/s, nccl",
     )
 
 
@@ -1034,8 +1480,14 @@ def _import_torch() -> tuple[Any, str]:
         return None, NO_TORCH
 
 
-def run(mode: str, only: set[str], data_dir: str) -> dict[str, Any]:
-    cfg, res = MODES[mode], Results()
+def run(
+    mode: str, only: set[str], data_dir: str, budgets: dict[str, float] | None = None, stream: Any = None
+) -> dict[str, Any]:
+    """Measure the node. With a ``stream``, write a JSON line there for the start, the
+    inventory, the plan of phases, each phase's start and end, each row, and the end."""
+    cfg, res = MODES[mode], Results(stream)
+    budgets = {**BUDGETS_S[mode], **(budgets or {})}
+    res.emit({"type": "start", "agent": SCHEMA, "mode": mode, "deadline_s": outer_deadline_s(mode, budgets)})
     torch, why = _import_torch()
     cpu, ram = cpu_inventory(), ram_inventory()
     try:
@@ -1044,23 +1496,11 @@ def run(mode: str, only: set[str], data_dir: str) -> dict[str, Any]:
     except Exception as e:  # NVML failed with GPUs there (or started, then failed): not "no GPU"
         gpus, smi_xml, no_gpu_why = [], "", f"NVML failed: {type(e).__name__}: {e}"
         absent = res.error("gpu inventory", e)
-    steps = [
-        ("cpu", ("cpu_gemm_gflops", "cpu_gemm_peak_fraction"), lambda: bench_cpu(torch, cfg, cpu, res), True),
-        (
-            "ram",
-            ("ram_copy_gbs", "ram_scale_gbs", "ram_add_gbs", "ram_triad_gbs"),
-            lambda: bench_ram(torch, cfg, cpu, ram, res),
-            True,
-        ),
-        ("disk", DISK_METRICS, lambda: bench_disk(cfg, data_dir, res), False),
-    ]
-    for group, metrics, fn, needs_torch in steps:
-        if group in only:
-            _step(res, metrics, fn, why if needs_torch else "")
     counts: dict[str, Any] = {}
+    gpu_groups: list[list[Phase]] = []
     if "gpu" in only or "allreduce" in only:
-        counts = _gpu_steps(torch, why, cfg, (gpus, smi_xml, absent), only, res)
-    return {
+        counts, gpu_groups = _gpu_steps(torch, why, cfg, (gpus, smi_xml, absent), only, res, budgets)
+    doc = {
         "agent": SCHEMA,
         "hostname": socket.gethostname(),
         "mode": mode,
@@ -1078,21 +1518,27 @@ def run(mode: str, only: set[str], data_dir: str) -> dict[str, Any]:
         },
         "gpus": gpus,
         "nvidia_smi_xml": smi_xml,
-        "results": res.rows,
-        "errors": res.errors,
     }
+    res.emit({"type": "inventory", **doc})
+    groups = _node_phases(torch, why, cfg, (cpu, ram, data_dir), only, budgets) + gpu_groups
+    res.emit({"type": "plan", "phases": [p.plan() for g in groups for p in g]})
+    for group in groups:
+        run_phases(group, res)
+    res.emit({"type": "end", "errors": res.errors})
+    return {**doc, "results": res.rows, "errors": res.errors}
 
 
-def _step(res: Results, metrics: Any, fn: Any, not_run: str) -> None:
-    if not_run:
-        return res.skip(metrics, not_run)
-    before = len(res.rows)
-    try:
-        fn()
-    except Exception as e:
-        done = {r["metric"] for r in res.rows[before:]}  # rows of earlier steps do not count
-        res.skip([m for m in metrics if m not in done], res.error(metrics[0].split("_")[0], e))
-        res.errors.append(traceback.format_exc(limit=3))
+def _node_phases(
+    torch: Any, why: str, cfg: dict[str, Any], node: tuple[Any, ...], only: set[str], budgets: dict[str, float]
+) -> list[list[Phase]]:
+    """cpu, ram and disk, one after the other; torch-less phases carry the reason."""
+    cpu, ram, data_dir = node
+    phases = [
+        Phase("cpu", budgets["cpu"], CPU_METRICS, "", lambda b, o: bench_cpu(torch, cfg, cpu, b, o), why),
+        Phase("ram", budgets["ram"], RAM_METRICS, "", lambda b, o: bench_ram(torch, cfg, cpu, ram, b, o), why),
+        Phase("disk", budgets["disk"], DISK_METRICS, "", lambda b, o: bench_disk(cfg, data_dir, b, o)),
+    ]
+    return [[p] for p in phases if p.name in only]
 
 
 def _gpu_steps(
@@ -1102,34 +1548,39 @@ def _gpu_steps(
     found: tuple[list[dict[str, Any]], str, str],
     only: set[str],
     res: Results,
-) -> dict[str, Any]:
-    """The GPU groups. ``found``: NVML GPUs, nvidia-smi XML, the reason when neither found one.
+    budgets: dict[str, float] | None = None,
+) -> tuple[dict[str, Any], list[list[Phase]]]:
+    """The GPU phases to run, after the rows of what cannot run (no GPU, no torch, a lost
+    GPU). ``found``: NVML GPUs, nvidia-smi XML, the reason when neither found one.
     Returns how many GPUs NVML and CUDA see (the judge fails a node where they differ)."""
+    budgets = budgets or BUDGETS_S["quick"]
     gpus, smi_xml, absent = found
     gpu_metrics = GPU_METRICS if "gpu" in only else ()
     ar = ("gpu_allreduce_busbw_gbs",) if "allreduce" in only else ()
     if not gpus and not smi_xml:
         res.skip(gpu_metrics + ar, absent)
-        return {}
+        return {}, []
     for g in gpus:
         if g.get("error"):
             reason = f"not run: NVML cannot read gpu{g['index']}: {g['error']} (fallen off the bus? see dmesg for Xid)"
             res.skip(gpu_metrics, reason, f"gpu{g['index']}")
     if any(g.get("mig_mode") == "enabled" for g in gpus):
         _skip_mig(gpus, gpu_metrics, ar, res)
-        return {}
+        return {}, []
     if torch is None:
         res.skip(gpu_metrics + ar, why)
-        return {}
+        return {}, []
     if not torch.cuda.is_available():
         res.skip(gpu_metrics + ar, _no_cuda_reason(torch))
-        return {}
+        return {}, []
     counts = {"nvml": len(gpus) or _smi_gpu_count(smi_xml), "cuda": torch.cuda.device_count()}
-    if gpu_metrics:
-        _step(res, gpu_metrics, lambda: bench_gpus(torch, cfg, gpus, res), "")
+    groups = gpu_phases(torch, cfg, budgets, gpus) if gpu_metrics else []
     if ar:
-        _step(res, ar, lambda: bench_allreduce_local(torch, cfg, res), "")
-    return counts
+        allreduce = Phase(
+            "allreduce", budgets["allreduce"], ar, "", lambda b, o: bench_allreduce_local(torch, cfg, b, o)
+        )
+        groups.append([allreduce])
+    return counts, groups
 
 
 def _no_cuda_reason(torch: Any) -> str:
@@ -1179,24 +1630,42 @@ def _smi_gpu_count(xml: str) -> int:
     return int(m.group(1)) if m else xml.count("<gpu id=")
 
 
+def _budgets(text: str, mode: str) -> dict[str, float]:
+    """--budget cpu=5,ram=5: seconds per phase, over the mode's defaults."""
+    out: dict[str, float] = {}
+    for part in filter(None, text.split(",")):
+        name, _, seconds = part.partition("=")
+        if name not in BUDGETS_S[mode]:
+            raise SystemExit(f"--budget {part}: unknown phase; choose from {', '.join(BUDGETS_S[mode])}")
+        out[name] = float(seconds)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     # NVML numbers GPUs by PCI bus; make CUDA agree so gpuN means the same GPU in both.
     os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     # cuBLAS is only bitwise repeatable with a fixed workspace; the burn test relies on it.
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("command", nargs="?", default="run", choices=["run", "allreduce-worker"])
+    p.add_argument("command", nargs="?", default="run", choices=["run", "allreduce-worker", "deadline"])
     p.add_argument("--mode", choices=sorted(MODES), default="quick")
     p.add_argument("--only", default="cpu,ram,disk,gpu,allreduce")
     p.add_argument("--data-dir", default="/data")
+    p.add_argument("--budget", default="", help="seconds per phase over the mode's, e.g. cpu=5,ram=5,disk=10")
     p.add_argument("--mb", type=int, default=256, help="all-reduce message size")
     p.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
     args = p.parse_args(argv)
     if args.command == "allreduce-worker":
         return allreduce_worker(args.mb, args.backend)
-    doc = run(args.mode, set(args.only.split(",")), args.data_dir)
-    print(json.dumps(doc))
-    return 0
+    budgets = _budgets(args.budget, args.mode)
+    if args.command == "deadline":  # for the shell: `timeout $(agent.py deadline) agent.py`
+        print(outer_deadline_s(args.mode, {**BUDGETS_S[args.mode], **budgets}))
+        return 0
+    run(args.mode, set(args.only.split(",")), args.data_dir, budgets, sys.stdout)
+    sys.stdout.flush()
+    # A phase cut off at its deadline may still hold a thread (a CUDA call that never
+    # returns): every row is out, so leave without waiting for it.
+    os._exit(0)
 
 
 if __name__ == "__main__":

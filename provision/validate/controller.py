@@ -20,12 +20,14 @@ from typing import Any
 from provision import remote
 from provision.inventory import Cluster, Node
 from provision.metrics import GROUPS
-from provision.validate import judge, netrun, parsers
+from provision.validate import agent, agent_stream, judge, netrun, parsers
 from provision.validate.expectations import Overrides, parse_flat
 from provision.validate.records import Measurement, NodeResult
 
 AGENT_PATH = Path(__file__).with_name("agent.py")
-AGENT_TIMEOUT_S = {"quick": 600, "full": 2400}  # whole agent run on one node (slow VMs too)
+# The agent's whole run on one node: the sum of its phase budgets plus a margin (see
+# agent.BUDGETS_S). Each phase is bounded on its own; this bounds the agent as a whole.
+AGENT_TIMEOUT_S = {mode: agent.outer_deadline_s(mode) for mode in agent.BUDGETS_S}
 
 Progress = Callable[[str, str], None]
 
@@ -65,20 +67,51 @@ def upload_command(agent_path: str) -> str:
     return f"umask 077; printf %s {blob} | base64 -d > {shlex.quote(agent_path)}"
 
 
-def _agent(node: Node, plan: Plan, agent_path: str, progress: Progress) -> parsers.AgentReport | str:
-    """Upload and run the agent; the parsed report, or why it could not run."""
+@dataclass(frozen=True)
+class AgentRun:
+    """What running the agent on one node gave."""
+
+    report: agent_stream.AgentReport | None  # every row that arrived, even from a killed agent
+    error: str  # why the node has no report (or why it is cut short); "" when it finished
+    answered: bool  # the node answered SSH (it is reachable, whatever the agent did)
+
+
+def _agent(node: Node, plan: Plan, agent_path: str, progress: Progress) -> AgentRun:
+    """Upload and run the agent; what it reported, and why not all of it."""
     progress(node.name, "uploading agent")
     upload = remote.run(node, upload_command(agent_path), timeout=60)
     if not upload.ok:
-        return f"cannot upload the agent: {(upload.stderr or upload.stdout).strip()[-300:]}"
+        why = f"cannot upload the agent: {(upload.stderr or upload.stdout).strip()[-300:]}"
+        return AgentRun(None, why, upload.exited != -1)
     progress(node.name, f"agent running ({plan.mode})")
     r = remote.run(node, agent_command(node, agent_path, plan), timeout=AGENT_TIMEOUT_S[plan.mode] + 30)
-    if not r.ok:
-        return f"agent exited {r.exited}: {(r.stderr or r.stdout).strip()[-300:]}"
     try:
-        return parsers.agent_output(r.stdout, node.name)
+        report = agent_stream.agent_output(r.stdout, node.name)
     except parsers.ParseError as e:
-        return f"agent output unreadable: {e}"
+        return AgentRun(None, _no_output(r, plan.mode, e), r.exited != -1)
+    if report.stopped_in == agent_stream.STARTUP:
+        return AgentRun(None, _stopped(report, r), True)
+    return AgentRun(report, _stopped(report, r) if report.stopped_in else "", True)
+
+
+def _stopped(report: agent_stream.AgentReport, r: remote.CommandResult) -> str:
+    """Why the agent's output ended early, in words: the phase, and what the exit means."""
+    how = (
+        f"ran past its deadline of {report.deadline_s} s and was stopped (timeout, exit 124)"
+        if r.exited == 124
+        else f"stopped with exit {r.exited}: {r.stderr.strip()[-300:]}"
+    )
+    if report.stopped_in == agent_stream.STARTUP:
+        return f"agent {how} during {report.stopped_in}, before its first benchmark"
+    return f"agent {how} during {report.stopped_in}; every result it sent before is kept"
+
+
+def _no_output(r: remote.CommandResult, mode: str, e: parsers.ParseError) -> str:
+    if r.exited == 124:
+        return f"agent ran past its deadline of {AGENT_TIMEOUT_S[mode]} s before printing anything (timeout, exit 124)"
+    if r.exited != 0:
+        return f"agent exited {r.exited}: {(r.stderr or r.stdout).strip()[-300:]}"
+    return f"agent output unreadable: {e}"
 
 
 def _overrides(node: Node, plan: Plan) -> Overrides:
@@ -92,10 +125,12 @@ def run(cluster: Cluster, plan: Plan, progress: Progress | None = None) -> Outco
     nodes = list(cluster.nodes)
     token = uuid.uuid4().hex[:8]
     paths = {n.name: f"/tmp/provision-validate-{n.name}-{token}.py" for n in nodes}
-    reports = remote.on_all(nodes, lambda n: _agent(n, plan, paths[n.name], say))
-    inputs = {n.name: _input(n, reports[n.name], plan) for n in nodes}
+    runs = remote.on_all(nodes, lambda n: _agent(n, plan, paths[n.name], say))
+    inputs = {n.name: _input(n, runs[n.name], plan) for n in nodes}
+    reports = {name: run.report for name, run in runs.items()}
     network: dict[str, Any] = {}
-    reachable = [n for n in nodes if not inputs[n.name].errors]
+    # A node that answered SSH is reachable, whatever its agent did: its links are measured.
+    reachable = [n for n in nodes if runs[n.name].answered]
     try:
         if "net" in plan.groups:
             network["links"] = _links(reachable, nodes, inputs, plan, say)
@@ -108,11 +143,12 @@ def run(cluster: Cluster, plan: Plan, progress: Progress | None = None) -> Outco
     return Outcome(judge.judge([inputs[n.name] for n in nodes]), network)
 
 
-def _input(node: Node, report: parsers.AgentReport | str, plan: Plan) -> judge.NodeInput:
+def _input(node: Node, run: AgentRun, plan: Plan) -> judge.NodeInput:
     overrides = _overrides(node, plan)
     wants_gpu = node.has_role("gpu_nodes") and "gpu" in plan.groups
-    if isinstance(report, str):
-        return judge.NodeInput(node.name, [], wants_gpu=wants_gpu, overrides=overrides, errors=[report])
+    report = run.report
+    if report is None:
+        return judge.NodeInput(node.name, [], wants_gpu=wants_gpu, overrides=overrides, errors=[run.error])
     # Agent errors already show as not-run metrics with their reason; keep them as notes.
     inventory = {
         **report.inventory,
@@ -120,7 +156,7 @@ def _input(node: Node, report: parsers.AgentReport | str, plan: Plan) -> judge.N
         # Every field NVML gave (versions, memory, PCIe link, ECC and remaps, clocks,
         # throttle reasons, persistence, NVLink): the acceptance record of each GPU.
         "gpus": [asdict(g) for g in report.gpus],
-        "agent_errors": list(report.errors),
+        "agent_errors": list(report.errors) + ([run.error] if run.error else []),
     }
     gpus = list(report.gpus) if "gpu" in plan.groups else []
     return judge.NodeInput(node.name, list(report.measurements), gpus, wants_gpu, overrides, [], inventory)
@@ -154,7 +190,7 @@ def _allreduce(
     elif len(reachable) < len(nodes):
         why = "not run: a node is unreachable"
     else:
-        gpus = {n.name: len(r.gpus) if not isinstance(r, str) else 0 for n, r in ((n, reports[n.name]) for n in nodes)}
+        gpus = {n.name: len(r.gpus) if r is not None else 0 for n, r in ((n, reports[n.name]) for n in nodes)}
         value, why, detail = netrun.allreduce(nodes, paths, gpus, say)
     for n in nodes:
         inputs[n.name].measurements.append(

@@ -264,6 +264,9 @@ DEFAULT_FLOORS: dict[str, float] = {
     # torch's CPU GEMM reaches 0.5-0.9 of the ISA peak on an idle machine; below 0.2 the
     # cores are throttled, oversubscribed or the BLAS lacks the ISA.
     "cpu_gemm_peak_fraction": 0.2,
+    # The burn's last window against its first: a GPU that heats up or power-brakes under
+    # sustained load slows down as the burn goes on; a healthy one holds within a few %.
+    "gpu_burn_throughput_ratio": 0.85,
 }
 
 # PCIe payload rate of an x16 link per generation, GB/s per direction (PCI-SIG line rate

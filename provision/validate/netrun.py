@@ -157,17 +157,21 @@ def allreduce(
     results = remote.on_all(nodes, one)
     if not all(r.ok for r in results.values()):
         _teardown(nodes, token)
-        bad = [
-            f"{name}: exit {r.exited}: {(r.stdout + r.stderr).strip()[-200:]}"
-            for name, r in results.items()
-            if not r.ok
-        ]
+        bad = [f"{name}: {_failed(r)}" for name, r in results.items() if not r.ok]
         return None, "not run: all-reduce failed: " + " | ".join(bad), {}
     for line in results[nodes[0].name].stdout.splitlines():
         if line.startswith('{"allreduce"'):
             detail = json.loads(line)["allreduce"]
             return float(detail["busbw_gbs"]), "", detail
     return None, "not run: rank 0 printed no result", {}
+
+
+def _failed(r: remote.CommandResult) -> str:
+    """How one host's torchrun ended, in words: exit 124 is timeout(1)'s."""
+    tail = (r.stdout + r.stderr).strip()[-200:]
+    if r.exited == remote.TIMED_OUT:
+        return f"timed out after {ALLREDUCE_TIMEOUT_S} s (all-reduce across nodes): {tail}"
+    return f"exit {r.exited}: {tail}"
 
 
 def _teardown(nodes: list[Node], token: str) -> None:

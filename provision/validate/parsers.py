@@ -12,7 +12,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
-from provision.validate.records import GpuInfo, GpuProcess, Measurement, MigDevice
+from provision.validate.records import GpuInfo, GpuProcess, MigDevice
 
 
 class ParseError(ValueError):
@@ -357,51 +357,3 @@ def gpu_from_nvml(d: dict[str, Any]) -> GpuInfo:
 def nvml_device_id(pci_device_id_field: int) -> int:
     """NVML's pciDeviceId packs device (high 16 bits) and vendor (low 16): 0x233010DE -> 0x2330."""
     return (pci_device_id_field >> 16) & 0xFFFF
-
-
-# --- the agent's JSON document ------------------------------------------------------------
-
-AGENT_SCHEMA = 1  # the "agent" field of the document agent.py prints
-
-
-@dataclass(frozen=True)
-class AgentReport:
-    """What the agent measured on one node."""
-
-    node: str  # inventory name (the agent does not know it; the controller does)
-    hostname: str  # the node's own hostname
-    inventory: dict[str, Any]  # cpu / ram / disk / nics / torch version, as the agent saw them
-    gpus: tuple[GpuInfo, ...]  # from NVML, or from nvidia-smi -q -x when pynvml is missing
-    measurements: tuple[Measurement, ...]  # every metric the agent ran or could not run
-    errors: tuple[str, ...]  # problems that stopped part of the run
-
-
-def agent_output(text: str, node: str) -> AgentReport:
-    """Parse the agent's stdout. Raises ParseError when it is not an agent document."""
-    data = _json_object(text, "agent")
-    if data.get("agent") != AGENT_SCHEMA:
-        raise ParseError(f"agent: schema {data.get('agent')!r}, expected {AGENT_SCHEMA}")
-    # A GPU NVML could not read has only its index and an error; the agent reports it as
-    # not-run rows of that GPU, and it has no inventory to judge.
-    gpus = [gpu_from_nvml(g) for g in data.get("gpus") or [] if not g.get("error")]
-    if not gpus and data.get("nvidia_smi_xml"):
-        gpus = nvidia_smi_xml(data["nvidia_smi_xml"])
-    measurements = tuple(
-        Measurement(
-            node,
-            r["metric"],
-            None if r.get("value") is None else float(r["value"]),
-            r.get("device", ""),
-            r.get("not_run", ""),
-            r.get("detail", ""),
-        )
-        for r in data.get("results", [])
-    )
-    return AgentReport(
-        node,
-        str(data.get("hostname", "")),
-        dict(data.get("inventory", {})),
-        tuple(gpus),
-        measurements,
-        tuple(data.get("errors", [])),
-    )

@@ -10,6 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from provision.demo.stages import DemoPaths, stages
+from provision.validate import agent
+
 DISK_LIMIT_BPS = 20_000_000  # 20 MB/s: far below an unthrottled virtio disk, fio still ends
 
 
@@ -72,3 +75,35 @@ def test_throttled_data_disk_is_flagged_on_its_node(provisioned, testbed, tmp_pa
     assert "below the fleet median" in rec["reason"]
     other = next(n for n in verdicts if n != slow)
     assert record(doc, other, "disk_seq_read_mibs")["verdict"] != "fail"
+
+
+def test_validate_with_exactly_the_demos_flags_finishes_within_its_deadline_and_keeps_every_figure(
+    provisioned, testbed, tmp_path
+):
+    """The demo's validate stage, its argv taken from provision.demo.stages (issue 14: it
+    died at the agent's single 600 s deadline with nothing kept and both nodes called
+    unreachable). Every phase is bounded now: the run ends within the agent's deadline
+    (plus the link rounds and all-reduce), each figure has a value or says why not, and
+    no node that answered SSH is called unreachable."""
+    paths = DemoPaths(tmp_path / "demo", testbed.inventory_path)
+    paths.reports.mkdir(parents=True)
+    (argv,) = [s.argv for s in stages(paths, len(testbed.nodes)) if s.name == "validate"]
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")}
+    # The margin bounds this test's own wait (the links and the all-reduce come after the
+    # agents); the assertion is on what the report kept.
+    bound = agent.outer_deadline_s("quick") + 900
+    p = subprocess.run(
+        [sys.executable, "-m", "provision", *argv], capture_output=True, text=True, timeout=bound, env=env
+    )
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]  # --warn-ok: warnings pass, fails do not
+    doc = json.loads((paths.reports / "validate.json").read_text())
+    assert (paths.reports / "validate.html").is_file()
+    assert (paths.reports / "validate.xml").is_file()
+    for n in doc["nodes"]:
+        assert n["errors"] == [], n["errors"]  # every agent reported
+        stopped = [e for e in n["inventory"].get("agent_errors", []) if "deadline" in e]
+        assert stopped == [], stopped  # and finished within its own deadline
+    for node in (n["node"] for n in doc["nodes"]):
+        for metric in ("cpu_gemm_gflops", "ram_triad_gbs", "disk_seq_read_mibs", "net_gbits"):
+            assert record(doc, node, metric)["value"] is not None, (node, metric, record(doc, node, metric))
+    assert not [r for r in doc["records"] if "unreachable" in r["reason"]]

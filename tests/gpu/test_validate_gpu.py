@@ -16,7 +16,11 @@ if not torch.cuda.is_available():
 def test_gpu_benchmarks_give_a_value_for_every_gpu_and_metric():
     gpus, _, _ = agent.gpu_inventory()
     res = agent.Results()
-    agent.bench_gpus(torch, agent.MODES["quick"], gpus, res)
+    # Short budgets and burn: the device check runs this file within 100 s.
+    budgets = {**agent.BUDGETS_S["quick"], "gemm": 16, "hbm": 4, "burn": 12, "copies": 6}
+    cfg = {**agent.MODES["quick"], "burn_s": 6}
+    for group in agent.gpu_phases(torch, cfg, budgets, gpus):
+        agent.run_phases(group, res)
     assert res.errors == []
     for i in range(torch.cuda.device_count()):
         got = {r["metric"]: r["value"] for r in res.rows if r["device"] == f"gpu{i}"}
@@ -32,6 +36,7 @@ def test_gpu_benchmarks_give_a_value_for_every_gpu_and_metric():
             assert got[metric], metric
             assert got[metric] > 0, metric
         assert got["gpu_burn_mismatches"] == 0
+        assert got["gpu_burn_throughput_ratio"] > 0.5  # a real GPU over a 6 s burn
         # tensor cores beat CUDA cores on any datacenter GPU
         assert got["gpu_bf16_tflops"] > got["gpu_fp32_tflops"]
 

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from provision.validate import agent as agent_module
-from provision.validate import parsers
+from provision.validate import agent_stream
 
 AGENT = Path(agent_module.__file__)
 
 
-def run_agent(python: str, data_dir: Path, only: str, env: dict | None = None) -> parsers.AgentReport:
+def run_agent(python: str, data_dir: Path, only: str, env: dict | None = None) -> agent_stream.AgentReport:
     p = subprocess.run(
         [python, str(AGENT), "--mode", "quick", "--only", only, "--data-dir", str(data_dir)],
         capture_output=True,
@@ -25,10 +25,10 @@ def run_agent(python: str, data_dir: Path, only: str, env: dict | None = None) -
         env=env,
     )
     assert p.returncode == 0, p.stderr
-    return parsers.agent_output(p.stdout, "local")
+    return agent_stream.agent_output(p.stdout, "local")
 
 
-def values(report: parsers.AgentReport) -> dict[str, float | None]:
+def values(report: agent_stream.AgentReport) -> dict[str, float | None]:
     return {m.metric: m.value for m in report.measurements if not m.device}
 
 

@@ -3,13 +3,13 @@ module with the NVML stand-in fed from captured nvidia-smi output of real GPUs."
 
 from __future__ import annotations
 
-import json
 import types
 from dataclasses import replace
 
 import pytest
 
-from provision.validate import agent, judge, parsers
+from provision.validate import agent, agent_stream, judge, parsers
+from tests.helpers.agent_stream import agent_lines
 from tests.standins import nvml_from_captures as nvml
 
 
@@ -23,7 +23,7 @@ def inventory(stand_in_nvml, model: str | nvml.StandInNvmlLibrary, **changes) ->
 def judged(gpus: list[dict], results: list[dict] | None = None):
     """The agent's document as the controller parses it, then the judge's NodeResult."""
     doc = {"agent": agent.SCHEMA, "hostname": "h", "gpus": gpus, "results": results or [], "inventory": {}}
-    report = parsers.agent_output(json.dumps(doc), "n")
+    report = agent_stream.agent_output(agent_lines(doc), "n")
     (result,) = judge.judge([judge.NodeInput("n", list(report.measurements), list(report.gpus))])
     return result
 
@@ -204,10 +204,13 @@ class StandInCudaTorch:
 def test_mig_gpu_is_said_not_to_be_benchmarked_and_warns(stand_in_nvml, monkeypatch):
     gpus = inventory(stand_in_nvml, "a100-40gb-mig")
     benched: list[int] = []
-    monkeypatch.setattr(agent, "bench_gpus", lambda *args: benched.append(1))
+    monkeypatch.setattr(agent, "gpu_phases", lambda *args: benched.append(1) or [])
     res = agent.Results()
-    counts = agent._gpu_steps(StandInCudaTorch(2), "", agent.MODES["quick"], (gpus, "", agent.NO_GPU), {"gpu"}, res)
+    counts, phases = agent._gpu_steps(
+        StandInCudaTorch(2), "", agent.MODES["quick"], (gpus, "", agent.NO_GPU), {"gpu"}, res
+    )
     assert benched == []
+    assert phases == []  # no GPU phase runs on a MIG GPU
     assert counts == {}  # CUDA counts MIG devices: no NVML/CUDA comparison
     assert {r["metric"] for r in res.rows} == set(agent.GPU_METRICS)
     assert all(r["not_run"].startswith(agent.MIG_NOT_RUN) for r in res.rows)

@@ -3,7 +3,6 @@ init errors are told apart (CUDA error 802: the fabric manager is not running)."
 
 from __future__ import annotations
 
-import json
 import types
 from pathlib import Path
 
@@ -11,7 +10,8 @@ import pynvml
 import pytest
 import torch
 
-from provision.validate import agent, judge, parsers
+from provision.validate import agent, agent_stream, judge
+from tests.helpers.agent_stream import agent_lines
 
 
 def sysfs(root: Path, devices: dict[str, tuple[str, str]]) -> str:
@@ -44,7 +44,7 @@ def pci(monkeypatch, tmp_path):
 
 
 def judged_node(doc: dict, wants_gpu: bool = False):
-    report = parsers.agent_output(json.dumps(doc), "n")
+    report = agent_stream.agent_output(agent_lines(doc), "n")
     node = judge.NodeInput("n", list(report.measurements), list(report.gpus), wants_gpu, inventory=report.inventory)
     (result,) = judge.judge([node])
     return result

@@ -295,3 +295,19 @@ def test_checkpoints_fall_back_to_a_local_directory_with_a_line_that_says_so(mon
     (tmp_path / "nfs" / "checkpoints").mkdir(parents=True)
     assert trainer.default_ckpt_dir(d) == tmp_path / "nfs" / "checkpoints"
     assert capsys.readouterr().out == ""
+
+
+def test_the_device_checks_mfu_runs_the_gpt2_preset_which_is_gpt2_small_sized_unlike_medium():
+    tr = load_trainer()
+
+    def params(preset: str) -> int:
+        with tr.torch.device("meta"):  # shapes only: no 85M parameters allocated
+            model = tr.GPT(tr.GPTConfig(*tr.MODEL_SIZES[preset]))
+        return sum(p.numel() for p in model.parameters())
+
+    assert 80e6 < params("gpt2") < 90e6  # GPT-2 small's blocks; its 50k-token embedding is not needed here
+    assert params("medium") < 15e6
+    check = (Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.sh").read_text()
+    (train,) = [line for line in check.splitlines() if line.startswith("step train ")]
+    assert "--model gpt2 " in train
+    assert "--compile" in check.split("step train ", 1)[1]

@@ -15,6 +15,10 @@ from provision.validate import agent
 from tests.standins import nvml_from_captures as nvml
 
 
+def budget_and_sink(res: agent.Results, seconds: float = 600) -> tuple[agent.Budget, agent.Sink]:
+    return agent.Budget(seconds), agent.Sink(res, "test")
+
+
 def test_cpulist_expands_ranges():
     assert agent._cpulist("0-3,8,10-11\n") == [0, 1, 2, 3, 8, 10, 11]
 
@@ -44,12 +48,12 @@ def test_cpu_gemm_uses_one_thread_per_core_and_grows_with_the_cores():
     cpu = {"cores": 1, "threads": 2, "ghz": None, "isa": agent._isa(set())}
     before = torch.get_num_threads()
     try:
-        agent.bench_cpu(torch, {"cpu_n": 256, "cpu_reps": 1}, cpu, res)
+        agent.bench_cpu(torch, {"cpu_n": 256, "cpu_reps": 1}, cpu, agent.Budget(600), agent.Sink(res, "cpu"))
         assert torch.get_num_threads() == 1  # not the 2 hyper-threads
     finally:
         torch.set_num_threads(before)
     row = next(r for r in res.rows if r["metric"] == "cpu_gemm_gflops")
-    assert row["detail"] == "n=256, 1 threads"
+    assert row["detail"] == "n=256, 1 threads, best of 1 reps"
 
 
 def test_cpu_peak_counts_physical_cores_only():
@@ -199,7 +203,7 @@ def two_numa_nodes(monkeypatch):
     monkeypatch.setattr(agent, "_read", lambda path: {0: "0-3", 1: "4-7"}.get(int(path.split("node")[-1][0]), ""))
     monkeypatch.setattr(agent.os, "sched_getaffinity", lambda pid: affinity[-1])
     monkeypatch.setattr(agent.os, "sched_setaffinity", lambda pid, cpus: affinity.append(set(cpus)))
-    monkeypatch.setattr(agent, "_timed", lambda torch, dev, fn, iters, before=None: (fn(), 0.01)[1])
+    monkeypatch.setattr(agent, "_timed", lambda torch, dev, fn, iters, budget, before=None: (fn(), (0.01, iters))[1])
     return affinity, cpus_of_node
 
 
@@ -208,12 +212,12 @@ def test_each_gpu_copies_from_pinned_memory_on_its_own_numa_node(monkeypatch, tw
     torch = StandInTorch(*two_numa_nodes)
     res = agent.Results()
     for i in (0, 1):
-        agent._host_copies(torch, agent.MODES["quick"], i, {"index": i, "numa_node": i}, res)
+        agent._host_copies(torch, agent.MODES["quick"], i, {"index": i, "numa_node": i}, *budget_and_sink(res))
     assert {node for gpu, node in torch.copies if gpu == 1} == {1}
     assert {node for gpu, node in torch.copies if gpu == 0} == {0}
     assert [r["detail"] for r in res.rows if r["metric"] == "gpu_h2d_gbs"] == [
-        "pinned on NUMA node 0",
-        "pinned on NUMA node 1",
+        "pinned on NUMA node 0, best of 10 reps",
+        "pinned on NUMA node 1, best of 10 reps",
     ]
 
 
@@ -221,7 +225,7 @@ def test_host_copies_run_on_a_torch_without_host_empty_cache(monkeypatch, two_nu
     monkeypatch.setitem(sys.modules, "pynvml", None)
     torch = StandInTorch(*two_numa_nodes, with_empty_cache=False)
     res = agent.Results()
-    agent._host_copies(torch, agent.MODES["quick"], 0, {"index": 0, "numa_node": 0}, res)
+    agent._host_copies(torch, agent.MODES["quick"], 0, {"index": 0, "numa_node": 0}, *budget_and_sink(res))
     assert {r["metric"] for r in res.rows} == {"gpu_h2d_gbs", "gpu_d2h_gbs"}
 
 
@@ -249,7 +253,7 @@ def test_pcie_link_is_polled_while_the_copies_run(two_numa_nodes, stand_in_nvml)
     torch = StandInTorch(*two_numa_nodes)
     library = stand_in_nvml(StandInNvmlLinkTrainsDown(torch))
     res = agent.Results()
-    agent._host_copies(torch, agent.MODES["quick"], 0, {"index": 0, "numa_node": 0}, res)
+    agent._host_copies(torch, agent.MODES["quick"], 0, {"index": 0, "numa_node": 0}, *budget_and_sink(res))
     link = {r["metric"]: r["value"] for r in res.rows if r["metric"].startswith("gpu_pcie")}
     assert link == {"gpu_pcie_gen": 5.0, "gpu_pcie_width": 16.0}
     assert library.started == 0
@@ -258,9 +262,9 @@ def test_pcie_link_is_polled_while_the_copies_run(two_numa_nodes, stand_in_nvml)
 def test_gpu_counts_of_nvml_and_cuda_are_reported(monkeypatch):
     cuda = types.SimpleNamespace(is_available=lambda: True, device_count=lambda: 7)
     torch = types.SimpleNamespace(cuda=cuda)  # test stand-in: CUDA sees 7 GPUs
-    monkeypatch.setattr(agent, "bench_gpus", lambda *args: None)
+    monkeypatch.setattr(agent, "gpu_phases", lambda *args: [])
     gpus = [{"index": i, "name": "NVIDIA H100 80GB HBM3"} for i in range(8)]
-    counts = agent._gpu_steps(torch, "", agent.MODES["quick"], (gpus, "", agent.NO_GPU), {"gpu"}, agent.Results())
+    counts, _ = agent._gpu_steps(torch, "", agent.MODES["quick"], (gpus, "", agent.NO_GPU), {"gpu"}, agent.Results())
     assert counts == {"nvml": 8, "cuda": 7}
 
 
@@ -270,7 +274,7 @@ def test_gpu_counts_of_nvml_and_cuda_are_reported(monkeypatch):
 def fio_stand_in(calls: list):
     """Test stand-in for _run_fio: records the call and returns a tiny fio report."""
 
-    def run_fio(workdir, cfg):
+    def run_fio(workdir, plan, budget):
         calls.append(workdir)
         job = {"read": {"bw_bytes": 2**20, "iops": 10.0}, "write": {"bw_bytes": 2**20, "iops": 10.0}}
         return {"jobs": [{"jobname": n, **job} for n in ("seq_write", "seq_read", "rand_read")]}, True
@@ -285,7 +289,7 @@ def test_disk_is_not_run_when_the_data_volume_in_fstab_is_not_mounted(monkeypatc
     calls: list = []
     monkeypatch.setattr(agent, "_run_fio", fio_stand_in(calls))
     res = agent.Results()
-    agent.bench_disk(agent.MODES["quick"], str(tmp_path), res)
+    agent.bench_disk(agent.MODES["quick"], str(tmp_path), *budget_and_sink(res))
     assert calls == []  # fio would have measured the root disk
     want = f"not run: {tmp_path} is not mounted (the volumes step of provision up makes it)"
     assert [r["not_run"] for r in res.rows] == [want] * 3
@@ -297,7 +301,7 @@ def test_disk_runs_in_a_directory_no_volume_is_meant_for(monkeypatch, tmp_path):
     calls: list = []
     monkeypatch.setattr(agent, "_run_fio", fio_stand_in(calls))
     res = agent.Results()
-    agent.bench_disk(agent.MODES["quick"], str(tmp_path), res)
+    agent.bench_disk(agent.MODES["quick"], str(tmp_path), *budget_and_sink(res))
     assert len(calls) == 1
     assert all(r["value"] == 1.0 for r in res.rows if r["metric"].endswith("mibs"))
 
@@ -307,14 +311,17 @@ def test_fstab_mount_points_skip_comments_and_decode_spaces():
     assert agent._fstab_mount_points(text) == ["/my data"]
 
 
-def test_gpu_step_that_raises_leaves_a_reason_on_every_metric_even_after_earlier_rows():
+def test_gpu_phase_that_raises_leaves_a_reason_on_every_metric_it_owes_even_after_earlier_rows():
     res = agent.Results()
     res.skip(agent.GPU_METRICS, "not run: NVML cannot read gpu1: lost", "gpu1")  # earlier rows, other GPU
 
-    def bench_raises():
+    def bench_raises(budget, out):
+        out.add("gpu_hbm_gbs", 2000.0, "gpu0")
         raise RuntimeError("CUDA error: unspecified launch failure")
 
-    agent._step(res, agent.GPU_METRICS, bench_raises, "")
-    node_rows = [r for r in res.rows if r["device"] == ""]
-    assert {r["metric"] for r in node_rows} == set(agent.GPU_METRICS)
-    assert all(r["not_run"].startswith("not run: gpu: RuntimeError") for r in node_rows)
+    owed = ("gpu_hbm_gbs", "gpu_burn_mismatches", "gpu_burn_throughput_ratio")
+    agent.run_phases([agent.Phase("gpu0 burn", 60, owed, "gpu0", bench_raises)], res)
+    gpu0 = {r["metric"]: r for r in res.rows if r["device"] == "gpu0"}
+    assert gpu0["gpu_hbm_gbs"]["value"] == 2000.0
+    for metric in owed[1:]:
+        assert gpu0[metric]["not_run"].startswith("not run: gpu0 burn: RuntimeError: CUDA error")

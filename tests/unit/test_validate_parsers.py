@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from provision.validate import parsers
+from provision.validate import agent_stream, parsers
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -117,44 +117,97 @@ def test_nvml_device_id_drops_vendor_half():
     assert parsers.nvml_device_id(0x233010DE) == 0x2330
 
 
+def agent_lines(*lines: dict) -> str:
+    """The agent's stdout: one JSON object per line, as agent.Results writes them."""
+    return "".join(json.dumps(line) + "\n" for line in lines)
+
+
+START = {"type": "start", "agent": agent_stream.AGENT_SCHEMA, "mode": "quick", "deadline_s": 480}
+CPU_PLAN = {"phase": "cpu", "budget_s": 30, "metrics": ["cpu_gemm_gflops", "cpu_gemm_peak_fraction"], "device": ""}
+RAM_PLAN = {"phase": "ram", "budget_s": 30, "metrics": ["ram_triad_gbs"], "device": ""}
+
+
+def row(metric: str, value: float | None, not_run: str = "", device: str = "") -> dict:
+    return {"type": "row", "metric": metric, "device": device, "value": value, "not_run": not_run, "detail": ""}
+
+
 def test_agent_output_with_nvidia_smi_fallback():
-    doc = {
-        "agent": parsers.AGENT_SCHEMA,
+    inventory = {
+        "type": "inventory",
         "hostname": "n1",
         "inventory": {"cpu": {"cores": 2}},
         "gpus": [],
         "nvidia_smi_xml": read("nvidia-smi-q-x_a100-sxm4-80gb-mig_535.54.03.xml"),
-        "results": [
-            {"metric": "ram_triad_gbs", "value": 12.5},
-            {"metric": "disk_seq_read_mibs", "value": None, "not_run": "not run: fio missing"},
-        ],
-        "errors": [],
     }
-    report = parsers.agent_output("noise\n" + json.dumps(doc), "node1")
+    text = agent_lines(
+        START,
+        inventory,
+        {"type": "plan", "phases": []},
+        row("ram_triad_gbs", 12.5),
+        row("disk_seq_read_mibs", None, "not run: fio missing"),
+        {"type": "end", "errors": []},
+    )
+    report = agent_stream.agent_output("noise\n" + text, "node1")
     assert report.gpus[0].pci_device_id == 0x20B2
     assert report.measurements[0].node == "node1"
     assert report.measurements[0].value == 12.5
     assert report.measurements[1].value is None
     assert report.measurements[1].not_run == "not run: fio missing"
+    assert report.stopped_in == ""
 
 
 def test_agent_output_of_other_schema_is_refused():
     with pytest.raises(parsers.ParseError, match="schema"):
-        parsers.agent_output(json.dumps({"agent": 99}), "n")
+        agent_stream.agent_output(agent_lines({**START, "agent": 99}), "n")
+
+
+def test_agent_output_of_the_one_document_agent_is_refused():
+    with pytest.raises(parsers.ParseError, match="no start line"):
+        agent_stream.agent_output(json.dumps({"agent": 1, "results": []}), "n")
 
 
 def test_agent_output_leaves_a_gpu_nvml_could_not_read_out_of_the_inventory():
-    doc = {
-        "agent": parsers.AGENT_SCHEMA,
-        "gpus": [
-            {"index": 0, "name": "NVIDIA H100 80GB HBM3", "pci_device_id": 0x2330},
-            {"index": 1, "error": "NVMLError_GpuIsLost: GPU is lost"},
-        ],
-        "results": [{"metric": "gpu_hbm_gbs", "device": "gpu1", "value": None, "not_run": "not run: NVML ..."}],
-    }
-    report = parsers.agent_output(json.dumps(doc), "n1")
+    gpus = [
+        {"index": 0, "name": "NVIDIA H100 80GB HBM3", "pci_device_id": 0x2330},
+        {"index": 1, "error": "NVMLError_GpuIsLost: GPU is lost"},
+    ]
+    text = agent_lines(
+        START,
+        {"type": "inventory", "gpus": gpus},
+        row("gpu_hbm_gbs", None, "not run: NVML ...", "gpu1"),
+        {"type": "end", "errors": []},
+    )
+    report = agent_stream.agent_output(text, "n1")
     assert [g.index for g in report.gpus] == [0]
     assert report.measurements[0].device == "gpu1"
+
+
+def test_agent_cut_off_mid_phase_keeps_every_row_and_times_out_the_rest_naming_the_phase():
+    text = (
+        agent_lines(
+            START,
+            {"type": "inventory", "hostname": "n1", "inventory": {}, "gpus": []},
+            {"type": "plan", "phases": [CPU_PLAN, RAM_PLAN]},
+            {"type": "phase", "phase": "cpu", "state": "start"},
+            row("cpu_gemm_gflops", 3.5),
+        )
+        + '{"type": "row", "metric": "cpu_gemm_pe'
+    )  # killed in the middle of a line
+    report = agent_stream.agent_output(text, "n1")
+    got = {m.metric: m for m in report.measurements}
+    assert got["cpu_gemm_gflops"].value == 3.5
+    assert got["cpu_gemm_peak_fraction"].not_run == "not run: timed out after 480 s (the agent's deadline) in phase cpu"
+    assert got["ram_triad_gbs"].not_run == (
+        "not run: timed out after 480 s (the agent's deadline) in phase cpu, before ram"
+    )
+    assert report.stopped_in == "cpu"
+    assert report.deadline_s == 480
+
+
+def test_agent_cut_off_before_its_plan_stopped_in_start_up():
+    report = agent_stream.agent_output(agent_lines(START), "n1")
+    assert report.stopped_in == agent_stream.STARTUP
+    assert report.measurements == ()
 
 
 def test_nvidia_smi_xml_reads_ecc_mode_volatile_counts_mig_and_compute_mode():

@@ -7,7 +7,7 @@ import re
 import xml.etree.ElementTree as ET
 from html.parser import HTMLParser
 
-from provision.validate import judge, report_html, report_json, report_junit
+from provision.validate import agent_stream, judge, report_html, report_json, report_junit
 from provision.validate.records import Measurement
 
 
@@ -133,9 +133,9 @@ def test_each_gpus_full_nvml_record_reaches_the_json_inventory_and_the_html():
         "clocks_mhz": {"sm": 1980, "sm_max": 1980},
         "nvlink_up": 18,
     }
-    report = parsers.AgentReport("g1", "g1", {"cpu": {}}, (parsers.gpu_from_nvml(gpu),), (), ())
+    report = agent_stream.AgentReport("g1", "g1", {"cpu": {}}, (parsers.gpu_from_nvml(gpu),), (), ())
     node = Node("g1", SshTarget("192.0.2.1", 22, None, None, None, "yes"), ("gpu_nodes",), Settings())
-    record = controller._input(node, report, controller.Plan()).inventory["gpus"][0]
+    record = controller._input(node, controller.AgentRun(report, "", True), controller.Plan()).inventory["gpus"][0]
     assert record["driver_version"] == "580.95.05"
     assert record["memory_mib"] == 81559
     assert record["clocks_mhz"] == {"sm": 1980, "sm_max": 1980}
