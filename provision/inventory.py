@@ -10,14 +10,16 @@ raised together as one ``InputError``, so the user fixes them all in one pass.
 
 from __future__ import annotations
 
+import ipaddress
 import os
-import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from provision import inventory_file
+from provision import values as v
 from provision.errors import InputError, Problem
-from provision.settings import ROLES, Settings, is_pyinfra_key, parse_settings
+from provision.settings import ROLES, Settings, is_pyinfra_key, key_label, parse_settings
 
 
 @dataclass(frozen=True)
@@ -84,7 +86,7 @@ def load(path: str | os.PathLike[str]) -> Cluster:
         raise InputError(
             Problem(str(path), "inventory file does not exist", "check the path, e.g. inventories/example.py")
         )
-    pyinfra_inventory = _pyinfra_load(inventory_path)
+    pyinfra_inventory, attrs = inventory_file.load(inventory_path)
     problems: list[Problem] = []
     nodes = [_node(pyinfra_inventory, host, inventory_path, problems) for host in pyinfra_inventory]
     if not nodes:
@@ -95,51 +97,19 @@ def load(path: str | os.PathLike[str]) -> Cluster:
                 "add a group, e.g. nodes = [('node1', {'ssh_hostname': '10.0.0.1'})]",
             )
         )
-    problems += _duplicates(inventory_path, nodes)
+    problems += _duplicates(inventory_path, nodes, attrs)
     problems += _references(inventory_path, nodes)
+    problems += _network_problems(inventory_path, nodes)
     if problems:
         raise InputError(problems)
     return Cluster(inventory_path, tuple(nodes), pyinfra_inventory)
 
 
-def _pyinfra_load(inventory_path: Path) -> Any:
-    """Run pyinfra's own inventory loader, turning user-code errors into Problems."""
-    from pyinfra.api import State
-    from pyinfra.context import ctx_state
-    from pyinfra_cli.exceptions import UnexpectedExternalError
-    from pyinfra_cli.inventory import make_inventory_from_files
-    from pyinfra_cli.util import PYTHON_CODES
-
-    # pyinfra caches compiled files by name; a long-lived process must see edits.
-    PYTHON_CODES.clear()
-    try:
-        # pyinfra's file loader records the file it executes on the current State.
-        with ctx_state.use(State()):
-            return make_inventory_from_files(str(inventory_path), cwd=str(inventory_path.parent))
-    except SyntaxError as e:
-        raise InputError(
-            Problem(f"{e.filename}:{e.lineno}", f"syntax error: {e.msg}", "fix the Python syntax")
-        ) from None
-    except UnexpectedExternalError as e:
-        err = e.exception
-        line = _user_line(err, e.filename)
-        raise InputError(
-            Problem(
-                f"{e.filename}{line}", f"raised {type(err).__name__}: {err}", "an inventory must run without errors"
-            )
-        ) from None
-    except Exception as e:  # pyinfra's own validation, e.g. an unknown @connector
-        raise InputError(Problem(str(inventory_path), f"{type(e).__name__}: {e}")) from None
-
-
-def _user_line(err: BaseException, filename: str) -> str:
-    frames = traceback.extract_tb(getattr(err, "_traceback", None) or err.__traceback__)
-    lines = [f.lineno for f in frames if f.filename == filename]
-    return f":{lines[-1]}" if lines else ""
-
-
 def _node(inv: Any, host: Any, inventory_path: Path, problems: list[Problem]) -> Node:
-    where = f"{inventory_path}: host {host.name}"
+    where = f"{inventory_path}: host {host_label(host.name)}"
+    name_problem = v.address(host.name)
+    if name_problem:
+        problems.append(Problem(where, name_problem, "name hosts by host name; the address goes in ssh_hostname"))
     _check_layers(inv, host, inventory_path, problems)
     data = {k: v for k, v in host.data.dict().items()}
     settings, _ = parse_settings(data, where)  # layer problems were reported with their source
@@ -147,9 +117,15 @@ def _node(inv: Any, host: Any, inventory_path: Path, problems: list[Problem]) ->
     return Node(host.name, ssh, tuple(host.groups), settings, data)
 
 
+def host_label(name: str) -> str:
+    """A host's name as problems print it: as written when it is a host name, else
+    escaped (a newline or an escape sequence in a name must not reach the terminal raw)."""
+    return name if v.address(name) is None else ascii(name)
+
+
 def _check_layers(inv: Any, host: Any, inventory_path: Path, problems: list[Problem]) -> None:
     """Validate each source of this host's data separately, so a problem names its file."""
-    layers = [(f"{inventory_path}: host {host.name}", inv.get_host_data(host.name))]
+    layers = [(f"{inventory_path}: host {host_label(host.name)}", inv.get_host_data(host.name))]
     group_dir = inventory_path.parent / "group_data"
     for group in ("all", *host.groups):
         data = inv.get_data() if group == "all" else inv.get_group_data(group)
@@ -166,6 +142,14 @@ def _check_layers(inv: Any, host: Any, inventory_path: Path, problems: list[Prob
 # (up, plan, facts) and in fabric/OpenSSH (validate, train, backup, verify). pyinfra's
 # "ask" needs a terminal per host, which a parallel run cannot give.
 HOST_KEY_POLICIES = ("yes", "accept-new", "no", "off")
+
+# pyinfra keys whose values provision also writes into ssh_config and fabric's connection.
+SSH_VALUE_CHECKS = {
+    "ssh_hostname": v.address,
+    "ssh_user": v.user_name,
+    "ssh_key": v.controller_path,
+    "ssh_known_hosts_file": v.controller_path,
+}
 
 
 def pyinfra_key_problems(data: dict[str, Any], where: str) -> list[Problem]:
@@ -186,9 +170,9 @@ def pyinfra_key_problems(data: dict[str, Any], where: str) -> list[Problem]:
         if key not in known:
             close = difflib.get_close_matches(key, sorted(known), n=1)
             hint = f"did you mean {close[0]}?" if close else "see pyinfra's connector and global arguments"
-            problems.append(Problem(f"{where}: key {key}", "unknown pyinfra key", hint))
-        elif key in ("ssh_hostname", "ssh_user", "ssh_key", "ssh_known_hosts_file") and not isinstance(value, str):
-            problems.append(Problem(f"{where}: key {key}", f"{value!r} is not a string"))
+            problems.append(Problem(f"{where}: key {key_label(key)}", "unknown pyinfra key", hint))
+        elif key in SSH_VALUE_CHECKS and (what := SSH_VALUE_CHECKS[key](value)):
+            problems.append(Problem(f"{where}: key {key}", what))
         elif key == "ssh_strict_host_key_checking" and value not in HOST_KEY_POLICIES:
             problems.append(
                 Problem(
@@ -224,7 +208,35 @@ def _ssh_target(name: str, data: dict[str, Any], where: str, problems: list[Prob
     return SshTarget(str(hostname), port, data.get("ssh_user"), key, known_hosts, str(strict))
 
 
-def _duplicates(inventory_path: Path, nodes: list[Node]) -> list[Problem]:
+def _network_problems(inventory_path: Path, nodes: list[Node]) -> list[Problem]:
+    """A cluster_cidr must hold every cluster address: NFS exports and the firewall-free
+    cluster traffic go to that network only, so a node outside it is locked out."""
+    problems = []
+    for node in nodes:
+        if not node.settings.cluster_cidr:
+            continue
+        net = ipaddress.ip_network(node.settings.cluster_cidr, strict=False)
+        outside = [n.name for n in nodes if not _in_network(n.cluster_address, net)]
+        if outside:
+            problems.append(
+                Problem(
+                    f"{inventory_path}: host {host_label(node.name)}: key cluster_cidr",
+                    f"{node.settings.cluster_cidr} does not contain the cluster address of "
+                    + ", ".join(host_label(n) for n in outside),
+                    "set cluster_cidr to the network that holds every cluster_address",
+                )
+            )
+    return problems
+
+
+def _in_network(address: str, net: ipaddress.IPv4Network | ipaddress.IPv6Network) -> bool:
+    try:
+        return ipaddress.ip_address(address) in net
+    except ValueError:  # a DNS name: its address is not known here
+        return True
+
+
+def _duplicates(inventory_path: Path, nodes: list[Node], attrs: dict[str, Any]) -> list[Problem]:
     problems = []
     for label, keyfunc in (
         ("SSH address", lambda n: f"{n.ssh.hostname}:{n.ssh.port}"),
@@ -236,32 +248,32 @@ def _duplicates(inventory_path: Path, nodes: list[Node]) -> list[Problem]:
             if value in seen:
                 problems.append(
                     Problem(
-                        f"{inventory_path}: host {node.name}",
-                        f"duplicate {label} {value}, also used by host {seen[value]}",
+                        f"{inventory_path}: host {host_label(node.name)}",
+                        f"duplicate {label} {value if value.isprintable() else ascii(value)}, "
+                        f"also used by host {host_label(seen[value])}",
                         "every host needs its own address",
                     )
                 )
             else:
                 seen[value] = node.name
-    problems += _duplicate_names(inventory_path)
+    problems += _duplicate_names(inventory_path, attrs)
     return problems
 
 
-def _duplicate_names(inventory_path: Path) -> list[Problem]:
+def _duplicate_names(inventory_path: Path, attrs: dict[str, Any]) -> list[Problem]:
     """A name listed twice in one group is almost always a copy-paste slip: pyinfra would
     silently merge the two entries' data."""
-    from pyinfra.api import State
-    from pyinfra.context import ctx_state
-    from pyinfra_cli.inventory import _get_groups_from_filename
-
     problems = []
-    with ctx_state.use(State()):
-        groups = _get_groups_from_filename(str(inventory_path))
+    groups = {k: val for k, val in attrs.items() if not k.startswith("_") and isinstance(val, list | tuple)}
     for group, hosts in groups.items():
         names = [h[0] if isinstance(h, tuple) else h for h in (hosts[0] if isinstance(hosts, tuple) else hosts)]
         for name in sorted({n for n in names if names.count(n) > 1}):
             problems.append(
-                Problem(f"{inventory_path}: group {group}", f"duplicate host {name}", "list each host once per group")
+                Problem(
+                    f"{inventory_path}: group {group}",
+                    f"duplicate host {host_label(name)}",
+                    "list each host once per group",
+                )
             )
     return problems
 
@@ -274,7 +286,8 @@ def _references(inventory_path: Path, nodes: list[Node]) -> list[Problem]:
         if server is not None and server not in names:
             problems.append(
                 Problem(
-                    f"{inventory_path}: host {node.name}: key nfs_server", f"{server!r} is not a host of this inventory"
+                    f"{inventory_path}: host {host_label(node.name)}: key nfs_server",
+                    f"{server!r} is not a host of this inventory",
                 )
             )
     return problems

@@ -141,20 +141,31 @@ def ssh_config(nodes: Iterable[Node]) -> str:
         known_hosts = ssh.known_hosts or os.path.expanduser("~/.ssh/known_hosts")
         strict = ssh.strict_host_key_checking if ssh.strict_host_key_checking in ("yes", "accept-new") else "no"
         lines = [
-            f"Host {node.name}",
-            f"  HostName {ssh.hostname}",
-            f"  Port {ssh.port}",
-            f"  UserKnownHostsFile {known_hosts}",
+            f"Host {_config_word(node.name)}",
+            f"  HostName {_config_word(ssh.hostname)}",
+            f"  Port {int(ssh.port)}",
+            f"  UserKnownHostsFile {_config_word(known_hosts)}",
             f"  StrictHostKeyChecking {strict}",
             "  BatchMode yes",
             f"  ConnectTimeout {CONNECT_TIMEOUT_S}",
         ]
         if ssh.user:
-            lines.append(f"  User {ssh.user}")
+            lines.append(f"  User {_config_word(ssh.user)}")
         if ssh.key:
-            lines += [f"  IdentityFile {ssh.key}", "  IdentitiesOnly yes"]
+            lines += [f"  IdentityFile {_config_word(ssh.key)}", "  IdentitiesOnly yes"]
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks) + "\n"
+
+
+def _config_word(value: str) -> str:
+    """One ssh_config argument. The inventory's values are validated at load (host and
+    user names, paths without control characters); a line break here would start a new
+    directive (a ProxyCommand runs on the controller), so it is refused even so, and a
+    path with spaces or '%' is quoted and escaped as ssh_config(5) reads it."""
+    if any(ord(c) < 32 or ord(c) == 127 for c in value) or '"' in value:
+        raise ValueError(f"{value!r} cannot be written into an ssh_config")
+    value = value.replace("%", "%%")
+    return f'"{value}"' if any(c.isspace() for c in value) or not value else value
 
 
 def run_beside(conn: Any, host: str, command: str, timeout: float = 30) -> CommandResult:

@@ -11,13 +11,13 @@ Roles come from group names, not from settings; see ``ROLES``.
 
 from __future__ import annotations
 
-import ipaddress
 import re
 import types
 import typing
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Literal, get_args, get_origin
 
+from provision import values as v
 from provision.errors import Problem
 from provision.metrics import check_flat
 
@@ -39,32 +39,6 @@ def knob(default: Any, doc: str, check: typing.Callable[[Any], str | None] | Non
     if isinstance(default, list | dict):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
-
-
-def _cidr(value: str | None) -> str | None:
-    if value is None:
-        return None
-    try:
-        ipaddress.ip_network(value, strict=False)
-    except ValueError:
-        return f"{value!r} is not a network in CIDR form, e.g. 10.0.0.0/24"
-    return None
-
-
-def _ip(value: str | None) -> str | None:
-    if value is None:
-        return None
-    try:
-        ipaddress.ip_address(value)
-    except ValueError:
-        return f"{value!r} is not an IP address"
-    return None
-
-
-def _absolute(value: str | None) -> str | None:
-    if value is not None and not value.startswith("/"):
-        return f"{value!r} must be an absolute path"
-    return None
 
 
 _VERSION = re.compile(r"[0-9][0-9A-Za-z.+!~-]*")
@@ -129,6 +103,19 @@ def _nofile(value: int) -> str | None:
     return _positive(value)
 
 
+def _uid(value: int) -> str | None:
+    """Below 1000 are system accounts (0 is root); 65534 is nobody."""
+    if value == 65534 or not 1000 <= value <= 2_147_483_646:
+        return f"{value} is not a uid for a person's account (1000 to 2147483646, not 65534)"
+    return None
+
+
+def _shares(value: list[str]) -> str | None:
+    if len(set(value)) != len(value):
+        return "a share is listed twice"
+    return v.each(v.share_name)(value)
+
+
 BY_ID = "/dev/disk/by-id/"  # the only /dev path a disk may be named by (see disk_id_problem)
 
 
@@ -149,7 +136,7 @@ def disk_id_problem(disk: str) -> str | None:
 
 
 def _disk_ids(value: list[str]) -> str | None:
-    found = [p for p in (disk_id_problem(d) for d in value) if p]
+    found = [p for p in (disk_id_problem(d) or v.disk_name(d) for d in value) if p]
     return "; ".join(found) or None
 
 
@@ -160,7 +147,7 @@ def _data_disks(value: list[str] | str) -> str | None:
 
 
 def _validate_expect(value: dict[str, float]) -> str | None:
-    return check_flat(value)
+    return v.finite_numbers(value) or check_flat(value)
 
 
 @dataclass(frozen=True)
@@ -169,26 +156,30 @@ class Settings:
 
     # --- cluster addressing ---
     cluster_address: str | None = knob(
-        None, "the host's address on the cluster (data) network; default: its SSH address", _ip
+        None, "the host's address on the cluster (data) network; default: its SSH address", v.optional(v.ip_address)
     )
-    cluster_cidr: str | None = knob(None, "the cluster network, e.g. 10.0.0.0/24; NFS exports go to it only", _cidr)
+    cluster_cidr: str | None = knob(
+        None, "the cluster network, e.g. 10.0.0.0/24; NFS exports go to it only", v.optional(v.cluster_network)
+    )
     cluster_interface: str | None = knob(
-        None, "NIC on the cluster network (NCCL/GLOO_SOCKET_IFNAME); default: found by address"
+        None,
+        "NIC on the cluster network (NCCL/GLOO_SOCKET_IFNAME); default: found by address",
+        v.optional(v.interface),
     )
 
     # --- preflight ---
-    min_root_free_gb: int = knob(20, "free space needed on / before anything is installed", _positive)
-    apt_lock_wait_s: int = knob(300, "how long to wait for another apt/dpkg to let go", _positive)
+    min_root_free_gb: int = knob(20, "free space needed on / before anything is installed", v.bounded(1, 1_000_000))
+    apt_lock_wait_s: int = knob(300, "how long to wait for another apt/dpkg to let go", v.bounded(1, 86400))
 
     # --- base ---
-    training_user: str = knob("train", "the account that runs training jobs")
+    training_user: str = knob("train", "the account that runs training jobs", v.user_name)
     training_uid: int = knob(
-        2000, "uid and gid of the training user and its group, the same on every node (NFS ownership)", _positive
+        2000, "uid and gid of the training user and its group, the same on every node (NFS ownership)", _uid
     )
     nofile_limit: int = knob(NR_OPEN_DEFAULT, "open-files limit for training processes (1 to 1048576)", _nofile)
-    ntp_servers: list[str] = knob([], "chrony servers; empty keeps the distribution's pool")
+    ntp_servers: list[str] = knob([], "chrony servers; empty keeps the distribution's pool", v.each(v.address))
     apt_cache_valid_s: int = knob(
-        86400, "an apt cache younger than this is not updated again (re-runs stay quick)", _positive
+        86400, "an apt cache younger than this is not updated again (re-runs stay quick)", v.bounded(1, 31_536_000)
     )
 
     # --- nvidia ---
@@ -196,10 +187,12 @@ class Settings:
     nvidia_repo_url: str = knob(
         "https://developer.download.nvidia.com/compute/cuda/repos/{distro}/x86_64/",
         "NVIDIA CUDA apt repository; {distro} becomes ubuntu2204, ubuntu2404 or debian12",
+        v.url,
     )
     nvidia_keyring_url: str = knob(
         "https://developer.download.nvidia.com/compute/cuda/repos/{distro}/x86_64/cuda-archive-keyring.gpg",
         "the repository's signing key (binary keyring); installed under /etc/apt/keyrings",
+        v.url,
     )
     nvidia_keyring_sha256: str | None = knob(
         None, "SHA-256 the downloaded keyring must have (sha256sum of the file); null trusts HTTPS alone", _sha256
@@ -238,10 +231,10 @@ class Settings:
         None, "exact NCCL version, e.g. 2.27.7-1; default: the newest built for cuda_toolkit_version", _version
     )
     install_container_toolkit: bool = knob(False, "install nvidia-container-toolkit")
-    reboot_timeout_s: int = knob(900, "how long a rebooted host may take to answer SSH", _positive)
+    reboot_timeout_s: int = knob(900, "how long a rebooted host may take to answer SSH", v.bounded(1, 86400))
 
     # --- frameworks ---
-    venv_path: str = knob("/opt/provision/venv", "the Python venv for training and the agent", _absolute)
+    venv_path: str = knob("/opt/provision/venv", "the Python venv for training and the agent", v.data_directory)
     torch_version: str = knob("2.13.0", "pinned torch version", _version)
     # numpy 2.3 and later need Python 3.11, so the default is the newest release with wheels
     # for every supported OS's python3: 3.10 (Ubuntu 22.04), 3.11 (Debian 12), 3.12 (24.04).
@@ -253,9 +246,11 @@ class Settings:
         "pinned nvidia-ml-py version (the NVML bindings of driver branch 580); null takes the newest",
         _version,
     )
-    pip_index_url: str | None = knob(None, "pip index URL; null uses pip's own configuration")
+    pip_index_url: str | None = knob(None, "pip index URL; null uses pip's own configuration", v.optional(v.url))
     wheelhouse: str | None = knob(
-        None, "controller directory of wheels to upload and install from (air-gapped clusters)"
+        None,
+        "controller directory of wheels to upload and install from (air-gapped clusters)",
+        v.optional(v.controller_path),
     )
     pip_compile: bool = knob(True, "byte-compile installed packages; false saves minutes on emulated VMs")
 
@@ -263,30 +258,42 @@ class Settings:
     data_disks: list[str] | str = knob([], "data disks by /dev/disk/by-id path or serial, or 'auto'", _data_disks)
     raid_level: Literal[0, 1, 5, 6, 10] = knob(0, "mdadm RAID level when there are several disks")
     filesystem: Literal["xfs", "ext4"] = knob("xfs", "filesystem for the data volume")
-    data_mount: str = knob("/data", "where the data volume is mounted", _absolute)
+    data_mount: str = knob("/data", "where the data volume is mounted", v.data_directory)
     force_format: list[str] = knob(
         [], "disks (by-id path or serial) that may be formatted even though they hold data", _disk_ids
     )
 
     # --- nfs ---
-    nfs_server: str | None = knob(None, "host name of the NFS server; default: first storage host")
-    nfs_exports: list[str] = knob(["datasets", "checkpoints", "scratch"], "directories to share")
+    nfs_server: str | None = knob(
+        None, "host name of the NFS server; default: first storage host", v.optional(v.host_name)
+    )
+    nfs_exports: list[str] = knob(
+        ["datasets", "checkpoints", "scratch"], "directories to share (names under nfs_export_root)", _shares
+    )
     nfs_export_root: str = knob(
         "/data/shared",
         "where exported directories live on the server; default: <data_mount>/shared, on the data volume",
-        _absolute,
+        v.data_directory,
     )
-    nfs_mount_root: str = knob("/shared", "where clients (and the server) see the shares", _absolute)
-    nfs_export_options: str = knob("rw,sync,root_squash,no_subtree_check", "exports(5) options")
+    nfs_mount_root: str = knob("/shared", "where clients (and the server) see the shares", v.data_directory)
+    nfs_export_options: str = knob(
+        "rw,sync,root_squash,no_subtree_check",
+        "exports(5) options for the cluster network (no no_root_squash)",
+        v.export_options,
+    )
 
     # --- backups ---
-    backup_repository: str | None = knob(None, "restic repository URL; default: sftp to the storage host")
-    backup_password_file: str | None = knob(None, "controller file holding the restic password")
-    backup_paths: list[str] = knob([], "paths to back up; default: the checkpoints share")
-    backup_schedule: str = knob("daily", "systemd OnCalendar expression for the backup timer")
-    backup_keep_daily: int = knob(7, "restic forget --keep-daily", _positive)
-    backup_keep_weekly: int = knob(4, "restic forget --keep-weekly", _positive)
-    backup_keep_monthly: int = knob(6, "restic forget --keep-monthly", _positive)
+    backup_repository: str | None = knob(
+        None, "restic repository URL; default: sftp to the storage host", v.optional(v.restic_repository)
+    )
+    backup_password_file: str | None = knob(
+        None, "controller file holding the restic password", v.optional(v.controller_path)
+    )
+    backup_paths: list[str] = knob([], "paths to back up; default: the checkpoints share", v.each(v.source_path))
+    backup_schedule: str = knob("daily", "systemd OnCalendar expression for the backup timer", v.calendar)
+    backup_keep_daily: int = knob(7, "restic forget --keep-daily", v.bounded(1, 100_000))
+    backup_keep_weekly: int = knob(4, "restic forget --keep-weekly", v.bounded(1, 100_000))
+    backup_keep_monthly: int = knob(6, "restic forget --keep-monthly", v.bounded(1, 100_000))
 
     # --- validate ---
     validate_expect: dict[str, float] = knob(
@@ -297,11 +304,11 @@ class Settings:
     )
 
     # --- train ---
-    train_master_port: int = knob(29500, "c10d rendezvous port on the first node", _positive)
+    train_master_port: int = knob(29500, "c10d rendezvous port on the first node", v.bounded(1, 65535))
     train_dir: str = knob(
         "/var/tmp/provision-train",
         "node directory for the trainer: runs/<run-id>/ (script, pid file; root's), work/ (data, checkpoints)",
-        _absolute,
+        v.data_directory,
     )
 
     # --- deadlines (up, plan, facts, status): a host past one is reported and the others go on ---
@@ -416,7 +423,12 @@ def _unknown_key(where: str, key: str) -> Problem:
 
     close = difflib.get_close_matches(key, [f.name for f in fields(Settings)], n=1)
     fix = f"did you mean {close[0]!r}?" if close else "see `provision inventory knobs`"
-    return Problem(f"{where}: key {key}", "unknown setting", fix)
+    return Problem(f"{where}: key {key_label(key)}", "unknown setting", fix)
+
+
+def key_label(key: object) -> str:
+    """A data key as problems print it: escaped unless it is a plain name."""
+    return key if isinstance(key, str) and key.isidentifier() and key.isascii() else ascii(key)
 
 
 def nccl_version_pattern(cuda_toolkit: str | None, nccl_version: str | None) -> str:

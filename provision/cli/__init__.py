@@ -3,6 +3,7 @@ per problem and the exit codes from docs/ARCHITECTURE.md (0 ok, 1 failed, 2 bad 
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
@@ -50,7 +51,18 @@ def _register() -> None:
     app.command("train")(train.train)
 
 
+def _quiet_paramiko() -> None:
+    """paramiko's transport thread logs a traceback at ERROR for every host that answers
+    TCP but not SSH, and with no handler Python prints it on stderr. The same failure
+    reaches the summary as each host's reason (remote.run's CommandResult, pyinfra's
+    connect error), so its log goes nowhere: no traceback ever reaches the screen."""
+    log = logging.getLogger("paramiko")
+    log.addHandler(logging.NullHandler())
+    log.propagate = False
+
+
 def main() -> None:
+    _quiet_paramiko()
     _register()
     try:
         app()

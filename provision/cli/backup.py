@@ -18,7 +18,7 @@ from rich.table import Table
 
 from provision import inventory as inventory_lib
 from provision.backup import runs as backup
-from provision.cli.console import err, host_progress, out, print_json
+from provision.cli.console import err, host_progress, out, print_json, safe
 from provision.cli.options import InventoryArg, JsonOpt
 from provision.errors import EXIT_FAILED, InputError, Problem
 from provision.inventory import Cluster, Node
@@ -67,7 +67,7 @@ def _finish(outcomes: dict[str, backup.Outcome], as_json: bool, title: str, pass
         for column in ("host", "result", "seconds", "detail"):
             table.add_column(column)
         for o in outcomes.values():
-            table.add_row(o.host, passed if o.ok else "[red]FAILED[/]", f"{o.seconds:.1f}", o.detail)
+            table.add_row(safe(o.host), passed if o.ok else "[red]FAILED[/]", f"{o.seconds:.1f}", safe(o.detail))
         out.print(table)
     if not all(o.ok for o in outcomes.values()):
         raise typer.Exit(EXIT_FAILED)
@@ -117,7 +117,7 @@ def list_(
     if not as_json:
         for o in outcomes.values():
             for s in o.data.get("snapshots", []):
-                out.print(f"{o.host}  {s['short_id']}  {s['time'][:19]}  {' '.join(s['paths'])}")
+                out.print(safe(f"{o.host}  {s['short_id']}  {s['time'][:19]}  {' '.join(s['paths'])}"))
     _finish(outcomes, as_json, "snapshots")
 
 
@@ -155,7 +155,7 @@ def restore(
         raise InputError(Problem("restore", f"{len(nodes)} hosts back up", "name one with --host"))
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     if in_place and not as_json:
-        err.print(f"restoring {snapshot} over the live files on {nodes[0].name}")
+        err.print(safe(f"restoring {snapshot} over the live files on {nodes[0].name}"))
 
     def one(node: Node) -> backup.Outcome:
         if check:

@@ -4,6 +4,7 @@ stdout stays clean for --json), per-host progress, and the problem printer."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from collections.abc import Iterator
@@ -11,12 +12,29 @@ from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from provision.errors import ProvisionError
 
 err = Console(stderr=True, highlight=False)
 out = Console(highlight=False)
+
+
+# C0 and C1 control characters but newline and tab: an escape sequence from a host (or
+# in a value) would move the cursor, retitle the terminal or hide what follows.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def plain(value: object) -> str:
+    """Text from a host or a person, with control characters shown as \\xNN."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(value))
+
+
+def safe(value: object) -> str:
+    """Text from a host or a person, ready to put inside rich markup: never parsed as
+    markup (a host's ``[/x]`` would crash the print) and with no escape sequence left."""
+    return escape(plain(value))
 
 
 def print_json(data: Any) -> None:
@@ -29,7 +47,7 @@ def report_error(error: ProvisionError) -> None:
     """One line per problem, no traceback."""
     problems = getattr(error, "problems", None)
     for line in (str(p) for p in problems) if problems else str(error).splitlines() or ["failed"]:
-        err.print(f"[bold red]error:[/] {line}", soft_wrap=True)
+        err.print(f"[bold red]error:[/] {safe(line)}", soft_wrap=True)
 
 
 # Events that open, close or fail a host's step (the engine's texts): the ones the line
@@ -57,16 +75,16 @@ class HostProgress:
     def __init__(self, progress: Progress, hosts: list[str], lines: bool):
         self._progress = progress
         self._lines = lines  # print a line per step event to stderr
-        self._tasks = {h: progress.add_task(h, status="waiting", total=None) for h in hosts}
+        self._tasks = {h: progress.add_task(safe(h), status="waiting", total=None) for h in hosts}
         self.last = dict.fromkeys(hosts, "waiting")  # host -> its latest event
 
     def __call__(self, host: str, text: str) -> None:
         self.last[host] = text
         task = self._tasks.get(host)
         if task is not None:
-            self._progress.update(task, status=text)
+            self._progress.update(task, status=safe(text))
         if self._lines and is_milestone(text):
-            sys.stderr.write(f"{time.strftime('%H:%M:%S')} {host}: {text}\n")
+            sys.stderr.write(f"{time.strftime('%H:%M:%S')} {plain(host)}: {plain(text)}\n")
             sys.stderr.flush()
 
     def in_flight(self) -> dict[str, str]:
@@ -94,6 +112,6 @@ def host_progress(hosts: list[str], enabled: bool = True, mode: str = "auto") ->
             yield tracker
         except KeyboardInterrupt:
             busy = tracker.in_flight()
-            mid = ", ".join(f"{h} ({text})" for h, text in busy.items()) or "none"
+            mid = ", ".join(f"{plain(h)} ({plain(text)})" for h, text in busy.items()) or "none"
             sys.stderr.write(f"interrupted; hosts mid-step: {mid}\n")
             raise

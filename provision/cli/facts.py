@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from provision import inventory as inventory_lib
-from provision.cli.console import host_progress, out, print_json
+from provision.cli.console import host_progress, out, print_json, safe
 from provision.cli.options import InventoryArg
 from provision.errors import EXIT_FAILED
 from provision.facts.host import HOST_FACTS, summarize
@@ -47,17 +47,17 @@ def _print_tables(hosts: list[Any]) -> None:
         table.add_column(column)
     for h in hosts:
         if not h.reachable:
-            table.add_row(h.name, f"[red]no facts: {h.error}[/]", "", "", "", "")
+            table.add_row(safe(h.name), f"[red]no facts: {safe(h.error)}[/]", "", "", "", "")
             continue
         nics = "\n".join(f"{n['name']} {','.join(n['addresses']) or '-'} {n['speed_mbps'] or '?'}" for n in h.nics)
         gpus = "\n".join(f"{g['description']} [{g['device_id']}]" for g in h.gpus) or "none"
         table.add_row(
-            h.name,
-            f"{h.os['pretty_name']}\n{h.kernel}",
-            f"{h.cpu['model']}\n{h.cpu['sockets']}s/{h.cpu['cores']}c/{h.cpu['threads']}t",
+            safe(h.name),
+            safe(f"{h.os['pretty_name']}\n{h.kernel}"),
+            safe(f"{h.cpu['model']}\n{h.cpu['sockets']}s/{h.cpu['cores']}c/{h.cpu['threads']}t"),
             f"{h.memory_bytes / 2**30:.1f} GiB",
-            nics,
-            gpus,
+            safe(nics),
+            safe(gpus),
         )
     out.print(table)
     disks = Table(title="block devices")
@@ -65,6 +65,7 @@ def _print_tables(hosts: list[Any]) -> None:
         disks.add_column(column)
     for h in hosts:
         for d in h.block_devices:
-            holds = "root disk" if d["is_root"] else (d["holds"] or "[green]blank[/]")
-            disks.add_row(h.name, d["path"], "\n".join(d["by_id"]) or "-", f"{d['size_bytes'] / 2**30:.1f} GiB", holds)
+            holds = "root disk" if d["is_root"] else (safe(d["holds"]) if d["holds"] else "[green]blank[/]")
+            ids = safe("\n".join(d["by_id"]) or "-")
+            disks.add_row(safe(h.name), safe(d["path"]), ids, f"{d['size_bytes'] / 2**30:.1f} GiB", holds)
     out.print(disks)

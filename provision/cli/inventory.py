@@ -9,9 +9,10 @@ import typer
 from rich.table import Table
 
 from provision import inventory as inventory_lib
-from provision.cli.console import out, print_json
+from provision.cli.console import out, print_json, safe
 from provision.cli.options import InventoryArg
 from provision.settings import ROLES, knob_docs
+from provision.up import pipeline
 
 app = typer.Typer(help="Check inventories. Nothing here contacts a host.", no_args_is_help=True)
 
@@ -29,6 +30,7 @@ def check(
     Example: provision inventory check inventories/example.py
     """
     cluster = inventory_lib.load(inventory)
+    pipeline.check_inputs(cluster)  # what `up` and `plan` would refuse before any host
     if as_json:
         print_json(
             {
@@ -52,18 +54,18 @@ def check(
         table.add_column(column)
     for n in cluster.nodes:
         table.add_row(
-            n.name,
-            f"{n.ssh.user or ''}{'@' if n.ssh.user else ''}{n.ssh.hostname}:{n.ssh.port}",
-            n.cluster_address,
-            ", ".join(n.groups),
+            safe(n.name),
+            safe(f"{n.ssh.user or ''}{'@' if n.ssh.user else ''}{n.ssh.hostname}:{n.ssh.port}"),
+            safe(n.cluster_address),
+            safe(", ".join(n.groups)),
             ", ".join(g for g in n.groups if g in ROLES) or "-",
         )
     out.print(table)
     for n in cluster.nodes:
         changed = {k: v for k, v in asdict(n.settings).items() if v != _defaults()[k]}
         out.print(
-            f"[bold]{n.name}[/] settings (non-default): "
-            + (", ".join(f"{k}={v!r}" for k, v in changed.items()) or "all defaults")
+            f"[bold]{safe(n.name)}[/] settings (non-default): "
+            + safe(", ".join(f"{k}={v!r}" for k, v in changed.items()) or "all defaults")
         )
 
 
@@ -77,7 +79,7 @@ def knobs() -> None:
     for column in ("key", "default", "what it controls"):
         table.add_column(column)
     for name, default, doc in knob_docs():
-        table.add_row(name, repr(default), doc)
+        table.add_row(name, safe(repr(default)), safe(doc))
     out.print(table)
     roles = Table(title="roles (group names)")
     roles.add_column("group")

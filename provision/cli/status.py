@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from provision import inventory as inventory_lib
-from provision.cli.console import host_progress, out, print_json
+from provision.cli.console import host_progress, out, print_json, safe
 from provision.cli.options import InventoryArg
 from provision.errors import EXIT_FAILED
 
@@ -56,21 +56,24 @@ def _print(statuses: list[Any]) -> None:
         table.add_column(column)
     for s in statuses:
         if not s.reachable:
-            table.add_row(s.name, f"[red]unreachable: {s.error}[/]", *[""] * 6)
+            table.add_row(safe(s.name), f"[red]unreachable: {safe(s.error)}[/]", *[""] * 6)
             continue
         v = s.versions
         mounts = (
-            "\n".join(f"{p} {'[green]ok[/]' if st == 'ok' else f'[red]{st}[/]'}" for p, st in s.mounts.items()) or "-"
+            "\n".join(
+                f"{safe(p)} {'[green]ok[/]' if st == 'ok' else f'[red]{safe(st)}[/]'}" for p, st in s.mounts.items()
+            )
+            or "-"
         )
         table.add_row(
-            s.name,
-            f"{s.os}\n{s.kernel}",
-            f"{v.get('driver') or '-'} / {v.get('cuda') or '-'} / {v.get('fabricmanager') or '-'}",
-            f"{v.get('torch') or '-'} / {v.get('nccl') or '-'}",
+            safe(s.name),
+            safe(f"{s.os}\n{s.kernel}"),
+            safe(f"{v.get('driver') or '-'} / {v.get('cuda') or '-'} / {v.get('fabricmanager') or '-'}"),
+            safe(f"{v.get('torch') or '-'} / {v.get('nccl') or '-'}"),
             "[yellow]yes[/]" if s.reboot_pending else "no",
             mounts,
-            s.last_backup,
-            s.last_validate or "-",
+            safe(s.last_backup),
+            safe(s.last_validate or "-"),
         )
     out.print(table)
     drifted = [(s.name, d) for s in statuses for d in s.drift]
@@ -79,7 +82,7 @@ def _print(statuses: list[Any]) -> None:
         for column in ("host", "item", "expected", "actual"):
             drift.add_column(column)
         for name, d in drifted:
-            drift.add_row(name, d.item, d.expected, d.actual)
+            drift.add_row(safe(name), safe(d.item), safe(d.expected), safe(d.actual))
         out.print(drift)
     else:
         out.print("[green]no drift[/]: every host matches its pinned settings")

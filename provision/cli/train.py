@@ -8,11 +8,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
 from provision import inventory as inventory_lib
-from provision.cli.console import err, out, print_json
+from provision.cli.console import err, out, print_json, safe
 from provision.cli.options import InventoryArg
 from provision.errors import EXIT_FAILED, InputError, Problem, ProvisionError
 
@@ -142,13 +141,13 @@ def _options(
 def _echo(quiet: bool) -> Callable[[str, str, str], None]:
     def on_line(host: str, who: str, text: str) -> None:
         if not quiet:
-            err.print(f"[dim]{host} {who} |[/] {escape(text)}", soft_wrap=True)
+            err.print(f"[dim]{safe(host)} {safe(who)} |[/] {safe(text)}", soft_wrap=True)
 
     return on_line
 
 
 def _say(host: str, text: str) -> None:
-    err.print(f"[bold]{host}[/]: {escape(text)}")
+    err.print(f"[bold]{safe(host)}[/]: {safe(text)}")
 
 
 def _print(r: Any) -> None:
@@ -168,7 +167,7 @@ def _print(r: Any) -> None:
     for n in r.nodes:
         u = n.usage
         table.add_row(
-            n.name,
+            safe(n.name),
             ",".join(map(str, n.ranks)) or "-",
             _num(n.tokens_per_s),
             _num(n.forward_ms, 1),
@@ -187,14 +186,14 @@ def _print(r: Any) -> None:
         out.print(f"scaling efficiency: {r.scaling_efficiency:.2f} (against single-node run {r.scaling_reference})")
     if r.final_val_loss is not None:
         out.print(f"loss: train {r.final_train_loss:.4f}, validation {r.final_val_loss:.4f}")
-    out.print(f"stragglers: {', '.join(r.stragglers) or 'none'}")
+    out.print(f"stragglers: {safe(', '.join(r.stragglers) or 'none')}")
     if r.failure:
-        out.print(f"[bold red]failed:[/] {escape(r.failure)}")
+        out.print(f"[bold red]failed:[/] {safe(r.failure)}")
         if r.teardown_s is not None:
             out.print(f"stopped on every host in {r.teardown_s:.1f}s")
     for note in r.notes:
-        out.print(f"note: {escape(note)}")
-    out.print(f"logs, report.json and train.png: {r.out_dir}")
+        out.print(f"note: {safe(note)}")
+    out.print(f"logs, report.json and train.png: {safe(r.out_dir)}")
 
 
 def _num(value: float | None, digits: int = 0) -> str:

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from provision import inventory as inventory_lib
 from provision import state
-from provision.cli.console import err, host_progress, out, print_json
+from provision.cli.console import err, host_progress, out, plain, print_json, safe
 from provision.cli.options import InventoryArg, JsonOpt, ProgressChoice, ProgressOpt
 from provision.engine import HostPlan, RunReport
 from provision.errors import EXIT_FAILED, EXIT_OK
@@ -77,15 +77,17 @@ def print_summary(report: RunReport) -> None:
     for column in ("host", "steps done", "changed", "rebooted", "result"):
         table.add_column(column)
     for h in report.hosts.values():
-        failures = [str(f) for f in h.failures] or ["unreachable"]
+        failures = [safe(f) for f in h.failures] or ["unreachable"]
         result = "[green]ok[/]" if h.ok else "[red]" + "\n".join(failures) + "[/]"
         if h.notes:
-            result += "\n[dim]" + "\n".join(h.notes) + "[/]"
-        table.add_row(h.name, ", ".join(h.steps) or "-", str(h.changed), "yes" if h.rebooted else "no", result)
+            result += "\n[dim]" + "\n".join(safe(n) for n in h.notes) + "[/]"
+        table.add_row(safe(h.name), ", ".join(h.steps) or "-", str(h.changed), "yes" if h.rebooted else "no", result)
     out.print(table)
     total = sum(h.changed for h in report.hosts.values())
     failed = [h.name for h in report.hosts.values() if not h.ok]
-    out.print(f"{total} operations changed; " + (f"[red]failed: {', '.join(failed)}[/]" if failed else "all hosts ok"))
+    out.print(
+        f"{total} operations changed; " + (f"[red]failed: {safe(', '.join(failed))}[/]" if failed else "all hosts ok")
+    )
 
 
 def plan(
@@ -121,19 +123,19 @@ def plan(
 
 
 def print_plan(p: HostPlan) -> None:
-    out.rule(f"[bold]{p.name}[/]: {p.changes} changes" + (" [red](would stop)[/]" if p.refused else ""))
+    out.rule(f"[bold]{safe(p.name)}[/]: {p.changes} changes" + (" [red](would stop)[/]" if p.refused else ""))
     for reason in p.refused:
-        out.print(f"[red]would stop: {reason}[/]", soft_wrap=True)
+        out.print(f"[red]would stop: {safe(reason)}[/]", soft_wrap=True)
     for step, ops in p.steps.items():
         out.print(f"[bold]{step}[/]: " + (f"{len(ops)} operations would change" if ops else "no changes"))
         for op in ops:
-            out.print(f"  [cyan]{op.name}[/]")
+            out.print(f"  [cyan]{safe(op.name)}[/]")
             for command in op.commands:
-                out.print(f"    $ {command}", soft_wrap=True, markup=False)
+                out.print(f"    $ {plain(command)}", soft_wrap=True, markup=False)
             for diff in op.diffs:
-                out.print("      " + diff.replace("\n", "\n      "), markup=False, soft_wrap=True)
+                out.print("      " + plain(diff).replace("\n", "\n      "), markup=False, soft_wrap=True)
     for text in p.notes:
-        out.print(f"[dim]{text}[/]", soft_wrap=True)
+        out.print(f"[dim]{safe(text)}[/]", soft_wrap=True)
 
 
 def verify(

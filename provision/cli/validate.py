@@ -9,7 +9,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from provision.cli.console import err, host_progress, out, print_json
+from provision.cli.console import err, host_progress, out, print_json, safe
 from provision.errors import EXIT_BAD_INPUT, InputError, Problem
 
 VERDICT_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "not_run": "dim"}
@@ -133,20 +133,20 @@ def _print_table(results: list[Any]) -> None:
         table.add_column(column, overflow="fold")
     for r in results:
         for e in r.errors:
-            table.add_row(r.node, "-", "-", "-", "[bold red]FAIL[/]", e)
+            table.add_row(safe(r.node), "-", "-", "-", "[bold red]FAIL[/]", safe(e))
         for f in r.findings:
             name = f"{f.metric}[{f.device}]" if f.device else f.metric
             value = "-" if f.value is None else f"{f.value:.4g} {f.unit}"
             exp = "-" if f.expectation is None else f"{f.expectation:.4g}"
             style = VERDICT_STYLE.get(f.verdict, "")
-            table.add_row(r.node, name, value, exp, f"[{style}]{f.verdict.upper()}[/]", f.reason)
+            table.add_row(safe(r.node), safe(name), value, exp, f"[{style}]{f.verdict.upper()}[/]", safe(f.reason))
     out.print(table)
     summary = Table(title="verdict per node")
     for column in ("node", "verdict", "GPU SKU"):
         summary.add_column(column)
     for r in results:
         style = VERDICT_STYLE.get(r.verdict, "")
-        summary.add_row(r.node, f"[{style}]{r.verdict.upper()}[/]", r.sku or "-")
+        summary.add_row(safe(r.node), f"[{style}]{r.verdict.upper()}[/]", safe(r.sku or "-"))
     out.print(summary)
 
 
@@ -160,7 +160,8 @@ def _print_history(host: str, lines: list[dict[str, Any]], json_out: str | None)
     if json_out:
         raise typer.Exit(_bad("--history writes JSON to stdout only: use --json -"))
     out.print(
-        f"[bold]{host}[/]: {len(lines)} runs, verdicts " + " ".join(line.get("verdict", "?") for line in lines[-10:])
+        f"[bold]{safe(host)}[/]: {len(lines)} runs, verdicts "
+        + safe(" ".join(str(line.get("verdict", "?")) for line in lines[-10:]))
     )
     table = Table(title=f"trend for {host}")
     for column in ("metric", "runs", "first", "previous", "latest", "change"):
@@ -169,7 +170,7 @@ def _print_history(host: str, lines: list[dict[str, Any]], json_out: str | None)
         change = "-" if row.change is None else f"{row.change:+.1%}"
         style = "red" if row.change is not None and row.change < -0.1 else ""
         table.add_row(
-            row.key,
+            safe(row.key),
             str(row.runs),
             f"{row.first:.4g}",
             "-" if row.previous is None else f"{row.previous:.4g}",
@@ -180,7 +181,7 @@ def _print_history(host: str, lines: list[dict[str, Any]], json_out: str | None)
 
 
 def _bad(message: str) -> int:
-    err.print(f"[bold red]error:[/] {message}")
+    err.print(f"[bold red]error:[/] {safe(message)}")
     return EXIT_BAD_INPUT
 
 

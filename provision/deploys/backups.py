@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import posixpath
 from io import StringIO
+from shlex import quote
 
 from pyinfra import host
 from pyinfra.api import deploy
@@ -33,29 +34,34 @@ def unit_files(node: Node, cluster: Cluster) -> dict[str, str]:
     storage = cluster.storage_node()
     address = storage.cluster_address if (sftp and storage) else ""
     return {
+        # The env file is sourced by sh and the script run by it, as root: every value is
+        # quoted here, the one place these files are built (values are validated too).
         backup.ENV_FILE: render_template(
             "backups/env.j2",
-            repository=backup.repository(node, cluster),
-            password_file=backup.PASSWORD_FILE,
-            cache_dir=backup.CACHE_DIR,
+            repository=quote(backup.repository(node, cluster)),
+            password_file=quote(backup.PASSWORD_FILE),
+            cache_dir=quote(backup.CACHE_DIR),
         ),
         backup.WRAPPER: render_template(
             "backups/provision-restic.j2",
-            env_file=backup.ENV_FILE,
-            ssh_config=backup.SSH_CONFIG if sftp else "",
-            address=address,
+            env_file=quote(backup.ENV_FILE),
+            # one restic option, itself a command line: its words quoted, then the whole
+            sftp_command=quote(f"sftp.command=ssh -F {quote(backup.SSH_CONFIG)} {quote(address)} -s sftp")
+            if sftp
+            else "",
         ),
         backup.SCRIPT: render_template(
             "backups/provision-backup.j2",
-            wrapper=backup.WRAPPER,
-            paths=paths,
-            hostname=node.name,
-            schedule=s.backup_schedule,
-            keep_daily=s.backup_keep_daily,
-            keep_weekly=s.backup_keep_weekly,
-            keep_monthly=s.backup_keep_monthly,
-            stamp=BACKUP_STAMP,
-            stamp_dir=posixpath.dirname(BACKUP_STAMP),
+            wrapper=quote(backup.WRAPPER),
+            paths=[quote(p) for p in paths],
+            hostname=quote(node.name),
+            schedule=" ".join(s.backup_schedule.split()),  # in a comment: one line
+            keep_daily=int(s.backup_keep_daily),
+            keep_weekly=int(s.backup_keep_weekly),
+            keep_monthly=int(s.backup_keep_monthly),
+            stamp=quote(BACKUP_STAMP),
+            stamp_tmp=quote(f"{BACKUP_STAMP}.tmp"),
+            stamp_dir=quote(posixpath.dirname(BACKUP_STAMP)),
         ),
         f"/etc/systemd/system/{backup.UNIT}": render_template(
             "backups/provision-backup.service.j2", paths=paths, script=backup.SCRIPT

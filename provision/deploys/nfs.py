@@ -19,7 +19,6 @@ number, so the account has the same ids on every node.
 from __future__ import annotations
 
 import ipaddress
-import re
 import shlex
 from io import StringIO
 
@@ -33,6 +32,7 @@ from provision.inventory import Cluster, Node
 from provision.operations.accounts import training_account
 from provision.operations.apt import install
 from provision.operations.stamps import follow_up
+from provision.operations.volumes import fstab_field, fstab_match
 from provision.resources import render_template
 from provision.settings import Settings
 
@@ -70,25 +70,23 @@ def exports_text(settings: Settings) -> str:
     """/etc/exports.d/provision.exports: every share to the cluster network, nothing else."""
     network = ipaddress.ip_network(str(settings.cluster_cidr), strict=False)
     return render_template(
-        "nfs/exports.j2", paths=export_paths(settings), cluster_cidr=str(network), options=settings.nfs_export_options
+        "nfs/exports.j2",
+        paths=[fstab_field(p) for p in export_paths(settings)],  # exports(5) reads the same octal escapes
+        cluster_cidr=str(network),
+        options=settings.nfs_export_options,
     )
 
 
 def client_fstab_line(server_address: str, settings: Settings, share: str) -> str:
     return (
-        f"{server_address}:{settings.nfs_export_root}/{share} {settings.nfs_mount_root}/{share} "
-        f"nfs {CLIENT_OPTIONS} 0 0"
+        f"{fstab_field(server_address)}:{fstab_field(settings.nfs_export_root)}/{fstab_field(share)} "
+        f"{fstab_field(settings.nfs_mount_root)}/{fstab_field(share)} nfs {CLIENT_OPTIONS} 0 0"
     )
 
 
 def bind_fstab_line(settings: Settings) -> str:
     """The server's view of the shares at nfs_mount_root (a bind of the export root)."""
-    return f"{settings.nfs_export_root} {settings.nfs_mount_root} none {BIND_OPTIONS} 0 0"
-
-
-def fstab_match(mount: str) -> str:
-    """Extended regex for any fstab entry mounting something at ``mount``."""
-    return rf"^[^#[:space:]]+[[:space:]]+{re.escape(mount)}[[:space:]]"
+    return f"{fstab_field(settings.nfs_export_root)} {fstab_field(settings.nfs_mount_root)} none {BIND_OPTIONS} 0 0"
 
 
 def systemd_unit(path: str, suffix: str) -> str:

@@ -15,7 +15,7 @@ class VenvPackages(FactBase[dict[str, str]]):
     default = dict
 
     def command(self, pip: str) -> str:
-        return f"{pip} freeze --all 2>/dev/null || true"
+        return f"{shlex.quote(pip)} freeze --all 2>/dev/null || true"
 
     def process(self, output: list[str]) -> dict[str, str]:
         return parse_freeze(output)
@@ -25,7 +25,7 @@ class TorchCheck(FactBase[str]):
     """Import torch with the venv's python; the output says what failed."""
 
     def command(self, python: str, need_cuda: bool) -> str:
-        return f"{python} -c {shlex.quote(check_script(need_cuda))} 2>&1 | tail -n 3 || true"
+        return f"{shlex.quote(python)} -c {shlex.quote(check_script(need_cuda))} 2>&1 | tail -n 3 || true"
 
     def process(self, output: list[str]) -> str:
         return "\n".join(output)

@@ -27,7 +27,14 @@ def venv_packages(
     (requirements on the command line cannot carry hashes)."""
     todo = missing(requirements, host.get_fact(VenvPackages, pip=pip))
     if todo:
-        yield " ".join([pip, "install", *([source_args] if source_args else []), *([] if hashed else todo)])
+        yield install_command(pip, [] if hashed else todo, source_args)
+
+
+def install_command(pip: str, requirements: list[str], source_args: str | None) -> str:
+    """pip install of the requirements; ``source_args`` is already quoted by its builder
+    (rules.frameworks.pip_source_args), every other value is quoted here."""
+    source = [source_args] if source_args else []
+    return " ".join([shlex.quote(pip), "install", *source, *(shlex.quote(r) for r in requirements)])
 
 
 @operation()

@@ -30,7 +30,14 @@ def fstab_line(fs_uuid: str, settings: Settings) -> str:
     """The fstab entry: by UUID, noatime, nofail and a bounded wait for the device."""
     options = f"defaults,noatime,nofail,x-systemd.device-timeout={DEVICE_TIMEOUT}"
     passno = 2 if settings.filesystem == "ext4" else 0  # xfs is checked by the kernel on mount
-    return f"UUID={fs_uuid} {settings.data_mount} {settings.filesystem} {options} 0 {passno}"
+    return f"UUID={fs_uuid} {fstab_field(settings.data_mount)} {settings.filesystem} {options} 0 {passno}"
+
+
+def fstab_field(value: str) -> str:
+    """A value as one fstab (and exports) field: space, tab, newline and backslash as the
+    octal escapes fstab(5) reads. Paths are validated to hold none of these (values.py);
+    escaping here keeps a field one field whatever reaches it."""
+    return "".join(f"\\{ord(c):03o}" if c in " \t\n\\#" else c for c in value)
 
 
 def mdadm_uuid(value: str) -> str:
@@ -91,7 +98,8 @@ def new_uuid() -> str:
 
 def fstab_match(mount: str) -> str:
     """Extended regex for any fstab entry mounting something at ``mount``."""
-    return rf"^[^#[:space:]]+[[:space:]]+{mount}[[:space:]]"
+    escaped = "".join(f"\\{c}" if c in ".[]()*+?{}|^$\\" else c for c in fstab_field(mount))
+    return rf"^[^#[:space:]]+[[:space:]]+{escaped}[[:space:]]"
 
 
 def stable_path(device: BlockDevice) -> str:

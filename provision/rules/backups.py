@@ -181,7 +181,7 @@ def repository(node: Node, cluster: Cluster) -> str:
     if storage is None:
         raise InputError(
             Problem(
-                f"host {node.name}: key backup_repository",
+                f"{cluster.path}: host {node.name}: key backup_repository",
                 "no repository: not set, and no storage host to hold the default one",
                 "put a host in the 'storage' group, or set backup_repository",
             )

@@ -51,16 +51,34 @@ def select(only: str | None = None, skip: str | None = None) -> list[Step]:
     return chosen
 
 
-def check_inputs(cluster: Cluster, steps: list[Step]) -> None:
-    """Controller-side inputs the steps need, checked before any host is contacted."""
+def check_inputs(cluster: Cluster, steps: list[Step] | None = None) -> None:
+    """Controller-side inputs the steps need (all of them by default), checked before any
+    host is contacted. `inventory check` calls it too, so what `up` and `plan` would refuse
+    here, `inventory check` refuses."""
+    names = {s.name for s in (STEPS if steps is None else steps)}
     problems = []
-    if any(s.name == "frameworks" for s in steps):
+    if "frameworks" in names:
         for node in cluster.nodes:
             problems += _wheelhouse_problems(cluster, node)
-    if any(s.name == "backups" for s in steps):
+    if "nfs" in names:
+        problems += _export_problems(cluster)
+    if "backups" in names:
         problems += _backup_problems(cluster)
     if problems:
         raise InputError(problems)
+
+
+def _export_problems(cluster: Cluster) -> list[Problem]:
+    """The storage host exports only to the cluster network: without one (or with one
+    that means everyone) the nfs step would refuse on the host, after earlier steps."""
+    storage = cluster.storage_node()
+    if storage is None or nfs.applies(storage) is not None:
+        return []
+    where = f"{cluster.path}: host {storage.name}: key cluster_cidr"
+    return [
+        Problem(where, why.removeprefix(f"{storage.name}: "))
+        for why in nfs.export_problems(storage.settings, storage.name)
+    ]
 
 
 def _wheelhouse_problems(cluster: Cluster, node: Node) -> list[Problem]:

@@ -144,7 +144,7 @@ def torchrun_command(node: Node, rank: int, nnodes: int, master: Node, agent_pat
         f'P={python}; [ -x "$P" ] || P=python3; '
         f"PROVISION_ALLREDUCE={shlex.quote(token)} "
         f'setsid timeout {ALLREDUCE_TIMEOUT_S} "$P" -m torch.distributed.run --nnodes {nnodes} '
-        f"--node-rank {rank} --nproc-per-node {nproc} --master-addr {master.cluster_address} "
+        f"--node-rank {rank} --nproc-per-node {nproc} --master-addr {shlex.quote(master.cluster_address)} "
         f"--master-port {master.settings.train_master_port + ALLREDUCE_PORT_OFFSET} "
         f"{shlex.quote(agent_path)} allreduce-worker --mb {mb} --backend {backend} "
         '> "$D/log" 2>&1 & echo $! > "$D/pid"; wait $!; rc=$?; cat "$D/log"; rm -rf -- "$D"; '

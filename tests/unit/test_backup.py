@@ -116,7 +116,7 @@ def test_service_and_timer_render_with_schedule_and_paths(tmp_path):
     assert "OnCalendar=*-*-* 02:30:00" in timer
     assert "Persistent=true" in timer
     wrapper = files[backup_layout.WRAPPER]
-    assert f'-o sftp.command="ssh -F {backup_layout.SSH_CONFIG} 10.77.0.1 -s sftp"' in wrapper
+    assert f"-o 'sftp.command=ssh -F {backup_layout.SSH_CONFIG} 10.77.0.1 -s sftp'" in wrapper
 
 
 def test_ssh_config_pins_the_storage_host_key_when_known():

@@ -92,7 +92,7 @@ def test_backup_inputs_are_checked_on_hosts_that_back_up_when_the_step_runs(tmp_
         pipeline.check_inputs(cluster, pipeline.select(only="backups"))
     assert [str(p) for p in e.value.problems] == [
         f"{inventory}: host n1: key backup_password_file: {empty} is empty (restic refuses an empty password)",
-        "host n1: key backup_repository: no repository: not set, and no storage host to hold the default one "
-        "(put a host in the 'storage' group, or set backup_repository)",
+        f"{inventory}: host n1: key backup_repository: no repository: not set, "
+        "and no storage host to hold the default one (put a host in the 'storage' group, or set backup_repository)",
     ]
     pipeline.check_inputs(cluster, pipeline.select(skip="backups"))  # not this run's concern

@@ -120,7 +120,7 @@ def test_unknown_key_in_group_data_names_that_file(tmp_path):
         # pyinfra's own keys too: pyinfra would silently ignore a typo in them.
         ("ssh_hostnme", "'10.0.0.1'", "did you mean ssh_hostname?"),
         ("_sduo", "True", "did you mean _sudo?"),
-        ("ssh_user", "5", "5 is not a string"),
+        ("ssh_user", "5", "5 is not a POSIX user name"),
         ("ssh_strict_host_key_checking", "'bogus'", "is not one of yes, accept-new, no, off"),
     ],
 )

@@ -32,7 +32,14 @@ LAYERS: list[tuple[str, ...]] = [
     ("provision.facts",),
     ("provision.inventory",),
     ("provision.settings",),
-    ("provision.state", "provision.resources", "provision.metrics", "provision.hostkeys"),
+    (
+        "provision.state",
+        "provision.resources",
+        "provision.metrics",
+        "provision.hostkeys",
+        "provision.values",
+        "provision.inventory_file",
+    ),
     ("provision.errors", "provision"),
 ]
 

@@ -1,0 +1,237 @@
+"""What an inventory value may be: the checks behind each setting's type.
+
+Every value of the inventory is input from a person (or a script) and ends up in root
+shells, fstab, exports, unit files and ssh_config on the nodes and the controller. Each
+check here says what a kind of value is (an absolute path, a host name, a user name...)
+and returns why a value is not that, or None. Allow-lists, not deny-lists: a value of a
+kind holds only the characters that kind needs, so no shell, fstab or ssh_config
+metacharacter (``$``, ``;``, space, newline, quote...) ever reaches a file or command,
+whatever quoting a builder does on top.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import posixpath
+import re
+from collections.abc import Callable
+from typing import Any
+
+Check = Callable[[Any], "str | None"]
+
+# Characters of a path that needs no quoting anywhere it goes (fstab, exports, unit files).
+_PATH = re.compile(r"/[A-Za-z0-9._+@:/-]*")
+# Trees the system owns: a data directory here would be mounted over, chown'ed or exported.
+_SYSTEM_TREES: tuple[str, ...] = (
+    "/bin",
+    "/boot",
+    "/dev",
+    "/etc",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/proc",
+    "/root",
+)
+_SYSTEM_TREES += ("/run", "/sbin", "/sys", "/usr")
+# Directories that may hold a data directory but must not be one.
+_SYSTEM_DIRS = {"/", "/home", "/media", "/mnt", "/opt", "/snap", "/tmp", "/var"}
+_SYSTEM_DIRS |= {f"/var/{d}" for d in ("backups", "cache", "lib", "local", "lock", "log", "mail", "opt", "run")}
+_SYSTEM_DIRS |= {"/var/spool", "/var/tmp"}
+# Pseudo filesystems: nothing there is a file to back up.
+_PSEUDO_TREES = ("/dev", "/proc", "/run", "/sys")
+
+
+def _under(path: str, trees: tuple[str, ...]) -> bool:
+    return any(path == t or path.startswith(t + "/") for t in trees)
+
+
+def absolute_path(value: Any) -> str | None:
+    """An absolute path, normalised, of letters, digits and ``._+@:-/`` only."""
+    if not isinstance(value, str) or not _PATH.fullmatch(value):
+        return f"{value!r} is not an absolute path of letters, digits and ._+@:- (no spaces or shell characters)"
+    if posixpath.normpath(value) != value or "//" in value or "/../" in f"{value}/":
+        return f"{value!r} is not a normalised absolute path (no '..', '//', '.' or trailing '/')"
+    return None
+
+
+def data_directory(value: Any) -> str | None:
+    """An absolute path where provision keeps data: never / or a system directory."""
+    problem = absolute_path(value)
+    if problem:
+        return problem
+    if value in _SYSTEM_DIRS or _under(value, _SYSTEM_TREES):
+        return f"{value!r} is / or a system directory; use a directory of its own, e.g. /data or /opt/provision"
+    return None
+
+
+def source_path(value: Any) -> str | None:
+    """A path to back up: any real directory but / and the pseudo filesystems."""
+    problem = absolute_path(value)
+    if problem:
+        return problem
+    if value == "/" or _under(value, _PSEUDO_TREES):
+        return f"{value!r} is / or a pseudo filesystem; name the directories to back up"
+    return None
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def controller_path(value: Any) -> str | None:
+    """A path on the controller (~ allowed): opened here, never sent to a shell."""
+    if not isinstance(value, str) or not value.strip() or _CONTROL.search(value) or '"' in value:
+        return f"{value!r} is not a file path (empty, or holds a control character or a double quote)"
+    return None
+
+
+_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+
+
+def host_name(value: Any) -> str | None:
+    """An RFC 1123 host name: dot-separated labels of ASCII letters, digits and '-'."""
+    if isinstance(value, str) and len(value) <= 253 and all(_LABEL.fullmatch(p) for p in value.split(".")):
+        return None
+    return f"{value!r} is not an RFC 1123 host name (ASCII letters, digits, '-' and '.')"
+
+
+def ip_address(value: Any) -> str | None:
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return f"{value!r} is not an IP address"
+    return None
+
+
+def address(value: Any) -> str | None:
+    """An IP address or an RFC 1123 host name."""
+    return None if ip_address(value) is None else host_name(value)
+
+
+_USER = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
+
+
+def user_name(value: Any) -> str | None:
+    """A POSIX portable user or group name (at most 32 characters, no leading '-')."""
+    if isinstance(value, str) and _USER.fullmatch(value):
+        return None
+    return f"{value!r} is not a POSIX user name (letters, digits, '_', '.', '-'; up to 32)"
+
+
+def interface(value: Any) -> str | None:
+    """A Linux network interface name (at most 15 characters, no '/' or space)."""
+    if isinstance(value, str) and re.fullmatch(r"[A-Za-z0-9_.-]{1,15}", value) and value not in (".", ".."):
+        return None
+    return f"{value!r} is not a network interface name such as eth1 (up to 15 letters, digits, _ . -)"
+
+
+def cidr(value: Any) -> str | None:
+    try:
+        ipaddress.ip_network(value, strict=False)
+    except (ValueError, TypeError):
+        return f"{value!r} is not a network in CIDR form, e.g. 10.0.0.0/24"
+    return None
+
+
+# Narrowest prefix still taken as one cluster network: wider means "everyone" to NFS.
+WIDEST_PREFIX = {4: 8, 6: 32}
+
+
+def cluster_network(value: Any) -> str | None:
+    """A CIDR narrow enough to be a cluster network: NFS exports go to all of it."""
+    problem = cidr(value)
+    if problem:
+        return problem
+    net = ipaddress.ip_network(value, strict=False)
+    if net.prefixlen < WIDEST_PREFIX[net.version]:
+        return f"{value!r} is wider than /{WIDEST_PREFIX[net.version]}: NFS would export to far more than the cluster"
+    return None
+
+
+def bounded(low: float, high: float) -> Check:
+    """A number from low to high, finite (no NaN or infinity)."""
+
+    def check(value: Any) -> str | None:
+        if isinstance(value, float) and not math.isfinite(value):
+            return f"{value!r} is not a finite number"
+        return None if low <= value <= high else f"{value!r} is not between {low} and {high}"
+
+    return check
+
+
+def finite_numbers(value: dict[str, Any]) -> str | None:
+    bad = [k for k, v in value.items() if isinstance(v, float) and not math.isfinite(v)]
+    return f"{', '.join(bad)}: not a finite number" if bad else None
+
+
+def url(value: Any) -> str | None:
+    """An http(s) or file URL with no space, quote or shell character ({distro} allowed)."""
+    if isinstance(value, str) and re.fullmatch(r"(https?://[A-Za-z0-9]|file:///)[A-Za-z0-9._~:/?#@!%+=,{}-]*", value):
+        return None
+    return f"{value!r} is not an http(s):// or file:/// URL without spaces, quotes or shell characters"
+
+
+def restic_repository(value: Any) -> str | None:
+    """A restic repository spec: an absolute path or backend:location ({host} allowed)."""
+    spec = re.compile(r"(/|(local|sftp|rest|s3|b2|azure|gs|swift|rclone):)[A-Za-z0-9._~:/@%+=,{}-]*")
+    if isinstance(value, str) and spec.fullmatch(value):
+        return None
+    return (
+        f"{value!r} is not a restic repository (an absolute path, or sftp:, rest:, s3:, b2:, azure:, gs:, "
+        "swift:, rclone: followed by letters, digits and ._~:/@%+=,-)"
+    )
+
+
+def calendar(value: Any) -> str | None:
+    """A systemd OnCalendar expression: its own characters only, one line."""
+    if isinstance(value, str) and 0 < len(value) <= 100 and re.fullmatch(r"[A-Za-z0-9*:,./~ +-]+", value):
+        return None if value.strip() == value else f"{value!r} starts or ends with a space"
+    return f"{value!r} is not a systemd OnCalendar expression such as daily or *-*-* 02:00:00"
+
+
+def share_name(value: Any) -> str | None:
+    """A share: one directory name (no '/', not '.' or '..')."""
+    if isinstance(value, str) and re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}", value):
+        return None
+    return f"{value!r} is not a directory name (letters, digits, ._-; no '/' or '..')"
+
+
+_EXPORT_FLAGS = {"rw", "ro", "sync", "async", "root_squash", "all_squash", "secure", "insecure"}
+_EXPORT_FLAGS |= {"subtree_check", "no_subtree_check", "wdelay", "no_wdelay", "hide", "nohide", "crossmnt"}
+_EXPORT_FLAGS |= {"secure_locks", "insecure_locks", "no_acl", "mp"}
+_EXPORT_VALUED = re.compile(r"(anonuid|anongid|fsid)=[0-9]{1,10}|sec=(sys|krb5|krb5i|krb5p)(:(sys|krb5|krb5i|krb5p))*")
+
+
+def export_options(value: Any) -> str | None:
+    """exports(5) options for the one client (the cluster network): a whitelist of tokens.
+    no_root_squash (root on any node would be root on the share) is not one of them."""
+    if not isinstance(value, str) or not value:
+        return f"{value!r} is not a comma-separated list of exports(5) options"
+    bad = [t for t in value.split(",") if t not in _EXPORT_FLAGS and not _EXPORT_VALUED.fullmatch(t)]
+    if bad:
+        return (
+            f"{', '.join(repr(t) for t in bad)} not allowed; options: {', '.join(sorted(_EXPORT_FLAGS))}, anonuid=N..."
+        )
+    return None
+
+
+def disk_name(value: Any) -> str | None:
+    """A disk serial or /dev/disk/by-id path: no space, quote or shell character."""
+    if isinstance(value, str) and re.fullmatch(r"[A-Za-z0-9._:+@/-]+", value):
+        return None
+    return f"{value!r} holds a character no disk id has (letters, digits and ._:+@-/ only)"
+
+
+def each(check: Check) -> Check:
+    """The check of a list: every item, first failure said."""
+
+    def check_all(value: list[Any]) -> str | None:
+        return next((p for p in (check(v) for v in value) if p), None)
+
+    return check_all
+
+
+def optional(check: Check) -> Check:
+    return lambda value: None if value is None else check(value)
