@@ -301,6 +301,26 @@ def gpu_count(nvidia_smi_l: str) -> int:
     return len(_GPU_LINE.findall(nvidia_smi_l))
 
 
+# nvidia-smi -L prints each MIG device indented under its GPU:
+#   GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-...)
+#     MIG 1g.5gb      Device  0: (UUID: MIG-...)
+_MIG_LINE = re.compile(r"^\s+MIG \S+\s+Device\s+\d+:", re.M)
+
+
+def mig_gpus(nvidia_smi_l: str) -> list[int]:
+    """Indices of the GPUs listed with MIG devices under them. A CUDA process sees at most
+    one MIG device, so one rank per GPU (the trainer's cuda:LOCAL_RANK) cannot run there."""
+    gpus: list[int] = []
+    current: int | None = None
+    for line in nvidia_smi_l.splitlines():
+        head = _GPU_LINE.match(line)
+        if head:
+            current = int(line.split(":", 1)[0].split()[1])
+        elif current is not None and _MIG_LINE.match(line) and current not in gpus:
+            gpus.append(current)
+    return gpus
+
+
 def parse_nproc(value: str) -> int | None:
     """'auto' -> None (one per GPU, else 1); a positive integer -> itself; else ValueError."""
     if value == "auto":

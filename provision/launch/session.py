@@ -177,6 +177,13 @@ def _prepare_node(
             "it and every directory above it must belong to root (or the SSH user) and be writable by "
             "no one else: remove it if another user made it, or set train_dir"
         )
+    mig = plan.mig_gpus(gpus)
+    if mig:
+        raise LaunchError(
+            f"MIG is enabled on GPU {', '.join(map(str, mig))}: the reference trainer runs one rank per whole "
+            "GPU (a CUDA process sees one MIG device at most); disable MIG (`nvidia-smi -mig 0`, then reset "
+            "the GPU) or leave this node out of the inventory"
+        )
     nproc = opts.nproc_per_node or max(1, plan.gpu_count(gpus))
     say(node.name, "uploading trainer")
     conn.put(str(training_script()), f"{run_dir}/train_ddp.py")

@@ -278,6 +278,19 @@ def test_gpu_count_reads_nvidia_smi_list_and_zero_without_it():
     assert plan.gpu_count("") == 0
 
 
+def test_gpus_with_mig_devices_are_named_and_whole_gpus_are_not():
+    # nvidia-smi -L's layout with MIG on (NVIDIA's MIG user guide): devices indented under their GPU
+    listing = (
+        "GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-5c89852c-d268-c3f3-1b07-005d5ae1dc3f)\n"
+        "GPU 1: NVIDIA A100-SXM4-40GB (UUID: GPU-5c89852c-d268-c3f3-1b07-005d5ae1dc40)\n"
+        "  MIG 3g.20gb     Device  0: (UUID: MIG-4ce3fbc2-fe20-5e2a-8c73-8d7c2a1f5b2a)\n"
+        "  MIG 1g.5gb      Device  1: (UUID: MIG-a91c2a1e-6a2f-5b0e-9a47-1d5c3b7e8f10)\n"
+    )
+    assert plan.gpu_count(listing) == 2  # MIG devices are not GPUs of their own
+    assert plan.mig_gpus(listing) == [1]
+    assert plan.mig_gpus(listing.split("  MIG")[0]) == []
+
+
 def test_nproc_accepts_auto_or_a_positive_integer():
     assert plan.parse_nproc("auto") is None
     assert plan.parse_nproc("4") == 4
