@@ -70,10 +70,19 @@ def run_ops_bounded(state: Any, clocks: HostClocks, on_time_out: Callable[[Any],
 
 
 def in_parallel(state: Any, work: Callable[[Any], object]) -> None:
-    """``work(host)`` for every active host at once, each in its own greenlet."""
-    import gevent
+    """``work(host)`` for every active host at once, each in its own greenlet.
 
-    gevent.joinall([state.pool.spawn(work, host) for host in list(state.active_hosts)])
+    pyinfra's current state (``ctx_state``) is one global, not a greenlet-local like
+    ``ctx_host``; ``add_deploy`` sets it with ``ctx_state.use(state)`` and puts back what it
+    found when it returns. Held here for the whole pass, every greenlet's ``use`` finds it
+    already set and leaves it alone: otherwise the first host to finish preparing resets it,
+    and a host still preparing adds its next operation against the State class itself
+    ("get_meta_for_host() missing 1 required positional argument", seen on a 2-node up)."""
+    import gevent
+    from pyinfra.context import ctx_state
+
+    with ctx_state.use(state):
+        gevent.joinall([state.pool.spawn(work, host) for host in list(state.active_hosts)])
 
 
 def quiet_interrupts() -> None:
