@@ -3,25 +3,11 @@ sys.exit() an error, and a group pyinfra would skip (a string, a dict) named."""
 
 from __future__ import annotations
 
-import textwrap
-from pathlib import Path
-
 import pytest
 
 from provision import inventory
-from provision.errors import InputError
 from provision.inventory_file import TIMEOUT_ENV
-
-
-def write(path: Path, text: str) -> Path:
-    path.write_text(textwrap.dedent(text))
-    return path
-
-
-def problems_of(path: Path) -> list[str]:
-    with pytest.raises(InputError) as info:
-        inventory.load(path)
-    return [str(p) for p in info.value.problems]
+from tests.unit.test_inventory import problems_of, write  # the same helpers as the loader's tests
 
 
 def test_the_inventory_file_runs_once_per_load(tmp_path):
