@@ -72,11 +72,10 @@ def pytest_collection_modifyitems(config, items):
 
 # CI stops a run at 90 minutes, and a run killed there says nothing. End-to-end tests run
 # last; once the suite has used its budget, each e2e test still due is SKIPPED with the
-# reason and named again at the end. With PROVISION_TEST_REQUIRE_ALL=1 such a run FAILS (a
-# green run then means every test ran). It is not yet the default: on the 2-core Xeon build
-# VM the whole suite ran every test in 70 minutes from an empty cache, only minutes inside
-# the budget (BENCHMARKS.md, issue 21), and a failing CI lands nothing. 72 minutes: the
-# slowest single e2e test still ends inside CI's 90, with the bootstrap before pytest.
+# reason, named again at the end, and the run FAILS: a skipped test proves nothing, so a
+# green run means every test ran. PROVISION_TEST_REQUIRE_ALL=0 makes such a skip a warning
+# (a local run). 72 minutes: the slowest single e2e test still ends inside CI's 90, with the
+# bootstrap before pytest.
 SUITE_BUDGET_S = float(os.environ.get("PROVISION_TEST_BUDGET_S", 72 * 60))
 _SUITE_START = time.monotonic()
 
@@ -94,7 +93,7 @@ def pytest_runtest_setup(item):
         )
 
 
-REQUIRE_ALL = os.environ.get("PROVISION_TEST_REQUIRE_ALL", "0") == "1"
+REQUIRE_ALL = os.environ.get("PROVISION_TEST_REQUIRE_ALL", "1") != "0"
 
 
 def pytest_sessionfinish(session, exitstatus):
