@@ -11,6 +11,7 @@ the same code boots them instead of provisioning again.
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,21 @@ from tests.e2e import clock, snapshot
 NODES = 2  # node1 is the storage node
 DISKS = 2  # data disks per node: /dev/disk/by-id/virtio-NVME-<node>-<k>
 SHAPE = {"nodes": NODES, "disks": DISKS}  # part of the snapshot key
+
+
+def _wait_for_boot(tb: Testbed, names: list[str]) -> None:
+    """Wait until each node's boot jobs are done (systemd's job queue empty): SSH answers
+    before the provisioned nodes' nofail mounts (/data, the /shared bind) are up, and a file
+    a test writes then lands under the mount point and is hidden once the mount arrives (a
+    backup right after a snapshot boot saw an empty /shared/checkpoints)."""
+    for name in names:
+        # exit 1 means "degraded" (a unit failed): booted all the same, the tests say what broke
+        subprocess.run(
+            tb.ssh_argv(name, ["systemctl", "is-system-running", "--wait"]),
+            capture_output=True,
+            timeout=600,
+            check=False,
+        )
 
 
 @dataclass
@@ -51,6 +67,8 @@ def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedTestbed]
         cached = snapshot.restore(tb, digest, inventory_path, names)
         clock.record("snapshot", "restore", hit=cached is not None, key=digest)
         nodes = tb.up(nodes=NODES, disks=DISKS)
+        if cached is not None:
+            _wait_for_boot(tb, names)
         clock.record("phase", "testbed up", at="end")
         yield SharedTestbed(tb, tb.inventory_path, nodes, digest, cached)
     finally:
@@ -82,6 +100,7 @@ def provisioned(testbed: SharedTestbed) -> RunReport:
     names = [n.name for n in testbed.nodes]
     snapshot.save(testbed.testbed, testbed.snapshot_key, testbed.inventory_path, report, names)
     testbed.nodes[:] = testbed.testbed.status()  # booted again: new pids
+    _wait_for_boot(testbed.testbed, names)
     clock.record("phase", "snapshot saved", at="end")
     return report
 
