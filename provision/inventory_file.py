@@ -22,6 +22,7 @@ from types import ModuleType
 from typing import Any
 
 from provision.errors import InputError, Problem
+from provision.pyinfra_context import held
 
 TIMEOUT_ENV = "PROVISION_INVENTORY_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 30.0
@@ -50,7 +51,7 @@ def load(path: Path) -> tuple[Any, dict[str, Any]]:
     from pyinfra_cli.util import PYTHON_CODES, exec_file
 
     PYTHON_CODES.clear()  # pyinfra caches compiled files by name; a long-lived process must see edits
-    with _guarded(path), ctx_state.use(State()):
+    with _guarded(path), held(ctx_state, State()):
         attrs = exec_file(str(path), return_locals=True)
         problems = [p for name, value in attrs.items() for p in group_problems(path, name, value)]
         if problems:

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from provision.pyinfra_context import held
+
 DISCONNECT_TIMEOUT_S = 30.0  # closing a wedged connection must not hang the caller
 
 
@@ -61,7 +63,7 @@ def run_ops_bounded(state: Any, clocks: HostClocks, on_time_out: Callable[[Any],
 
     hosts = list(state.active_hosts)
     state.is_executing = True
-    with ctx_state.use(state):
+    with held(ctx_state, state):
         greenlets = [state.pool.spawn(clocks.run, h.name, partial(_host_ops, state, h)) for h in hosts]
         gevent.joinall(greenlets)
     for host, greenlet in zip(hosts, greenlets, strict=True):
@@ -81,7 +83,7 @@ def in_parallel(state: Any, work: Callable[[Any], object]) -> None:
     import gevent
     from pyinfra.context import ctx_state
 
-    with ctx_state.use(state):
+    with held(ctx_state, state):
         gevent.joinall([state.pool.spawn(work, host) for host in list(state.active_hosts)])
 
 

@@ -7,6 +7,7 @@ import contextlib
 from functools import partial
 from typing import Any
 
+from provision.pyinfra_context import held
 from provision.engine.collector import Collector, op_name
 from provision.engine.context import RunContext
 from provision.engine.deadlines import HostClocks, disconnect_bounded, in_parallel
@@ -99,7 +100,7 @@ def changing_ops(state: Any, host: Any, run: RunContext) -> list[PlannedOp]:
         # change it follows happens; with no other change planned, it will not run.
         if op_data.global_arguments.get("_if") and not planned:
             continue
-        with ctx_state.use(state), ctx_host.use(host):
+        with held(ctx_state, state), held(ctx_host, host):
             commands = list(op_data.command_generator())
         planned.append(
             PlannedOp(

@@ -20,7 +20,13 @@ ARRAY_DEVICE = "/dev/md/data"  # where mdadm.conf names our array
 MARKER = ".provision-volume"  # file at the volume's root saying who made it
 
 
-DEVICE_TIMEOUT = "30s"  # how long boot waits for a missing data disk before going on
+# How long the data mount (and the NFS server and backups, which require it) waits at boot
+# for the volume's device. nofail keeps boot itself from waiting, so this bound only decides
+# when a missing disk is given up on: an md array appears only once udev's coldplug has
+# run mdadm --incremental on every member, which took 37 s on a testbed node (past the
+# 30 s this was) and can take long on a server with many NVMe drives; a mount given up on
+# is never retried when the device appears later.
+DEVICE_TIMEOUT = "300s"
 
 
 MDADM_CONF = "/etc/mdadm/mdadm.conf"

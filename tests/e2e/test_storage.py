@@ -30,7 +30,7 @@ def test_data_volume_is_raid0_xfs_of_two_disks_mounted_by_uuid(cluster):
     by_id = sh(node, "ls -l /dev/disk/by-id/ | grep virtio-NVME-node1-")
     assert sorted(members) == sorted(line.rsplit("/", 1)[-1] for line in by_id.splitlines())
     fstab = [line.split() for line in sh(node, "cat /etc/fstab").splitlines() if " /data " in line]
-    assert fstab == [[f"UUID={uuid}", "/data", "xfs", "defaults,noatime,nofail,x-systemd.device-timeout=30s", "0", "0"]]
+    assert fstab == [[f"UUID={uuid}", "/data", "xfs", "defaults,noatime,nofail,x-systemd.device-timeout=300s", "0", "0"]]
     assert "name=provision:data" in sh(node, "cat /etc/mdadm/mdadm.conf")
 
 

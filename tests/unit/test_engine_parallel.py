@@ -23,6 +23,25 @@ def test_a_host_still_preparing_sees_the_state_after_another_host_finished():
             gevent.sleep(0 if host == "a" else 0.01)
             seen[host] = ctx_state.get() is state
 
+    before = ctx_state.get()
     in_parallel(state, prepare)
     assert seen == {"a": True, "b": True}
-    assert ctx_state.get() is None  # put back as it was found
+    assert ctx_state.get() is before  # put back as it was found
+
+
+def test_a_bad_inventory_file_leaves_no_state_behind(tmp_path):
+    # pyinfra's own ctx_state.use() restores only on a normal exit: a refused inventory left a
+    # stale State installed for the rest of the process (it failed the test above in CI).
+    from provision import inventory_file
+    from provision.errors import InputError
+
+    path = tmp_path / "inventory.py"
+    path.write_text('nodes = "not a list"\n')
+    before = ctx_state.get()
+    try:
+        inventory_file.load(path)
+    except InputError:
+        pass
+    else:
+        raise AssertionError("a group that is a string must be refused")
+    assert ctx_state.get() is before

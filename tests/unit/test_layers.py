@@ -40,7 +40,7 @@ LAYERS: list[tuple[str, ...]] = [
         "provision.values",
         "provision.inventory_file",
     ),
-    ("provision.errors", "provision"),
+    ("provision.errors", "provision.pyinfra_context", "provision"),
 ]
 
 # Imports between siblings of one layer that the architecture allows, each with its reason.

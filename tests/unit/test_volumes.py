@@ -286,7 +286,7 @@ def test_a_raid_level_the_disks_can_make_is_accepted(level, count):
 def test_fstab_line_mounts_by_uuid_with_noatime_nofail_and_a_device_timeout():
     line = vol_ops.fstab_line("1b4e28ba-2fa1-11d2-883f-0016d3cca427", settings())
     assert line == (
-        "UUID=1b4e28ba-2fa1-11d2-883f-0016d3cca427 /data xfs defaults,noatime,nofail,x-systemd.device-timeout=30s 0 0"
+        "UUID=1b4e28ba-2fa1-11d2-883f-0016d3cca427 /data xfs defaults,noatime,nofail,x-systemd.device-timeout=300s 0 0"
     )
 
 
@@ -296,7 +296,7 @@ def test_fstab_line_for_ext4_is_checked_at_boot():
         "UUID=u",
         "/mnt/d",
         "ext4",
-        "defaults,noatime,nofail,x-systemd.device-timeout=30s",
+        "defaults,noatime,nofail,x-systemd.device-timeout=300s",
         "0",
         "2",
     ]

@@ -92,7 +92,7 @@ def test_two_blank_disks_become_raid0_xfs_mounted_by_uuid(monkeypatch):
     md_uuid = create.split("--uuid=")[1].split()[0]
     assert run.ran(HOST, re.escape(f"ARRAY /dev/md/data metadata=1.2 UUID={md_uuid} name=provision:data"))
     assert run.ran(HOST, "update-initramfs -u")
-    fstab = f"UUID={fs_uuid} /data xfs defaults,noatime,nofail,x-systemd.device-timeout=30s 0 0"
+    fstab = f"UUID={fs_uuid} /data xfs defaults,noatime,nofail,x-systemd.device-timeout=300s 0 0"
     assert [c for c in run.ran(HOST, re.escape(fstab)) if "/etc/fstab" in c]
     assert run.ran(HOST, "^mount /data$")
     assert not run.ran(HOST, "wipefs")  # blank disks need no erasing
