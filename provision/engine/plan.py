@@ -7,7 +7,6 @@ import contextlib
 from functools import partial
 from typing import Any
 
-from provision.pyinfra_context import held
 from provision.engine.collector import Collector, op_name
 from provision.engine.context import RunContext
 from provision.engine.deadlines import HostClocks, disconnect_bounded, in_parallel
@@ -15,6 +14,7 @@ from provision.engine.pyinfra_state import new_state
 from provision.engine.results import HostPlan, HostResult, OnEvent, PlannedOp, Step, TimedOut, no_events
 from provision.engine.run import targets_of
 from provision.inventory import Cluster, Node
+from provision.pyinfra_context import held
 
 
 def plan_steps(cluster: Cluster, steps: list[Step], on_event: OnEvent = no_events) -> dict[str, HostPlan]:

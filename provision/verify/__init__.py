@@ -15,6 +15,8 @@ import os
 import subprocess
 import sys
 import tempfile
+import xml.etree.ElementTree as ET  # parses only the reports our own pytest runs wrote
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -54,10 +56,23 @@ def _storage_name(cluster: Cluster) -> str | None:
     return storage.name if storage else None
 
 
+PARALLEL_HOSTS = 16  # hosts checked at once, one pytest process each on the controller
+
+
 def run(
-    cluster: Cluster, workdir: str | None = None, extra: list[str] | None = None, timeout_s: int = 1800
+    cluster: Cluster,
+    workdir: str | None = None,
+    extra: list[str] | None = None,
+    timeout_s: int = 1800,
+    parallel: int = PARALLEL_HOSTS,
 ) -> VerifyResult:
-    """Run the suite against every host; returns pytest's exit code and its output."""
+    """Run the suite against every host; returns the combined exit code and output.
+
+    Each host gets its own pytest process, side by side (at most ``parallel`` at once) and
+    under its own ``timeout_s``: hosts are checked in the time of the slowest instead of the
+    sum (importing torch on a host is a minute and a half under the testbed's emulation), and
+    a host that hangs is reported as timed out while every other host keeps its results.
+    The hosts' JUnit reports are merged into one file."""
     import importlib.util
 
     if importlib.util.find_spec("testinfra") is None:  # a hand-trimmed install: say so, not "No module"
@@ -69,16 +84,26 @@ def run(
     work.mkdir(parents=True, exist_ok=True)
     (work / "ssh_config").write_text(ssh_config(cluster.nodes))
     (work / "spec.json").write_text(json.dumps(spec(cluster), default=str))
+    names = [n.name for n in cluster.nodes]
+    with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(names) or 1))) as pool:
+        results = list(pool.map(lambda name: _run_host(work, name, extra or [], timeout_s), names))
     junit = work / "verify.xml"
-    hosts = ",".join(f"ssh://{n.name}" for n in cluster.nodes)
+    merge_junit([work / f"verify-{name}.xml" for name in names], junit)
+    output = "".join(f"{HOST_HEADER}{name}\n{text}" for name, (_, text) in zip(names, results, strict=True))
+    return VerifyResult(combined_exit_code([code for code, _ in results]), str(junit), output)
+
+
+def _run_host(work: Path, name: str, extra: list[str], timeout_s: int) -> tuple[int, str]:
+    """One host's pytest run: (exit code, output); a run past ``timeout_s`` is killed and
+    reported as pytest's "interrupted" (2) with the reason."""
     command = [
         sys.executable,
         "-m",
         "pytest",
         str(SUITE),
-        f"--hosts={hosts}",
+        f"--hosts=ssh://{name}",
         f"--ssh-config={work / 'ssh_config'}",
-        f"--junitxml={junit}",
+        f"--junitxml={work / f'verify-{name}.xml'}",
         "-p",
         "no:cacheprovider",
         "-o",
@@ -87,8 +112,40 @@ def run(
         str(SUITE),
         "-q",
         "-rfEs",
-        *(extra or []),
+        *extra,
     ]
     env = os.environ | {SPEC_ENV: str(work / "spec.json")}
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout_s, cwd=work)
-    return VerifyResult(done.returncode, str(junit), done.stdout + done.stderr)
+    try:
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout_s, cwd=work)
+    except subprocess.TimeoutExpired as e:  # run() has killed it
+        partial = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        return INTERRUPTED, f"{partial}\nverify: {name} timed out after {timeout_s} s; its checks are incomplete\n"
+    return done.returncode, done.stdout + done.stderr
+
+
+HOST_HEADER = ">>> verify: "  # the line before each host's pytest output (pytest's own rules use = _ -)
+INTERRUPTED = 2  # pytest's exit code for a run stopped before its end
+
+
+def combined_exit_code(codes: list[int]) -> int:
+    """0 when every host passed; a code other than 0 and 1 (could not run, interrupted)
+    when any host has one, so "some checks failed" never hides "some hosts were not checked";
+    otherwise 1."""
+    odd = [c for c in codes if c not in (0, 1)]
+    if odd:
+        return max(odd)
+    return 1 if 1 in codes else 0
+
+
+def merge_junit(parts: list[Path], dest: Path) -> None:
+    """One JUnit file holding every host's test suites (a host with no report adds none)."""
+    root = ET.Element("testsuites")
+    for part in parts:
+        if not part.is_file():
+            continue
+        try:
+            doc = ET.parse(part).getroot()
+        except ET.ParseError:
+            continue  # a run killed while writing it: its output says why
+        root.extend(doc.iter("testsuite") if doc.tag == "testsuites" else [doc])
+    ET.ElementTree(root).write(dest, encoding="utf-8", xml_declaration=True)

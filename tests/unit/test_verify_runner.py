@@ -47,3 +47,25 @@ def test_exportfs_output_is_read_per_share_with_exact_clients_and_options() -> N
     assert {"sync", "rw", "root_squash"} <= exports["/data/shared/datasets"][0][1]
     assert exports["/srv"] == [("<world>", {"async", "rw", "no_root_squash"})]
     assert "sync" not in exports["/srv"][0][1]  # the old substring check took "async" for "sync"
+
+
+def test_one_host_not_checked_is_never_hidden_by_another_hosts_failures() -> None:
+    assert verify.combined_exit_code([0, 0]) == 0
+    assert verify.combined_exit_code([0, 1]) == 1
+    assert verify.combined_exit_code([1, verify.INTERRUPTED, 0]) == verify.INTERRUPTED
+    assert verify.combined_exit_code([4, 1]) == 4  # pytest could not run on one host
+
+
+def test_the_hosts_junit_reports_become_one(tmp_path) -> None:
+    (tmp_path / "a.xml").write_text(
+        '<?xml version="1.0"?><testsuites><testsuite name="pytest" tests="2">'
+        '<testcase name="t1[ssh://a]"/><testcase name="t2[ssh://a]"/></testsuite></testsuites>'
+    )
+    (tmp_path / "b.xml").write_text('<testsuite name="pytest" tests="1"><testcase name="t1[ssh://b]"/></testsuite>')
+    (tmp_path / "c.xml").write_text("<testsuites><testsu")  # killed while writing it
+    verify.merge_junit([tmp_path / n for n in ("a.xml", "b.xml", "c.xml", "missing.xml")], tmp_path / "all.xml")
+    import xml.etree.ElementTree as ET
+
+    root = ET.parse(tmp_path / "all.xml").getroot()
+    assert root.tag == "testsuites"
+    assert [c.get("name") for c in root.iter("testcase")] == ["t1[ssh://a]", "t2[ssh://a]", "t1[ssh://b]"]
