@@ -9,6 +9,7 @@ rows: first, previous and latest value per metric, and the change since the prev
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,8 +43,21 @@ def append(results: list[NodeResult], created: str, mode: str, base: Path | None
     base = base or state_dir()
     base.mkdir(parents=True, exist_ok=True)
     for r in results:
-        with open(_file(r.node, base), "a") as f:
-            f.write(json.dumps(entry(r, created, mode)) + "\n")
+        _append_line(_file(r.node, base), json.dumps(entry(r, created, mode)))
+
+
+def _append_line(path: Path, line: str) -> None:
+    """One line added in one write, and on disk before validate reports. A crash mid-write
+    leaves a last line without its newline (read() skips it); the next line then starts on
+    a line of its own instead of being glued to the torn one and lost with it."""
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        size = os.fstat(fd).st_size
+        torn = size > 0 and os.pread(fd, 1, size - 1) != b"\n"
+        os.write(fd, (("\n" if torn else "") + line + "\n").encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def read(host: str, base: Path | None = None) -> list[dict[str, Any]]:

@@ -42,3 +42,13 @@ def test_unknown_host_history_is_input_error(tmp_path):
 def test_host_name_cannot_escape_the_state_dir(tmp_path):
     with pytest.raises(InputError, match="not a host name"):
         history.read("../etc/passwd", tmp_path)
+
+
+def test_a_line_torn_by_a_crash_costs_only_itself(tmp_path):
+    history.append(results(20.0), "2026-01-01T00:00:00+00:00", "quick", tmp_path)
+    with open(tmp_path / "node1.jsonl", "a") as f:
+        f.write('{"created": "2026-01-02T00:00:00+00:00", "verd')  # the crash: no newline
+    history.append(results(18.0), "2026-01-03T00:00:00+00:00", "quick", tmp_path)
+    lines = history.read("node1", tmp_path)
+    assert [line["created"][:10] for line in lines] == ["2026-01-01", "2026-01-03"]
+    assert history.last_run("node1", tmp_path) == ("pass", "2026-01-03T00:00:00+00:00")
