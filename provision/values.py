@@ -23,6 +23,8 @@ Check = Callable[[Any], "str | None"]
 # Characters of a path that needs no quoting anywhere it goes (fstab, exports, unit files).
 _PATH = re.compile(r"/[A-Za-z0-9._+@:/-]*")
 # Trees the system owns: a data directory here would be mounted over, chown'ed or exported.
+# The one list: every path knob (data_mount, the NFS roots, venv_path, train_dir) is checked
+# against it by data_directory.
 _SYSTEM_TREES: tuple[str, ...] = (
     "/bin",
     "/boot",
@@ -37,7 +39,7 @@ _SYSTEM_TREES: tuple[str, ...] = (
 )
 _SYSTEM_TREES += ("/run", "/sbin", "/sys", "/usr")
 # Directories that may hold a data directory but must not be one.
-_SYSTEM_DIRS = {"/", "/home", "/media", "/mnt", "/opt", "/snap", "/tmp", "/var"}
+_SYSTEM_DIRS = {"/", "/home", "/media", "/mnt", "/opt", "/snap", "/srv", "/tmp", "/var"}
 _SYSTEM_DIRS |= {f"/var/{d}" for d in ("backups", "cache", "lib", "local", "lock", "log", "mail", "opt", "run")}
 _SYSTEM_DIRS |= {"/var/spool", "/var/tmp"}
 # Pseudo filesystems: nothing there is a file to back up.

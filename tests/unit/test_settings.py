@@ -167,6 +167,8 @@ def test_deadline_knobs_have_defaults_and_refuse_zero_or_absurd_values():
         ({"train_dir": "/home/"}, "'/home/' is not a normalised absolute path"),
         ({"train_dir": "/etc/provision"}, "'/etc/provision' is / or a system directory"),
         ({"train_dir": "/usr/local/train"}, "'/usr/local/train' is / or a system directory"),
+        ({"train_dir": "/srv"}, "'/srv' is / or a system directory"),  # /srv/<name> is fine, /srv itself is not
+        ({"data_mount": "/var/backups"}, "'/var/backups' is / or a system directory"),
         ({"train_dir": "/var/tmp/../../etc"}, "'/var/tmp/../../etc' is not a normalised absolute path"),
         ({"train_dir": "/data"}, "'/data' is, or holds, the data volume or the NFS shares (data_mount /data)"),
         ({"train_dir": "/srv/x", "data_mount": "/srv/x/data"}, "'/srv/x' is, or holds, the data volume"),
