@@ -168,7 +168,6 @@ def test_deadline_knobs_have_defaults_and_refuse_zero_or_absurd_values():
         ({"train_dir": "/etc/provision"}, "'/etc/provision' is / or a system directory"),
         ({"train_dir": "/usr/local/train"}, "'/usr/local/train' is / or a system directory"),
         ({"train_dir": "/srv"}, "'/srv' is / or a system directory"),  # /srv/<name> is fine, /srv itself is not
-        ({"data_mount": "/var/backups"}, "'/var/backups' is / or a system directory"),
         ({"train_dir": "/var/tmp/../../etc"}, "'/var/tmp/../../etc' is not a normalised absolute path"),
         ({"train_dir": "/data"}, "'/data' is, or holds, the data volume or the NFS shares (data_mount /data)"),
         ({"train_dir": "/srv/x", "data_mount": "/srv/x/data"}, "'/srv/x' is, or holds, the data volume"),
@@ -186,3 +185,11 @@ def test_train_dir_refuses_the_root_system_directories_the_data_volume_and_the_s
 @pytest.mark.parametrize("path", ["/var/tmp/provision-train", "/srv/train", "/data/train", "/opt/provision/train"])
 def test_train_dir_of_its_own_passes(path):
     assert parse_settings({"train_dir": path}, "inv.py")[1] == []
+
+
+def test_every_path_knob_refuses_the_same_system_directories():
+    # One list (values.py) for all of them: it once differed between train_dir and the rest.
+    for key in ("data_mount", "nfs_export_root", "venv_path", "train_dir"):
+        for path in ("/srv", "/var/backups", "/usr/local/x"):
+            _, problems = parse_settings({key: path}, "inv.py")
+            assert [p.where for p in problems] == [f"inv.py: key {key}"], (key, path)
