@@ -8,7 +8,10 @@ import secrets
 import shutil
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from provision.inventory import Node, SshTarget
 from provision.settings import Settings
@@ -26,6 +29,17 @@ def private_run(token: str, marked: bool) -> tuple[subprocess.Popen, Path]:
     proc = subprocess.Popen(["setsid", "sleep", "300"], env=env)
     (d / "pid").write_text(f"{proc.pid}\n")
     return proc, d
+
+
+@pytest.fixture
+def stray_runs() -> Iterator[list[tuple[subprocess.Popen, Path]]]:
+    """Runs a test expects teardown to leave alone: killed and removed after the test."""
+    runs: list[tuple[subprocess.Popen, Path]] = []
+    yield runs
+    for proc, d in runs:
+        proc.kill()
+        proc.wait()
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def teardown(token: str) -> None:
@@ -54,34 +68,26 @@ def test_teardown_stops_the_marked_group_and_removes_its_directory():
     assert not d.exists()
 
 
-def test_teardown_leaves_a_process_without_the_marker_alone():
+def test_teardown_leaves_a_process_without_the_marker_alone(stray_runs):
     token = f"n0-{secrets.token_hex(4)}"
     proc, d = private_run(token, marked=False)
-    try:
-        teardown(token)
-        assert proc.poll() is None, "a process without the run's marker was signalled"
-    finally:
-        proc.kill()
-        proc.wait()
-        shutil.rmtree(d, ignore_errors=True)
+    stray_runs.append((proc, d))
+    teardown(token)
+    assert proc.poll() is None, "a process without the run's marker was signalled"
 
 
-def test_teardown_ignores_a_directory_another_user_made_and_a_pid_file_of_garbage():
+def test_teardown_ignores_a_directory_another_user_made_and_a_pid_file_of_garbage(stray_runs):
     token = f"n0-{secrets.token_hex(4)}"
     proc, d = private_run(token, marked=True)
-    try:
-        os.chown(d, NOBODY, NOBODY)  # someone else's directory: its pid file is not ours to believe
-        teardown(token)
-        assert proc.poll() is None
-        assert d.exists()  # and it is not ours to remove
-        os.chown(d, 0, 0)
-        (d / "pid").write_text(f"-{proc.pid}")  # a group id, or any non-number
-        teardown(token)
-        assert proc.poll() is None
-    finally:
-        proc.kill()
-        proc.wait()
-        shutil.rmtree(d, ignore_errors=True)
+    stray_runs.append((proc, d))
+    os.chown(d, NOBODY, NOBODY)  # someone else's directory: its pid file is not ours to believe
+    teardown(token)
+    assert proc.poll() is None
+    assert d.exists()  # and it is not ours to remove
+    os.chown(d, 0, 0)
+    (d / "pid").write_text(f"-{proc.pid}")  # a group id, or any non-number
+    teardown(token)
+    assert proc.poll() is None
 
 
 def test_the_all_reduce_refuses_to_start_in_a_directory_someone_made_first():
