@@ -145,9 +145,11 @@ def verify(
 ) -> None:
     """Check from the outside that every host has what `up` promises (packages and
     versions, holds, services, files, mounts), with the pytest-testinfra suite shipped
-    in provision/verify. Writes JUnit XML for CI.
+    in provision/verify. Each host by its own pytest process, side by side, each within 30
+    minutes (a host that hangs is reported, the others keep their results). Writes JUnit XML
+    for CI.
 
-    Exit code: 0 all checks passed, 1 some failed, 2 bad input.
+    Exit code: 0 all checks passed, 1 some failed or a host could not be checked, 2 bad input.
 
     Example: provision verify inventories/testbed.py
     """
