@@ -32,12 +32,18 @@ class RemoteError(Exception):
     """A remote command could not be run (unreachable, refused, timed out)."""
 
 
-def connection(target: SshTarget | Node, connect_timeout: int = CONNECT_TIMEOUT_S) -> Any:
-    """A fabric Connection for a host, with provision's host-key policy applied."""
+def connection(target: SshTarget | Node, connect_timeout: int | None = None) -> Any:
+    """A fabric Connection for a host, with provision's host-key policy applied. The
+    connect deadline is the node's ``connect_timeout_s`` setting unless given (a bare
+    SshTarget: CONNECT_TIMEOUT_S); the SSH banner and authentication get at least as long,
+    and never less than 30 s, which a busy emulated node needs to fork sshd and answer."""
     from fabric import Config, Connection
 
     ssh = target.ssh if isinstance(target, Node) else target
-    connect_kwargs: dict[str, Any] = {"banner_timeout": 30, "auth_timeout": 30}
+    if connect_timeout is None:
+        connect_timeout = target.settings.connect_timeout_s if isinstance(target, Node) else CONNECT_TIMEOUT_S
+    handshake = max(connect_timeout, 30)
+    connect_kwargs: dict[str, Any] = {"banner_timeout": handshake, "auth_timeout": handshake}
     if ssh.key:
         connect_kwargs.update(key_filename=ssh.key, look_for_keys=False)
     # The inventory is the source of truth: the user's ~/.ssh/config is not read, so a
