@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from provision.engine.collector import Collector
@@ -44,8 +45,14 @@ def gather_facts(
     fact_errors: dict[str, str] = {}
     asking: dict[str, str] = {}  # host -> the fact it is waiting for
 
+    # The settings' deadlines bound facts too, where they are shorter than the defaults
+    # here: each fact by the host's command_timeout_s, the gather by the longest
+    # step_timeout_s (one clock for the whole gather).
+    fact_limit = {n.name: max(1, min(fact_timeout_s, int(timeout_s), n.settings.command_timeout_s)) for n in nodes}
+    timeout_s = min(timeout_s, max((n.settings.step_timeout_s for n in nodes), default=timeout_s))
+
     def one(host: Any) -> None:
-        values, error = _host_facts(state, host, wanted, on_event, asking, min(fact_timeout_s, int(timeout_s)))
+        values, error = _host_facts(state, host, wanted, on_event, asking, fact_limit[host.name])
         if error is None:
             out[host.name] = values
             on_event(host.name, "done")
@@ -91,13 +98,18 @@ def _host_facts(
     for name, (fact, kwargs) in wanted.items():
         on_event(host.name, f"fact {name}")
         asking[host.name] = name
+        start = time.monotonic()
         try:
             values[name] = host.get_fact(fact, _timeout=timeout_s, **kwargs)
         except Exception as e:  # any error is this host's alone
             return values, f"fact {name}: {type(e).__name__}: {e}".rstrip(": ")
         # pyinfra answers a failed fact command with the fact's default (None) and drops
-        # the host from the run; a half-gathered host is reported, not summarised.
+        # the host from the run; a half-gathered host is reported, not summarised. A
+        # command stopped at its _timeout looks the same to us (pyinfra logs the
+        # TimeoutError and returns None), so the time it took tells a hung host apart.
         if values[name] is None or host not in state.active_hosts:
+            if time.monotonic() - start >= timeout_s:
+                return values, str(TimedOut.after(f"fact {name}", timeout_s))
             return values, f"fact {name}: the command failed on the host"
     return values, None
 
