@@ -1,0 +1,177 @@
+"""A simulated fleet for tests and benchmarks: a stand-in for pyinfra's ssh connector
+whose hosts answer every command from outputs captured on a real host, after a set
+latency, and of which a chosen share refuse connections, fail every command, or hang.
+
+The seam: pyinfra gives every host without an ``@connector/`` prefix the connector
+registered as ``ssh`` among the ``pyinfra.connectors`` entry points, looked up through
+``pyinfra.api.inventory.get_execution_connectors``. ``simulated(fleet)`` puts this
+connector there for as long as it is held, so a real inventory file (plain host names,
+real settings) loads and runs through unchanged product code, which never knows.
+
+Profiles are JSON files beside this module (``fleet_profiles/<profile>.json``: the exact
+command pyinfra sent -> exit code, stdout and stderr), recorded by
+``fleet_profiles/capture.py`` from the real facts run on a real host through pyinfra's own
+``@local`` connector.
+
+Example::
+
+    fleet = SimulatedFleet.spread(200, FleetShares(fail=0.05, hang=0.01))
+    inv = fleet.write_inventory(tmp_path / "fleet.py", command_timeout_s=2)
+    with simulated(fleet):
+        cluster = inventory.load(inv)
+        result = engine.gather_facts(list(cluster.nodes), HOST_FACTS)
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any, ClassVar
+
+import gevent
+from pyinfra.api.exceptions import ConnectError
+from pyinfra.connectors.base import BaseConnector
+from pyinfra.connectors.util import CommandOutput, OutputLine
+
+PROFILES = Path(__file__).parent / "fleet_profiles"
+BEHAVIOURS = ("ok", "fail", "refuse", "hang", "blackhole")
+# ok: answers from the profile; fail: every command exits 1; refuse: the connection is
+# refused at once; hang: connects, then no command ever answers (a wedged disk, an sshd
+# that stops mid-session); blackhole: the connection attempt never answers, so it times
+# out at the pass's CONNECT_TIMEOUT as paramiko's would.
+
+
+@cache
+def profile(name: str) -> dict[str, dict[str, Any]]:
+    """A captured profile: command -> {"exit": int, "stdout": [...], "stderr": [...]}."""
+    data: dict[str, dict[str, Any]] = json.loads((PROFILES / f"{name}.json").read_text())["commands"]
+    return data
+
+
+@dataclass(frozen=True)
+class FleetShares:
+    """Which share of a simulated fleet misbehaves, and how; the rest answer."""
+
+    fail: float = 0.0  # share whose every command exits 1
+    refuse: float = 0.0  # share that refuses connections
+    hang: float = 0.0  # share that connects, then never answers a command
+    blackhole: float = 0.0  # share whose connection attempt never answers
+
+
+@dataclass
+class SimulatedFleet:
+    """The simulated hosts: each one's behaviour, the latency of every command and
+    connection, and the captured profile they all answer from."""
+
+    behaviour: dict[str, str]  # host name -> one of BEHAVIOURS
+    latency_s: float = 0.05  # seconds each command (and each connection) takes
+    profile: str = "debian12-cpu"  # fleet_profiles/<profile>.json
+    commands: dict[str, int] = field(default_factory=dict)  # host name -> commands answered
+
+    @classmethod
+    def spread(cls, count: int, shares: FleetShares = FleetShares(), **kwargs: Any) -> SimulatedFleet:
+        """``count`` hosts node-0000..., the misbehaving ones spread evenly through the
+        fleet (so a test can name them) rather than drawn at random."""
+        out = ["ok"] * count
+        for behaviour in ("fail", "refuse", "hang", "blackhole"):
+            wanted = round(count * getattr(shares, behaviour))
+            free = [i for i, b in enumerate(out) if b == "ok"]
+            for k in range(wanted):
+                out[free[(k * len(free)) // wanted]] = behaviour
+        return cls({f"node-{i:04d}": b for i, b in enumerate(out)}, **kwargs)
+
+    def named(self, behaviour: str) -> set[str]:
+        return {name for name, b in self.behaviour.items() if b == behaviour}
+
+    def write_inventory(self, path: Path, **settings: Any) -> Path:
+        """A real inventory file of these hosts (one address each), with these settings."""
+        hosts = [
+            (name, {"ssh_hostname": f"10.{i // 65536 % 256}.{i // 256 % 256}.{i % 256}", **settings})
+            for i, name in enumerate(self.behaviour)
+        ]
+        path.write_text(f"nodes = {hosts!r}\n")
+        return path
+
+
+class FleetStandInConnector(BaseConnector):
+    """Answers each command from the fleet's captured profile after its latency, or
+    misbehaves as the host's behaviour says. Every wait is a gevent sleep, so a thousand
+    hosts wait side by side in one process and a killed greenlet stops at once."""
+
+    handles_execution = True
+    fleet: ClassVar[SimulatedFleet] = SimulatedFleet({})  # set by simulated()
+
+    @staticmethod
+    def make_names_data(name: str | None = None) -> Iterator[tuple[str, dict[str, Any], list[str]]]:
+        raise NotImplementedError("the fleet stand-in is reached through plain host names")
+
+    def connect(self) -> None:
+        behaviour = self._behaviour()
+        if behaviour == "refuse":
+            raise ConnectError("Could not connect ([Errno 111] Connection refused) (fleet stand-in)")
+        if behaviour == "blackhole":
+            gevent.sleep(self.state.config.CONNECT_TIMEOUT)
+            raise ConnectError("Could not connect (timed out) (fleet stand-in)")
+        gevent.sleep(self.fleet.latency_s)
+
+    def run_shell_command(
+        self, command: Any, print_output: bool = False, print_input: bool = False, **arguments: Any
+    ) -> tuple[bool, CommandOutput]:
+        text = command if isinstance(command, str) else command.get_masked_value()
+        behaviour = self._behaviour()
+        if behaviour == "hang":
+            return self._hang(arguments.get("_timeout"))
+        gevent.sleep(self.fleet.latency_s)
+        self.fleet.commands[self.host.name] = self.fleet.commands.get(self.host.name, 0) + 1
+        if behaviour == "fail":
+            return False, _output([], ["fleet stand-in: this host fails every command"])
+        answer = profile(self.fleet.profile).get(text)
+        if answer is None:
+            return False, _output([], [f"fleet stand-in: no captured answer for: {text}"])
+        return answer["exit"] == 0, _output(answer["stdout"], answer["stderr"])
+
+    def put_file(self, *args: Any, **kwargs: Any) -> bool:
+        gevent.sleep(self.fleet.latency_s)
+        return self._behaviour() == "ok"
+
+    def get_file(self, *args: Any, **kwargs: Any) -> bool:
+        gevent.sleep(self.fleet.latency_s)
+        return self._behaviour() == "ok"
+
+    def _behaviour(self) -> str:
+        return self.fleet.behaviour.get(self.host.name, "refuse")
+
+    @staticmethod
+    def _hang(timeout: float | None) -> tuple[bool, CommandOutput]:
+        """No answer: raise TimeoutError at the command's own _timeout, as pyinfra's ssh
+        connector does (connectors.util.read_output_buffers); without one, sleep until
+        the greenlet is killed."""
+        if timeout is not None:
+            gevent.sleep(timeout)
+            raise TimeoutError()
+        while True:
+            gevent.sleep(3600)
+
+
+def _output(stdout: list[str], stderr: list[str]) -> CommandOutput:
+    return CommandOutput([OutputLine("stdout", s) for s in stdout] + [OutputLine("stderr", s) for s in stderr])
+
+
+@contextmanager
+def simulated(fleet: SimulatedFleet) -> Iterator[SimulatedFleet]:
+    """Every plain-named host pyinfra builds while this is held is one of ``fleet``'s."""
+    from pyinfra.api import inventory
+
+    all_before, exec_before = inventory.get_all_connectors, inventory.get_execution_connectors
+    inventory.get_all_connectors = lambda: {**all_before(), "ssh": FleetStandInConnector}  # type: ignore[assignment]
+    inventory.get_execution_connectors = lambda: {**exec_before(), "ssh": FleetStandInConnector}  # type: ignore[assignment]
+    FleetStandInConnector.fleet = fleet
+    try:
+        yield fleet
+    finally:
+        inventory.get_all_connectors, inventory.get_execution_connectors = all_before, exec_before
+        FleetStandInConnector.fleet = SimulatedFleet({})
