@@ -1,0 +1,79 @@
+"""200 simulated hosts (tests/standins/fleet_standin) through the real CLI, inventory,
+runner and facts' parsers: 5 % fail (half refuse the connection, half fail every
+command) and 1 % hang. Every host is reported, the failing and hung ones are named with
+why, and the run ends within the deadlines the inventory's settings give.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from tests.standins.fleet_standin import FleetShares, SimulatedFleet, simulated
+
+COUNT = 200
+SHARES = FleetShares(fail=0.025, refuse=0.025, hang=0.01)
+DEADLINES = {"connect_timeout_s": 2, "command_timeout_s": 2, "step_timeout_s": 10}
+# The slowest host's time: a connect, one fact's command deadline, then the pass's own
+# overheads; the slack is for a loaded 2-core CI machine, not for the hosts.
+SLACK_S = 15
+
+
+@pytest.fixture
+def fleet(tmp_path):
+    fleet = SimulatedFleet.spread(COUNT, SHARES, latency_s=0.01)
+    with simulated(fleet):
+        yield fleet, fleet.write_inventory(tmp_path / "fleet.py", **DEADLINES)
+
+
+def _timed(cli, *args):
+    start = time.monotonic()
+    result = cli(*args)
+    return result, time.monotonic() - start
+
+
+def test_facts_on_200_simulated_hosts_reports_every_host_and_names_the_failing_and_hung(fleet, cli):
+    fleet, inv = fleet
+    result, took = _timed(cli, "facts", str(inv), "--json")
+    assert result.code == 1, result.err
+    hosts = {h["name"]: h for h in json.loads(result.out)["hosts"]}
+    assert set(hosts) == set(fleet.behaviour)
+    down = {name: h["error"] for name, h in hosts.items() if not h["reachable"]}
+    assert set(down) == fleet.named("fail") | fleet.named("refuse") | fleet.named("hang")
+    assert len(down) == 12  # 5 failing, 5 refusing, 2 hung
+    for name in fleet.named("refuse"):
+        assert "Connection refused" in down[name]
+    for name in fleet.named("fail"):
+        assert down[name] == "fact os: the command failed on the host"
+    for name in fleet.named("hang"):
+        assert down[name] == "timed out in fact os after 2 s"
+    assert all(h["memory_bytes"] > 0 and h["cpu"]["threads"] >= 1 for h in hosts.values() if h["reachable"])
+    assert took < DEADLINES["connect_timeout_s"] + DEADLINES["command_timeout_s"] + SLACK_S
+
+
+def test_status_on_200_simulated_hosts_lists_every_host_and_names_the_unreachable(fleet, cli):
+    fleet, inv = fleet
+    result, took = _timed(cli, "status", str(inv), "--json")
+    assert result.code == 1, result.err
+    report = json.loads(result.out)
+    assert report["ok"] is False
+    hosts = {h["name"]: h for h in report["hosts"]}
+    assert set(hosts) == set(fleet.behaviour)
+    down = {name: h["error"] for name, h in hosts.items() if not h["reachable"]}
+    assert set(down) == fleet.named("fail") | fleet.named("refuse") | fleet.named("hang")
+    for name in fleet.named("hang"):
+        assert down[name] == "timed out in fact os after 2 s"
+    assert took < DEADLINES["connect_timeout_s"] + DEADLINES["command_timeout_s"] + SLACK_S
+
+
+def test_a_host_whose_connection_never_answers_is_reported_at_the_connect_deadline(tmp_path, cli):
+    fleet = SimulatedFleet({"node-0000": "ok", "node-0001": "blackhole"}, latency_s=0.01)
+    with simulated(fleet):
+        inv = fleet.write_inventory(tmp_path / "fleet.py", **DEADLINES)
+        result, took = _timed(cli, "facts", str(inv), "--json")
+    hosts = {h["name"]: h for h in json.loads(result.out)["hosts"]}
+    assert hosts["node-0000"]["reachable"] is True
+    assert "timed out" in hosts["node-0001"]["error"]
+    assert DEADLINES["connect_timeout_s"] <= took < DEADLINES["connect_timeout_s"] + SLACK_S
