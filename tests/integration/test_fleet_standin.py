@@ -77,3 +77,22 @@ def test_a_host_whose_connection_never_answers_is_reported_at_the_connect_deadli
     assert hosts["node-0000"]["reachable"] is True
     assert "timed out" in hosts["node-0001"]["error"]
     assert DEADLINES["connect_timeout_s"] <= took < DEADLINES["connect_timeout_s"] + SLACK_S
+
+
+def test_the_fabric_side_runs_on_200_simulated_hosts_and_names_the_failing_and_hung(fleet):
+    from provision import inventory, remote
+
+    fleet, inv = fleet
+    nodes = inventory.load(inv).nodes
+    start = time.monotonic()
+    results = remote.on_all(nodes, lambda n: remote.run(n, "cat /proc/meminfo", timeout=2))
+    took = time.monotonic() - start
+    assert set(results) == set(fleet.behaviour)
+    exited = {name: r.exited for name, r in results.items()}
+    assert {n for n, code in exited.items() if code == 0} == fleet.named("ok")
+    assert {n for n, code in exited.items() if code == 1} == fleet.named("fail")
+    assert {n for n, code in exited.items() if code == -1} == fleet.named("refuse")
+    assert {n for n, code in exited.items() if code == remote.TIMED_OUT} == fleet.named("hang")
+    assert all("MemTotal:" in results[n].stdout for n in fleet.named("ok"))
+    assert all("Connection refused" in results[n].stderr for n in fleet.named("refuse"))
+    assert took < DEADLINES["command_timeout_s"] + SLACK_S

@@ -8,6 +8,11 @@ registered as ``ssh`` among the ``pyinfra.connectors`` entry points, looked up t
 connector there for as long as it is held, so a real inventory file (plain host names,
 real settings) loads and runs through unchanged product code, which never knows.
 
+The fabric side (provision.remote, the one module that opens fabric connections) is
+simulated the same way while ``simulated(fleet)`` is held: ``remote.connection`` hands out
+a FleetStandInConnection, whose ``run()`` answers like fabric's ``Connection.run`` from the
+same profile, with the same behaviours.
+
 Profiles are JSON files beside this module (``fleet_profiles/<profile>.json``: the exact
 command pyinfra sent -> exit code, stdout and stderr), recorded by
 ``fleet_profiles/capture.py`` from the real facts run on a real host through pyinfra's own
@@ -87,14 +92,26 @@ class SimulatedFleet:
     def named(self, behaviour: str) -> set[str]:
         return {name for name, b in self.behaviour.items() if b == behaviour}
 
+    def addresses(self) -> dict[str, str]:
+        """Host name -> the address its inventory entry gives it."""
+        return {name: f"10.{i // 65536 % 256}.{i // 256 % 256}.{i % 256}" for i, name in enumerate(self.behaviour)}
+
     def write_inventory(self, path: Path, **settings: Any) -> Path:
         """A real inventory file of these hosts (one address each), with these settings."""
-        hosts = [
-            (name, {"ssh_hostname": f"10.{i // 65536 % 256}.{i // 256 % 256}.{i % 256}", **settings})
-            for i, name in enumerate(self.behaviour)
-        ]
+        hosts = [(name, {"ssh_hostname": address, **settings}) for name, address in self.addresses().items()]
         path.write_text(f"nodes = {hosts!r}\n")
         return path
+
+    def answer(self, host: str, command: str) -> tuple[int, list[str], list[str]]:
+        """(exit code, stdout lines, stderr lines) of a host that answers, after the latency."""
+        gevent.sleep(self.latency_s)
+        self.commands[host] = self.commands.get(host, 0) + 1
+        if self.behaviour.get(host) == "fail":
+            return 1, [], ["fleet stand-in: this host fails every command"]
+        captured = profile(self.profile).get(command)
+        if captured is None:
+            return 127, [], [f"fleet stand-in: no captured answer for: {command}"]
+        return int(captured["exit"]), list(captured["stdout"]), list(captured["stderr"])
 
 
 class FleetStandInConnector(BaseConnector):
@@ -122,17 +139,10 @@ class FleetStandInConnector(BaseConnector):
         self, command: Any, print_output: bool = False, print_input: bool = False, **arguments: Any
     ) -> tuple[bool, CommandOutput]:
         text = command if isinstance(command, str) else command.get_masked_value()
-        behaviour = self._behaviour()
-        if behaviour == "hang":
+        if self._behaviour() == "hang":
             return self._hang(arguments.get("_timeout"))
-        gevent.sleep(self.fleet.latency_s)
-        self.fleet.commands[self.host.name] = self.fleet.commands.get(self.host.name, 0) + 1
-        if behaviour == "fail":
-            return False, _output([], ["fleet stand-in: this host fails every command"])
-        answer = profile(self.fleet.profile).get(text)
-        if answer is None:
-            return False, _output([], [f"fleet stand-in: no captured answer for: {text}"])
-        return answer["exit"] == 0, _output(answer["stdout"], answer["stderr"])
+        code, stdout, stderr = self.fleet.answer(self.host.name, text)
+        return code == 0, _output(stdout, stderr)
 
     def put_file(self, *args: Any, **kwargs: Any) -> bool:
         gevent.sleep(self.fleet.latency_s)
@@ -157,6 +167,40 @@ class FleetStandInConnector(BaseConnector):
             gevent.sleep(3600)
 
 
+class FleetStandInConnection:
+    """What ``provision.remote.connection`` hands out while a fleet is simulated: the
+    part of fabric's Connection that provision uses (``run``, ``close``)."""
+
+    def __init__(self, fleet: SimulatedFleet, host: str, connect_timeout: float) -> None:
+        self.fleet = fleet
+        self.host = host  # the fleet's host name
+        self.connect_timeout = connect_timeout  # seconds a blackholed host takes to time out
+
+    def run(self, command: str, timeout: float | None = None, **kwargs: Any) -> Any:
+        """fabric's Connection.run with warn=True: a Result whatever the exit code; the
+        connection's own errors raised as paramiko/socket would, a timeout as invoke's."""
+        from invoke.exceptions import CommandTimedOut
+        from invoke.runners import Result
+
+        behaviour = self.fleet.behaviour.get(self.host, "refuse")
+        if behaviour == "refuse":
+            raise ConnectionRefusedError(111, "Connection refused (fleet stand-in)")
+        if behaviour == "blackhole":
+            gevent.sleep(self.connect_timeout)
+            raise TimeoutError("timed out (fleet stand-in)")
+        if behaviour == "hang":
+            if timeout is None:
+                while True:
+                    gevent.sleep(3600)
+            gevent.sleep(timeout)
+            raise CommandTimedOut(Result(command=command, exited=-1), int(timeout))
+        code, stdout, stderr = self.fleet.answer(self.host, command)
+        return Result(stdout="".join(f"{s}\n" for s in stdout), stderr="".join(f"{s}\n" for s in stderr), exited=code)
+
+    def close(self) -> None:
+        pass
+
+
 def _output(stdout: list[str], stderr: list[str]) -> CommandOutput:
     return CommandOutput([OutputLine("stdout", s) for s in stdout] + [OutputLine("stderr", s) for s in stderr])
 
@@ -166,6 +210,18 @@ def simulated(fleet: SimulatedFleet) -> Iterator[SimulatedFleet]:
     """Every plain-named host pyinfra builds while this is held is one of ``fleet``'s."""
     from pyinfra.api import inventory
 
+    from provision import remote
+    from provision.inventory import Node
+
+    by_address = {address: name for name, address in fleet.addresses().items()}
+
+    def connection(target: Any, connect_timeout: int | None = None) -> FleetStandInConnection:
+        name = target.name if isinstance(target, Node) else by_address.get(target.hostname, target.hostname)
+        timeout = connect_timeout or (target.settings.connect_timeout_s if isinstance(target, Node) else 10)
+        return FleetStandInConnection(fleet, name, timeout)
+
+    connection_before = remote.connection
+    remote.connection = connection  # type: ignore[assignment]
     all_before, exec_before = inventory.get_all_connectors, inventory.get_execution_connectors
     inventory.get_all_connectors = lambda: {**all_before(), "ssh": FleetStandInConnector}  # type: ignore[assignment]
     inventory.get_execution_connectors = lambda: {**exec_before(), "ssh": FleetStandInConnector}  # type: ignore[assignment]
@@ -174,4 +230,5 @@ def simulated(fleet: SimulatedFleet) -> Iterator[SimulatedFleet]:
         yield fleet
     finally:
         inventory.get_all_connectors, inventory.get_execution_connectors = all_before, exec_before
+        remote.connection = connection_before  # type: ignore[assignment]
         FleetStandInConnector.fleet = SimulatedFleet({})
