@@ -353,3 +353,19 @@ def test_cuda_seeing_fewer_gpus_than_nvml_fails_naming_both_counts():
     assert r.verdict == "fail"
     (ok,) = judge.judge([gpu_node("n", [700.0], inventory={"gpu_counts": {"nvml": 1, "cuda": 1}})])
     assert findings(ok, judge.GPU_COUNT)[0].verdict == "pass"
+
+
+def test_each_fleet_pool_band_is_worked_out_once_however_many_values_ask_for_it(monkeypatch):
+    # A band is a median of its whole pool; worked out per value, judging grew with the
+    # square of the fleet (59 s for 300 simulated 8-GPU nodes, benchmarks/fleet_scale.py).
+    calls = []
+    real = judge.band
+    monkeypatch.setattr(judge, "band", lambda values, k: calls.append(id(values)) or real(values, k))
+    nodes = [gpu_node(f"n{i}", [900.0 + i, 905.0, 910.0, 899.0]) for i in range(30)]
+    nodes += [cpu_node(f"c{i}", ram_triad_gbs=100.0 + i) for i in range(30)]
+    results = judge.judge(nodes)
+    values = sum(1 for r in results for f in r.findings if f.value is not None)
+    assert values > 150  # 120 GEMM values, 30 RAM values, and the GPUs' health counters
+    assert len(calls) == len(set(calls))  # no pool twice
+    assert len(calls) < 20  # a handful of pools (GEMM, RAM, each health counter)
+    assert all(r.verdict == "pass" for r in results)
