@@ -1,6 +1,6 @@
 """Failure drill: a VM dies (SIGKILL) while `provision up` runs. The other host
 finishes, the run exits 1 and names the dead host; after the VM is started again, a
-re-run converges, and the run after it changes nothing."""
+re-run succeeds and changes nothing."""
 
 from __future__ import annotations
 
@@ -39,9 +39,9 @@ def test_killed_vm_fails_alone_and_rerun_converges(provisioned, testbed) -> None
     assert all(h.ok and "frameworks" in h.steps for h in survivors)
 
     testbed.testbed.start_node(VICTIM)
+    # Converged: the hosts were provisioned before the drill, so the run after the restart
+    # finds nothing to change on any host (the power cut undid nothing and left nothing
+    # half-done); a third run used to prove the same at two more minutes of CI.
     again = pipeline.up(inventory.load(testbed.inventory_path), pipeline.select(only="base,frameworks"))
     assert again.exit_code == 0, again.as_json()
-    # Converged: one more run finds nothing left to change on any host.
-    settled = pipeline.up(inventory.load(testbed.inventory_path), pipeline.select(only="base,frameworks"))
-    assert settled.exit_code == 0, settled.as_json()
-    assert {name: h.changed for name, h in settled.hosts.items()} == {name: 0 for name in settled.hosts}
+    assert {name: h.changed for name, h in again.hosts.items()} == {name: 0 for name in again.hosts}
