@@ -74,13 +74,26 @@ def pytest_collection_modifyitems(config, items):
 # last; once the suite has used its budget, each e2e test still due is SKIPPED with the
 # reason, named again at the end, and the run FAILS: a skipped test proves nothing, so a
 # green run means every test ran. PROVISION_TEST_REQUIRE_ALL=0 makes such a skip a warning
-# (a local run). 72 minutes: the slowest single e2e test still ends inside CI's 90, with the
-# bootstrap before pytest.
-SUITE_BUDGET_S = float(os.environ.get("PROVISION_TEST_BUDGET_S", 72 * 60))
+# (a local run). 75 minutes: scripts/test starts the e2e tier about 5 minutes into CI's 90
+# (bootstrap, lint, mypy; the other tiers run beside it), and the slowest single e2e test
+# (the kill-a-VM drill, the trainer's VM drill: 5 to 8 minutes) still ends inside the 90.
+SUITE_BUDGET_S = float(os.environ.get("PROVISION_TEST_BUDGET_S", 75 * 60))
 _SUITE_START = time.monotonic()
 
 
 _NOT_RUN_FOR_TIME: list[str] = []  # e2e tests skipped by the budget, named again at the end
+
+
+def pytest_configure(config):
+    # SIGTERM (CI stopping a job, scripts/test stopping its e2e tier) ends the run the way
+    # Ctrl-C does, so session fixtures tear down: the testbed's VMs are daemons and would
+    # outlive a pytest killed by the default SIGTERM action.
+    import signal
+
+    def _interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, _interrupt)
 
 
 def pytest_runtest_setup(item):
