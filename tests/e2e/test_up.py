@@ -35,13 +35,15 @@ def test_plan_after_up_shows_no_changes_and_changes_nothing(provisioned, testbed
 
 
 def test_second_up_changes_nothing_reboots_nothing_and_keeps_the_data(provisioned, testbed) -> None:
-    # Through the CLI, every step: volumes and nfs find their array, filesystem, exports and
-    # mounts in place, and a file on the data volume is still there.
+    # Through the CLI: volumes and nfs find their array, filesystem, exports and mounts in
+    # place, and a file on the data volume is still there. The other steps' re-runs are
+    # proved elsewhere on this testbed, to save CI the minutes: base and frameworks by the
+    # kill-a-VM drill's re-run (0 changes), nvidia by test_nvidia_standins' second run.
     cluster = inventory.load(testbed.inventory_path)
     storage = cluster.node("node1")
     token = secrets.token_hex(16)
     sh(storage, f"echo {token} > /data/e2e-survives && sync")
-    run = cli("up", str(testbed.inventory_path), "--json")
+    run = cli("up", str(testbed.inventory_path), "--only", "preflight,volumes,nfs,backups", "--json")
     assert run.exit_code == 0, run.stdout + run.stderr
     hosts = run.json()["hosts"]
     assert [h["name"] for h in hosts] == [n.name for n in cluster.nodes]
