@@ -104,7 +104,7 @@ def _host_ops(state: Any, host: Any) -> None:
     from pyinfra.context import ctx_host
 
     for op_hash in state.get_op_order():
-        with ctx_host.use(host):
+        with held(ctx_host, host):
             if not run_host_op(state, host, op_hash):
                 return
 

@@ -10,6 +10,7 @@ from provision.engine.deadlines import disconnect_bounded
 from provision.engine.pyinfra_state import new_state
 from provision.engine.results import FactsResult, HostResult, OnEvent, TimedOut, no_events
 from provision.inventory import Node
+from provision.pyinfra_context import held
 
 # Deadlines: each fact's command, and the whole gather. A host that hangs (a wedged disk,
 # an sshd that stops answering mid-session) lands in `failed` when its time is up; the
@@ -48,8 +49,8 @@ def gather_facts(
     # The settings' deadlines bound facts too, where they are shorter than the defaults
     # here: each fact by the host's command_timeout_s, the gather by the longest
     # step_timeout_s (one clock for the whole gather).
-    fact_limit = {n.name: max(1, min(fact_timeout_s, int(timeout_s), n.settings.command_timeout_s)) for n in nodes}
     timeout_s = min(timeout_s, max((n.settings.step_timeout_s for n in nodes), default=timeout_s))
+    fact_limit = {n.name: max(1, min(fact_timeout_s, int(timeout_s), n.settings.command_timeout_s)) for n in nodes}
 
     def one(host: Any) -> None:
         values, error = _host_facts(state, host, wanted, on_event, asking, fact_limit[host.name])
@@ -60,7 +61,7 @@ def gather_facts(
             fact_errors[host.name] = error
             on_event(host.name, "failed")
 
-    with ctx_state.use(state):
+    with held(ctx_state, state):
         try:
             try:
                 connect_all(state)

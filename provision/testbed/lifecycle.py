@@ -194,23 +194,6 @@ class Testbed:
                 self._write_inventory(st)
             return next(r for r in self._refresh(st) if r.name == name)
 
-    def freeze_node(self, name: str) -> None:
-        """Stop a node's CPUs dead (QMP ``stop``), for drills: the guest answers nothing, not
-        even the SSH banner, while qemu's port forward still accepts TCP connections, which
-        is how a wedged server looks from the network. ``thaw_node`` resumes it."""
-        self._qmp_running(name, "stop")
-
-    def thaw_node(self, name: str) -> None:
-        """Resume a node frozen by ``freeze_node`` (QMP ``cont``)."""
-        self._qmp_running(name, "cont")
-
-    def _qmp_running(self, name: str, command: str) -> None:
-        with self._lock():
-            rec = _node(self._existing(), name)
-            if not procs.owned(rec.pid, self.marker):
-                raise TestbedError(f"{name} is not running; `provision testbed up` starts it")
-            qemu.qmp(node.files(self.state_dir, name).dir / "qmp.sock", command)
-
     def set_disk_throttle(self, name: str, bps_total: int | None) -> None:
         """Limit each data disk of a node to bps_total bytes/s (None: no limit). Applied
         live through QMP when the node runs, and kept for its next start."""

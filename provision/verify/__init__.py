@@ -85,7 +85,7 @@ def run(
     (work / "ssh_config").write_text(ssh_config(cluster.nodes))
     (work / "spec.json").write_text(json.dumps(spec(cluster), default=str))
     names = [n.name for n in cluster.nodes]
-    with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(names) or 1))) as pool:
+    with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(names)))) as pool:
         results = list(pool.map(lambda name: _run_host(work, name, extra or [], timeout_s), names))
     junit = work / "verify.xml"
     merge_junit([work / f"verify-{name}.xml" for name in names], junit)

@@ -1,6 +1,6 @@
 """Storage end to end on the shared testbed, after `provision up` (the `provisioned`
 fixture): the RAID0 data volume and NFS between real VMs. The idempotent re-run that keeps
-the volume's data is test_up.py's second `up` (every step, through the CLI)."""
+the volume's data is test_up.py's second `up` (the storage steps, through the CLI)."""
 
 from __future__ import annotations
 
