@@ -139,13 +139,30 @@ def _hung_shell(tmp_path):
     return str(shell)
 
 
-def _provision_up(inv, tmp_path):
+def _wait_for_line(process, text: str, within_s: float) -> None:
+    import select
+
+    deadline = time.monotonic() + within_s
+    seen = []
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([process.stderr], [], [], max(0.0, deadline - time.monotonic()))
+        line = process.stderr.readline() if ready else ""
+        if not line:
+            break
+        seen.append(line)
+        if text in line:
+            return
+    raise AssertionError(f"no {text!r} on stderr within {within_s} s: {''.join(seen)[-2000:]}")
+
+
+def _provision_up(inv, tmp_path, as_json: bool = True):
     import os
     import subprocess
     import sys
 
     env = dict(os.environ, PROVISION_STATE_DIR=str(tmp_path / "state"))
-    command = [sys.executable, "-m", "provision", "up", str(inv), "--only", "preflight", "--json"]
+    command = [sys.executable, "-m", "provision", "up", str(inv), "--only", "preflight"]
+    command += ["--json"] if as_json else []
     return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -175,8 +192,12 @@ def test_ctrl_c_names_the_hosts_mid_step_and_exits_130_without_a_traceback(sshd,
         "'_env': {'PROVISION_TEST_HANG': '1'}", f"'_shell_executable': {_hung_shell(tmp_path)!r}"
     )
     inv.write_text(text)
-    process = _provision_up(inv, tmp_path)
-    time.sleep(8)  # hung waits on its first fact (and local for every host to be prepared)
+    process = _provision_up(inv, tmp_path, as_json=False)  # progress lines on stderr
+    # Ctrl-C once the run is under way: the first progress line says preflight started (the
+    # CLI's handler is in place; on a loaded machine the imports alone can outlast a fixed
+    # sleep), then a moment for hung to wait on its first fact.
+    _wait_for_line(process, "preflight: started", within_s=120)
+    time.sleep(3)
     process.send_signal(signal.SIGINT)
     _, err = process.communicate(timeout=60)
     assert process.returncode == 130, err
