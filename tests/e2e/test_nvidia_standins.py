@@ -140,35 +140,58 @@ def test_repository_is_deb822_signed(first_and_second) -> None:
         assert "Signed-By: /etc/apt/keyrings/cuda-archive-keyring.gpg" in text
 
 
+def candidate(policy: str) -> str:
+    """The version apt would install or upgrade to, from `apt-cache policy PACKAGE`."""
+    (line,) = [line for line in policy.splitlines() if line.strip().startswith("Candidate:")]
+    return line.split(":", 1)[1].strip()
+
+
 def test_pinned_branch_not_the_newer_one(first_and_second) -> None:
     cluster, *_ = first_and_second
-    for node in cluster.nodes:
-        versions = sh(
-            node,
-            "dpkg-query -W -f='${Package}=${Version}\\n' nvidia-open nvidia-open-580 "
-            "nvidia-driver-cuda nvidia-fabricmanager cuda-toolkit-12-8",
-        )
+    # Each node's queries in one call, the nodes side by side: apt-cache under TCG takes
+    # tens of seconds a call.
+    found = remote.on_all(
+        cluster.nodes,
+        lambda node: (
+            sh(
+                node,
+                "dpkg-query -W -f='${Package}=${Version}\\n' nvidia-open nvidia-open-580 "
+                "nvidia-driver-cuda nvidia-fabricmanager cuda-toolkit-12-8",
+            ),
+            sh(node, "nvidia-smi --query-gpu=driver_version --format=csv,noheader"),
+            sh(node, "apt-cache policy nvidia-open"),
+        ),
+    )
+    for name, (versions, smi, policy) in found.items():
         assert versions.split() == [
             "cuda-toolkit-12-8=12.8.1-1",
             "nvidia-driver-cuda=580.95.05-1",
             "nvidia-fabricmanager=580.95.05-1",
             "nvidia-open=580.95.05-1",
             "nvidia-open-580=580.95.05-1",
-        ]
-        assert sh(node, "nvidia-smi --query-gpu=driver_version --format=csv,noheader") == "580.95.05"
-        # the 590 release is in the repository, yet apt would not move to it
-        assert "590" in sh(node, "apt-cache policy nvidia-open")
-        assert "nvidia-open" not in sh(node, "apt-get -s upgrade | grep ^Inst || true")
+        ], name
+        assert smi == "580.95.05", name
+        # The 590 release is in the repository, yet apt's candidate (what an install or an
+        # upgrade would move to) stays on the pinned branch.
+        assert "590" in policy, (name, policy)
+        assert candidate(policy) == "580.95.05-1", (name, policy)
 
 
 def test_nccl_is_the_build_for_the_toolkit_cuda_and_held(first_and_second) -> None:
     cluster, *_ = first_and_second
-    for node in cluster.nodes:
-        versions = sh(node, "dpkg-query -W -f='${Package}=${Version}\\n' libnccl2 libnccl-dev")
-        want = nvidia_repo.NCCL_FOR_TOOLKIT
-        assert versions.split() == [f"libnccl-dev={want}", f"libnccl2={want}"]
-        assert "+cuda13.0" in sh(node, "apt-cache policy libnccl2")  # newer, and kept out
-        assert {"libnccl2", "libnccl-dev"} <= set(sh(node, "apt-mark showhold").split())
+    found = remote.on_all(
+        cluster.nodes,
+        lambda node: (
+            sh(node, "dpkg-query -W -f='${Package}=${Version}\\n' libnccl2 libnccl-dev"),
+            sh(node, "apt-cache policy libnccl2"),
+            sh(node, "apt-mark showhold"),
+        ),
+    )
+    want = nvidia_repo.NCCL_FOR_TOOLKIT
+    for name, (versions, policy, held) in found.items():
+        assert versions.split() == [f"libnccl-dev={want}", f"libnccl2={want}"], name
+        assert "+cuda13.0" in policy, (name, policy)  # newer, and kept out
+        assert {"libnccl2", "libnccl-dev"} <= set(held.split()), name
 
 
 def test_verify_suite_passes_on_the_nvidia_hosts(provisioned, first_and_second, tmp_path) -> None:

@@ -70,13 +70,8 @@ def test_status_after_up_is_clean_then_names_a_hand_changed_package(provisioned,
             ("numpy", installed, OTHER_NUMPY)
         ]
         assert all(h["drift"] == [] for name, h in hosts.items() if name != victim.name)
-        table = cli("status", str(inv), timeout_s=300)
-        flat = " ".join(table.stdout.split())
-        assert table.exit_code == 1
-        assert victim.name in flat
-        assert "numpy" in flat
-        assert installed in flat
-        assert OTHER_NUMPY in flat
+        # The table of the same drift is tested on loopback (test_facts_loopback): a third
+        # status run here would cost a minute of TCG for the rendering alone.
     finally:
         sh(
             victim,
