@@ -30,6 +30,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("provision.operations",),
     ("provision.rules",),
     ("provision.facts",),
+    ("provision.limit",),
     ("provision.inventory",),
     ("provision.settings",),
     (
