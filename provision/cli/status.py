@@ -9,8 +9,9 @@ import typer
 from rich.table import Table
 
 from provision import inventory as inventory_lib
+from provision import limit as host_limit
 from provision.cli.console import host_progress, out, print_json, safe
-from provision.cli.options import InventoryArg
+from provision.cli.options import InventoryArg, LimitOpt
 from provision.errors import EXIT_FAILED
 
 if TYPE_CHECKING:
@@ -22,6 +23,7 @@ def status(
     inventory: Path = InventoryArg,
     as_json: bool = typer.Option(False, "--json", help="print the status as JSON on stdout"),
     every: bool = typer.Option(False, "--all", help="print every host's row, however large the fleet"),
+    limit: str = LimitOpt,
 ) -> None:
     """Show the fleet: a summary first (hosts reachable, drifted, reboot pending, mounts
     not ok; the OS, kernel, driver / CUDA / fabric manager / torch / NCCL / numpy versions
@@ -38,7 +40,7 @@ def status(
     from provision.status import summary as summary_lib
     from provision.status.gather import gather_status
 
-    cluster = inventory_lib.load(inventory)
+    cluster = host_limit.apply(inventory_lib.load(inventory), limit)
     with host_progress([n.name for n in cluster.nodes], enabled=not as_json) as progress:
         statuses = gather_status(cluster, on_event=progress)
     report = summary_lib.as_json(statuses)

@@ -85,3 +85,15 @@ def test_a_fleet_sized_error_names_a_few_hosts_not_all(tmp_path):
     fix = caught.value.problems[0].fix
     assert "(1000 in all)" in fix
     assert "n0999" not in fix
+
+
+@pytest.mark.parametrize("command", ["facts", "status", "up", "plan", "verify", "validate", "train"])
+def test_every_command_that_contacts_hosts_refuses_a_limit_matching_nothing_before_any_host(cli, tmp_path, command):
+    # The hosts are TEST-NET addresses: a command that tried to contact one would hang or
+    # fail on the connection, not exit 2 with the limit's message at once.
+    path = tmp_path / "inv.py"
+    path.write_text(INVENTORY)
+    result = cli(command, str(path), "--limit", "gpu-9*")
+    assert result.code == 2, result.err
+    assert "error: --limit gpu-9*: matches no host or group of the inventory" in result.err
+    assert "Traceback" not in result.err
