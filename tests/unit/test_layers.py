@@ -40,6 +40,7 @@ LAYERS: list[tuple[str, ...]] = [
         "provision.hostkeys",
         "provision.values",
         "provision.inventory_file",
+        "provision.openfiles",
     ),
     ("provision.errors", "provision.pyinfra_context", "provision"),
 ]
