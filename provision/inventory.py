@@ -55,24 +55,34 @@ class Node:
 
 @dataclass(frozen=True)
 class Cluster:
-    """A loaded, validated inventory."""
+    """A loaded, validated inventory, or part of one (``--limit``).
+
+    ``nodes`` are the hosts a command contacts. What the whole cluster shares (/etc/hosts,
+    the training user's keys, the storage host, roles) comes from ``all_nodes``: a run
+    limited to some hosts writes the same cluster-wide files on them as a full run."""
 
     path: Path  # the inventory file
-    nodes: tuple[Node, ...]  # in inventory order
+    nodes: tuple[Node, ...]  # the hosts to contact, in inventory order
     pyinfra_inventory: Any = field(repr=False, default=None)  # pyinfra.api.Inventory it came from
+    whole: tuple[Node, ...] = field(repr=False, default=())  # every host, when nodes is a part
+
+    @property
+    def all_nodes(self) -> tuple[Node, ...]:
+        """Every host of the inventory, whatever part of it this run contacts."""
+        return self.whole or self.nodes
 
     def node(self, name: str) -> Node:
-        for n in self.nodes:
+        for n in self.all_nodes:
             if n.name == name:
                 return n
         raise KeyError(name)
 
     def with_role(self, role: str) -> list[Node]:
-        return [n for n in self.nodes if n.has_role(role)]
+        return [n for n in self.all_nodes if n.has_role(role)]
 
     def storage_node(self) -> Node | None:
         """The NFS server and backup target: the nfs_server setting, else the first storage host."""
-        named = sorted({n.settings.nfs_server for n in self.nodes if n.settings.nfs_server})
+        named = sorted({n.settings.nfs_server for n in self.all_nodes if n.settings.nfs_server})
         if named:
             return self.node(named[0])
         storage = self.with_role("storage")

@@ -59,13 +59,18 @@ _FINAL = {"done", "failed", "unreachable"}
 def is_milestone(text: str) -> bool:
     """A step event worth a line of its own (not each operation's start)."""
     return (
-        text in _FINAL or text.endswith(": started") or any(end in text for end in _ENDS) or text.startswith("reboot")
+        text in _FINAL
+        or text.endswith(": started")
+        or any(end in text for end in _ENDS)
+        or text.startswith(("reboot", "rollout:"))  # rollout: which wave a host is in, or why it is not run
     )
 
 
 def is_final(text: str) -> bool:
     """The host is between steps, or finished, after this event."""
-    return text in _FINAL or text == "waiting" or any(end in text for end in _ENDS)
+    return (
+        text in _FINAL or text == "waiting" or any(end in text for end in _ENDS) or text.startswith("rollout: not run")
+    )
 
 
 class HostProgress:

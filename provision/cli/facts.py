@@ -10,8 +10,9 @@ import typer
 from rich.table import Table
 
 from provision import inventory as inventory_lib
+from provision import limit as host_limit
 from provision.cli.console import host_progress, out, print_json, safe
-from provision.cli.options import InventoryArg
+from provision.cli.options import InventoryArg, LimitOpt
 from provision.errors import EXIT_FAILED
 from provision.facts.host import HOST_FACTS, summarize
 
@@ -19,17 +20,18 @@ from provision.facts.host import HOST_FACTS, summarize
 def facts(
     inventory: Path = InventoryArg,
     as_json: bool = typer.Option(False, "--json", help="print the facts as JSON on stdout"),
+    limit: str = LimitOpt,
 ) -> None:
     """Gather OS, kernel, CPU, RAM, disks (stable ids, whether they hold data), NICs and
     NVIDIA GPUs from every host. Changes nothing.
 
     Exit code 1 when a host could not be reached (the others are still reported).
 
-    Example: provision facts inventories/testbed.py --json
+    Example: provision facts inventories/testbed.py --json --limit node1
     """
     from provision.engine import gather_facts
 
-    cluster = inventory_lib.load(inventory)
+    cluster = host_limit.apply(inventory_lib.load(inventory), limit)
     with host_progress([n.name for n in cluster.nodes], enabled=not as_json) as progress:
         result = gather_facts(list(cluster.nodes), HOST_FACTS, on_event=progress)
     hosts = [summarize(n.name, result.facts.get(n.name), result.failed.get(n.name)) for n in cluster.nodes]

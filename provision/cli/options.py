@@ -8,6 +8,12 @@ import typer
 
 InventoryArg = typer.Argument(..., help="pyinfra inventory file, e.g. inventories/testbed.py")
 JsonOpt = typer.Option(False, "--json", help="print the result as JSON on stdout")
+LimitOpt = typer.Option(
+    None,
+    "--limit",
+    metavar="HOSTS",
+    help="only these hosts: comma-separated names, globs (gpu-0*) or groups (storage); each must match",
+)
 
 
 class ProgressChoice(StrEnum):

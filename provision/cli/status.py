@@ -3,45 +3,128 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.table import Table
 
 from provision import inventory as inventory_lib
+from provision import limit as host_limit
 from provision.cli.console import host_progress, out, print_json, safe
-from provision.cli.options import InventoryArg
+from provision.cli.options import InventoryArg, LimitOpt
 from provision.errors import EXIT_FAILED
+
+if TYPE_CHECKING:
+    from provision.status.judge import Drift, HostStatus
+    from provision.status.summary import FleetSummary, Shared
 
 
 def status(
     inventory: Path = InventoryArg,
     as_json: bool = typer.Option(False, "--json", help="print the status as JSON on stdout"),
+    every: bool = typer.Option(False, "--all", help="print every host's row, however large the fleet"),
+    limit: str = LimitOpt,
 ) -> None:
-    """Show every host: reachable, OS and kernel, installed driver / CUDA / fabric manager /
-    torch / NCCL versions, reboot pending, data volume and NFS mounts, last backup, last
-    validate verdict. Anything that differs from the pinned settings is DRIFT, shown with
-    the expected and the actual value. Changes nothing.
+    """Show the fleet: a summary first (hosts reachable, drifted, reboot pending, mounts
+    not ok; the OS, kernel, driver / CUDA / fabric manager / torch / NCCL / numpy versions
+    seen, with how many hosts have each), then the exceptions, each once with the hosts that
+    have it: unreachable (and why), drift (item, expected and actual value against the
+    pinned settings), reboot pending, mounts not ok. Up to 20 hosts, or with --all, every
+    host's row instead: OS and kernel, versions, reboot, mounts, last backup, last validate
+    verdict, then each host's drift. Changes nothing.
 
     Exit code 0 when every host is reachable and nothing drifted, 1 otherwise.
 
     Example: provision status inventories/testbed.py --json
     """
-    from provision.status import judge as status_lib
+    from provision.status import summary as summary_lib
     from provision.status.gather import gather_status
 
-    cluster = inventory_lib.load(inventory)
+    cluster = host_limit.apply(inventory_lib.load(inventory), limit)
     with host_progress([n.name for n in cluster.nodes], enabled=not as_json) as progress:
         statuses = gather_status(cluster, on_event=progress)
+    report = summary_lib.as_json(statuses)
     if as_json:
-        print_json(status_lib.as_json(statuses))
+        print_json(report)
     else:
-        _print(statuses)
-    if not status_lib.as_json(statuses)["ok"]:
+        print_status(statuses, every)
+    if not report["ok"]:
         raise typer.Exit(EXIT_FAILED)
 
 
-def _print(statuses: list[Any]) -> None:
+def print_status(statuses: list[HostStatus], every: bool) -> None:
+    from provision.status import summary as summary_lib
+
+    summary = summary_lib.summarize(statuses)
+    _print_summary(summary)
+    if summary_lib.lists_every_host(len(statuses), every):
+        _print_hosts(statuses)
+        _print_drift([(s.name, d) for s in statuses for d in s.drift], summary.drifted)
+        return
+    found = summary_lib.exceptions(statuses)
+    _print_shared("[red]unreachable[/]", ("why",), found.unreachable)
+    _print_shared("[red]drift from the pinned settings[/]", ("item", "expected", "actual"), found.drift)
+    if not summary.drifted:
+        out.print("[green]no drift[/]: every host matches its pinned settings")
+    if found.reboot_pending:
+        out.print(f"[yellow]reboot pending[/]: {safe(summary_lib.host_ranges(found.reboot_pending))}")
+    _print_shared("[red]mounts not ok[/]", ("mount", "state"), found.mounts)
+    if summary.healthy:
+        out.print(f"{summary.healthy} healthy hosts not listed one by one (--all lists every host)")
+
+
+def _print_shared(title: str, columns: tuple[str, ...], shared: list[Shared]) -> None:
+    """One row per exception, with how many hosts have it and their names."""
+    from provision.status.summary import host_ranges
+
+    if shared:
+        rows = [(*s.key, str(len(s.hosts)), host_ranges(s.hosts)) for s in shared]
+        _print_rows(title, (*columns, "hosts", "names"), rows)
+
+
+def _print_summary(summary: FleetSummary) -> None:
+    from provision.status.summary import seen_text
+
+    def count(n: int, what: str, colour: str) -> str:
+        return f"[{colour}]{n} {what}[/]" if n else f"{n} {what}"
+
+    out.print(
+        f"[bold]fleet[/]: {summary.hosts} hosts, {summary.reachable} reachable, "
+        + ", ".join(
+            (
+                count(summary.unreachable, "unreachable", "red"),
+                count(summary.drifted, "drifted", "red"),
+                count(summary.reboot_pending, "reboot pending", "yellow"),
+                count(summary.mounts_not_ok, "mounts not ok", "red"),
+            )
+        )
+    )
+    seen = Table(title="seen across the reachable hosts", box=None, title_justify="left")
+    seen.add_column("item")
+    seen.add_column("value x hosts")
+    for item, values in summary.seen.items():
+        seen.add_row(item, safe(seen_text(values)))
+    out.print(seen)
+
+
+def _print_rows(title: str, columns: tuple[str, ...], rows: list[tuple[Any, ...]]) -> None:
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*(safe(cell) for cell in row))
+    out.print(table)
+
+
+def _print_drift(drifted: list[tuple[str, Drift]], hosts_drifted: int) -> None:
+    if drifted:
+        rows = [(name, d.item, d.expected, d.actual) for name, d in drifted]
+        _print_rows("[red]drift from the pinned settings[/]", ("host", "item", "expected", "actual"), rows)
+    elif not hosts_drifted:
+        out.print("[green]no drift[/]: every host matches its pinned settings")
+
+
+def _print_hosts(statuses: list[HostStatus]) -> None:
     table = Table(title="fleet status")
     for column in (
         "host",
@@ -76,13 +159,3 @@ def _print(statuses: list[Any]) -> None:
             safe(s.last_validate or "-"),
         )
     out.print(table)
-    drifted = [(s.name, d) for s in statuses for d in s.drift]
-    if drifted:
-        drift = Table(title="[red]drift from the pinned settings[/]")
-        for column in ("host", "item", "expected", "actual"):
-            drift.add_column(column)
-        for name, d in drifted:
-            drift.add_row(safe(name), safe(d.item), safe(d.expected), safe(d.actual))
-        out.print(drift)
-    else:
-        out.print("[green]no drift[/]: every host matches its pinned settings")

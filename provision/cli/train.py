@@ -11,8 +11,9 @@ import typer
 from rich.table import Table
 
 from provision import inventory as inventory_lib
+from provision import limit as host_limit
 from provision.cli.console import err, out, print_json, safe
-from provision.cli.options import InventoryArg
+from provision.cli.options import InventoryArg, LimitOpt
 from provision.errors import EXIT_FAILED, InputError, Problem, ProvisionError
 
 if TYPE_CHECKING:
@@ -37,7 +38,7 @@ def train(
         8, "--batch-per-rank", min=1, help="sequences per rank per step (global batch grows with ranks)"
     ),
     resume: bool = typer.Option(False, "--resume", help="continue from the checkpoint's step"),
-    limit: str | None = typer.Option(None, "--limit", help="comma-separated hosts to train on"),
+    limit: str | None = LimitOpt,
     python: str | None = typer.Option(
         None, "--python", help="interpreter on the nodes; default: <venv_path>/bin/python"
     ),
@@ -78,7 +79,7 @@ def train(
         inventory,
     )
     cluster = inventory_lib.load(inventory)
-    nodes = launch.select(cluster, [h for h in (limit or "").split(",") if h] or None)
+    nodes = host_limit.select(cluster, limit)
     try:
         result = launch.train(cluster, nodes, opts, on_line=_echo(quiet), say=_say)
     except launch.LaunchError as e:

@@ -10,9 +10,10 @@ import typer
 from rich.table import Table
 
 from provision import inventory as inventory_lib
+from provision import limit as host_limit
 from provision import state
 from provision.cli.console import err, host_progress, out, plain, print_json, safe
-from provision.cli.options import InventoryArg, JsonOpt, ProgressChoice, ProgressOpt
+from provision.cli.options import InventoryArg, JsonOpt, LimitOpt, ProgressChoice, ProgressOpt
 from provision.engine import HostPlan, RunReport
 from provision.errors import EXIT_FAILED, EXIT_OK
 from provision.up import pipeline
@@ -36,6 +37,14 @@ def up(
         help="allow the volumes step to erase this disk although it holds data (repeatable; "
         "DISK as in data_disks: a /dev/disk/by-id path or a serial)",
     ),
+    limit: str = LimitOpt,
+    canary: int = typer.Option(0, "--canary", min=0, help="run every step on N hosts first; stop if one fails"),
+    wave_size: int = typer.Option(
+        0, "--wave-size", min=0, help="then hosts N at a time (default: all the rest at once)"
+    ),
+    max_fail: str = typer.Option(
+        "0", "--max-fail", help="stop after a wave in which more than this share failed: 0 (default), 5%, 0.05"
+    ),
     as_json: bool = JsonOpt,
     progress_mode: ProgressChoice = ProgressOpt,
 ) -> None:
@@ -53,18 +62,28 @@ def up(
     `up` holds the inventory (nothing touched), 130 interrupted (Ctrl-C; the hosts that
     were mid-step are named; run `up` again to finish).
 
-    Example: provision up inventories/testbed.py --skip nvidia
+    --limit runs on some hosts only (names, globs, groups); what the cluster shares
+    (/etc/hosts, the training user's known hosts) still lists every host.
+
+    Staged: --canary N runs every step on N hosts first (the storage host among them) and
+    stops if one fails; the rest follow in waves of --wave-size, stopping after a wave
+    where more than --max-fail of the hosts failed. Hosts never reached are reported
+    "not run" with the reason.
+
+    Example: provision up inventories/fleet.py --canary 2 --wave-size 50 --max-fail 2%
     """
     from provision.up.force_format import apply_force_format
+    from provision.up.rollout import Rollout, parse_max_fail
 
-    cluster = apply_force_format(inventory_lib.load(inventory), force_format)
+    rollout = Rollout(canary, wave_size, parse_max_fail(max_fail))
+    cluster = host_limit.apply(apply_force_format(inventory_lib.load(inventory), force_format), limit)
     steps = pipeline.select(only, skip)
     pipeline.check_inputs(cluster, steps)  # bad input is said before any progress display
     with (
         state.inventory_lock(inventory),
         host_progress([n.name for n in cluster.nodes], enabled=not as_json, mode=progress_mode.value) as progress,
     ):
-        report = pipeline.up(cluster, steps, on_event=progress, reboot_batch=reboot_batch)
+        report = pipeline.up(cluster, steps, on_event=progress, reboot_batch=reboot_batch, rollout=rollout)
     if as_json:
         print_json(report.as_json() | {"steps": [s.name for s in steps]})
     else:
@@ -94,6 +113,7 @@ def plan(
     inventory: Path = InventoryArg,
     only: str = OnlyOpt,
     skip: str = SkipOpt,
+    limit: str = LimitOpt,
     as_json: bool = JsonOpt,
     progress_mode: ProgressChoice = ProgressOpt,
 ) -> None:
@@ -107,7 +127,7 @@ def plan(
 
     Example: provision plan inventories/testbed.py --only base
     """
-    cluster = inventory_lib.load(inventory)
+    cluster = host_limit.apply(inventory_lib.load(inventory), limit)
     steps = pipeline.select(only, skip)
     pipeline.check_inputs(cluster, steps)
     with host_progress([n.name for n in cluster.nodes], enabled=not as_json, mode=progress_mode.value) as progress:
@@ -141,6 +161,7 @@ def print_plan(p: HostPlan) -> None:
 def verify(
     inventory: Path = InventoryArg,
     workdir: Path = typer.Option(None, "--workdir", help="where the ssh_config, spec and JUnit XML go"),
+    limit: str = LimitOpt,
     as_json: bool = JsonOpt,
 ) -> None:
     """Check from the outside that every host has what `up` promises (packages and
@@ -155,7 +176,7 @@ def verify(
     """
     from provision import verify as verify_lib
 
-    cluster = inventory_lib.load(inventory)
+    cluster = host_limit.apply(inventory_lib.load(inventory), limit)
     err.print(f"verifying {len(cluster.nodes)} hosts with pytest-testinfra ...")
     result = verify_lib.run(cluster, str(workdir) if workdir else None)
     if as_json:

@@ -10,7 +10,9 @@ import typer
 from rich.table import Table
 
 from provision.cli.console import err, host_progress, out, print_json, safe
+from provision.cli.options import LimitOpt
 from provision.errors import EXIT_BAD_INPUT, InputError, Problem
+from provision.validate.rounds import FULL_PEERS
 
 VERDICT_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "not_run": "dim"}
 
@@ -33,6 +35,14 @@ def validate(
     junit_out: Path | None = typer.Option(None, "--junit", help="write JUnit XML here"),
     history_host: str | None = typer.Option(None, "--history", help="show the trend of HOST's past results and exit"),
     warn_ok: bool = typer.Option(False, "--warn-ok", help="exit 0 when nodes only warned"),
+    limit: str | None = LimitOpt,
+    link_peers: int = typer.Option(
+        FULL_PEERS,
+        "--link-peers",
+        min=1,
+        max=256,
+        help="full mode on fleets too large for every pair: random link partners per node beyond the ring",
+    ),
 ) -> None:
     """Benchmark every node (CPU, RAM, disk, NICs, GPUs, all-reduce) and judge it: pass,
     warn or fail, with reasons. Results are kept per host (see --history).
@@ -51,7 +61,9 @@ def validate(
         raise InputError(
             Problem("provision validate", "missing INVENTORY", "e.g. provision validate inventories/testbed.py")
         )
-    code = _run(inventory, "quick" if quick else "full", only, expect, json_out, html_out, junit_out, warn_ok)
+    code = _run(
+        inventory, "quick" if quick else "full", only, expect, json_out, html_out, junit_out, warn_ok, limit, link_peers
+    )
     raise typer.Exit(code)
 
 
@@ -96,8 +108,11 @@ def _run(
     html_out: Path | None,
     junit_out: Path | None,
     warn_ok: bool,
+    limit: str | None = None,
+    link_peers: int = FULL_PEERS,
 ) -> int:
     from provision import inventory as inventory_lib
+    from provision import limit as host_limit
     from provision.validate import controller, history, judge, report_html, report_json, report_junit
     from provision.validate.expectations import Overrides, load_expect_file, parse_flat
 
@@ -105,10 +120,11 @@ def _run(
     groups = _groups(only)
     _check_outputs({"--json": None if json_out == "-" else json_out, "--html": html_out, "--junit": junit_out})
     overrides = load_expect_file(expect) if expect else Overrides()
-    cluster = inventory_lib.load(inventory)
+    # A limited run judges its hosts against each other: the fleet band is theirs.
+    cluster = host_limit.apply(inventory_lib.load(inventory), limit)
     for node in cluster.nodes:
         parse_flat(node.settings.validate_expect, f"{inventory}: host {node.name}: validate_expect")
-    plan = controller.Plan(mode, groups, overrides)
+    plan = controller.Plan(mode, groups, overrides, link_peers=link_peers)
     with host_progress([n.name for n in cluster.nodes], enabled=json_out != "-") as progress:
         outcome = controller.run(cluster, plan, progress)
     code = judge.exit_code(outcome.results, warn_ok)

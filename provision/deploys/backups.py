@@ -178,7 +178,7 @@ def _backups(node: Node, cluster: Cluster) -> None:
     serves = (
         storage is not None
         and storage.name == node.name
-        and any(backup.uses_default_repository(n) and backup.skip_reason(n, cluster) is None for n in cluster.nodes)
+        and any(backup.uses_default_repository(n) and backup.skip_reason(n, cluster) is None for n in cluster.all_nodes)
     )
     if runs_here:
         install("Install restic", ["restic", "openssh-client"], node.settings.apt_lock_wait_s)

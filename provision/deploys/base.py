@@ -63,6 +63,24 @@ def known_hosts_lines(keys_by_node: dict[str, tuple[str, list[str]]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def carried_keys(names: list[str], existing: list[str] | None) -> dict[str, list[str]]:
+    """Host keys of the named nodes as the host's current known_hosts has them: name ->
+    ["type key", ...]. A run that does not reach every node (``--limit``, a host down)
+    keeps the lines of the nodes it did not read, instead of dropping them and breaking the
+    training user's SSH to those nodes. The file is the training user's own: what it says
+    is only ever handed back to the same user."""
+    wanted = set(names)
+    carried: dict[str, list[str]] = {}
+    for line in existing or []:
+        fields = line.split()
+        if len(fields) < 3 or line.lstrip().startswith("#"):
+            continue
+        name = fields[0].split(",")[0]
+        if name in wanted:
+            carried.setdefault(name, []).append(f"{fields[1]} {fields[2]}")
+    return carried
+
+
 _host_keys: dict[int, dict[str, list[str]]] = {}  # per pyinfra State: host name -> host keys
 
 
@@ -177,9 +195,9 @@ def cloud_init_leaves_hosts() -> None:
 def cluster_names() -> None:
     cloud_init_leaves_hosts()
     cluster = current_cluster()
-    block = hosts_block(list(cluster.nodes))
+    block = hosts_block(list(cluster.all_nodes))  # every node, also on a --limit run
     shadowed = shadowing_lines(
-        host.get_fact(FileContents, path="/etc/hosts"), {n.name: n.cluster_address for n in cluster.nodes}
+        host.get_fact(FileContents, path="/etc/hosts"), {n.name: n.cluster_address for n in cluster.all_nodes}
     )
     if shadowed:
         hosts_first(
@@ -210,8 +228,11 @@ def training_user() -> None:
         group=user,
         mode="600",
     )
-    keys = cluster_host_keys()
-    by_node = {n.name: (n.cluster_address, keys[n.name]) for n in cluster.nodes if keys.get(n.name)}
+    keys = dict(cluster_host_keys())
+    unread = [n.name for n in cluster.all_nodes if not keys.get(n.name)]
+    if unread:
+        keys |= carried_keys(unread, host.get_fact(FileContents, path=f"{home}/.ssh/known_hosts"))
+    by_node = {n.name: (n.cluster_address, keys[n.name]) for n in cluster.all_nodes if keys.get(n.name)}
     files.put(
         name="training user: known_hosts (every node's host keys)",
         src=StringIO(known_hosts_lines(by_node)),

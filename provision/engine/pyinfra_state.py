@@ -10,7 +10,7 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from provision import hostkeys
+from provision import hostkeys, openfiles
 from provision.engine.context import NODE_KEY, RUN_KEY, RunContext
 from provision.engine.deadlines import quiet_interrupts
 from provision.inventory import Node
@@ -55,6 +55,8 @@ def _host_key_policy(mode: str | None) -> Any:
 def new_state(nodes: list[Node], parallel: int, run: RunContext | None = None) -> Any:
     """A fresh pyinfra State over these nodes."""
     from pyinfra.api import Config, State
+
+    openfiles.ensure(len(nodes))  # every host of the pass is connected at once
     from pyinfra.connectors.sshuserclient import client
 
     # pyinfra's own loader stops at known_hosts' marker lines and memoizes the file for the

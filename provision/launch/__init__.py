@@ -16,28 +16,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from provision import remote
-from provision.errors import InputError, Problem
 from provision.inventory import Cluster, Node
 from provision.launch import plan, report, session
 from provision.launch.session import LaunchError, Options
 
-__all__ = ["LaunchError", "Options", "select", "train"]
-
-
-def select(cluster: Cluster, limit: list[str] | None) -> list[Node]:
-    """The nodes to train on, in inventory order; ``limit`` names a subset."""
-    if not limit:
-        return list(cluster.nodes)
-    names = {n.name for n in cluster.nodes}
-    unknown = [h for h in limit if h not in names]
-    if unknown:
-        raise InputError(
-            [
-                Problem(f"--limit {h}", "not a host of the inventory", f"hosts: {', '.join(sorted(names))}")
-                for h in unknown
-            ]
-        )
-    return [n for n in cluster.nodes if n.name in limit]
+__all__ = ["LaunchError", "Options", "train"]
 
 
 def train(

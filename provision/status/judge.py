@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from provision.facts.stack import InstalledStack
 from provision.inventory import Cluster, Node
@@ -136,6 +135,12 @@ def expected_mounts(node: Node, cluster: Cluster) -> list[str]:
     return mounts
 
 
+def mount_item(mount: str) -> str:
+    """The drift item of a HostStatus.mounts key: "mount /data", or "nfs-server" for the
+    storage node's server side (the summary lists these under mounts, not twice)."""
+    return mount if mount == "nfs-server" else f"mount {mount}"
+
+
 def mount_drift(stack: InstalledStack, wanted: list[str]) -> tuple[dict[str, str], list[Drift]]:
     seen = {m.path: m for m in stack.mounts}
     states, drift = {}, []
@@ -144,7 +149,7 @@ def mount_drift(stack: InstalledStack, wanted: list[str]) -> tuple[dict[str, str
         state = "ok" if m and m.mounted and m.healthy else ("not answering" if m and m.mounted else "not mounted")
         states[path] = state
         if state != "ok":
-            drift.append(Drift(f"mount {path}", "mounted and answering", state))
+            drift.append(Drift(mount_item(path), "mounted and answering", state))
     return states, drift
 
 
@@ -172,7 +177,7 @@ def judge_host(
         served = stack.nfs_server or "unknown"
         status.mounts["nfs-server"] = "ok" if served == "active" else served
         if served != "active":
-            status.drift.append(Drift("nfs-server", "active", served))
+            status.drift.append(Drift(mount_item("nfs-server"), "active", served))
     return status
 
 
@@ -195,13 +200,3 @@ def format_age(seconds: float) -> str:
         if seconds >= size:
             return f"{seconds / size:.0f}{unit}"
     return f"{seconds:.0f}s"
-
-
-def as_json(statuses: list[HostStatus]) -> dict[str, Any]:
-    from dataclasses import asdict
-
-    return {
-        "schema": "provision.status.judge/1",
-        "ok": all(s.reachable and not s.drift for s in statuses),
-        "hosts": [asdict(s) for s in statuses],
-    }

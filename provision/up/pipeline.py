@@ -19,6 +19,8 @@ from provision.inventory import Cluster, Node
 from provision.rules import backups as backup_layout
 from provision.rules import frameworks as framework_rules
 from provision.up import reboots
+from provision.up import rollout as staging
+from provision.up.rollout import Rollout
 
 STEPS: list[Step] = [preflight.step, base.step, nvidia.step, frameworks.step, volumes.step, nfs.step, backups.step]
 
@@ -132,9 +134,18 @@ def up(
     steps: list[Step],
     on_event: Callable[[str, str], None] = lambda host, text: None,
     reboot_batch: int | None = None,
+    rollout: Rollout = Rollout(),
 ) -> RunReport:
-    """Run the steps over every host; reboot where needed after the nvidia step."""
+    """Run the steps over every host, wave by wave when the rollout is staged (canary,
+    waves; see up/rollout.py); reboot where needed after the nvidia step."""
     check_inputs(cluster, steps)
+    return staging.run(cluster, rollout, lambda wave: _up_wave(wave, steps, on_event, reboot_batch), on_event)
+
+
+def _up_wave(
+    cluster: Cluster, steps: list[Step], on_event: Callable[[str, str], None], reboot_batch: int | None
+) -> RunReport:
+    """Every step over the cluster's hosts (one wave of a rollout)."""
     before: dict[str, int] = {}
 
     def after_step(step: Step, results: dict[str, HostResult]) -> None:

@@ -23,6 +23,7 @@ from provision.metrics import GROUPS
 from provision.validate import agent, agent_stream, judge, netrun, parsers
 from provision.validate.expectations import Overrides, parse_flat
 from provision.validate.records import Measurement, NodeResult
+from provision.validate.rounds import FULL_PEERS
 
 AGENT_PATH = Path(__file__).with_name("agent.py")
 # The agent's whole run on one node: the sum of its phase budgets plus a margin (see
@@ -40,6 +41,7 @@ class Plan:
     groups: frozenset[str] = frozenset(GROUPS)  # --only
     expect: Overrides = field(default_factory=Overrides)  # --expect file
     iperf_seconds: int = 0  # per link test; 0: 3 s quick, 10 s full
+    link_peers: int = FULL_PEERS  # full mode past every pair: random partners per node beyond the ring
 
 
 @dataclass
@@ -166,7 +168,7 @@ def _links(
     reachable: list[Node], nodes: list[Node], inputs: dict[str, judge.NodeInput], plan: Plan, say: Progress
 ) -> dict[str, Any]:
     seconds = plan.iperf_seconds or (3 if plan.mode == "quick" else 10)
-    values, detail = netrun.links(reachable, plan.mode, seconds, say)
+    values, detail = netrun.links(reachable, plan.mode, seconds, say, plan.link_peers)
     for n in nodes:
         value, why, text = values.get(n.name, (None, "not run: node unreachable", ""))
         if len(nodes) < 2:

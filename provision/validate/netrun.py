@@ -71,12 +71,12 @@ def measure_pair(a: Node, b: Node, port: int, seconds: int, round_index: int) ->
 
 
 def links(
-    nodes: list[Node], mode: str, seconds: int, say: Progress
+    nodes: list[Node], mode: str, seconds: int, say: Progress, peers: int = rounds.FULL_PEERS
 ) -> tuple[dict[str, tuple[float | None, str, str]], dict[str, Any]]:
     """Link rounds, then bisection of slow pairs. Per node: (Gbit/s, not-run reason, detail)."""
     by_name = {n.name: n for n in nodes}
     names = [n.name for n in nodes]
-    schedule = rounds.ring_rounds(names) if mode == "quick" else rounds.all_pairs_rounds(names)
+    schedule, tested = (rounds.ring_rounds(names), "ring") if mode == "quick" else rounds.full_rounds(names, peers)
     results: list[PairResult] = []
     for k, pairs in enumerate(schedule):
         for a, b in pairs:
@@ -104,7 +104,7 @@ def links(
             detail = f"{blamed[name]}; {detail}"
         out[name] = (value, why, detail)
     pair_rows = [{"a": r.a, "b": r.b, "gbits": r.gbits, "round": r.round, "error": r.error} for r in results + extra]
-    return out, {"pairs": pair_rows, "blamed": blamed, "rounds": len(schedule)}
+    return out, {"pairs": pair_rows, "blamed": blamed, "rounds": len(schedule), "tested": tested}
 
 
 def _round(pairs: list[tuple[str, str]], by_name: dict[str, Node], port: int, seconds: int, k: int) -> list[PairResult]:

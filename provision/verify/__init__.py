@@ -44,7 +44,7 @@ def spec(cluster: Cluster) -> dict[str, dict[str, object]]:
             "settings": asdict(n.settings),
             "groups": list(n.groups),
             "cluster_address": n.cluster_address,
-            "all_nodes": {m.name: m.cluster_address for m in cluster.nodes},
+            "all_nodes": {m.name: m.cluster_address for m in cluster.all_nodes},
             "storage_node": _storage_name(cluster),
         }
         for n in cluster.nodes

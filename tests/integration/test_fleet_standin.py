@@ -66,6 +66,31 @@ def test_status_on_200_simulated_hosts_lists_every_host_and_names_the_unreachabl
     for name in fleet.named("hang"):
         assert down[name] == "timed out in fact os after 2 s"
     assert took < DEADLINES["connect_timeout_s"] + DEADLINES["command_timeout_s"] + SLACK_S
+    summary = report["summary"]
+    # The stand-in's captured host has no framework venv: every reachable host drifts alike.
+    assert (summary["hosts"], summary["reachable"], summary["unreachable"]) == (200, 188, 12)
+    assert (summary["drifted"], summary["reboot_pending"], summary["mounts_not_ok"]) == (188, 0, 0)
+    assert summary["seen"]["os"] == [{"value": "Debian GNU/Linux 12 (bookworm)", "hosts": 188}]
+
+
+def test_status_table_on_200_simulated_hosts_is_a_summary_and_its_exceptions(fleet, cli):
+    fleet, inv = fleet
+    result = cli("status", str(inv))
+    assert result.code == 1, result.err
+    flat = " ".join(result.out.split())
+    assert "200 hosts, 188 reachable, 12 unreachable, 188 drifted" in flat
+    assert "Debian GNU/Linux 12 (bookworm) x188" in flat
+    for name in fleet.named("fail") | fleet.named("refuse") | fleet.named("hang"):
+        assert name in flat  # each unreachable host named, beside its why
+    assert "Connection" in flat  # the why, wrapped in its cell at 80 columns
+    assert "refused" in flat
+    assert "timed out in fact os after 2 s" in flat
+    # The 188 hosts that answered share one drift per package: a row for each, their names
+    # in ranges, not a row per host.
+    assert "torch 2.13.0 not installed 188" in " ".join(result.out.replace("│", " ").split())
+    assert "node-0050" not in flat  # inside node-[0042-0079]
+    assert "fleet status" not in flat  # the per-host table is left to --all
+    assert len(result.out.splitlines()) < 80
 
 
 def test_a_host_whose_connection_never_answers_is_reported_at_the_connect_deadline(tmp_path, cli):

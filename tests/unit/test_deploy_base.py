@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -264,3 +265,37 @@ def test_user_data_that_sets_manage_etc_hosts_is_named_in_a_note(monkeypatch) ->
     plan_with_facts(base.step, cluster().nodes[0], fake, cluster())
     (text,) = said
     assert text.startswith("base: /var/lib/cloud/instance/vendor-data.txt sets cloud-init's manage_etc_hosts")
+
+
+def test_a_limited_run_still_lists_every_node_in_etc_hosts() -> None:
+    whole = cluster()
+    part = replace(whole, nodes=whole.nodes[:1], whole=whole.nodes)  # --limit node1
+    ops, _ = plan_with_facts(base.step, part.nodes[0], FakeHost(Os=os_info("debian-12-bookworm")), part)
+    command = by_name(ops)["/etc/hosts: cluster nodes"].commands[0]
+    assert "10.77.0.11 node1\n10.77.0.12 node2\n" in command
+
+
+def test_known_hosts_keeps_the_lines_of_nodes_this_run_did_not_read() -> None:
+    # node2 is not in the pass (--limit node1): its key line on the host is kept, not dropped.
+    # (A planned pass reads no host keys, so node1's line is carried here too.)
+    whole = cluster()
+    part = replace(whole, nodes=whole.nodes[:1], whole=whole.nodes)
+    on_host = ["node1,10.77.0.11 ssh-ed25519 OLD1", "node2,10.77.0.12 ssh-ed25519 KEY2", "# comment", "junk"]
+    fake = FakeHost(Os=os_info("debian-12-bookworm"))
+
+    def facts(cls: type, kwargs: dict) -> object:
+        if cls.__name__ == "FileContents" and str(kwargs.get("path", "")).endswith("/.ssh/known_hosts"):
+            return on_host
+        return fake(cls, kwargs)
+
+    ops, _ = plan_with_facts(base.step, part.nodes[0], facts, part)
+    (put,) = [o for name, o in by_name(ops).items() if name.startswith("training user: known_hosts")]
+    diff = "\n".join(put.diffs).splitlines()
+    assert " node2,10.77.0.12 ssh-ed25519 KEY2" in diff  # kept, unchanged
+    assert "-junk" in diff  # only well-formed key lines of cluster nodes are carried
+
+
+def test_carried_keys_take_only_the_named_nodes_well_formed_lines() -> None:
+    lines = ["node2,10.0.0.2 ssh-ed25519 K2", "node2 ecdsa-sha2-nistp256 K3", "node3 ssh-ed25519 K4", "# x y z", "bad"]
+    assert base.carried_keys(["node2"], lines) == {"node2": ["ssh-ed25519 K2", "ecdsa-sha2-nistp256 K3"]}
+    assert base.carried_keys(["node2"], None) == {}

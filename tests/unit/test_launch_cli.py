@@ -25,7 +25,7 @@ def test_bad_nproc_and_model_are_refused_together(cli, inventory):
 def test_unknown_limit_host_is_refused(cli, inventory):
     result = cli("train", str(inventory), "--limit", "a,zzz")
     assert result.code == 2
-    assert "--limit zzz: not a host of the inventory (hosts: a, b)" in result.err
+    assert "--limit zzz: matches no host or group of the inventory (hosts: a, b;" in result.err
 
 
 def test_relative_python_is_refused(cli, inventory):

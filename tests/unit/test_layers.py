@@ -30,6 +30,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("provision.operations",),
     ("provision.rules",),
     ("provision.facts",),
+    ("provision.limit",),
     ("provision.inventory",),
     ("provision.settings",),
     (
@@ -39,6 +40,7 @@ LAYERS: list[tuple[str, ...]] = [
         "provision.hostkeys",
         "provision.values",
         "provision.inventory_file",
+        "provision.openfiles",
     ),
     ("provision.errors", "provision.pyinfra_context", "provision"),
 ]

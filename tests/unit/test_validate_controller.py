@@ -90,7 +90,7 @@ def test_a_node_whose_agent_timed_out_still_has_its_links_measured(monkeypatch):
     )
     measured: list[list[str]] = []
 
-    def links(reachable, mode, seconds, say):
+    def links(reachable, mode, seconds, say, peers):
         measured.append([n.name for n in reachable])
         return {"a": (None, "not run: every link test failed", "")}, {}
 

@@ -40,6 +40,41 @@ def test_all_pairs_every_pair_once_in_n_minus_1_rounds(n):
     assert len(schedule) == (n - 1 if n % 2 == 0 else n)
 
 
+@pytest.mark.parametrize("n", [2, 5, 11])
+def test_full_mode_on_a_small_fleet_tests_every_pair(n):
+    schedule, tested = rounds.full_rounds(names(n), peers=8)
+    assert tested == "every pair"
+    assert schedule == rounds.all_pairs_rounds(names(n))
+
+
+@pytest.mark.parametrize(("n", "peers"), [(12, 8), (100, 8), (1000, 8), (1000, 2), (301, 5)])
+def test_full_mode_on_a_large_fleet_is_the_ring_plus_k_peers_in_bounded_rounds(n, peers):
+    nodes = names(n)
+    schedule, tested = rounds.full_rounds(nodes, peers=peers)
+    assert tested == f"ring + {peers} random peers per node (the same for the same nodes)"
+    assert_one_pair_per_node_per_round(schedule)
+    pairs = [frozenset(p) for r in schedule for p in r]
+    assert len(pairs) == len(set(pairs))  # each link tested once
+    ring = {frozenset(p) for r in rounds.ring_rounds(nodes) for p in r}
+    assert ring <= set(pairs)  # every ring neighbour, as in quick mode
+    degree = {x: sum(x in p for p in pairs) for x in nodes}
+    assert min(degree.values()) >= peers  # each node drew its k partners (a drawn neighbour counts once)
+    # Greedy scheduling needs at most 2 * (max degree) - 1 rounds; never n - 1 (999 at 1,000).
+    assert len(schedule) <= 2 * max(degree.values()) - 1
+    assert len(schedule) < n - 1 or n < 4 * peers
+
+
+def test_the_drawn_peers_are_the_same_for_the_same_nodes_and_differ_for_others():
+    # A re-run measures the same links, so its figures compare with the last run's.
+    first, _ = rounds.full_rounds(names(200), peers=4)
+    again, _ = rounds.full_rounds(names(200), peers=4)
+    other, _ = rounds.full_rounds([f"m{i}" for i in range(200)], peers=4)
+    assert first == again
+    assert {frozenset(p) for r in first for p in r} != {
+        frozenset(p.replace("m", "n") for p in pair) for r in other for pair in r
+    }
+
+
 def test_single_node_has_no_rounds():
     assert rounds.ring_rounds(["a"]) == []
     assert rounds.all_pairs_rounds(["a"]) == []
