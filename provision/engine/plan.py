@@ -10,6 +10,7 @@ from typing import Any
 from provision.engine.collector import Collector, op_name
 from provision.engine.context import RunContext
 from provision.engine.deadlines import HostClocks, disconnect_bounded, in_parallel
+from provision.engine.fact_watch import FactWatch
 from provision.engine.pyinfra_state import new_state
 from provision.engine.results import HostPlan, HostResult, OnEvent, PlannedOp, Step, TimedOut, no_events
 from provision.engine.run import targets_of
@@ -53,7 +54,7 @@ def _plan_step(step: Step, nodes: list[Node], plans: dict[str, HostPlan], run: R
                 plans[node.name].reachable = False
                 plans[node.name].refused.append("; ".join(str(f) for f in results[node.name].failures))
         clocks = HostClocks({n.name: float(n.settings.step_timeout_s) for n in targets})
-        in_parallel(state, partial(_plan_host, state, step, plans, run, clocks, on_event))
+        in_parallel(state, partial(_plan_host, state, step, plans, run, clocks, on_event, FactWatch(state)))
     finally:
         disconnect_bounded(state)
     for node in targets:
@@ -69,10 +70,12 @@ def _plan_host(
     run: RunContext,
     clocks: HostClocks,
     on_event: OnEvent,
+    facts: FactWatch,
     host: Any,
 ) -> None:
     from pyinfra.api.deploy import add_deploy
 
+    facts.watch(host)
     try:
         finished = clocks.run(host.name, partial(add_deploy, state, step.deploy, host=host))
     except Exception as e:  # this host's alone: an operation that rejected its facts, say
@@ -82,6 +85,11 @@ def _plan_host(
         # Facts that never answer: this host's plan stops here, the others go on.
         plans[host.name].refused.append(str(TimedOut.after(step.name, clocks.limit_s[host.name])))
         on_event(host.name, f"{step.name}: timed out after {clocks.limit_s[host.name]:.0f} s")
+        return
+    dropped = facts.why(host)
+    if dropped is not None:  # the plan would be built on a fact's default, not the host
+        plans[host.name].refused.append(f"{step.name}: {dropped}")
+        on_event(host.name, f"{step.name}: FAILED")
         return
     on_event(host.name, f"{step.name}: planned")
     plans[host.name].steps[step.name] = changing_ops(state, host, run)

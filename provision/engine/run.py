@@ -14,6 +14,7 @@ from typing import Any
 from provision.engine.collector import Collector
 from provision.engine.context import RunContext
 from provision.engine.deadlines import HostClocks, disconnect_bounded, in_parallel, run_ops_bounded
+from provision.engine.fact_watch import FactWatch
 from provision.engine.pyinfra_state import new_state
 from provision.engine.results import HostResult, OnEvent, RunReport, Step, no_events
 from provision.inventory import Cluster, Node
@@ -47,7 +48,8 @@ def run_step(
         # Hosts are prepared (their facts read) side by side, as pyinfra's CLI does; no host
         # runs an operation before all are prepared, so a host whose facts hang holds the
         # others back until its own deadline, and no longer.
-        in_parallel(state, lambda host: _prepare(state, step, host, results, clocks, on_event))
+        facts = FactWatch(state)
+        in_parallel(state, lambda host: _prepare(state, step, host, results, clocks, on_event, facts))
         if state.active_hosts:
             run_ops_bounded(state, clocks, lambda host: _time_out(step, host, results, clocks, on_event))
     except PyinfraError as e:
@@ -62,7 +64,13 @@ def run_step(
 
 
 def _prepare(
-    state: Any, step: Step, host: Any, results: dict[str, HostResult], clocks: HostClocks, on_event: OnEvent
+    state: Any,
+    step: Step,
+    host: Any,
+    results: dict[str, HostResult],
+    clocks: HostClocks,
+    on_event: OnEvent,
+    facts: FactWatch,
 ) -> None:
     """Add the step's operations for one host (its facts are read here), within the
     host's deadline; an error or a timeout doing so fails that host alone."""
@@ -70,8 +78,13 @@ def _prepare(
     from pyinfra.api.exceptions import PyinfraError
 
     result = results[host.name]
+    facts.watch(host)
     try:
         if clocks.run(host.name, lambda: add_deploy(state, step.deploy, host=host)):
+            dropped = facts.why(host)  # a fact that failed: pyinfra took the host out quietly
+            if dropped is not None:
+                result.fail(step.name, dropped)
+                on_event(host.name, f"{step.name}: FAILED")
             return
         _time_out(step, host, results, clocks, on_event)
     except PyinfraError as e:  # an operation rejected its facts or arguments while prepared

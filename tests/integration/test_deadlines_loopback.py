@@ -98,6 +98,24 @@ def test_a_command_past_its_own_deadline_fails_the_host_and_not_the_run(sshd, tm
     assert report.hosts["hung"].failures[0].step == "standin"
 
 
+def test_a_fact_past_its_command_deadline_fails_the_host_with_the_fact_named_in_up_and_plan(sshd, tmp_path):
+    # pyinfra answers a fact stopped at its _timeout with the fact's default and drops the
+    # host quietly; the host must be reported with the fact, never "done, 0 changed".
+    from provision import engine, inventory
+
+    cluster = inventory.load(_inventory(sshd, tmp_path, command_timeout_s=3, step_timeout_s=600))
+    report = engine.run_steps(cluster, [_stand_in_step("standin", in_fact=True)])
+    assert [str(f) for f in report.hosts["hung"].failures] == [
+        "standin: timed out in fact TestStandInHangingFact after 3 s"
+    ]
+    assert report.hosts["hung"].steps == []
+    assert report.hosts["local"].steps == ["standin"]
+    plans = engine.plan_steps(cluster, [_stand_in_step("standin", in_fact=True)])
+    assert plans["hung"].refused == ["standin: timed out in fact TestStandInHangingFact after 3 s"]
+    assert "standin" not in plans["hung"].steps
+    assert plans["local"].refused == []
+
+
 def test_plan_stops_a_host_whose_facts_hang_and_plans_the_other(sshd, tmp_path):
     from provision import engine, inventory
 

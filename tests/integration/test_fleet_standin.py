@@ -121,3 +121,82 @@ def test_the_fabric_side_runs_on_200_simulated_hosts_and_names_the_failing_and_h
     assert all("MemTotal:" in results[n].stdout for n in fleet.named("ok"))
     assert all("Connection refused" in results[n].stderr for n in fleet.named("refuse"))
     assert took < DEADLINES["command_timeout_s"] + SLACK_S
+
+
+def _fact_step():
+    """A stand-in step for the rollout tests: it reads one captured fact (the OS) on each
+    host and changes nothing, so a simulated host passes it exactly when it answers. The
+    real steps' commands were never captured; what is under test here is the rollout
+    (waves, stops, the hosts never reached), through the real pipeline and engine."""
+    from pyinfra.api import deploy
+
+    from provision import engine
+    from provision.facts.host import HOST_FACTS
+
+    fact, kwargs = HOST_FACTS["os"]
+
+    @deploy("Stand-in: read the OS")
+    def read_os() -> None:
+        from pyinfra import host
+
+        host.get_fact(fact, **kwargs)
+
+    return engine.Step("standin", read_os, "reads one fact")
+
+
+@pytest.mark.parametrize(
+    ("rollout", "waves_run", "not_run"),
+    [
+        # node-0000 is one of the failing hosts (spread from the first): the canary stops it all.
+        ({"canary": 5}, 1, COUNT - 5),
+        # 40-host waves hold 1 to 3 failing hosts (2.5 % to 7.5 %): within 10 %, every wave runs.
+        ({"wave_size": 40, "max_fail": 0.10}, 5, 0),
+        # ... and over 0 %: the first wave stops the rollout.
+        ({"wave_size": 40}, 1, COUNT - 40),
+    ],
+    ids=["failed-canary", "waves-within-max-fail", "first-wave-over-max-fail"],
+)
+def test_a_staged_rollout_on_200_simulated_hosts_stops_where_it_should_and_reports_every_host(
+    fleet, rollout, waves_run, not_run
+):
+    from provision import inventory
+    from provision.up import pipeline
+    from provision.up.rollout import Rollout
+
+    fleet, inv = fleet
+    events: list[tuple[str, str]] = []
+    report = pipeline.up(
+        inventory.load(inv), [_fact_step()], on_event=lambda h, t: events.append((h, t)), rollout=Rollout(**rollout)
+    )
+    assert set(report.hosts) == set(fleet.behaviour)  # every host reported
+    skipped = {n for n, h in report.hosts.items() if any(f.step == "rollout" for f in h.failures)}
+    assert len(skipped) == not_run
+    started = {h for h, t in events if t == "standin: started"}
+    assert started.isdisjoint(skipped)  # a host the rollout did not reach was never contacted
+    assert len(started) == COUNT - not_run
+    waves = {t for _, t in events if t.startswith("rollout: ") and "not run" not in t}
+    assert len(waves) == waves_run
+    bad = fleet.named("fail") | fleet.named("refuse") | fleet.named("hang")
+    ran = set(report.hosts) - skipped
+    assert {n for n in ran if not report.hosts[n].ok} == bad & ran  # exactly the misbehaving hosts failed
+
+
+def test_a_host_whose_fact_fails_or_hangs_in_a_step_fails_with_the_fact_named_not_done(fleet):
+    # pyinfra answers a failed fact with its default and drops the host quietly: the host
+    # must not come out "done, 0 changed".
+    from provision import inventory
+    from provision.up import pipeline
+
+    fleet, inv = fleet
+    events: list[tuple[str, str]] = []
+    report = pipeline.up(inventory.load(inv), [_fact_step()], on_event=lambda h, t: events.append((h, t)))
+    failures = {n: [str(f) for f in h.failures] for n, h in report.hosts.items() if not h.ok}
+    for name in fleet.named("fail"):
+        assert failures[name] == [
+            "standin: fact Os failed on the host (its command failed, or printed what it cannot read)"
+        ]
+        assert (name, "standin: FAILED") in events
+    for name in fleet.named("hang"):
+        assert failures[name] == [f"standin: timed out in fact Os after {DEADLINES['command_timeout_s']} s"]
+    assert set(failures) == fleet.named("fail") | fleet.named("refuse") | fleet.named("hang")
+    assert all("standin" in h.steps for n, h in report.hosts.items() if n not in failures)
