@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.standins.fleet_standin import FleetShares, SimulatedFleet, simulated
+from tests.standins.fleet_standin import FleetShares, SimulatedFleet, fact_only_step, simulated
 
 COUNT = 200
 SHARES = FleetShares(fail=0.025, refuse=0.025, hang=0.01)
@@ -123,27 +123,6 @@ def test_the_fabric_side_runs_on_200_simulated_hosts_and_names_the_failing_and_h
     assert took < DEADLINES["command_timeout_s"] + SLACK_S
 
 
-def _fact_step():
-    """A stand-in step for the rollout tests: it reads one captured fact (the OS) on each
-    host and changes nothing, so a simulated host passes it exactly when it answers. The
-    real steps' commands were never captured; what is under test here is the rollout
-    (waves, stops, the hosts never reached), through the real pipeline and engine."""
-    from pyinfra.api import deploy
-
-    from provision import engine
-    from provision.facts.host import HOST_FACTS
-
-    fact, kwargs = HOST_FACTS["os"]
-
-    @deploy("Stand-in: read the OS")
-    def read_os() -> None:
-        from pyinfra import host
-
-        host.get_fact(fact, **kwargs)
-
-    return engine.Step("standin", read_os, "reads one fact")
-
-
 @pytest.mark.parametrize(
     ("rollout", "waves_run", "not_run"),
     [
@@ -166,7 +145,7 @@ def test_a_staged_rollout_on_200_simulated_hosts_stops_where_it_should_and_repor
     fleet, inv = fleet
     events: list[tuple[str, str]] = []
     report = pipeline.up(
-        inventory.load(inv), [_fact_step()], on_event=lambda h, t: events.append((h, t)), rollout=Rollout(**rollout)
+        inventory.load(inv), [fact_only_step()], on_event=lambda h, t: events.append((h, t)), rollout=Rollout(**rollout)
     )
     assert set(report.hosts) == set(fleet.behaviour)  # every host reported
     skipped = {n for n, h in report.hosts.items() if any(f.step == "rollout" for f in h.failures)}
@@ -189,7 +168,7 @@ def test_a_host_whose_fact_fails_or_hangs_in_a_step_fails_with_the_fact_named_no
 
     fleet, inv = fleet
     events: list[tuple[str, str]] = []
-    report = pipeline.up(inventory.load(inv), [_fact_step()], on_event=lambda h, t: events.append((h, t)))
+    report = pipeline.up(inventory.load(inv), [fact_only_step()], on_event=lambda h, t: events.append((h, t)))
     failures = {n: [str(f) for f in h.failures] for n, h in report.hosts.items() if not h.ok}
     for name in fleet.named("fail"):
         assert failures[name] == [

@@ -232,3 +232,25 @@ def simulated(fleet: SimulatedFleet) -> Iterator[SimulatedFleet]:
         inventory.get_all_connectors, inventory.get_execution_connectors = all_before, exec_before
         remote.connection = connection_before  # type: ignore[assignment]
         FleetStandInConnector.fleet = SimulatedFleet({})
+
+
+def fact_only_step() -> Any:
+    """A stand-in step of `up` for simulated fleets: it reads one captured fact (the OS) on
+    each host and changes nothing, so a simulated host passes it exactly when it answers.
+    The real steps' commands were never captured; what it serves to test and measure is the
+    machinery around steps (rollout waves and stops, failures, every host reported),
+    through the real pipeline and engine."""
+    from pyinfra.api import deploy
+
+    from provision import engine
+    from provision.facts.host import HOST_FACTS
+
+    fact, kwargs = HOST_FACTS["os"]
+
+    @deploy("Stand-in: read the OS")
+    def read_os() -> None:
+        from pyinfra import host
+
+        host.get_fact(fact, **kwargs)
+
+    return engine.Step("standin", read_os, "reads one fact")
