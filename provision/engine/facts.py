@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from provision.engine.collector import Collector
+from provision.engine.connect import connect_all
 from provision.engine.deadlines import disconnect_bounded
 from provision.engine.pyinfra_state import new_state
 from provision.engine.results import FactsResult, HostResult, OnEvent, TimedOut, no_events
@@ -34,7 +35,6 @@ def gather_facts(
     costs the others their facts.
     """
     import gevent
-    from pyinfra.api.connect import connect_all
     from pyinfra.api.exceptions import PyinfraError
     from pyinfra.context import ctx_state
 

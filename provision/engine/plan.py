@@ -8,6 +8,7 @@ from functools import partial
 from typing import Any
 
 from provision.engine.collector import Collector, op_name
+from provision.engine.connect import connect_all
 from provision.engine.context import RunContext
 from provision.engine.deadlines import HostClocks, disconnect_bounded, in_parallel
 from provision.engine.fact_watch import FactWatch
@@ -35,7 +36,6 @@ def plan_steps(cluster: Cluster, steps: list[Step], on_event: OnEvent = no_event
 
 
 def _plan_step(step: Step, nodes: list[Node], plans: dict[str, HostPlan], run: RunContext, on_event: OnEvent) -> None:
-    from pyinfra.api.connect import connect_all
     from pyinfra.api.exceptions import PyinfraError
 
     targets = targets_of(step, nodes, plans)

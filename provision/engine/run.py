@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from provision.engine.collector import Collector
+from provision.engine.connect import connect_all
 from provision.engine.context import RunContext
 from provision.engine.deadlines import HostClocks, disconnect_bounded, in_parallel, run_ops_bounded
 from provision.engine.fact_watch import FactWatch
@@ -31,7 +32,6 @@ def run_step(
     """Apply one step to the given nodes (all reachable so far), recording into results.
     ``run`` is the run it belongs to; without one (a reboot pass) it gets a context of its own."""
     run = run or RunContext(None, (step.name,))
-    from pyinfra.api.connect import connect_all
     from pyinfra.api.exceptions import PyinfraError
 
     targets = targets_of(step, nodes, results)
