@@ -137,7 +137,7 @@ def bisect(
             continue
         checks = {x: measure(x, c) for x in (pair.a, pair.b)}
         extra += [PairResult(x, c, g, -1) for x, g in checks.items()]
-        bad = [x for x, g in checks.items() if g is None or g < floor]
+        bad = _worse_ends(checks, floor)
         for node in bad or [pair.a, pair.b]:
             detail = ", ".join(f"{x}-{c} {_g(g)}" for x, g in checks.items())
             where = "" if bad else "the path between them: "
@@ -147,6 +147,24 @@ def bisect(
                 f"against {c}: {detail}; pair median {median:.3g} Gbit/s",
             )
     return blamed, extra
+
+
+# Both ends' checks below the floor, yet one at more than this many times the other: the
+# lower one is the fault and the other only noise (a busy host measures a healthy link a
+# little low, while a degraded one is off by far more).
+CLEARLY_WORSE = 2.0
+
+
+def _worse_ends(checks: dict[str, float | None], floor: float) -> list[str]:
+    """The ends of a slow pair whose link to the referee is slow too; of two slow ones,
+    only the clearly worse (a failed check is worst of all)."""
+    bad = [x for x, g in checks.items() if g is None or g < floor]
+    if len(bad) < 2:
+        return bad
+    values = {x: checks[x] or 0.0 for x in bad}
+    best = max(values.values())
+    worst = [x for x, g in values.items() if g * CLEARLY_WORSE < best]
+    return worst or bad
 
 
 def _g(gbits: float | None) -> str:

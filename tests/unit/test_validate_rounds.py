@@ -109,6 +109,31 @@ def test_degraded_nic_is_bisected_to_its_node():
     assert values["n1"][0] == 9.4  # its slow pair with n2 is not held against it
 
 
+def test_a_healthy_end_measured_low_on_a_busy_host_is_not_blamed_beside_the_degraded_one():
+    # Seen in a loaded CI run: n3's check against the referee came in under the floor (CPU
+    # starvation on veth links), beside n2's degraded one at a fraction of it.
+    nodes = names(8)  # 2 of 8 ring links slow: the floor is 0.75 x 20 Gbit/s
+    base = links("n2", good=20.0, slow=2.0)
+
+    def measure(x: str, y: str) -> float:
+        return 12.0 if {x, y} == {"n3", "n0"} else base(x, y)  # n0: the referee; 12 < 0.75 x 20
+
+    results = ring_results(base, nodes)
+    blamed, _ = rounds.bisect(rounds.slow_pairs(results), results, nodes, measure)
+    assert set(blamed) == {"n2"}
+
+
+def test_two_degraded_ends_of_one_pair_are_both_blamed():
+    nodes = names(8)  # 3 of the ring's 8 links slow: the median stays a healthy link's
+
+    def measure(x: str, y: str) -> float:
+        return 2.0 if {x, y} & {"n1", "n2"} else 20.0
+
+    results = ring_results(measure, nodes)
+    blamed, _ = rounds.bisect(rounds.slow_pairs(results), results, nodes, measure)
+    assert {"n1", "n2"} <= set(blamed)
+
+
 def test_bad_path_between_two_healthy_nodes_blames_both_and_says_path():
     nodes = names(4)
 
