@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import ipaddress
 import os
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,11 @@ class Cluster:
     def all_nodes(self) -> tuple[Node, ...]:
         """Every host of the inventory, whatever part of it this run contacts."""
         return self.whole or self.nodes
+
+    def part(self, nodes: Iterable[Node]) -> Cluster:
+        """This cluster contacting only ``nodes`` (a --limit, a rollout's wave), still
+        knowing every host for what the cluster shares."""
+        return replace(self, nodes=tuple(nodes), whole=self.all_nodes)
 
     def node(self, name: str) -> Node:
         for n in self.all_nodes:

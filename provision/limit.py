@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import replace
 from fnmatch import fnmatchcase
 
 from provision.errors import InputError, Problem
@@ -63,7 +62,7 @@ def apply(cluster: Cluster, text: str | None) -> Cluster:
     limit); every host stays known for what the cluster shares."""
     if not patterns(text):
         return cluster
-    return replace(cluster, nodes=tuple(select(cluster, text)), whole=cluster.all_nodes)
+    return cluster.part(select(cluster, text))
 
 
 def _some(names: Iterable[str], most: int = 8) -> str:

@@ -55,9 +55,9 @@ def _host_key_policy(mode: str | None) -> Any:
 def new_state(nodes: list[Node], parallel: int, run: RunContext | None = None) -> Any:
     """A fresh pyinfra State over these nodes."""
     from pyinfra.api import Config, State
+    from pyinfra.connectors.sshuserclient import client
 
     openfiles.ensure(len(nodes))  # every host of the pass is connected at once
-    from pyinfra.connectors.sshuserclient import client
 
     # pyinfra's own loader stops at known_hosts' marker lines and memoizes the file for the
     # life of the process; its accept-new rewrites the file without them. provision reads

@@ -15,7 +15,7 @@ exactly as before.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from provision.engine import HostResult, RunReport
 from provision.engine.results import OnEvent, no_events
@@ -97,7 +97,7 @@ def run(
         if rollout.staged:
             for node in wave:
                 on_event(node.name, f"{STEP}: {_label(index, rollout, len(planned))} ({len(wave)} hosts)")
-        report = run_wave(replace(cluster, nodes=tuple(wave), whole=cluster.all_nodes))
+        report = run_wave(cluster.part(wave))
         results.update(report.hosts)
         reason = stop_reason(index, [report.hosts[n.name] for n in wave], rollout, len(planned))
         if reason:
