@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
-from provision.validate.records import GpuInfo
+from provision.validate import judge
+from provision.validate.records import GpuInfo, Measurement, NodeResult
 
 
 def h100(index: int, **changes: Any) -> GpuInfo:
@@ -39,3 +41,19 @@ def h100(index: int, **changes: Any) -> GpuInfo:
         processes=(),
     )
     return GpuInfo(**(fields | changes))
+
+
+def h100_fleet(nodes: int, slow: tuple[int, int] = (7, 3)) -> list[NodeResult]:
+    """`nodes` judged 8-GPU H100 nodes (named node00, node01...) measuring bf16 near the
+    datasheet; node `slow[0]`'s GPU `slow[1]` at 60 %, the one failure. Each node's GPU
+    inventory is passed on as the controller does."""
+    inputs = []
+    for i in range(nodes):
+        name = f"node{i:02d}"
+        ms = [
+            Measurement(name, "gpu_bf16_tflops", 750.0 * (0.6 if (i, g) == slow else 1.0 + 0.001 * g), f"gpu{g}")
+            for g in range(8)
+        ]
+        gpus = [h100(g) for g in range(8)]
+        inputs.append(judge.NodeInput(name, ms, gpus, wants_gpu=True, inventory={"gpus": [asdict(g) for g in gpus]}))
+    return judge.judge(inputs)

@@ -5,8 +5,6 @@ Needs Debian's `chromium` package (apt-get install chromium); skipped without it
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from html.parser import HTMLParser
 
 import numpy as np
@@ -14,9 +12,10 @@ import pytest
 
 from provision.validate import judge, report_html
 from provision.validate.records import Measurement
-from tests.helpers.validate_records import h100
+from tests.helpers import chromium
+from tests.helpers.validate_records import h100, h100_fleet
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMIUM = chromium.CHROMIUM
 
 
 def fleet():
@@ -54,10 +53,17 @@ class SvgCount(HTMLParser):
         self.bars += tag == "rect" and "bar" in (a.get("class") or "")
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
-def test_html_report_charts_render_in_headless_chromium(tmp_path):
+def screenshot(page, tmp_path):
+    """Headless Chromium's first 1600x1400 screen of the page, as an RGBA array."""
     import matplotlib.image
 
+    png = tmp_path / "shot.png"
+    chromium.screenshot(page, png, tmp_path / "profile")
+    return matplotlib.image.imread(str(png))
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
+def test_html_report_charts_render_in_headless_chromium(tmp_path):
     html = tmp_path / "report.html"
     report_html.write(html, fleet(), "chromium render test")
     parsed = SvgCount()
@@ -66,29 +72,7 @@ def test_html_report_charts_render_in_headless_chromium(tmp_path):
     assert parsed.svgs == 8
     assert parsed.bars == 8 * 4
 
-    png = tmp_path / "shot.png"
-    subprocess.run(
-        [
-            CHROMIUM,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--no-first-run",
-            f"--user-data-dir={tmp_path / 'profile'}",
-            "--hide-scrollbars",
-            "--window-size=1600,1400",
-            f"--screenshot={png}",
-            html.as_uri(),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    image = matplotlib.image.imread(str(png))
+    image = screenshot(html, tmp_path)
     assert image.shape[0] >= 1000
     assert image.shape[1] >= 1500
     assert image[:, :, :3].std() > 0.05  # not a blank page
@@ -96,3 +80,16 @@ def test_html_report_charts_render_in_headless_chromium(tmp_path):
     assert colour_pixels(image, report_html.COLORS["pass"]) > 500
     assert colour_pixels(image, report_html.COLORS["fail"]) > 200
     assert colour_pixels(image, report_html.EXPECT_COLOR, tol=0.1) > 20
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
+def test_a_200_node_report_opens_on_its_summary_with_the_one_failing_gpu_drawn(tmp_path):
+    # 1,600 GPUs: the first screen holds the summary, the node needing attention and the
+    # charts, with the one slow GPU's histogram bin drawn in the fail colour.
+    html = tmp_path / "report.html"
+    report_html.write(html, h100_fleet(200), "200 nodes")
+    image = screenshot(html, tmp_path)
+    assert image[:, :, :3].std() > 0.05
+    assert colour_pixels(image, report_html.COLORS["fail"]) >= 10  # a 3 px tall bin at least
+    assert colour_pixels(image, report_html.COLORS["pass"]) > 500
+    assert colour_pixels(image, "#ffcdd2", tol=0.03) > 100  # the attention table's FAIL cell

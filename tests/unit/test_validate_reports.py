@@ -9,6 +9,7 @@ from html.parser import HTMLParser
 
 from provision.validate import agent_stream, judge, report_html, report_json, report_junit
 from provision.validate.records import Measurement
+from tests.helpers.validate_records import h100_fleet
 
 
 def fleet():
@@ -149,3 +150,59 @@ def test_each_gpus_full_nvml_record_reaches_the_json_inventory_and_the_html():
     assert "580.95.05" in html
     assert "gen5 x16 / gen5 x16" in html
     assert "sw_power_cap" in html
+
+
+def _chart(text: str, metric: str) -> list[tuple[str, dict]]:
+    """The tags inside one metric's <svg>."""
+    p = _Collect()
+    p.feed(text)
+    start = next(k for k, (t, a) in enumerate(p.tags) if t == "svg" and a.get("data-metric") == metric)
+    end = next((k for k in range(start + 1, len(p.tags)) if p.tags[k][0] == "svg"), len(p.tags))
+    return p.tags[start:end]
+
+
+def test_past_bars_max_values_a_chart_is_a_histogram_that_still_shows_one_failing_gpu():
+    results = h100_fleet(30)
+    text = report_html.document(results, "t")
+    tags = _chart(text, "gpu_bf16_tflops")
+    assert tags[0][1].get("data-kind") == "histogram"
+    assert not [a for t, a in tags if t == "rect" and "bar" in a.get("class", "")]  # no per-GPU bars
+    bins = [a for t, a in tags if t == "rect" and a.get("class", "").startswith("bin ")]
+    assert 0 < len(bins) <= report_html.BINS * 2
+    (fail,) = [a for a in bins if a["class"] == "bin fail"]
+    assert float(fail["height"]) >= report_html.MIN_PX  # 1 of 240 values, still visible
+    assert any(t == "line" and a.get("class") == "expect" for t, a in tags)  # the H100 datasheet floor
+    # The values that did not pass are named under the chart.
+    assert re.search(r"240 values: 1 fail, 239 pass\. node07/gpu3 fail 450\.0<", text)
+
+
+def test_a_small_fleet_keeps_a_bar_per_value_and_no_folds():
+    text = report_html.document(fleet(), "t")
+    assert "data-kind" not in text
+    assert "<details>" not in text
+
+
+def test_a_large_report_opens_on_the_summary_and_the_nodes_needing_attention():
+    results = h100_fleet(30)
+    text = report_html.document(results, "t")
+    summary = text.index('class="summary"')
+    assert "30 nodes: 1 fail, 29 pass." in text
+    attention = text.index("Needs attention (1)")
+    # The attention table holds the failing node and no passing one.
+    attention_table = text[attention : text.index("</table>", attention)]
+    assert "node07" in attention_table
+    assert "node08" not in attention_table
+    # The per-node tables are folded behind it, not laid out until opened.
+    every = text.index("<details><summary><b>Every node (30)</b>")
+    inventory = text.index("<details><summary><b>GPU inventory</b>")
+    assert summary < attention < every < inventory
+    assert text.index('<div class="charts">') < inventory
+
+
+def test_the_attention_table_lists_the_worst_first():
+    text = report_html.document(fleet(), "t")
+    attention = text[text.index("Needs attention") :]
+    rows = re.findall(r"<tr><td>([a-e])</td><td class=\"v-(\w+)\"", attention[: attention.index("</table>")])
+    verdicts = [v for _, v in rows]
+    assert verdicts == sorted(verdicts, key=("fail", "warn", "not_run", "pass").index)
+    assert {n for n, _ in rows} == {r.node for r in fleet() if r.verdict != "pass"}
