@@ -1417,9 +1417,15 @@ def _allreduce_rank(rank: int, world: int, port: int, mb: int, seconds: float, q
         dist.destroy_process_group()
 
 
-def bench_allreduce_local(torch: Any, cfg: dict[str, Any], budget: Budget, out: Sink) -> None:
+RANK_STOP_S = 2.0  # a rank that ignores SIGTERM (stuck in a driver call) is killed after this
+
+
+def bench_allreduce_local(
+    torch: Any, cfg: dict[str, Any], budget: Budget, out: Sink, rank_main: Callable[..., None] | None = None
+) -> None:
     """All-reduce between this node's GPUs (NCCL, one process per GPU). The ranks are
-    processes: at the budget they are terminated, so a hung NCCL costs only this phase."""
+    processes: at the budget they are terminated (killed if they ignore it), so a hung
+    NCCL costs only this phase. ``rank_main`` replaces the rank's code in tests."""
     count = torch.cuda.device_count()
     if count < 2:
         return out.add("gpu_allreduce_busbw_gbs", None, not_run="not run: one GPU")
@@ -1427,11 +1433,11 @@ def bench_allreduce_local(torch: Any, cfg: dict[str, Any], budget: Budget, out: 
 
     queue = mp.get_context("spawn").SimpleQueue()
     args = (count, _free_port(), cfg["allreduce_mb"], budget.seconds / 2, queue)
-    ranks = mp.start_processes(_allreduce_rank, args=args, nprocs=count, join=False, start_method="spawn")
+    main = rank_main or _allreduce_rank
+    ranks = mp.start_processes(main, args=args, nprocs=count, join=False, start_method="spawn")
     while not ranks.join(timeout=0.5):
         if budget.left() <= 0:
-            for p in ranks.processes:  # our own children, by their handles
-                p.terminate()
+            _stop(ranks.processes)
             return out.add("gpu_allreduce_busbw_gbs", None, not_run=timed_out("allreduce", budget.seconds))
     res = queue.get()
     out.add(
@@ -1439,6 +1445,19 @@ def bench_allreduce_local(torch: Any, cfg: dict[str, Any], budget: Budget, out: 
         res["busbw_gbs"],
         detail=f"{count} GPUs, {res['mb']} MiB, {res['iters']} iterations, algbw {res['algbw_gbs']:.1f} GB/s, nccl",
     )
+
+
+def _stop(processes: list[Any]) -> None:
+    """Our own children, by their handles: SIGTERM, then SIGKILL for any still there after
+    RANK_STOP_S, and each reaped."""
+    for p in processes:
+        p.terminate()
+    deadline = time.monotonic() + RANK_STOP_S
+    for p in processes:
+        p.join(timeout=max(deadline - time.monotonic(), 0.0))
+        if p.is_alive():
+            p.kill()
+            p.join(timeout=RANK_STOP_S)
 
 
 def _free_port() -> int:

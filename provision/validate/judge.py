@@ -73,6 +73,10 @@ def gpu_health(node: str, gpus: list[GpuInfo], measured: set[tuple[str, str]]) -
             if (metric, dev) in measured:
                 continue
             not_run = "" if value is not None else "not run: the driver reports N/A"
+            if metric == "gpu_hw_slowdown" and hw:
+                # One idle reading (the burn's NVML samples did not run: no NVML in it, MIG):
+                # a slowdown counts only when seen in more than one sample, so it warns.
+                value, not_run = None, f"{SEEN_ONCE}: {', '.join(hw)} active in one idle reading; no samples under load"
             out.append(Measurement(node, metric, None if value is None else float(value), dev, not_run, detail))
     return out
 
@@ -194,6 +198,7 @@ def _fleet_check(m: Metric, value: float, b: Band | None, ov: Overrides) -> tupl
 # --- the whole fleet ------------------------------------------------------------------------
 
 # not-run reasons that describe the hardware, not a broken run: they do not lower a node.
+SEEN_ONCE = "not judged: seen once"  # a hardware flag seen in one reading only: a warn
 BENIGN_NOT_RUN = (NO_GPU, "not run: the driver reports N/A", "not run: one node", "not run: one GPU")
 
 
@@ -341,8 +346,8 @@ def _not_run(i: NodeInput, m: Measurement, metric: Metric) -> Finding:
     verdict = "not_run"
     if i.wants_gpu and metric.group == "gpu" and reason.startswith(NO_GPU):
         verdict, reason = "fail", "no GPU found, but the host is in gpu_nodes"
-    elif reason.startswith(MIG_NOT_RUN):
-        pass  # reported and counted as a warn: MIG slices are not judged as whole GPUs
+    elif reason.startswith((MIG_NOT_RUN, SEEN_ONCE)):
+        pass  # reported and counted as a warn: MIG slices are not judged as whole GPUs, nor one reading
     elif metric.name.startswith("gpu_") and not reason.startswith(BENIGN_NOT_RUN) and _has_gpu(i):
         # A GPU that could not be measured (a step raised, CUDA sees nothing, NVML lost it)
         # is never skipped quietly on a GPU host: it may be the broken one.

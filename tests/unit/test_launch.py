@@ -475,3 +475,23 @@ def test_a_root_probe_that_finds_the_training_user_runs_the_trainer_as_it(monkey
     assert [n.run_as for n in run_plan.nodes] == ["train", "train"]
     # Writability of the shares is asked as that user (root_squash), not as root.
     assert all("runuser -u train -- test -w" in c for c in probes)
+
+
+def test_a_node_whose_gpus_run_mig_is_refused_before_anything_is_uploaded(tmp_path, monkeypatch):
+    # The node's probe answers as a MIG-enabled A100 node would (nvidia-smi -L with MIG
+    # devices under GPU 1); the run stops there, naming the GPU, and uploads nothing.
+    listing = (
+        "GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-5c89852c-d268-c3f3-1b07-005d5ae1dc3f)\n"
+        "GPU 1: NVIDIA A100-SXM4-40GB (UUID: GPU-5c89852c-d268-c3f3-1b07-005d5ae1dc40)\n"
+        "  MIG 3g.20gb     Device  0: (UUID: MIG-4ce3fbc2-fe20-5e2a-8c73-8d7c2a1f5b2a)\n"
+    )
+    probe = f"PY_OK\n[]\n--gpus--\n{listing}--run-as--\n\n--writable--\n--dirs--\nDIRS_OK\n"
+    monkeypatch.setattr(session.remote, "run", lambda *a, **k: remote.CommandResult("n0", 0, probe, ""))
+
+    class NoUploads:
+        def put(self, *args, **kwargs):
+            raise AssertionError(f"uploaded {args} to a node that cannot run the trainer")
+
+    node = Node("n0", SshTarget("192.0.2.1", 22, None, None, None, "yes"), (), Settings(cluster_interface="eth1"))
+    with pytest.raises(session.LaunchError, match=r"MIG is enabled on GPU 1: .* disable MIG \(`nvidia-smi -mig 0`"):
+        session._prepare_node(node, NoUploads(), options(tmp_path), "run1", True, lambda *_: None)

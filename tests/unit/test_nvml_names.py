@@ -30,8 +30,18 @@ def test_the_scan_finds_the_names_the_agent_reads():
     assert {"nvmlInit", "nvmlDeviceGetRemappedRows", "NVML_AGGREGATE_ECC"} <= names
 
 
+def test_the_installed_nvidia_ml_py_is_the_one_the_nodes_are_pinned_to():
+    # The names below are checked against the installed module; it must be the version
+    # `up` installs on the nodes (settings.nvml_version), which pyproject.toml pins too.
+    from importlib.metadata import version
+
+    from provision.settings import Settings
+
+    assert version("nvidia-ml-py") == Settings().nvml_version
+
+
 @pytest.mark.parametrize("user", USERS)
-def test_every_nvml_name_used_exists_in_the_installed_nvidia_ml_py(user):
+def test_every_nvml_name_used_exists_in_the_pinned_nvidia_ml_py(user):
     missing = sorted(name for name in nvml_names(ROOT / user) if not hasattr(pynvml, name))
     assert missing == [], f"{user} uses names nvidia-ml-py does not define: {missing}"
 

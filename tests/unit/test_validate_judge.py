@@ -274,11 +274,27 @@ def test_user_fleet_rule_applies_to_every_metric():
     assert x.verdict == "fail"
 
 
-def test_active_hardware_slowdown_fails_the_gpu():
+def test_hardware_slowdown_seen_in_the_one_idle_reading_only_warns():
+    # No samples under load (the burn's telemetry did not run): one reading is not
+    # "more than one sample", so it is reported and warns, never fails.
     gpus = [h100(0), h100(1, throttle_active=("sw_power_cap", "hw_thermal_slowdown"))]
     (r,) = judge.judge([gpu_node("n", [800.0, 800.0], gpus)])
     assert findings(r, "gpu_hw_slowdown", "gpu0")[0].verdict == "pass"
-    bad = findings(r, "gpu_hw_slowdown", "gpu1")[0]
+    seen_once = findings(r, "gpu_hw_slowdown", "gpu1")[0]
+    assert seen_once.verdict == "not_run"
+    assert seen_once.reason.startswith("not judged: seen once: hw_thermal_slowdown active in one idle reading")
+    assert r.verdict == "warn"
+
+
+def test_hardware_slowdown_seen_in_samples_under_load_fails_the_gpu():
+    # The burn's telemetry row (two or more samples saw it) replaces the idle reading.
+    gpus = [h100(0), h100(1, throttle_active=("hw_thermal_slowdown",))]
+    node = gpu_node("n", [800.0, 800.0], gpus)
+    node.measurements.append(
+        Measurement("n", "gpu_hw_slowdown", 1.0, "gpu1", detail="under load: reasons seen: hw_thermal_slowdown")
+    )
+    (r,) = judge.judge([node])
+    (bad,) = findings(r, "gpu_hw_slowdown", "gpu1")
     assert bad.verdict == "fail"
     assert "hw_thermal_slowdown" in bad.reason
 
