@@ -157,20 +157,51 @@ def _hung_shell(tmp_path):
     return str(shell)
 
 
-def _wait_for_line(process, text: str, within_s: float) -> None:
-    import select
+class _Stderr:
+    """A process's stderr, read line by line by a thread. (select() on the pipe under a
+    buffered readline() misses a second line that arrived in the same read as the first:
+    it sits in Python's buffer while select waits on the fd. That once looked like a
+    progress line the CLI never printed.)"""
 
-    deadline = time.monotonic() + within_s
-    seen = []
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([process.stderr], [], [], max(0.0, deadline - time.monotonic()))
-        line = process.stderr.readline() if ready else ""
-        if not line:
-            break
-        seen.append(line)
-        if text in line:
-            return
-    raise AssertionError(f"no {text!r} on stderr within {within_s} s: {''.join(seen)[-2000:]}")
+    def __init__(self, process) -> None:
+        import queue
+        import threading
+
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.seen: list[str] = []
+
+        def pump() -> None:
+            for line in process.stderr:
+                self.lines.put(line)
+            self.lines.put(None)  # end of the stream
+
+        self.thread = threading.Thread(target=pump, daemon=True)
+        self.thread.start()
+
+    def wait_for(self, text: str, within_s: float) -> None:
+        import queue
+
+        deadline = time.monotonic() + within_s
+        while time.monotonic() < deadline:
+            try:
+                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if line is None:
+                break
+            self.seen.append(line)
+            if text in line:
+                return
+        raise AssertionError(f"no {text!r} on stderr within {within_s} s: {''.join(self.seen)[-2000:]}")
+
+    def all(self, within_s: float) -> str:
+        """Everything, once the stream ends."""
+        self.thread.join(timeout=within_s)
+        while not self.lines.empty():
+            line = self.lines.get()
+            if line is not None:
+                self.seen.append(line)
+        return "".join(self.seen)
 
 
 def _provision_up(inv, tmp_path, as_json: bool = True):
@@ -211,13 +242,15 @@ def test_ctrl_c_names_the_hosts_mid_step_and_exits_130_without_a_traceback(sshd,
     )
     inv.write_text(text)
     process = _provision_up(inv, tmp_path, as_json=False)  # progress lines on stderr
-    # Ctrl-C once the run is under way: the first progress line says preflight started (the
-    # CLI's handler is in place; on a loaded machine the imports alone can outlast a fixed
-    # sleep), then a moment for hung to wait on its first fact.
-    _wait_for_line(process, "preflight: started", within_s=120)
+    # Ctrl-C once the hung host's own progress line says its preflight started (the CLI's
+    # handler is in place; on a loaded machine the imports alone can outlast a fixed
+    # sleep), then a moment for it to wait on its first fact.
+    stderr = _Stderr(process)
+    stderr.wait_for("hung: preflight: started", within_s=120)
     time.sleep(3)
     process.send_signal(signal.SIGINT)
-    _, err = process.communicate(timeout=60)
+    process.wait(timeout=60)
+    err = stderr.all(within_s=10)
     assert process.returncode == 130, err
     (line,) = [line for line in err.splitlines() if line.startswith("interrupted; hosts mid-step: ")]
     assert "hung (preflight: started)" in line
