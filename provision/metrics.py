@@ -27,6 +27,12 @@ class Metric:
 
 _m = Metric  # short alias for the table below
 
+# The validate agent's phases, each with its own time budget (the agent's BUDGETS_S keys:
+# the agent runs alone on a node and imports nothing of this package, so the list is
+# written twice; tests/unit/test_validate_budgets.py holds the two equal). The
+# ``validate_budgets_s`` setting names them.
+AGENT_PHASES = ("cpu", "ram", "disk", "gemm", "hbm", "copies", "burn", "allreduce")
+
 
 METRICS: dict[str, Metric] = {
     m.name: m
@@ -72,6 +78,17 @@ def in_groups(groups: set[str]) -> list[Metric]:
 
 
 _FLEET_KEYS = {"warn_drop", "fail_drop", "mad_k"}
+
+
+def check_budgets(values: dict[str, float]) -> str | None:
+    """The ``validate_budgets_s`` setting: known phases, 1 s to a day each."""
+    bad = [f"{k!r}: unknown phase (one of {', '.join(AGENT_PHASES)})" for k in values if k not in AGENT_PHASES]
+    bad += [
+        f"{k}: {s!r} is not between 1 and 86400 seconds"
+        for k, s in values.items()
+        if k in AGENT_PHASES and not (isinstance(s, int | float) and not isinstance(s, bool) and 1 <= s <= 86400)
+    ]
+    return "; ".join(bad) or None
 
 
 def check_flat(values: dict[str, float]) -> str | None:

@@ -19,7 +19,7 @@ from typing import Any, Literal, get_args, get_origin
 
 from provision import values as v
 from provision.errors import Problem
-from provision.metrics import check_flat
+from provision.metrics import check_budgets, check_flat
 
 # Group names with a meaning to provision. Hosts in no role group are plain nodes.
 ROLES: dict[str, str] = {
@@ -301,6 +301,13 @@ class Settings:
         "validate thresholds: {metric: floor, 'metric.fraction': share of GPU spec, "
         "'metric.max': ceiling, 'fleet.warn_drop': ...}",
         _validate_expect,
+    )
+    validate_budgets_s: dict[str, float] = knob(
+        {},
+        "seconds per validate agent phase (cpu, ram, disk, gemm, hbm, copies, burn, allreduce) over the "
+        "mode's own (quick: cpu 30, disk 45...); raise them for slow or emulated hosts; the agent's "
+        "deadline grows with them",
+        check_budgets,
     )
 
     # --- train ---

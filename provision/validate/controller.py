@@ -26,9 +26,19 @@ from provision.validate.records import Measurement, NodeResult
 from provision.validate.rounds import FULL_PEERS
 
 AGENT_PATH = Path(__file__).with_name("agent.py")
-# The agent's whole run on one node: the sum of its phase budgets plus a margin (see
-# agent.BUDGETS_S). Each phase is bounded on its own; this bounds the agent as a whole.
-AGENT_TIMEOUT_S = {mode: agent.outer_deadline_s(mode) for mode in agent.BUDGETS_S}
+
+
+def agent_budgets(node: Node, mode: str) -> dict[str, float]:
+    """Seconds per agent phase on this node: the mode's own, with the node's
+    validate_budgets_s setting over them (for slow or emulated hosts)."""
+    return {**agent.BUDGETS_S[mode], **node.settings.validate_budgets_s}
+
+
+def agent_deadline_s(node: Node, mode: str) -> int:
+    """The agent's whole run on one node: the sum of its phase budgets plus a margin. Each
+    phase is bounded on its own; this bounds the agent as a whole."""
+    return agent.outer_deadline_s(mode, agent_budgets(node, mode))
+
 
 Progress = Callable[[str, str], None]
 
@@ -59,7 +69,11 @@ def agent_command(node: Node, agent_path: str, plan: Plan) -> str:
     args = (
         f"{shlex.quote(agent_path)} --mode {plan.mode} --only {only} --data-dir {shlex.quote(node.settings.data_mount)}"
     )
-    return f'P={venv_python}; [ -x "$P" ] || P=python3; timeout {AGENT_TIMEOUT_S[plan.mode]} "$P" {args}'
+    own = node.settings.validate_budgets_s  # names checked at load (metrics.check_budgets)
+    if own:
+        args += " --budget " + shlex.quote(",".join(f"{phase}={seconds:g}" for phase, seconds in sorted(own.items())))
+    deadline = agent_deadline_s(node, plan.mode)
+    return f'P={venv_python}; [ -x "$P" ] || P=python3; timeout {deadline} "$P" {args}'
 
 
 def upload_command(agent_path: str) -> str:
@@ -86,11 +100,12 @@ def _agent(node: Node, plan: Plan, agent_path: str, progress: Progress) -> Agent
         why = f"cannot upload the agent: {(upload.stderr or upload.stdout).strip()[-300:]}"
         return AgentRun(None, why, upload.exited != -1)
     progress(node.name, f"agent running ({plan.mode})")
-    r = remote.run(node, agent_command(node, agent_path, plan), timeout=AGENT_TIMEOUT_S[plan.mode] + 30)
+    deadline = agent_deadline_s(node, plan.mode)
+    r = remote.run(node, agent_command(node, agent_path, plan), timeout=deadline + 30)
     try:
         report = agent_stream.agent_output(r.stdout, node.name)
     except parsers.ParseError as e:
-        return AgentRun(None, _no_output(r, plan.mode, e), r.exited != -1)
+        return AgentRun(None, _no_output(r, deadline, e), r.exited != -1)
     if report.stopped_in == agent_stream.STARTUP:
         return AgentRun(None, _stopped(report, r), True)
     return AgentRun(report, _stopped(report, r) if report.stopped_in else "", True)
@@ -108,9 +123,9 @@ def _stopped(report: agent_stream.AgentReport, r: remote.CommandResult) -> str:
     return f"agent {how} during {report.stopped_in}; every result it sent before is kept"
 
 
-def _no_output(r: remote.CommandResult, mode: str, e: parsers.ParseError) -> str:
+def _no_output(r: remote.CommandResult, deadline_s: int, e: parsers.ParseError) -> str:
     if r.exited == 124:
-        return f"agent ran past its deadline of {AGENT_TIMEOUT_S[mode]} s before printing anything (timeout, exit 124)"
+        return f"agent ran past its deadline of {deadline_s} s before printing anything (timeout, exit 124)"
     if r.exited != 0:
         return f"agent exited {r.exited}: {(r.stderr or r.stdout).strip()[-300:]}"
     return f"agent output unreadable: {e}"

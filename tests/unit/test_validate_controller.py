@@ -68,15 +68,42 @@ def test_agent_killed_before_printing_anything_names_the_deadline_not_a_bare_exi
     run = controller._agent(node("a"), controller.Plan(), "/tmp/agent.py", lambda host, text: None)
     assert run.report is None
     assert run.answered
-    deadline = controller.AGENT_TIMEOUT_S["quick"]
+    deadline = controller.agent.outer_deadline_s("quick")
     assert run.error == f"agent ran past its deadline of {deadline} s before printing anything (timeout, exit 124)"
 
 
 def test_outer_deadline_of_the_agent_command_is_the_sum_of_its_phase_budgets_plus_margin():
     cmd = controller.agent_command(node("a"), "/tmp/a.py", controller.Plan())
-    assert f"timeout {controller.agent.outer_deadline_s('quick')} " in cmd
     budgets = controller.agent.BUDGETS_S["quick"]
-    assert controller.AGENT_TIMEOUT_S["quick"] == sum(budgets.values()) + controller.agent.MARGIN_S["quick"]
+    assert f"timeout {sum(budgets.values()) + controller.agent.MARGIN_S['quick']:.0f} " in cmd
+    assert "--budget" not in cmd  # the mode's own budgets
+
+
+def test_a_nodes_validate_budgets_reach_its_agent_and_its_deadline_grows_with_them():
+    slow = Node(
+        "slow",
+        SshTarget("127.0.0.1", 22, "root", None, None, "yes"),
+        ("nodes",),
+        Settings(validate_budgets_s={"cpu": 300, "disk": 120.5}),
+    )
+    cmd = controller.agent_command(slow, "/tmp/a.py", controller.Plan())
+    assert cmd.endswith(" --budget cpu=300,disk=120.5")
+    quick = controller.agent.BUDGETS_S["quick"]
+    grown = sum(quick.values()) - quick["cpu"] - quick["disk"] + 300 + 120.5
+    deadline = int(grown + controller.agent.MARGIN_S["quick"])
+    assert f"timeout {deadline} " in cmd
+    assert controller.agent_deadline_s(slow, "quick") == deadline
+    # The agent itself reads them as its phases' budgets.
+    assert controller.agent._budgets("cpu=300,disk=120.5", "quick") == {"cpu": 300.0, "disk": 120.5}
+
+
+def test_the_agent_killed_at_a_nodes_own_deadline_says_that_deadline(monkeypatch):
+    monkeypatch.setattr(controller.remote, "run", stand_in_remote(remote.CommandResult("a", 124, "", "")))
+    slow = Node(
+        "a", SshTarget("127.0.0.1", 22, "root", None, None, "yes"), (), Settings(validate_budgets_s={"cpu": 600})
+    )
+    run = controller._agent(slow, controller.Plan(), "/tmp/agent.py", lambda host, text: None)
+    assert f"its deadline of {controller.agent_deadline_s(slow, 'quick')} s" in run.error
 
 
 def test_a_node_whose_agent_timed_out_still_has_its_links_measured(monkeypatch):
