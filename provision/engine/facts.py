@@ -8,6 +8,7 @@ from typing import Any
 from provision.engine.collector import Collector
 from provision.engine.connect import connect_all
 from provision.engine.deadlines import disconnect_bounded
+from provision.engine.fact_batch import answers, batch_fact
 from provision.engine.pyinfra_state import new_state
 from provision.engine.results import FactsResult, HostResult, OnEvent, TimedOut, no_events
 from provision.inventory import Node
@@ -75,7 +76,7 @@ def gather_facts(
             for host, g in zip(hosts, greenlets, strict=True):
                 if not g.ready():
                     g.kill(block=False)
-                    fact_errors[host.name] = str(TimedOut.after(f"fact {asking.get(host.name, '?')}", timeout_s))
+                    fact_errors[host.name] = str(TimedOut.after(asking.get(host.name, "facts"), timeout_s))
                     on_event(host.name, "failed")
         finally:
             disconnect_bounded(state)
@@ -94,24 +95,28 @@ def _host_facts(
     asking: dict[str, str],
     timeout_s: int,
 ) -> tuple[dict[str, Any], str | None]:
-    """Every wanted fact of one host, or the first that failed and why."""
+    """Every wanted fact of one host, in one command (fact_batch), or the first that
+    failed and why."""
+    label = ("facts " if len(wanted) > 1 else "fact ") + ", ".join(wanted)  # "facts os, cpu, ..."
+    on_event(host.name, label)
+    asking[host.name] = label
+    start = time.monotonic()
+    try:
+        lines = host.get_fact(batch_fact(wanted), _timeout=timeout_s)
+    except Exception as e:  # any error is this host's alone
+        return {}, f"{label}: {type(e).__name__}: {e}".rstrip(": ")
+    # pyinfra answers a failed fact command with the fact's default (None) and drops the
+    # host from the run. A command stopped at its _timeout looks the same to us (pyinfra
+    # logs the TimeoutError and returns None), so the time it took tells a hung host apart.
+    if lines is None or host not in state.active_hosts:
+        if time.monotonic() - start >= timeout_s:
+            return {}, str(TimedOut.after(label, timeout_s))
+        return {}, f"{label}: the command failed on the host"
     values: dict[str, Any] = {}
-    for name, (fact, kwargs) in wanted.items():
-        on_event(host.name, f"fact {name}")
-        asking[host.name] = name
-        start = time.monotonic()
-        try:
-            values[name] = host.get_fact(fact, _timeout=timeout_s, **kwargs)
-        except Exception as e:  # any error is this host's alone
-            return values, f"fact {name}: {type(e).__name__}: {e}".rstrip(": ")
-        # pyinfra answers a failed fact command with the fact's default (None) and drops
-        # the host from the run; a half-gathered host is reported, not summarised. A
-        # command stopped at its _timeout looks the same to us (pyinfra logs the
-        # TimeoutError and returns None), so the time it took tells a hung host apart.
-        if values[name] is None or host not in state.active_hosts:
-            if time.monotonic() - start >= timeout_s:
-                return values, str(TimedOut.after(f"fact {name}", timeout_s))
-            return values, f"fact {name}: the command failed on the host"
+    for name, answer in answers(wanted, lines).items():
+        if answer.error:
+            return values, answer.error
+        values[name] = answer.value
     return values, None
 
 

@@ -265,3 +265,32 @@ def test_accept_new_appends_a_new_host_and_keeps_the_marker_lines_on_both_seams(
     after = known.read_text()
     assert after.startswith(before)
     assert after[len(before) :].split()[0] == f"[127.0.0.1]:{sshd.port}"
+
+
+def test_facts_asked_in_one_command_keep_their_own_meaning_on_a_real_shell(sshd, tmp_path):
+    # gather_facts asks a host's facts in one command (engine/fact_batch.py): through a
+    # real sshd and sh, the parts' outputs reach their own facts, and a part whose required
+    # tool is missing fails that host naming the fact and the tool.
+    from pyinfra.api import FactBase
+    from pyinfra.facts.server import Hostname
+
+    from provision import engine, inventory
+    from provision.facts.system import Memory
+
+    class TestStandInNeedsAMissingTool(FactBase):
+        def requires_command(self) -> str:
+            return "provision-no-such-tool"
+
+        def command(self) -> str:
+            return "provision-no-such-tool --list"
+
+        def process(self, output):
+            return output
+
+    inv = write_inventory(tmp_path / "inv.py", [("local", sshd.host_data())])
+    nodes = list(inventory.load(inv).nodes)
+    both = engine.gather_facts(nodes, {"hostname": (Hostname, {}), "memory": (Memory, {})})
+    assert both.facts["local"]["hostname"] == subprocess.check_output(["hostname"], text=True).strip()
+    assert both.facts["local"]["memory"] > 0
+    missing = engine.gather_facts(nodes, {"hostname": (Hostname, {}), "tool": (TestStandInNeedsAMissingTool, {})})
+    assert missing.failed == {"local": "fact tool: MissingCommandError: provision-no-such-tool"}

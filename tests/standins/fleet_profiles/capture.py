@@ -18,10 +18,15 @@ from pathlib import Path
 from typing import Any
 
 from pyinfra.connectors.local import LocalConnector
+from pyinfra.context import ctx_state
 
 from provision import engine
+from provision.engine.connect import connect_all
+from provision.engine.deadlines import disconnect_bounded
+from provision.engine.pyinfra_state import new_state
 from provision.facts.host import HOST_FACTS
 from provision.inventory import Cluster, Node, SshTarget
+from provision.pyinfra_context import held
 from provision.settings import Settings
 from provision.status.gather import gather_status
 
@@ -43,6 +48,15 @@ def capture(profile: str) -> Path:
     if result.failed:
         raise SystemExit(f"facts failed here: {result.failed}")
     gather_status(Cluster(path=Path("captured"), nodes=(node,)))
+    # The Os fact alone, as a step asks it (fleet_standin.fact_only_step): gather_facts
+    # asks its facts in one batched command, a step's operation one fact at a time.
+    state = new_state([node], parallel=0)
+    with held(ctx_state, state):
+        connect_all(state)
+        (host,) = state.inventory
+        fact, kwargs = HOST_FACTS["os"]
+        host.get_fact(fact, **kwargs)
+        disconnect_bounded(state)
     path = Path(__file__).parent / f"{profile}.json"
     header = {
         "captured": time.strftime("%Y-%m-%d", time.gmtime()),
