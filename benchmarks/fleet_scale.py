@@ -209,9 +209,11 @@ def _run_child(step: str, n: int, latency_s: float, budget_s: float) -> dict[str
     return figures
 
 
-def measure(sizes: list[int], latency_s: float, budget_s: float) -> tuple[list[dict[str, Any]], list[str]]:
+def measure(
+    sizes: list[int], latency_s: float, budget_s: float, steps: tuple[str, ...] = STEPS
+) -> tuple[list[dict[str, Any]], list[str]]:
     rows, skipped = [], []
-    for step in STEPS:
+    for step in steps:
         for n in sizes:
             figures = _run_child(step, n, latency_s, budget_s)
             if figures is None:
@@ -279,6 +281,7 @@ def main() -> int:
     p.add_argument("--sizes", default="10,100,300", help="fleet sizes, comma separated")
     p.add_argument("--latency-s", type=float, default=0.05, help="each simulated command's latency")
     p.add_argument("--budget-s", type=float, default=60.0, help="a step over this is not run at larger sizes")
+    p.add_argument("--steps", default=",".join(STEPS), help=f"steps to measure, comma separated ({', '.join(STEPS)})")
     p.add_argument("--worker", nargs=3, metavar=("STEP", "N", "LATENCY"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
@@ -287,7 +290,11 @@ def main() -> int:
         return 0
     sizes = [int(s) for s in args.sizes.split(",")]
     start = time.monotonic()
-    rows, skipped = measure(sizes, args.latency_s, args.budget_s)
+    steps = tuple(args.steps.split(","))
+    unknown = sorted(set(steps) - set(STEPS))
+    if unknown:
+        p.error(f"--steps: unknown {', '.join(unknown)}; choose from {', '.join(STEPS)}")
+    rows, skipped = measure(sizes, args.latency_s, args.budget_s, steps)
     print(table(rows, sizes))
     for line in skipped:
         print(f"- not run: {line}")

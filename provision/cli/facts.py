@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ from provision.cli.console import host_progress, out, print_json, safe
 from provision.cli.options import InventoryArg, LimitOpt
 from provision.errors import EXIT_FAILED
 from provision.facts.host import HOST_FACTS, summarize
+from provision.facts.host import as_json as host_json
 
 
 def facts(
@@ -36,7 +36,7 @@ def facts(
         result = gather_facts(list(cluster.nodes), HOST_FACTS, on_event=progress)
     hosts = [summarize(n.name, result.facts.get(n.name), result.failed.get(n.name)) for n in cluster.nodes]
     if as_json:
-        print_json({"schema": "provision.facts/1", "hosts": [asdict(h) for h in hosts]})
+        print_json({"schema": "provision.facts/1", "hosts": [host_json(h) for h in hosts]})
     else:
         _print_tables(hosts)
     if result.failed:

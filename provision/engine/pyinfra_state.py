@@ -6,6 +6,7 @@ the facts a step reads are gathered after the previous step changed the host.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterable
 from typing import Any
@@ -52,12 +53,25 @@ def _host_key_policy(mode: str | None) -> Any:
     return hostkeys.policy(mode if mode in ("accept-new", "no", "off") else "yes")
 
 
+def cache_global_arguments() -> None:
+    """pyinfra works out its global arguments' names and types (typing.get_type_hints of a
+    fixed TypedDict) afresh for every fact asked and every host connected: at 1,000 hosts,
+    a sixth of the controller's CPU in `provision facts` (BENCHMARKS.md, issue 20). The
+    answer never changes within a process, so it is worked out once. Its callers only
+    iterate over the list."""
+    from pyinfra.api import arguments
+
+    if not hasattr(arguments.all_global_arguments, "cache_info"):
+        arguments.all_global_arguments = functools.cache(arguments.all_global_arguments)
+
+
 def new_state(nodes: list[Node], parallel: int, run: RunContext | None = None) -> Any:
     """A fresh pyinfra State over these nodes."""
     from pyinfra.api import Config, State
     from pyinfra.connectors.sshuserclient import client
 
     openfiles.ensure(len(nodes))  # every host of the pass is connected at once
+    cache_global_arguments()
 
     # pyinfra's own loader stops at known_hosts' marker lines and memoizes the file for the
     # life of the process; its accept-new rewrites the file without them. provision reads

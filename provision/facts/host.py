@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from provision.facts.blockdevices import BlockDevices
@@ -49,7 +49,8 @@ def summarize(name: str, facts: dict[str, Any] | None, error: str | None) -> Hos
         hostname=os_info.hostname,
         os={**asdict(os_info), "supported": os_info.supported},
         kernel=os_info.kernel,
-        cpu={k: v for k, v in asdict(cpu).items() if k != "flags"},
+        # Without copying the flags (a hundred strings a host) only to drop them.
+        cpu={f.name: getattr(cpu, f.name) for f in fields(cpu) if f.name != "flags"},
         memory_bytes=facts["memory"],
         block_devices=[{**asdict(d), "holds": d.holds, "is_root": d.is_root} for d in facts["block_devices"]],
         nics=[asdict(n) for n in facts["nics"]],
@@ -59,3 +60,10 @@ def summarize(name: str, facts: dict[str, Any] | None, error: str | None) -> Hos
         ],
         nvswitches=sum(1 for d in gpus.pci if d.is_nvswitch),
     )
+
+
+def as_json(facts: HostFacts) -> dict[str, Any]:
+    """The JSON form: a HostFacts holds JSON-ready values already (summarize built them
+    with asdict), so a shallow copy; asdict's deep copy again cost more than the gather's
+    own parsing at 1,000 hosts."""
+    return dict(vars(facts))
