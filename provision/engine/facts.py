@@ -19,6 +19,7 @@ from provision.pyinfra_context import held
 # others keep what they answered. A TCG test VM's slowest fact (importing the venv's
 # packages) takes well under a minute.
 FACT_TIMEOUT_S = 120
+CHANNEL_GRACE_S = 5  # past a fact's own deadline, before its host is cut off whatever it waits on
 GATHER_TIMEOUT_S = 300.0
 
 
@@ -54,7 +55,16 @@ def gather_facts(
     fact_limit = {n.name: max(1, min(fact_timeout_s, int(timeout_s), n.settings.command_timeout_s)) for n in nodes}
 
     def one(host: Any) -> None:
-        values, error = _host_facts(state, host, wanted, on_event, asking, fact_limit[host.name])
+        # pyinfra's _timeout bounds reading a command's output, not opening the SSH channel
+        # it runs in: a host that froze after login (seen: a VM stopped through QMP) left
+        # the channel open request unanswered until the whole gather's deadline. The host's
+        # facts are one command (fact_batch), so its own deadline bounds all of it.
+        limit = fact_limit[host.name]
+        try:
+            with gevent.Timeout(limit + CHANNEL_GRACE_S):
+                values, error = _host_facts(state, host, wanted, on_event, asking, limit)
+        except gevent.Timeout:
+            values, error = {}, str(TimedOut.after(asking.get(host.name, "facts"), limit))
         if error is None:
             out[host.name] = values
             on_event(host.name, "done")

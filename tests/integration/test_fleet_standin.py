@@ -184,3 +184,28 @@ def test_a_host_whose_fact_fails_or_hangs_in_a_step_fails_with_the_fact_named_no
         assert failures[name] == [f"standin: timed out in fact Os after {DEADLINES['command_timeout_s']} s"]
     assert set(failures) == fleet.named("fail") | fleet.named("refuse") | fleet.named("hang")
     assert all("standin" in h.steps for n, h in report.hosts.items() if n not in failures)
+
+
+def test_hosts_frozen_after_login_are_cut_off_at_their_command_deadline_not_the_gathers(tmp_path):
+    # A frozen host answers nothing, not even the request to open the channel a command
+    # runs in, which pyinfra's _timeout does not bound: gather_facts cuts each host off at
+    # its own command deadline (plus a grace), not at the whole gather's step deadline.
+    from provision import engine, inventory
+    from provision.engine.facts import CHANNEL_GRACE_S
+    from provision.facts.host import HOST_FACTS
+
+    fleet = SimulatedFleet.spread(20, FleetShares(freeze=0.1), latency_s=0.01)
+    deadlines = {"connect_timeout_s": 2, "command_timeout_s": 2, "step_timeout_s": 600}
+    with simulated(fleet):
+        inv = fleet.write_inventory(tmp_path / "fleet.py", **deadlines)
+        start = time.monotonic()
+        result = engine.gather_facts(list(inventory.load(inv).nodes), HOST_FACTS)
+        took = time.monotonic() - start
+    frozen = fleet.named("freeze")
+    assert len(frozen) == 2
+    assert set(result.failed) == frozen
+    for name in frozen:
+        assert result.failed[name] == "timed out in facts os, cpu, memory, block_devices, nics, gpus after 2 s"
+    assert set(result.facts) == set(fleet.behaviour) - frozen
+    # Its deadline, not the gather's 600 s: the margin is the disconnect's bound and CI's load.
+    assert took < deadlines["command_timeout_s"] + CHANNEL_GRACE_S + 30 + SLACK_S

@@ -43,11 +43,13 @@ from pyinfra.connectors.base import BaseConnector
 from pyinfra.connectors.util import CommandOutput, OutputLine
 
 PROFILES = Path(__file__).parent / "fleet_profiles"
-BEHAVIOURS = ("ok", "fail", "refuse", "hang", "blackhole")
+BEHAVIOURS = ("ok", "fail", "refuse", "hang", "blackhole", "freeze")
 # ok: answers from the profile; fail: every command exits 1; refuse: the connection is
 # refused at once; hang: connects, then no command ever answers (a wedged disk, an sshd
 # that stops mid-session); blackhole: the connection attempt never answers, so it times
-# out at the pass's CONNECT_TIMEOUT as paramiko's would.
+# out at the pass's CONNECT_TIMEOUT as paramiko's would; freeze: connects, then a command
+# never answers and no command deadline ends the wait (a VM stopped after login: the SSH
+# channel's open request itself goes unanswered, which pyinfra's _timeout does not bound).
 
 
 @cache
@@ -65,6 +67,7 @@ class FleetShares:
     refuse: float = 0.0  # share that refuses connections
     hang: float = 0.0  # share that connects, then never answers a command
     blackhole: float = 0.0  # share whose connection attempt never answers
+    freeze: float = 0.0  # share that connects, then never answers, deadline or not
 
 
 @dataclass
@@ -82,7 +85,7 @@ class SimulatedFleet:
         """``count`` hosts node-0000..., the misbehaving ones spread evenly through the
         fleet (so a test can name them) rather than drawn at random."""
         out = ["ok"] * count
-        for behaviour in ("fail", "refuse", "hang", "blackhole"):
+        for behaviour in ("fail", "refuse", "hang", "blackhole", "freeze"):
             wanted = round(count * getattr(shares, behaviour))
             free = [i for i, b in enumerate(out) if b == "ok"]
             for k in range(wanted):
@@ -141,6 +144,8 @@ class FleetStandInConnector(BaseConnector):
         text = command if isinstance(command, str) else command.get_masked_value()
         if self._behaviour() == "hang":
             return self._hang(arguments.get("_timeout"))
+        if self._behaviour() == "freeze":
+            return self._hang(None)
         code, stdout, stderr = self.fleet.answer(self.host.name, text)
         return code == 0, _output(stdout, stderr)
 
