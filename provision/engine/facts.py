@@ -54,6 +54,8 @@ def gather_facts(
     timeout_s = min(timeout_s, max((n.settings.step_timeout_s for n in nodes), default=timeout_s))
     fact_limit = {n.name: max(1, min(fact_timeout_s, int(timeout_s), n.settings.command_timeout_s)) for n in nodes}
 
+    batch = batch_fact(wanted)  # one fact class for every host: made once, not per host
+
     def one(host: Any) -> None:
         # pyinfra's _timeout bounds reading a command's output, not opening the SSH channel
         # it runs in: a host that froze after login (seen: a VM stopped through QMP) left
@@ -62,7 +64,7 @@ def gather_facts(
         limit = fact_limit[host.name]
         try:
             with gevent.Timeout(limit + CHANNEL_GRACE_S):
-                values, error = _host_facts(state, host, wanted, on_event, asking, limit)
+                values, error = _host_facts(state, host, wanted, batch, on_event, asking, limit)
         except gevent.Timeout:
             values, error = {}, str(TimedOut.after(asking.get(host.name, "facts"), limit))
         if error is None:
@@ -101,6 +103,7 @@ def _host_facts(
     state: Any,
     host: Any,
     wanted: dict[str, tuple[type, dict[str, Any]]],
+    batch: type,
     on_event: OnEvent,
     asking: dict[str, str],
     timeout_s: int,
@@ -112,7 +115,7 @@ def _host_facts(
     asking[host.name] = label
     start = time.monotonic()
     try:
-        lines = host.get_fact(batch_fact(wanted), _timeout=timeout_s)
+        lines = host.get_fact(batch, _timeout=timeout_s)
     except Exception as e:  # any error is this host's alone
         return {}, f"{label}: {type(e).__name__}: {e}".rstrip(": ")
     # pyinfra answers a failed fact command with the fact's default (None) and drops the
