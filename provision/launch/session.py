@@ -228,12 +228,10 @@ class Supervisor:
             t.start()
         mon.start()
         try:
-            with _stop_signals():
-                self._watch()
-        except KeyboardInterrupt:
+            with _stop_signals() as stop:
+                self._watch(stop)
+        except KeyboardInterrupt:  # off the main thread, where no handler of ours is installed
             self._fail(None, "interrupted (Ctrl-C)")
-        except _Stopped as e:
-            self._fail(None, e.why)
         finally:
             mon.stop()
         if self.out.failure:
@@ -251,10 +249,13 @@ class Supervisor:
 
     # -- the watch loop ------------------------------------------------------------
 
-    def _watch(self) -> None:
+    def _watch(self, stop: StopRequest) -> None:
         pending = set(self.nodes)
         deadline = time.monotonic() + self.opts.timeout_s if self.opts.timeout_s else None
         while pending:
+            if stop.why:
+                self._fail(None, stop.why)
+                return
             try:
                 host, end = self._ended.get(timeout=0.2)
             except queue.Empty:
@@ -357,34 +358,40 @@ class Supervisor:
         )
 
 
-class _Stopped(Exception):
-    """Ctrl-C or SIGTERM arrived while the run was being watched."""
+@dataclass
+class StopRequest:
+    """Why the run was asked to stop (Ctrl-C, SIGTERM); None until it is."""
 
-    def __init__(self, why: str):
-        super().__init__(why)
-        self.why = why
+    why: str | None = None
 
 
 @contextlib.contextmanager
-def _stop_signals() -> Iterator[None]:
+def _stop_signals() -> Iterator[StopRequest]:
     """While the run is watched, Ctrl-C (SIGINT) and SIGTERM stop it on every host.
 
     Installed here rather than inherited: a shell that starts a command in the background
     hands it SIGINT ignored (Python then never raises KeyboardInterrupt), and a scheduler or
     `kill` stops a job with SIGTERM, which would otherwise end this process and leave the
-    ranks running under their own sessions on the nodes."""
+    ranks running under their own sessions on the nodes.
+
+    The handler only notes the request; the watch loop acts on it within 0.2 s. It must not
+    raise: threads are gevent greenlets here, and a handler runs in whichever greenlet holds
+    the interpreter when the signal lands (a paramiko reader, the hub), so an exception
+    would end that greenlet, or be printed by the hub and dropped, and the run went on."""
+    request = StopRequest()
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield request
         return
 
     def stop(signum: int, frame: Any) -> None:
-        raise _Stopped(
-            "interrupted (Ctrl-C)" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
-        )
+        if request.why is None:
+            request.why = (
+                "interrupted (Ctrl-C)" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
+            )
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        yield
+        yield request
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -7,11 +7,14 @@ import json
 import os
 import signal
 import subprocess
+import threading
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from provision.launch import plan, reaper
+from provision.launch import plan, reaper, session
 from tests.unit.test_launch import spawn_fake_run
 
 
@@ -170,3 +173,48 @@ def test_node_dirs_refuse_a_link_another_user_owns_or_one_to_their_directory(tmp
     assert node_dirs(link) == f"{theirs} is owned by uid {NOBODY}"
     os.lchown(link, NOBODY, NOBODY)
     assert node_dirs(link) == f"{link} is owned by uid {NOBODY}"
+
+
+@pytest.mark.parametrize(
+    ("sig", "said"),
+    [(signal.SIGINT, "interrupted (Ctrl-C)"), (signal.SIGTERM, "stopped by SIGTERM")],
+    ids=["ctrl-c", "sigterm"],
+)
+def test_a_stop_signal_ends_the_watch_while_other_threads_hold_the_interpreter(tmp_path, sig, said):
+    """Threads are gevent greenlets here, as in the CLI. A handler runs in whichever greenlet
+    holds the interpreter when the signal lands: one that raised ended a busy thread or was
+    printed by the hub and dropped, and the run went on (CI: Ctrl-C ignored for 240 s).
+    The watch must see the request however busy the other threads are."""
+    node = plan.NodePlan("n0", "10.0.0.1", "eth0", "python3", 1, str(tmp_path), str(tmp_path), True)
+    run = plan.RunPlan("train-x", "10.0.0.1", 29500, (node,), ())
+    opts = session.Options(
+        steps=1,
+        model="tiny",
+        nproc_per_node=None,
+        batch_per_rank=1,
+        resume=False,
+        extra_args=(),
+        python=None,
+        runs_dir=tmp_path,
+        monitor_interval=1,
+        timeout_s=20,  # the watch's own limit: the failure says which ended it
+        ckpt_name="c.pt",
+    )
+    sup = session.Supervisor([SimpleNamespace(name="n0")], {}, run, opts, lambda *_: None)
+    done = threading.Event()
+
+    def busy() -> None:  # a log stream or an SSH reader: wakes often, never ends by itself
+        while not done.is_set():
+            time.sleep(0.001)
+
+    threads = [threading.Thread(target=busy, daemon=True) for _ in range(4)]
+    threads.append(threading.Thread(target=lambda: (time.sleep(0.5), os.kill(os.getpid(), sig)), daemon=True))
+    for t in threads:
+        t.start()
+    try:
+        with session._stop_signals() as stop:
+            sup._watch(stop)
+    finally:
+        done.set()
+    assert sup.out.failure == said
+    assert sup.out.failed_host is None
