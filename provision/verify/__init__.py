@@ -10,8 +10,10 @@ pinned exactly as for every other command.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -82,15 +84,49 @@ def run(
         )
     work = Path(workdir or tempfile.mkdtemp(prefix="provision-verify-"))
     work.mkdir(parents=True, exist_ok=True)
-    (work / "ssh_config").write_text(ssh_config(cluster.nodes))
+    # Sockets only this user can reach, on a path short enough for a socket (a workdir
+    # given by the user may be long).
+    control = Path(tempfile.mkdtemp(prefix="pv-", dir="/tmp"))
+    config = work / "ssh_config"
+    config.write_text(ssh_config(cluster.nodes) + shared_connections(control))
     (work / "spec.json").write_text(json.dumps(spec(cluster), default=str))
     names = [n.name for n in cluster.nodes]
-    with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(names)))) as pool:
-        results = list(pool.map(lambda name: _run_host(work, name, extra or [], timeout_s), names))
+
+    def one(name: str) -> tuple[int, str]:
+        try:
+            return _run_host(work, name, extra or [], timeout_s)
+        finally:
+            close_shared(config, name)
+
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(names)))) as pool:
+            results = list(pool.map(one, names))
+    finally:
+        shutil.rmtree(control, ignore_errors=True)
     junit = work / "verify.xml"
     merge_junit([work / f"verify-{name}.xml" for name in names], junit)
     output = "".join(f"{HOST_HEADER}{name}\n{text}" for name, (_, text) in zip(names, results, strict=True))
     return VerifyResult(combined_exit_code([code for code, _ in results]), str(junit), output)
+
+
+CONTROL_PERSIST_S = 60  # a shared connection left idle closes itself this long after its last use
+
+
+def shared_connections(control_dir: Path) -> str:
+    """An ssh_config block, after the hosts' own, by which every ssh to a host shares one
+    connection through a control socket in ``control_dir``. pytest-testinfra starts an ssh
+    per command, and each was a handshake and a login of its own: on a real fleet that is
+    a login record per check, under the testbed's emulation seconds each. %C (a hash of
+    user, host and port) keeps the socket path short; a directory path needs no quoting
+    here (mkdtemp names it)."""
+    return f"\nHost *\n  ControlMaster auto\n  ControlPath {control_dir}/%C\n  ControlPersist {CONTROL_PERSIST_S}\n"
+
+
+def close_shared(config: Path, name: str) -> None:
+    """Ask a host's shared connection to close now rather than linger for ControlPersist
+    (also after a run killed at its deadline). None open is not an error."""
+    with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+        subprocess.run(["ssh", "-F", str(config), "-O", "exit", name], capture_output=True, timeout=10, check=False)
 
 
 def _run_host(work: Path, name: str, extra: list[str], timeout_s: int) -> tuple[int, str]:
