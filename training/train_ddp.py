@@ -15,7 +15,9 @@ Batch: the global batch (16 sequences by default) is split over the ranks, and e
 runs it in micro-batches with gradient accumulation. The defaults fit any world size: the
 micro-batch shrinks to fit a rank's share, and a world larger than the global batch, or
 one that does not divide it, rounds the default up to a multiple of the ranks (a line says
-so). Explicit ``--global-batch``/``--micro-batch`` values must split exactly.
+so). An explicit ``--global-batch`` is kept on any world size: ranks then take shares that
+differ by one sequence, and each sequence's loss is weighted so the gradient is the
+batch's mean all the same.
 
 Launch commands (``provision train`` builds the multi-node one for you):
 
@@ -26,8 +28,13 @@ Launch commands (``provision train`` builds the multi-node one for you):
       torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d \\
           --rdzv-endpoint ADDR:29500 --rdzv-id myrun42 training/train_ddp.py --model gpt2
 
-Resume: add ``--resume``; the run continues from the checkpoint's step with the same data
-order, learning rate and optimizer state, so its losses match an uninterrupted run.
+Resume: add ``--resume``; the run continues from the newest good checkpoint's step with the
+same data order, learning rate and optimizer state, so its losses match an uninterrupted
+run, also on another number of ranks: the global batch is the checkpoint's, and every
+sequence of it counts the same however it splits over the ranks. ``--auto-resume`` does
+the same when a checkpoint exists and starts at step 0 when none does (for restarts).
+Checkpoints are ``<ckpt-dir>/<ckpt-name>-step<N>.pt``, written atomically; the newest two
+are kept, and a torn one is skipped with a note.
 """
 
 from __future__ import annotations
@@ -54,13 +61,13 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DistributedSampler
 
 # ----------------------------------------------------------------------------------------
 # Hyperparameters. Every one is a command-line flag (--steps, --global-batch, ...).
 MODEL = "tiny"  # size preset, see MODEL_SIZES; --n-layer etc. override single fields
 STEPS = 20  # optimizer steps to run (the total, counted from step 0 also on --resume)
 GLOBAL_BATCH = 16  # sequences per optimizer step over all ranks; rounded up to a multiple of the ranks
+CKPT_KEEP = 2  # checkpoints kept: the newest, and one before it should the newest be torn
 MICRO_BATCH = 8  # most sequences per forward pass on one rank; the rest is gradient accumulation
 LEARNING_RATE = 1e-3  # peak AdamW learning rate
 MIN_LR_FRACTION = 0.1  # cosine decay ends at this fraction of the peak
@@ -338,26 +345,44 @@ def batch(tokens: np.ndarray, starts: list[int], T: int, device: torch.device):
 
 
 class StepSampler:
-    """This rank's sequence indices for a given step, through torch's DistributedSampler.
+    """This rank's sequence indices for a given step.
 
-    The order depends only on (seed, step), so a resumed run reads exactly what an
-    uninterrupted one would have read, and N ranks together read the same global batch as
-    one rank does (rank r takes every N-th index of the same permutation).
+    A step's global batch depends only on (seed, step, global batch): each epoch is a
+    permutation of the training sequences, cut into global batches, and rank r of W takes
+    every W-th sequence of the step's batch (shares differ by one at most when W does not
+    divide it). So a resumed run reads exactly what an uninterrupted one would have read,
+    on the same number of ranks or another.
     """
 
-    def __init__(self, d: Dist, n_blocks: int, per_rank: int, seed: int):
-        self.sampler = DistributedSampler(range(n_blocks), d.world, d.rank, True, seed, True)
-        self.per_rank, self.epoch, self.order = per_rank, -1, []
-        self.steps_per_epoch = len(self.sampler) // per_rank
+    def __init__(self, d: Dist, n_blocks: int, global_batch: int, seed: int):
+        self.rank, self.world, self.n_blocks = d.rank, d.world, n_blocks
+        self.global_batch, self.seed = global_batch, seed
+        self.epoch, self.order = -1, []
+        self.steps_per_epoch = n_blocks // global_batch
         if self.steps_per_epoch == 0:
-            raise SystemExit(f"{n_blocks} training sequences: too few for this global batch")
+            raise SystemExit(f"{n_blocks} training sequences: too few for a global batch of {global_batch}")
 
-    def indices(self, step: int) -> list[int]:
+    def global_indices(self, step: int) -> list[int]:
         epoch, k = divmod(step, self.steps_per_epoch)
         if epoch != self.epoch:
-            self.sampler.set_epoch(epoch)
-            self.order, self.epoch = list(self.sampler), epoch
-        return self.order[k * self.per_rank : (k + 1) * self.per_rank]
+            g = torch.Generator().manual_seed(self.seed + epoch)
+            self.order, self.epoch = torch.randperm(self.n_blocks, generator=g).tolist(), epoch
+        return self.order[k * self.global_batch : (k + 1) * self.global_batch]
+
+    def indices(self, step: int) -> list[int]:
+        return self.global_indices(step)[self.rank :: self.world]
+
+
+def micro_batches(share: int, micro_batch: int, world: int, global_batch: int) -> list[tuple[int, int, float]]:
+    """(start, end, weight) of each micro-batch of a rank's ``share`` sequences: the rank
+    backpropagates the micro-batch's mean loss times ``weight`` = its size x world /
+    global batch. DDP averages the ranks' gradients (divides by the world), so every
+    sequence of the global batch counts 1/global batch, however many ranks there are and
+    however unevenly the batch splits over them."""
+    return [
+        (lo, min(lo + micro_batch, share), (min(lo + micro_batch, share) - lo) * world / global_batch)
+        for lo in range(0, share, micro_batch)
+    ]
 
 
 # ---------------------------------------------------------------- training
@@ -464,20 +489,21 @@ def train_step(d, model, opt, sampler, train, cfg, step, args, timer: StepTimer)
     """One optimizer step over this rank's share of the global batch; gradients are
     all-reduced once, on the last micro-batch (no_sync on the others). Returns the loss as
     a tensor on the device: nothing here waits for the device, the caller reads the loss
-    once per step. ``timer`` gets the forward passes and the gradient sync."""
+    once per step. ``timer`` gets the forward passes and the gradient sync. The loss is this
+    rank's weighted share (micro_batches): its mean over the ranks is the batch's mean."""
     for group in opt.param_groups:
         group["lr"] = lr_at(step, args)
     torch.manual_seed(args.seed + 1000 * step + d.rank)  # dropout masks follow the step
     idx = sampler.indices(step)
-    accum = len(idx) // args.micro_batch
+    parts = micro_batches(len(idx), args.micro_batch, d.world, args.global_batch)
     loss_sum = torch.zeros((), dtype=torch.float64, device=d.device)
     timer.reset()
-    for micro in range(accum):
-        x, y = batch(train, idx[micro * args.micro_batch : (micro + 1) * args.micro_batch], cfg.block_size, d.device)
-        sync = micro == accum - 1 or not isinstance(model, DDP)
+    for k, (lo, hi, weight) in enumerate(parts):
+        x, y = batch(train, idx[lo:hi], cfg.block_size, d.device)
+        sync = k == len(parts) - 1 or not isinstance(model, DDP)
         with contextlib.nullcontext() if sync else model.no_sync():
             with timer.forward(), autocast(d):
-                loss = model(x, y) / accum
+                loss = model(x, y) * weight
             loss.backward()
         loss_sum += loss.detach()
     timer.synced = timer.now()
@@ -495,38 +521,98 @@ def default_ckpt_dir(d: Dist) -> Path:
     return shared_or_local(d, "checkpoints", Path("checkpoints"), "--ckpt-dir") or Path("checkpoints")
 
 
-def save_checkpoint(d: Dist, path: Path, model, opt, step: int, cfg: GPTConfig) -> None:
-    """Rank 0 writes tmp, fsyncs, renames: a crash mid-save leaves the previous checkpoint."""
+def checkpoint_path(directory: Path, name: str, step: int) -> Path:
+    return directory / f"{name}-step{step:08d}.pt"
+
+
+def checkpoint_files(directory: Path, name: str) -> list[tuple[int, Path]]:
+    """(step, path) of the run's checkpoints by their names, newest first. A temporary
+    file of a save that did not finish starts with a dot and is never among them."""
+    found = []
+    for path in directory.glob(f"{name}-step*.pt"):
+        digits = path.name[len(name) + len("-step") : -len(".pt")]
+        if digits.isdigit():
+            found.append((int(digits), path))
+    return sorted(found, reverse=True)
+
+
+def save_checkpoint(d: Dist, directory: Path, name: str, model, opt, step: int, cfg: GPTConfig, args) -> None:
+    """Rank 0 writes a temporary file, fsyncs it and renames it to the step's name, so a
+    crash mid-save leaves the checkpoints before it whole; then only the newest CKPT_KEEP
+    are kept."""
     if d.rank != 0:
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = checkpoint_path(directory, name, step)
     tmp = path.with_name(f".{path.name}.tmp")
-    state = {"model": _raw(model).state_dict(), "opt": opt.state_dict(), "step": step, "config": asdict(cfg)}
+    state = {
+        "model": _raw(model).state_dict(),
+        "opt": opt.state_dict(),
+        "step": step,
+        "config": asdict(cfg),
+        "global_batch": args.global_batch,
+        "world": d.world,
+    }
     with open(tmp, "wb") as f:
         torch.save(state, f)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
     log(d, f"checkpoint step {step} -> {path}")
+    for _, old in checkpoint_files(directory, name)[CKPT_KEEP:]:
+        with contextlib.suppress(OSError):
+            old.unlink()
 
 
-def load_checkpoint(d: Dist, path: Path, cfg: GPTConfig) -> dict:
-    """Every rank gets rank 0's checkpoint: read locally where the file is visible on
-    every node (shared directory), else broadcast from rank 0."""
+def newest_good_checkpoint(directory: Path, name: str, say=print) -> tuple[Path, dict] | None:
+    """The newest checkpoint that loads whole and says the step its name says, with its
+    state; each one passed over is named with why (a save torn by a crash, a file copied
+    in by hand). None when there is none."""
+    for step, path in checkpoint_files(directory, name):
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:  # torn or foreign: pickle, zip and EOF errors alike
+            say(f"note: skipped checkpoint {path}: it does not load ({type(e).__name__}: {e})")
+            continue
+        if not isinstance(state, dict) or not {"model", "opt", "step", "config"} <= state.keys():
+            say(f"note: skipped checkpoint {path}: not a checkpoint of this trainer")
+            continue
+        if state["step"] != step:
+            say(f"note: skipped checkpoint {path}: it holds step {state['step']}, its name says {step}")
+            continue
+        return path, state
+    return None
+
+
+def load_checkpoint(d: Dist, directory: Path, name: str, cfg: GPTConfig, required: bool) -> dict | None:
+    """Every rank gets the newest good checkpoint, as rank 0 chose it: read locally where
+    that file is visible on every node (shared directory), else broadcast from rank 0.
+    None when there is none and ``required`` is False."""
+    chosen = newest_good_checkpoint(directory, name, lambda text: log(d, text)) if d.rank == 0 else None
+    box: list = [str(chosen[0]) if chosen else None]
+    if d.world > 1:
+        dist.broadcast_object_list(box, src=0)
+    if box[0] is None:
+        if required:
+            raise SystemExit(f"--resume: no checkpoint at {directory}/{name}-step*.pt")
+        return None
+    path = Path(box[0])
     here = torch.tensor([path.is_file()], dtype=torch.int64, device=d.device)
     if d.world > 1:
         dist.all_reduce(here, op=dist.ReduceOp.MIN)
-    if here.item():
+    if chosen is not None:
+        state = chosen[1]
+    elif here.item():
         state = torch.load(path, map_location="cpu", weights_only=True)
     else:
-        box = [torch.load(path, map_location="cpu", weights_only=True) if d.rank == 0 and path.is_file() else None]
-        if d.world > 1:
-            dist.broadcast_object_list(box, src=0)
-        if box[0] is None:
-            raise SystemExit(f"--resume: no checkpoint at {path}")
-        state = box[0]
+        state = None
+    if not here.item():
+        states = [state]
+        dist.broadcast_object_list(states, src=0)
+        state = states[0]
     if state["config"] != asdict(cfg):
         raise SystemExit(f"--resume: {path} holds model {state['config']}, not {asdict(cfg)}")
+    state["path"] = str(path)
     return state
 
 
@@ -642,8 +728,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     arg("--log-interval", type=int, default=LOG_INTERVAL, help="steps between train lines")
     arg("--ckpt-interval", type=int, default=CKPT_INTERVAL, help="steps between checkpoints")
     arg("--ckpt-dir", help="checkpoint directory (default /shared/checkpoints if writable, else ./checkpoints)")
-    arg("--ckpt-name", default="train_ddp", help="checkpoint file name, without .pt")
-    arg("--resume", action="store_true", help="continue from the checkpoint's step")
+    arg("--ckpt-name", default="train_ddp", help="checkpoint file name prefix: <name>-step<N>.pt")
+    arg("--resume", action="store_true", help="continue from the newest good checkpoint's step (none: an error)")
+    arg(
+        "--auto-resume",
+        action="store_true",
+        help="continue from the newest good checkpoint if there is one, else start at step 0 (restarts)",
+    )
     arg("--data", help="directory of text files (default: Python's standard library)")
     arg("--data-cache", help="where token files go (default /shared/datasets/train_ddp if writable, else ./data)")
     arg("--data-max-mb", type=int, default=DATA_MAX_MB, help="text to read, in MiB")
@@ -664,9 +755,11 @@ def batch_sizes(world: int, global_batch: int | None, micro_batch: int | None) -
     """(global batch, micro-batch, note) for ``world`` ranks; None means the default.
 
     The default global batch rounds GLOBAL_BATCH up to a multiple of the ranks (the note
-    says so), and the default micro-batch is the largest divisor of a rank's share up to
-    MICRO_BATCH, so the defaults run on any world size. Values given that do not split
-    exactly stop the run with a message: silently changing them would change the math."""
+    says so), so that every rank does the same work. A global batch that is given (or a
+    resumed checkpoint's) is kept as it is: when it does not split evenly, ranks take
+    shares that differ by one sequence (the note says so), and each sequence still counts
+    the same (micro_batches). The default micro-batch is the largest divisor of a rank's
+    share up to MICRO_BATCH; one that is given need not divide the share."""
     note = None
     if global_batch is None:
         global_batch = -(-GLOBAL_BATCH // world) * world
@@ -675,16 +768,19 @@ def batch_sizes(world: int, global_batch: int | None, micro_batch: int | None) -
                 f"note: the default global batch {GLOBAL_BATCH} does not split over {world} ranks; "
                 f"using {global_batch} ({global_batch // world} per rank)"
             )
+    if global_batch < world:
+        raise SystemExit(f"--global-batch {global_batch} is smaller than the {world} ranks: each needs a sequence")
     per_rank, rest = divmod(global_batch, world)
-    if rest or per_rank < 1:
-        raise SystemExit(f"--global-batch {global_batch} must be a positive multiple of the {world} ranks")
-    if micro_batch is None:
-        micro_batch = max(m for m in range(1, min(MICRO_BATCH, per_rank) + 1) if per_rank % m == 0)
-    if micro_batch < 1 or per_rank % micro_batch:
-        raise SystemExit(
-            f"--micro-batch {micro_batch} must divide each rank's {per_rank} sequences "
-            f"(--global-batch {global_batch} over {world} ranks)"
+    if rest:
+        note = (
+            f"note: global batch {global_batch} over {world} ranks: {rest} take {per_rank + 1} sequences, "
+            f"the others {per_rank}; every sequence counts the same"
         )
+    if micro_batch is None:
+        share = per_rank + (1 if rest else 0)
+        micro_batch = max(m for m in range(1, min(MICRO_BATCH, share) + 1) if share % m == 0)
+    if micro_batch < 1:
+        raise SystemExit(f"--micro-batch {micro_batch} must be at least 1")
     return global_batch, micro_batch, note
 
 
@@ -704,29 +800,40 @@ def main(argv: list[str] | None = None) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     d = setup_distributed()
-    args.global_batch, args.micro_batch, note = batch_sizes(d.world, args.global_batch, args.micro_batch)
+    cfg = model_config(args)
+    ckpt_dir = Path(args.ckpt_dir or default_ckpt_dir(d))
+    state = None
+    if args.resume or args.auto_resume:
+        state = load_checkpoint(d, ckpt_dir, args.ckpt_name, cfg, required=args.resume)
+    # A resumed run keeps the checkpoint's global batch unless one is given: on another
+    # number of ranks the steps are then the same steps.
+    given_batch = args.global_batch
+    if given_batch is None and state is not None:
+        given_batch = state.get("global_batch")
+    args.global_batch, args.micro_batch, note = batch_sizes(d.world, given_batch, args.micro_batch)
     if note:
         log(d, note)
-    per_rank = args.global_batch // d.world
-    cfg = model_config(args)
     train, val = load_tokens(d, args)
     torch.manual_seed(args.seed)  # identical initial weights on every rank
     model: nn.Module = GPT(cfg).to(d.device)
     params = sum(p.numel() for p in model.parameters())
     opt = make_optimizer(model, args)
-    ckpt = Path(args.ckpt_dir or default_ckpt_dir(d)) / f"{args.ckpt_name}.pt"
     start = 0
-    if args.resume:
-        state = load_checkpoint(d, ckpt, cfg)
+    if state is not None:
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
         start = state["step"]
-        log(d, f"resumed from {ckpt} at step {start}")
+        was = state.get("world", d.world)
+        moved = f"; world size {was} -> {d.world}, global batch {args.global_batch} kept" if was != d.world else ""
+        log(d, f"resumed from {state['path']} at step {start}{moved}")
+        del state
+    elif args.auto_resume:
+        log(d, f"no checkpoint in {ckpt_dir} yet: starting at step 0")
     if args.compile:
         model = torch.compile(model)
     if d.world > 1:
         model = DDP(model, device_ids=[d.local_rank] if d.device.type == "cuda" else None)
-    sampler = StepSampler(d, (len(train) - 1) // cfg.block_size, per_rank, args.seed)
+    sampler = StepSampler(d, (len(train) - 1) // cfg.block_size, args.global_batch, args.seed)
     log(
         d,
         f"model {args.model}: {params:,} params, {cfg}; world {d.world} on {d.device.type}; "
@@ -734,8 +841,8 @@ def main(argv: list[str] | None = None) -> dict:
     )
     peak = peak_flops(d, args)
     args.mfu_scale = _raw(model).flops_per_token() / (peak * d.world) if peak else None
-    history = run(d, model, opt, sampler, train, val, cfg, args, start, ckpt)
-    rate = throughput(d, history, args, cfg)
+    history = run(d, model, opt, sampler, train, val, cfg, args, start, ckpt_dir)
+    rate = throughput(d, history, args, cfg, len(sampler.indices(0)))
     summary = finish(d, args, history, rate, params)
     if d.world > 1:
         barrier(d)  # every rank waits until rank 0 has written the summary
@@ -749,7 +856,7 @@ def main(argv: list[str] | None = None) -> dict:
     return summary
 
 
-def run(d, model, opt, sampler, train, val, cfg, args, start: int, ckpt: Path) -> dict:
+def run(d, model, opt, sampler, train, val, cfg, args, start: int, ckpt_dir: Path) -> dict:
     """The loop: train, log, evaluate, checkpoint. Steps are 1-based in logs."""
     history: dict = {"train": [], "val": [], "times": [], "fwd": [], "wait": [], "last_step": start}
     tokens_per_step = args.global_batch * cfg.block_size
@@ -780,7 +887,7 @@ def run(d, model, opt, sampler, train, val, cfg, args, start: int, ckpt: Path) -
             history["val"].append([n, vloss])
             log(d, f"step {n}/{args.steps} | val loss {vloss:.4f}")
         if (args.ckpt_interval and n % args.ckpt_interval == 0) or n == args.steps:
-            save_checkpoint(d, ckpt, model, opt, n, cfg)
+            save_checkpoint(d, ckpt_dir, args.ckpt_name, model, opt, n, cfg, args)
     return history
 
 
@@ -792,10 +899,10 @@ def own_rate(tokens: int, step_s: float, wait_s: float) -> float:
     return tokens / busy if busy > 0 else float("nan")
 
 
-def throughput(d, history: dict, args, cfg: GPTConfig) -> dict:
+def throughput(d, history: dict, args, cfg: GPTConfig, share: int) -> dict:
     """Mean rates over the run, leaving out the first steps (warm-up; torch.compile
     compiles during the first few): the cluster's (rank 0's step time) and this rank's
-    own (``own_rate``)."""
+    own (``own_rate``, over its ``share`` of sequences a step)."""
 
     def mean(key: str) -> float:
         skip = max(1, min(5, len(history[key]) // 4))
@@ -804,7 +911,7 @@ def throughput(d, history: dict, args, cfg: GPTConfig) -> dict:
 
     step_s, wait_s, fwd_s = mean("times"), mean("wait"), mean("fwd")
     tps = args.global_batch * cfg.block_size / step_s
-    own = own_rate(args.global_batch // d.world * cfg.block_size, step_s, wait_s)
+    own = own_rate(share * cfg.block_size, step_s, wait_s)
     mfu = tps * args.mfu_scale if args.mfu_scale else None
     if mfu is not None:
         log(d, f"mfu {mfu:.1%} of {peak_flops(d, args) / 1e12:.0f} TFLOP/s per GPU")

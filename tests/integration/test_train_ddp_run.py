@@ -31,7 +31,7 @@ def test_default_run_is_a_tiny_cpu_smoke_test(tmp_path):
     # The untrained model scores about ln(256) = 5.55; twenty steps must learn something.
     assert summary["final_val_loss"] < 5.2
     assert "step 20/20 | val loss" in proc.stdout
-    assert (tmp_path / "checkpoints" / "train_ddp.pt").is_file()
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["train_ddp-step00000020.pt"]
 
 
 def test_two_ranks_match_one_rank_at_every_step(tmp_path, cache):
@@ -88,6 +88,30 @@ def test_resume_continues_from_the_checkpoint_with_the_same_losses(tmp_path, cac
     assert [s for s, _ in first["train_losses"]] == [1, 2, 3]
     assert [s for s, _ in resumed["train_losses"]] == [4, 5, 6]
     assert first["train_losses"] + resumed["train_losses"] == whole["train_losses"]
+
+
+def test_a_run_resumed_on_another_number_of_ranks_continues_the_same_steps(tmp_path, cache):
+    """Two ranks with an uneven global batch of 5 (shares 3 and 2), --auto-resume with no
+    checkpoint yet, 4 steps; then one rank --auto-resume to 6 steps, keeping the
+    checkpoint's global batch (not given again). The losses equal one rank's 6 steps in one
+    go: the sequences and their weights are the same on 2 ranks and 1. Tolerance as in
+    test_two_ranks_match_one_rank_at_every_step (summation order only; the issue allows 1e-4)."""
+    common = [*BASE, "--data-cache", str(cache), "--lr-decay-steps", "6", "--micro-batch", "2"]
+    for d in ("whole", "split"):
+        (tmp_path / d).mkdir()
+    ckpt = ["--ckpt-dir", str(tmp_path / "split"), "--ckpt-interval", "4"]
+    whole = single(
+        [*common, "--global-batch", "5", "--steps", "6", "--ckpt-dir", str(tmp_path / "whole")], tmp_path / "whole"
+    )
+    first = two_nodes([*common, "--global-batch", "5", "--steps", "4", "--auto-resume", *ckpt], tmp_path / "split")
+    resumed = single([*common, "--steps", "6", "--auto-resume", *ckpt], tmp_path / "split")
+    assert first["world_size"] == 2
+    assert resumed["world_size"] == 1
+    assert [s for s, _ in first["train_losses"]] == [1, 2, 3, 4]
+    assert [s for s, _ in resumed["train_losses"]] == [5, 6]
+    np.testing.assert_allclose(
+        np.array(first["train_losses"] + resumed["train_losses"]), np.array(whole["train_losses"]), rtol=0, atol=1e-5
+    )
 
 
 def test_resume_without_a_checkpoint_fails_with_a_message(tmp_path, cache):

@@ -110,18 +110,44 @@ def test_data_option_reads_any_directory_of_text_files(tmp_path):
     assert meta["val_tokens"] == len(text) - int(len(text) * 0.9)
 
 
+def sampler(trainer, rank: int, world: int, global_batch: int = 16, n_blocks: int = 1000):
+    return trainer.StepSampler(trainer.Dist(rank, rank, world, None, "n"), n_blocks, global_batch, seed=7)
+
+
 def test_ranks_together_read_the_single_rank_batch_at_every_step():
     trainer = load_trainer()
-
-    def sampler(rank: int, world: int):
-        d = trainer.Dist(rank, rank, world, None, "n")
-        return trainer.StepSampler(d, 1000, 16 // world, seed=7)
-
-    one = sampler(0, 1)
-    pair = [sampler(0, 2), sampler(1, 2)]
+    one = sampler(trainer, 0, 1)
+    pair = [sampler(trainer, 0, 2), sampler(trainer, 1, 2)]
     for step in (0, 1, 61, 62, 63, 500):  # 62 steps per epoch: crosses epochs
         assert sorted(one.indices(step)) == sorted(pair[0].indices(step) + pair[1].indices(step))
     assert one.indices(0) != one.indices(62)  # a new epoch is a new permutation
+
+
+@pytest.mark.parametrize("world", range(1, 17))
+@pytest.mark.parametrize("global_batch", [16, 30])
+def test_any_world_size_reads_the_same_global_batch_and_weighs_every_sequence_the_same(world, global_batch):
+    """The batch arithmetic of a changed world size: for 1 to 16 ranks, the ranks' shares
+    are the one-rank batch of the step (nothing lost, nothing twice), they differ by one
+    sequence at most, and after DDP's mean over ranks every sequence's loss counts
+    1/global batch, whatever the micro-batch."""
+    trainer = load_trainer()
+    whole = sampler(trainer, 0, 1, global_batch)
+    ranks = [sampler(trainer, r, world, global_batch) for r in range(world)]
+    for step in (0, 1, 32, 33, 200):  # 33 (or 62) steps an epoch: crosses epochs
+        shares = [r.indices(step) for r in ranks]
+        assert sorted(i for share in shares for i in share) == sorted(whole.indices(step))
+        assert max(map(len, shares)) - min(map(len, shares)) <= 1
+    for micro in (1, 3, 8):
+        per_sequence = []
+        for share in (len(r.indices(0)) for r in ranks):
+            parts = trainer.micro_batches(share, micro, world, global_batch)
+            assert [lo for lo, _, _ in parts] == list(range(0, share, micro))
+            assert parts[-1][1] == share
+            assert all(hi - lo <= micro for lo, hi, _ in parts)
+            # a micro-batch's mean loss times its weight, then DDP's mean over the ranks
+            per_sequence += [weight / (hi - lo) / world for lo, hi, weight in parts for _ in range(hi - lo)]
+        assert len(per_sequence) == global_batch
+        assert per_sequence == pytest.approx([1 / global_batch] * global_batch)
 
 
 def test_learning_rate_warms_up_then_decays_to_the_floor():
@@ -148,16 +174,21 @@ def test_default_global_batch_rounds_up_to_the_ranks_with_a_note():
     assert "does not split over 3 ranks" in note
 
 
-def test_given_batch_sizes_that_do_not_split_stop_with_a_message():
+def test_a_given_global_batch_is_kept_on_any_world_size_and_uneven_shares_are_said():
     trainer = load_trainer()
     assert trainer.batch_sizes(8, 64, None) == (64, 8, None)
     assert trainer.batch_sizes(2, None, 4) == (16, 4, None)
-    with pytest.raises(SystemExit, match="--micro-batch 8 must divide each rank's 2 sequences"):
-        trainer.batch_sizes(8, 16, 8)
-    with pytest.raises(SystemExit, match="--global-batch 16 must be a positive multiple of the 3 ranks"):
-        trainer.batch_sizes(3, 16, None)
-    with pytest.raises(SystemExit, match="--micro-batch 3"):
-        trainer.batch_sizes(2, None, 3)
+    assert trainer.batch_sizes(8, 16, 8) == (16, 8, None)  # a micro-batch larger than the share: one pass
+    global_batch, micro, note = trainer.batch_sizes(3, 16, None)
+    assert (global_batch, micro) == (16, 6)  # shares 6, 5, 5
+    assert "1 take 6 sequences, the others 5" in note
+    assert trainer.batch_sizes(2, None, 3) == (16, 3, None)  # passes of 3, 3 and 2
+    with pytest.raises(SystemExit, match="--global-batch 2 is smaller than the 3 ranks"):
+        trainer.batch_sizes(3, 2, None)
+    with pytest.raises(SystemExit, match="--global-batch 0"):
+        trainer.batch_sizes(1, 0, None)
+    with pytest.raises(SystemExit, match="--micro-batch 0 must be at least 1"):
+        trainer.batch_sizes(2, None, 0)
 
 
 def test_peak_flops_table_is_the_validate_gpu_specs():
@@ -272,7 +303,7 @@ def test_a_node_that_waits_for_a_slow_one_reports_its_own_faster_rate():
     cfg = trainer.GPTConfig(2, 2, 64, 64)
     d = trainer.Dist(1, 0, 2, None, "fast")
     history = {"times": [9.0, 0.2, 0.2], "wait": [0.0, 0.1, 0.1], "fwd": [1.0, 0.02, 0.02]}
-    rate = trainer.throughput(d, history, args, cfg)
+    rate = trainer.throughput(d, history, args, cfg, 4)  # this rank: 4 of the 8 sequences a step
     assert rate["tps"] == pytest.approx(8 * 64 / 0.2)  # the cluster: the first step left out
     assert rate["own_tps"] == pytest.approx(4 * 64 / 0.1)  # this rank: step less its wait
     assert (rate["step_ms"], rate["wait_ms"], rate["fwd_ms"]) == pytest.approx((200, 100, 20))
@@ -311,3 +342,59 @@ def test_the_device_checks_mfu_runs_the_gpt2_preset_which_is_gpt2_small_sized_un
     (train,) = [line for line in check.splitlines() if line.startswith("step train ")]
     assert "--model gpt2 " in train
     assert "--compile" in check.split("step train ", 1)[1]
+
+
+def _save(trainer, directory: Path, step: int, model, opt, cfg) -> None:
+    args = trainer.parse_args(["--global-batch", "8"])
+    trainer.save_checkpoint(trainer.Dist(0, 0, 1, None, "n"), directory, "run", model, opt, step, cfg, args)
+
+
+def _tiny(trainer):
+    import torch
+
+    cfg = trainer.model_config(trainer.parse_args([]))
+    model = trainer.GPT(cfg)
+    return model, torch.optim.AdamW(model.parameters()), cfg
+
+
+def test_checkpoints_keep_the_newest_two_and_the_newest_good_one_is_chosen(tmp_path, capsys):
+    trainer = load_trainer()
+    model, opt, cfg = _tiny(trainer)
+    for step in (2, 4, 6):
+        _save(trainer, tmp_path, step, model, opt, cfg)
+    assert [s for s, _ in trainer.checkpoint_files(tmp_path, "run")] == [6, 4]
+    assert not list(tmp_path.glob(".*"))  # no temporary file left
+    path, state = trainer.newest_good_checkpoint(tmp_path, "run")
+    assert (path.name, state["step"], state["global_batch"], state["world"]) == ("run-step00000006.pt", 6, 8, 1)
+
+
+def test_a_torn_checkpoint_is_skipped_with_a_note_and_the_one_before_it_is_used(tmp_path):
+    trainer = load_trainer()
+    model, opt, cfg = _tiny(trainer)
+    for step in (4, 6):
+        _save(trainer, tmp_path, step, model, opt, cfg)
+    newest = tmp_path / "run-step00000006.pt"
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])  # torn: a crash mid-copy
+    (tmp_path / ".run-step00000008.pt.tmp").write_bytes(b"half a save")  # never a candidate
+    said = []
+    path, state = trainer.newest_good_checkpoint(tmp_path, "run", said.append)
+    assert (path.name, state["step"]) == ("run-step00000004.pt", 4)
+    assert len(said) == 1
+    assert "skipped checkpoint" in said[0]
+    assert "run-step00000006.pt" in said[0]
+    assert "does not load" in said[0]
+
+
+def test_two_files_that_claim_the_same_step_the_one_whose_content_agrees_wins(tmp_path):
+    """A checkpoint copied in by hand under another step's name holds its own step: it is
+    passed over with a note rather than resumed as if it were that step."""
+    trainer = load_trainer()
+    model, opt, cfg = _tiny(trainer)
+    _save(trainer, tmp_path, 4, model, opt, cfg)
+    _save(trainer, tmp_path / "other", 4, model, opt, cfg)
+    (tmp_path / "other" / "run-step00000004.pt").rename(tmp_path / "run-step00000009.pt")
+    said = []
+    path, state = trainer.newest_good_checkpoint(tmp_path, "run", said.append)
+    assert (path.name, state["step"]) == ("run-step00000004.pt", 4)
+    assert said == [f"note: skipped checkpoint {tmp_path}/run-step00000009.pt: it holds step 4, its name says 9"]
+    assert trainer.newest_good_checkpoint(tmp_path / "none", "run") is None
