@@ -12,6 +12,7 @@ refused, unless the inventory says ``ssh_strict_host_key_checking = "accept-new"
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -193,3 +194,51 @@ def run_beside(conn: Any, host: str, command: str, timeout: float = 30) -> Comma
         return CommandResult(host, exited, stdout.decode(errors="replace"), stderr.decode(errors="replace"))
     except Exception as e:  # paramiko/socket errors all mean "could not run"
         return CommandResult(host, -1, "", f"{type(e).__name__}: {e}")
+
+
+@dataclass
+class Held:
+    """A command left running on a host, over a connection of its own, until let go: it
+    reads its stdin, which ends when ``let_go`` closes it or when the connection dies."""
+
+    host: str  # inventory name
+    first_line: str  # what the command printed first (its stderr's start when stdout was empty)
+    conn: Any  # the fabric Connection
+    channel: Any  # the paramiko channel the command runs in
+
+    def let_go(self) -> None:
+        """End the command's stdin and the connection; quiet when the host is gone."""
+        with contextlib.suppress(Exception):
+            self.channel.shutdown_write()
+            self.channel.close()
+        with contextlib.suppress(Exception):
+            self.conn.close()
+
+
+def hold(node: Node, command: str, answer_s: float) -> Held:
+    """Start ``command`` on a connection of its own and return once it has printed its
+    first line (within ``answer_s`` of the connection opening), leaving it running with
+    its stdin open. Raises RemoteError when the host cannot be reached or does not answer
+    in time. The connection sends a keepalive every 30 s: it may sit idle for hours."""
+    conn = connection(node)
+    try:
+        conn.open()
+        transport = conn.client.get_transport()
+        transport.set_keepalive(30)
+        channel = transport.open_session(timeout=answer_s)
+        channel.settimeout(answer_s)
+        channel.exec_command(command)
+        data = b""
+        while b"\n" not in data and len(data) < 4096:
+            chunk = channel.recv(512)
+            if not chunk:
+                break
+            data += chunk
+        line = data.split(b"\n", 1)[0].decode(errors="replace").strip()
+        if not line:
+            line = channel.makefile_stderr("rb").read(500).decode(errors="replace").strip()
+        channel.settimeout(None)
+    except Exception as e:  # paramiko/socket errors and the deadline alike
+        conn.close()
+        raise RemoteError(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__) from e
+    return Held(node.name, line, conn, channel)

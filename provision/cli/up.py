@@ -16,7 +16,7 @@ from provision.cli.console import err, host_progress, out, plain, print_json, sa
 from provision.cli.options import InventoryArg, JsonOpt, LimitOpt, ProgressChoice, ProgressOpt
 from provision.engine import HostPlan, RunReport
 from provision.errors import EXIT_FAILED, EXIT_OK
-from provision.up import pipeline
+from provision.up import host_lock, pipeline
 
 _STEPS = ", ".join(pipeline.step_names())
 OnlyOpt = typer.Option(None, "--only", help=f"comma-separated steps to run ({_STEPS}); preflight always runs")
@@ -82,8 +82,9 @@ def up(
     with (
         state.inventory_lock(inventory),
         host_progress([n.name for n in cluster.nodes], enabled=not as_json, mode=progress_mode.value) as progress,
+        host_lock.held(cluster) as locks,
     ):
-        report = pipeline.up(cluster, steps, on_event=progress, reboot_batch=reboot_batch, rollout=rollout)
+        report = pipeline.up(cluster, steps, on_event=progress, reboot_batch=reboot_batch, rollout=rollout, locks=locks)
     if as_json:
         print_json(report.as_json() | {"steps": [s.name for s in steps]})
     else:

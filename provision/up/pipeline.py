@@ -18,7 +18,7 @@ from provision.errors import InputError, Problem
 from provision.inventory import Cluster, Node
 from provision.rules import backups as backup_layout
 from provision.rules import frameworks as framework_rules
-from provision.up import reboots
+from provision.up import host_lock, reboots
 from provision.up import rollout as staging
 from provision.up.rollout import Rollout
 
@@ -135,15 +135,33 @@ def up(
     on_event: Callable[[str, str], None] = lambda host, text: None,
     reboot_batch: int | None = None,
     rollout: Rollout = Rollout(),
+    locks: host_lock.HostLocks | None = None,
 ) -> RunReport:
     """Run the steps over every host, wave by wave when the rollout is staged (canary,
-    waves; see up/rollout.py); reboot where needed after the nvidia step."""
+    waves; see up/rollout.py); reboot where needed after the nvidia step.
+
+    With ``locks`` (taken by the command, up/host_lock.py), a host whose lock another run
+    holds fails at once with that run named and the others go on; a host that reboots
+    takes its lock again before the next step."""
     check_inputs(cluster, steps)
-    return staging.run(cluster, rollout, lambda wave: _up_wave(wave, steps, on_event, reboot_batch), on_event)
+    refused = locks.refused if locks is not None else {}
+    for name, why in refused.items():
+        on_event(name, f"{host_lock.STEP}: {why}")
+    free = cluster.part([n for n in cluster.nodes if n.name not in refused])
+    report = staging.run(free, rollout, lambda wave: _up_wave(wave, steps, on_event, reboot_batch, locks), on_event)
+    results = dict(report.hosts)
+    for name, why in refused.items():
+        results[name] = HostResult(name)
+        results[name].fail(host_lock.STEP, why)
+    return RunReport({n.name: results[n.name] for n in cluster.nodes})
 
 
 def _up_wave(
-    cluster: Cluster, steps: list[Step], on_event: Callable[[str, str], None], reboot_batch: int | None
+    cluster: Cluster,
+    steps: list[Step],
+    on_event: Callable[[str, str], None],
+    reboot_batch: int | None,
+    locks: host_lock.HostLocks | None,
 ) -> RunReport:
     """Every step over the cluster's hosts (one wave of a rollout)."""
     before: dict[str, int] = {}
@@ -154,6 +172,12 @@ def _up_wave(
             return
         changed = {n: r.changed > before.get(n, 0) and "nvidia" in r.steps for n, r in results.items()}
         reboots.reboot_where_needed(list(cluster.nodes), results, changed, reboot_batch, on_event)
+        if locks is None:
+            return
+        # A reboot ended the lock's session on those hosts: taken again before the next step.
+        for name, why in locks.renew([n for n in cluster.nodes if results[n.name].rebooted]).items():
+            results[name].fail(host_lock.STEP, f"after the reboot: {why}")
+            on_event(name, f"{host_lock.STEP}: after the reboot: {why}")
 
     return engine.run_steps(cluster, steps, on_event, after_step)
 

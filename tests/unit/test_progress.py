@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 import pytest
@@ -57,6 +58,12 @@ def test_ctrl_c_exits_130_without_a_traceback(cli, monkeypatch, tmp_path):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(up_cli.pipeline, "up", interrupted)
+
+    @contextlib.contextmanager
+    def no_host_locks(cluster):  # taking them connects to the hosts
+        yield up_cli.host_lock.HostLocks("token", "test")
+
+    monkeypatch.setattr(up_cli.host_lock, "held", no_host_locks)
 
     result = cli("up", str(inventories_dir() / "example.py"))
     assert result.code == 130

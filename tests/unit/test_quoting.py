@@ -149,3 +149,13 @@ def test_ssh_config_for_verify_never_gains_a_directive_from_a_value(field):
 def test_ssh_config_quotes_a_path_with_spaces():
     node = Node("n1", SshTarget("10.0.0.1", 22, "root", "/keys/my key", "/kh", "yes"), (), Settings())
     assert '  IdentityFile "/keys/my key"' in ssh_config([node]).splitlines()
+
+
+@pytest.mark.parametrize("value", NASTY)
+def test_the_host_locks_holder_text_is_one_word(value):
+    from provision.up import host_lock
+
+    script = host_lock.lock_script(f"provision up of {value}", "0123abcd")
+    words = _words(script)
+    at = words.index("printf")
+    assert words[at : at + 4] == ["printf", "%s [run %s]\\n", f"provision up of {value}", "0123abcd"]
