@@ -19,7 +19,7 @@ import pytest
 
 from provision import inventory, remote, verify
 from provision.rules.nvidia import keyring_fingerprints
-from provision.up import pipeline
+from provision.up import host_lock, pipeline
 from tests.e2e.storage_helpers import FINGERPRINT
 from tests.standins import nvidia_repo
 
@@ -92,11 +92,16 @@ def first_and_second(standin_inventory, plan_before_first_run):
         if text.startswith("reboot: ") and text.endswith("reboot and wait for SSH"):
             reboots[host] = reboots.get(host, 0) + 1
 
-    first = pipeline.up(cluster, pipeline.select(only="nvidia"), on_event=count)
+    # The first run holds the host locks as `provision up` does: the reboot ends their
+    # sessions (and empties /run), and they are taken again before the next step.
+    with host_lock.held(cluster) as locks:
+        first = pipeline.up(cluster, pipeline.select(only="nvidia"), on_event=count, locks=locks)
+        holders = {n.name: remote.run(n, f"cat {host_lock.HOLDER_FILE}").stdout for n in cluster.nodes}
+        relocked = (locks.token, set(locks.held), dict(locks.refused), holders)
     boots_after = {n.name: remote.run(n, BOOT_ID).stdout.strip() for n in cluster.nodes}
     second = pipeline.up(cluster, pipeline.select(only="nvidia"))
     boots_final = {n.name: remote.run(n, BOOT_ID).stdout.strip() for n in cluster.nodes}
-    return cluster, first, second, (boots, boots_after, boots_final), reboots
+    return cluster, first, second, (boots, boots_after, boots_final), reboots, relocked
 
 
 def sh(node, command: str) -> str:
@@ -114,7 +119,7 @@ def test_plan_before_first_run_shows_changes_and_changes_nothing(plan_before_fir
 
 
 def test_first_run_succeeds_and_reboots_every_host_once(first_and_second) -> None:
-    _, first, _, (before, after, _), reboots = first_and_second
+    _, first, _, (before, after, _), reboots, _ = first_and_second
     assert first.exit_code == 0, first.as_json()
     for name, host in first.hosts.items():
         assert host.rebooted is True
@@ -122,8 +127,17 @@ def test_first_run_succeeds_and_reboots_every_host_once(first_and_second) -> Non
     assert reboots == {name: 1 for name in first.hosts}  # exactly one reboot per host
 
 
+def test_the_host_locks_are_taken_again_after_the_reboot(first_and_second) -> None:
+    cluster, first, *_, (token, held, refused, holders) = first_and_second
+    assert all(h.rebooted for h in first.hosts.values())
+    assert refused == {}
+    assert held == {n.name for n in cluster.nodes}
+    for name, text in holders.items():  # written again after the reboot emptied /run
+        assert f"[run {token}]" in text, (name, text)
+
+
 def test_second_run_changes_nothing_and_reboots_nothing(first_and_second) -> None:
-    _, _, second, (_, after, final), _ = first_and_second
+    _, _, second, (_, after, final), _, _ = first_and_second
     assert second.exit_code == 0, second.as_json()
     for name, host in second.hosts.items():
         assert host.changed == 0
