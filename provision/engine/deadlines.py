@@ -88,13 +88,33 @@ def in_parallel(state: Any, work: Callable[[Any], object]) -> None:
 
 
 def quiet_interrupts() -> None:
-    """Ctrl-C reaches the main greenlet as KeyboardInterrupt (the CLI says which hosts were
-    mid-step); gevent's hub would first print it to stderr as an error of its own."""
+    """Ctrl-C reaches the main greenlet as KeyboardInterrupt, there and only there (the
+    CLI says which hosts were mid-step), and gevent's hub does not print it first as an
+    error of its own.
+
+    Python raises KeyboardInterrupt in whichever greenlet holds the interpreter when the
+    signal lands. With SSH connections open, that is often a paramiko reader's "thread",
+    whose bootstrap swallows it, and the run went on (Ctrl-C ignored for minutes, seen on
+    loopback). So SIGINT goes to gevent's own watcher instead, which runs in the hub and
+    throws the interrupt into the main greenlet. Only where SIGINT has Python's default
+    handler: a background job's ignored SIGINT stays ignored, another handler stays."""
+    import signal
+    import threading
+
     import gevent
 
+    global _ctrl_c_routed
     hub = gevent.get_hub()
     if KeyboardInterrupt not in hub.NOT_ERROR:
         hub.NOT_ERROR = (*hub.NOT_ERROR, KeyboardInterrupt)
+    if _ctrl_c_routed or threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        gevent.signal_handler(signal.SIGINT, hub.handle_system_error, KeyboardInterrupt, KeyboardInterrupt())
+        _ctrl_c_routed = True
+
+
+_ctrl_c_routed = False  # SIGINT goes to gevent's watcher (quiet_interrupts), once a process
 
 
 def _host_ops(state: Any, host: Any) -> None:
