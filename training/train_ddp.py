@@ -538,8 +538,9 @@ def checkpoint_files(directory: Path, name: str) -> list[tuple[int, Path]]:
 
 def save_checkpoint(d: Dist, directory: Path, name: str, model, opt, step: int, cfg: GPTConfig, args) -> None:
     """Rank 0 writes a temporary file, fsyncs it and renames it to the step's name, so a
-    crash mid-save leaves the checkpoints before it whole; then only the newest CKPT_KEEP
-    are kept."""
+    crash mid-save leaves the checkpoints before it whole. Then checkpoints of later steps
+    are removed (they are an earlier run's: this run started afresh below them, and a
+    --resume must continue this one), and only the newest CKPT_KEEP are kept."""
     if d.rank != 0:
         return
     directory.mkdir(parents=True, exist_ok=True)
@@ -559,7 +560,9 @@ def save_checkpoint(d: Dist, directory: Path, name: str, model, opt, step: int, 
         os.fsync(f.fileno())
     os.replace(tmp, path)
     log(d, f"checkpoint step {step} -> {path}")
-    for _, old in checkpoint_files(directory, name)[CKPT_KEEP:]:
+    mine = [(s, p) for s, p in checkpoint_files(directory, name) if s <= step]
+    stale = [p for s, p in checkpoint_files(directory, name) if s > step] + [p for _, p in mine[CKPT_KEEP:]]
+    for old in stale:
         with contextlib.suppress(OSError):
             old.unlink()
 

@@ -248,7 +248,8 @@ def node_dirs_command(train_dir: str, run_dir: str, user: str) -> str:
     root or the SSH user and writable by no one else, and so must every directory above it,
     unless sticky (/var/tmp), on the path as given and as resolved. The training user gets
     two fresh directories of its own, never a recursive chown: the work directory and the
-    run's torchrun log directory."""
+    run's torchrun log directory. Nodes that share train_dir (a shared filesystem) make the
+    work directory at the same moment: each tries, and each then checks it is there."""
     t, r, w, u = (shlex.quote(x) for x in (train_dir, run_dir, work_dir(train_dir), user))
     logs = shlex.quote(f"{run_dir}/torchrun-logs")
     check = (
@@ -269,7 +270,7 @@ def node_dirs_command(train_dir: str, run_dir: str, user: str) -> str:
         f'if [ ! -d "$T" ]; then echo "cannot create $T"; '
         f'elif why=$(safe "$T") && why=$(safe "$(readlink -f -- "$T")"); then '
         f"mkdir -p -- {t}/runs {shlex.quote(run_dir.rsplit('/', 1)[0])} && mkdir -m 0755 -- {r} {logs} "
-        f"&& {{ [ -d {w} ] && [ ! -L {w} ] || mkdir -m 0755 -- {w}; }} "
+        f"&& {{ mkdir -m 0755 -- {w} 2>/dev/null; [ -d {w} ] && [ ! -L {w} ]; }} "
         f'&& {{ [ -z "$RUN_AS" ] || {{ {give}; }}; }} && echo DIRS_OK; '
         'else echo "$why"; fi'
     )

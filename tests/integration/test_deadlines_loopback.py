@@ -215,7 +215,23 @@ def _provision_up(inv, tmp_path, as_json: bool = True):
     env = dict(os.environ, PROVISION_STATE_DIR=str(tmp_path / "state"))
     command = [sys.executable, "-m", "provision", "up", str(inv), "--only", "preflight"]
     command += ["--json"] if as_json else []
-    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        command,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=foreground_sigint,
+    )
+
+
+def foreground_sigint() -> None:
+    """SIGINT as a command typed at a terminal gets it. A suite started in the background
+    (`.ci/run &`, setsid) hands its children SIGINT ignored, and a process started so never
+    sees Ctrl-C at all: the Ctrl-C test then waited 120 s for nothing."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def test_up_names_the_hung_host_reports_the_other_in_full_and_exits_1(sshd, tmp_path):

@@ -8,6 +8,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from tests.integration.test_deadlines_loopback import foreground_sigint
+
 CHILD = """
 import pyinfra_cli  # gevent's monkey-patching, as in the CLI
 import os, signal, sys, threading, time
@@ -37,7 +39,13 @@ stop.set()
 
 
 def _child(mode: str) -> str:
-    done = subprocess.run([sys.executable, "-c", CHILD, mode], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, mode],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=foreground_sigint,
+    )
     return done.stdout.strip()
 
 

@@ -134,6 +134,18 @@ def test_node_dirs_keep_the_run_directory_roots_and_give_the_user_only_work_and_
     assert node_dirs(t) != "DIRS_OK"
 
 
+def test_nodes_sharing_a_train_dir_make_it_side_by_side(tmp_path):
+    """Two nodes on one filesystem (an NFS train_dir; in tests, two namespaces of one
+    machine) run the probe at the same moment: both get their directories. A check-then-
+    mkdir of the work directory failed one of them with "File exists" now and then."""
+    for k in range(20):
+        t = tmp_path / f"train{k}"
+        cmds = [plan.node_dirs_command(str(t), f"{t}/runs/r1/n{i}", "nobody") for i in (0, 1)]
+        env = {**os.environ, "RUN_AS": "RUN_AS=nobody"}
+        procs = [subprocess.Popen(["sh", "-c", c], env=env, stdout=subprocess.PIPE, text=True) for c in cmds]
+        assert [p.communicate(timeout=30)[0].strip() for p in procs] == ["DIRS_OK", "DIRS_OK"], k
+
+
 def test_node_dirs_without_a_training_user_hand_nothing_over(tmp_path):
     assert node_dirs(tmp_path / "train", run_as=False) == "DIRS_OK"
     assert owner_mode(tmp_path / "train" / "work") == (0, 0o755)

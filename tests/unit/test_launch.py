@@ -445,7 +445,8 @@ def spawn_fake_run(tmp_path: Path, run_id: str, node: str) -> tuple[subprocess.P
     script = f"echo $$ > {run_dir}/torchrun.pid; {child} & sleep 300"
     env = {**os.environ, "PROVISION_RUN_ID": run_id, "PROVISION_NODE": node}
     proc = subprocess.Popen(["setsid", "sh", "-c", script], env=env)
-    for _ in range(100):
+    deadline = time.monotonic() + 30  # the child is a Python start: seconds on a loaded machine
+    while time.monotonic() < deadline:
         if (run_dir / "torchrun.pid").exists() and len(
             reaper.targets(int((run_dir / "torchrun.pid").read_text()), run_id, node)
         ) >= 3:

@@ -368,6 +368,17 @@ def test_checkpoints_keep_the_newest_two_and_the_newest_good_one_is_chosen(tmp_p
     assert (path.name, state["step"], state["global_batch"], state["world"]) == ("run-step00000006.pt", 6, 8, 1)
 
 
+def test_a_run_started_afresh_supersedes_an_earlier_runs_later_checkpoints(tmp_path):
+    """A run of 6 steps, then a new run (no --resume) saving step 2: step 6 was the earlier
+    run's, and a --resume must continue the new one."""
+    trainer = load_trainer()
+    model, opt, cfg = _tiny(trainer)
+    for step in (4, 6):
+        _save(trainer, tmp_path, step, model, opt, cfg)
+    _save(trainer, tmp_path, 2, model, opt, cfg)
+    assert [s for s, _ in trainer.checkpoint_files(tmp_path, "run")] == [2]
+
+
 def test_a_torn_checkpoint_is_skipped_with_a_note_and_the_one_before_it_is_used(tmp_path):
     trainer = load_trainer()
     model, opt, cfg = _tiny(trainer)
