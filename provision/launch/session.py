@@ -26,6 +26,9 @@ from provision.resources import training_script
 REAPER = Path(__file__).with_name("reaper.py")
 STREAM_JOIN_S = 30  # how long to wait for log streams to end after teardown
 TEARDOWN_TIMEOUT_S = 40  # per host: reaper grace (5 s) + SIGKILL wait + SSH slack
+# The node check imports torch: cold after a boot, on an emulated or busy node, that alone
+# took over 60 s (the testbed's VM after its restart, with other work beside it).
+PROBE_TIMEOUT_S = 300
 
 
 class LaunchError(Exception):
@@ -153,11 +156,16 @@ def _prepare_node(
             f"export RUN_AS; echo \"$RUN_AS\"; echo '--writable--'; {writable}echo '--dirs--'; "
             f"{plan.node_dirs_command(s.train_dir, run_dir, s.training_user)}"
         ),
-        timeout=60,
+        timeout=min(s.command_timeout_s, PROBE_TIMEOUT_S),
         conn=conn,
     )
     if probe.exited == -1:
         raise LaunchError(f"unreachable: {probe.stderr}")
+    if probe.exited == remote.TIMED_OUT:
+        raise LaunchError(
+            f"checking python, interface and GPUs timed out after {min(s.command_timeout_s, PROBE_TIMEOUT_S)} s "
+            "(importing torch on a busy or just-booted node can take minutes; is the node overloaded?)"
+        )
     head, _, rest = probe.stdout.partition("--gpus--")
     gpus, _, rest = rest.partition("--run-as--")
     run_as_out, _, rest = rest.partition("--writable--")

@@ -496,3 +496,23 @@ def test_a_node_whose_gpus_run_mig_is_refused_before_anything_is_uploaded(tmp_pa
     node = Node("n0", SshTarget("192.0.2.1", 22, None, None, None, "yes"), (), Settings(cluster_interface="eth1"))
     with pytest.raises(session.LaunchError, match=r"MIG is enabled on GPU 1: .* disable MIG \(`nvidia-smi -mig 0`"):
         session._prepare_node(node, NoUploads(), options(tmp_path), "run1", True, lambda *_: None)
+
+
+def test_a_node_check_that_runs_out_of_time_says_so_not_that_torch_is_missing(tmp_path, monkeypatch):
+    # A just-booted emulated node took over a minute to import torch: the check was cut off,
+    # and the message blamed the venv. It now names the timeout, and the bound is the
+    # node's command deadline up to PROBE_TIMEOUT_S.
+    asked = {}
+
+    def timed_out(node, command, timeout=None, conn=None):
+        asked["timeout"] = timeout
+        return remote.CommandResult(node.name, remote.TIMED_OUT, "", "timed out after 300 s (no exit status)")
+
+    monkeypatch.setattr(session.remote, "run", timed_out)
+    node = Node("n0", SshTarget("192.0.2.1", 22, None, None, None, "yes"), (), Settings())
+    with pytest.raises(session.LaunchError, match=r"checking python, interface and GPUs timed out after 300 s"):
+        session._prepare_node(node, None, options(tmp_path), "run1", True, lambda *_: None)
+    assert asked["timeout"] == session.PROBE_TIMEOUT_S
+    short = Node("n0", node.ssh, (), Settings(command_timeout_s=20))
+    with pytest.raises(session.LaunchError, match=r"timed out after 20 s"):
+        session._prepare_node(short, None, options(tmp_path), "run1", True, lambda *_: None)
