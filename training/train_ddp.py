@@ -560,8 +560,9 @@ def save_checkpoint(d: Dist, directory: Path, name: str, model, opt, step: int, 
         os.fsync(f.fileno())
     os.replace(tmp, path)
     log(d, f"checkpoint step {step} -> {path}")
-    mine = [(s, p) for s, p in checkpoint_files(directory, name) if s <= step]
-    stale = [p for s, p in checkpoint_files(directory, name) if s > step] + [p for _, p in mine[CKPT_KEEP:]]
+    found = checkpoint_files(directory, name)
+    mine = [p for s, p in found if s <= step]
+    stale = [p for s, p in found if s > step] + mine[CKPT_KEEP:]
     for old in stale:
         with contextlib.suppress(OSError):
             old.unlink()
@@ -603,14 +604,10 @@ def load_checkpoint(d: Dist, directory: Path, name: str, cfg: GPTConfig, require
     here = torch.tensor([path.is_file()], dtype=torch.int64, device=d.device)
     if d.world > 1:
         dist.all_reduce(here, op=dist.ReduceOp.MIN)
-    if chosen is not None:
-        state = chosen[1]
-    elif here.item():
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    else:
-        state = None
-    if not here.item():
-        states = [state]
+    if here.item():
+        state = chosen[1] if chosen is not None else torch.load(path, map_location="cpu", weights_only=True)
+    else:  # not visible on every node: rank 0's copy for all
+        states = [chosen[1] if chosen is not None else None]
         dist.broadcast_object_list(states, src=0)
         state = states[0]
     if state["config"] != asdict(cfg):

@@ -148,6 +148,7 @@ def _prepare_node(
     writable = "".join(
         f"sh -c {shlex.quote(as_runner)} - {shlex.quote(x.share)} && echo {shlex.quote(x.share)}; " for x in shares
     )
+    probe_s = min(s.command_timeout_s, PROBE_TIMEOUT_S)
     probe = remote.run(
         node,
         (
@@ -156,14 +157,14 @@ def _prepare_node(
             f"export RUN_AS; echo \"$RUN_AS\"; echo '--writable--'; {writable}echo '--dirs--'; "
             f"{plan.node_dirs_command(s.train_dir, run_dir, s.training_user)}"
         ),
-        timeout=min(s.command_timeout_s, PROBE_TIMEOUT_S),
+        timeout=probe_s,
         conn=conn,
     )
     if probe.exited == -1:
         raise LaunchError(f"unreachable: {probe.stderr}")
     if probe.exited == remote.TIMED_OUT:
         raise LaunchError(
-            f"checking python, interface and GPUs timed out after {min(s.command_timeout_s, PROBE_TIMEOUT_S)} s "
+            f"checking python, interface and GPUs timed out after {probe_s} s "
             "(importing torch on a busy or just-booted node can take minutes; is the node overloaded?)"
         )
     head, _, rest = probe.stdout.partition("--gpus--")
