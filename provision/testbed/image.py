@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from provision.errors import TestbedError
+from provision.rules.packages import BASE_PACKAGES
 from provision.testbed import guest_files, tools
 from provision.testbed.apt_sources import Mirror, guest_sources
 
@@ -47,6 +48,15 @@ PACKAGES = (
     "pciutils",
     "e2fsprogs",
 )
+
+# Three of the base step's own packages, baked in: under TCG their install is most of the
+# shared `up` (gcc and its toolchain, Python's headers, fio's ceph and gluster libraries: about
+# 6 of the base step's 12 minutes on the 2-core build VM, BENCHMARKS.md, issue 21), and
+# debootstrap on the host installs them at native speed. `up` still installs the rest of the
+# base set (python3-venv, numactl, nvme-cli, mdadm, iperf3, chrony, rsync) on every
+# testbed, so its install path runs in every suite and demo; verify checks the whole set.
+# Named from BASE_PACKAGES, so a package the base step drops is dropped here too.
+PRESEEDED = tuple(p for p in BASE_PACKAGES if p in {"build-essential", "python3-dev", "fio"})
 
 DEBOOTSTRAP_TIMEOUT_S = 1800  # a cold build downloads ~200 packages
 Progress = Callable[[str], None]
@@ -79,7 +89,7 @@ class Recipe:
 
 
 def recipe_for(mirror: Mirror, size: str = "8G") -> Recipe:
-    return Recipe(mirror.suite, PACKAGES, mirror.uri, guest_sources(mirror), size)
+    return Recipe(mirror.suite, PACKAGES + PRESEEDED, mirror.uri, guest_sources(mirror), size)
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,15 @@ def test_training_user_has_the_cluster_key(host: Any, settings: dict[str, Any]) 
     assert key.mode == 0o600
     assert host.file(f"{home}/.ssh/authorized_keys").contains("ssh-ed25519")
     assert host.file(f"{home}/.ssh/known_hosts").size > 0
+    # The private key and the authorized key are one pair: each node accepts the key every
+    # node logs in with (one cluster key, written by the base step to every node).
+    public = host.run(f"ssh-keygen -y -f {shlex.quote(f'{home}/.ssh/id_ed25519')}")
+    assert public.rc == 0, f"{home}/.ssh/id_ed25519 is not a readable private key: {public.stderr.strip()}"
+    authorized = host.file(f"{home}/.ssh/authorized_keys").content_string.split("\n")
+    mine = " ".join(public.stdout.split()[:2])
+    assert any(" ".join(line.split()[:2]) == mine for line in authorized), (
+        f"{home}/.ssh/authorized_keys does not hold the public half of id_ed25519 ({mine[:40]}...)"
+    )
 
 
 def test_training_user_reaches_every_other_node_by_ssh(
@@ -80,7 +89,10 @@ def test_training_user_reaches_every_other_node_by_ssh(
             f"timeout 60 runuser -u {user} -- ssh -o BatchMode=yes -o StrictHostKeyChecking=yes "
             f"-o ConnectTimeout=10 {shlex.quote(address)} true"
         )
-        assert done.rc == 0, f"{user} cannot reach {name} at {address}: {done.stderr.strip()}"
+        if done.rc != 0:
+            # Which key this node offered, for comparing with the other node's authorized_keys.
+            offered = host.run(f"ssh-keygen -lf /home/{user}/.ssh/id_ed25519").stdout.strip()
+            pytest.fail(f"{user} cannot reach {name} at {address}: {done.stderr.strip()} (offered: {offered})")
 
 
 def test_unattended_upgrades_never_touch_nvidia_or_cuda(host: Any) -> None:

@@ -5,7 +5,9 @@ After the shared `provision up` succeeds, the nodes are powered off cleanly and 
 secrets `up` generated for the inventory (training key, restic password, backup key) and
 `up`'s own report are copied to ``<image cache>/../snapshots/<key>/``; the nodes are then
 booted again, so a cold run and a warm one test the same thing: a provisioned cluster that
-has rebooted once since its `up`.
+has rebooted once since its `up`. A run whose image cache is new (CI's clean clone, a first
+run on a machine) saves nothing: nobody reads that cache again, and the save costs about two
+minutes (tests/e2e/conftest.py).
 
 The key is a hash of everything `up` depends on: every module of the package except the
 other commands (validate, launch, status, demo, verify, backup, cli: the layer rules in

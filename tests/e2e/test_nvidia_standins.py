@@ -208,11 +208,26 @@ def test_nccl_is_the_build_for_the_toolkit_cuda_and_held(first_and_second) -> No
         assert {"libnccl2", "libnccl-dev"} <= set(held.split()), name
 
 
+def _login_evidence(cluster) -> str:
+    """What each node's sshd and the training user's key files say, for a failed verify:
+    CI once saw node1's training user refused by node2 (publickey) right after the reboot,
+    and the suite's output alone could not say why."""
+    command = (
+        "journalctl -u ssh --no-pager -n 25 2>&1; ls -la /home/train /home/train/.ssh 2>&1; "
+        "ssh-keygen -lf /home/train/.ssh/authorized_keys 2>&1; ssh-keygen -lf /home/train/.ssh/id_ed25519 2>&1"
+    )
+    try:
+        found = remote.on_all(cluster.nodes, lambda n: remote.run(n, command, timeout=60))
+    except Exception as e:  # the evidence must not hide the failure it is for
+        return f"\n(login evidence not gathered: {e})"
+    return "".join(f"\n--- {name} ---\n{r.stdout}{r.stderr}" for name, r in found.items())
+
+
 def test_verify_suite_passes_on_the_nvidia_hosts(provisioned, first_and_second, tmp_path) -> None:
     # The whole suite runs, base and storage checks included: they need `up` (provisioned).
     cluster, *_ = first_and_second
     result = verify.run(cluster, str(tmp_path), extra=["-vv"])  # -q -vv: a line per test and host
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 0, result.output + _login_evidence(cluster)
     # The nvidia checks ran and passed on every host (they skip where the step does not apply).
     for check in (
         "test_keyring_has_the_pinned_sha256",

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from provision import errors
+from provision.rules.packages import BASE_PACKAGES
 from provision.testbed import apt_sources, guest_files, image, procs, state, tools
 from provision.testbed.state import NodeRecord, TestbedState
 
@@ -46,6 +47,16 @@ def test_image_recipe_includes_what_later_steps_need() -> None:
         "iputils-ping",
     ):
         assert package in image.PACKAGES
+
+
+def test_the_image_bakes_in_part_of_the_base_set_and_leaves_up_the_rest_to_install() -> None:
+    # Baked in to save emulated minutes, but never the whole set: the shared `up` must still
+    # install packages on every testbed, or its install path would go untested.
+    assert set(image.PRESEEDED) == {"build-essential", "python3-dev", "fio"}
+    assert set(image.PRESEEDED) <= set(BASE_PACKAGES)
+    left_to_up = set(BASE_PACKAGES) - set(image.PRESEEDED) - set(image.PACKAGES)
+    assert {"python3-venv", "mdadm", "chrony"} <= left_to_up
+    assert set(image.PRESEEDED) <= set(_recipe().packages)
 
 
 def test_unbuilt_image_is_not_found_in_the_cache(tmp_path: Path) -> None:
