@@ -24,7 +24,7 @@ from provision.rules.packages import BASE_PACKAGES
 from provision.testbed import guest_files, tools
 from provision.testbed.apt_sources import Mirror, guest_sources
 
-RECIPE_VERSION = 2  # bump when the build steps change in a way the fields below miss
+RECIPE_VERSION = 3  # bump when the build steps change in a way the fields below miss
 
 PACKAGES = (
     "systemd-sysv",
@@ -148,6 +148,8 @@ def build(recipe: Recipe, images_dir: Path, progress: Progress) -> BaseImage:
     try:
         started = time.monotonic()
         _debootstrap(recipe, rootfs, progress)
+        progress("installing the release's updates (apt-get upgrade in the image)")
+        _bring_up_to_date(rootfs, recipe)
         progress("configuring the root filesystem")
         configure_rootfs(rootfs, recipe)
         progress("rebuilding the initrd (virtio and ext4 only)")
@@ -223,6 +225,31 @@ def _debootstrap(recipe: Recipe, rootfs: Path, progress: Progress) -> None:
     if proc.wait() != 0:
         log = " | ".join(tail[-5:])
         raise TestbedError(f"debootstrap failed (exit {proc.returncode}): {log}")
+
+
+def _bring_up_to_date(rootfs: Path, recipe: Recipe) -> None:
+    """Install the release's updates and security fixes here, at native speed. debootstrap
+    takes one suite (the point release) and the guests' sources add -updates and
+    -security, so without this the first `apt-get install` in a guest upgrades what the new
+    packages depend on: python3-venv brought python3.11 and its standard library, byte-compiled
+    under TCG, about 3 of the base step's 6 install minutes (BENCHMARKS.md, issue 21).
+    `upgrade`, not `dist-upgrade`: a kernel of a new ABI is a new package and stays out, so
+    the image keeps one kernel. policy-rc.d keeps maintainer scripts from starting services
+    in the chroot; the host's resolv.conf (debootstrap's copy) reaches the mirror."""
+    sources = rootfs / "etc/apt/sources.list.d/debian.sources"
+    sources.parent.mkdir(parents=True, exist_ok=True)
+    sources.write_text(recipe.apt_sources)
+    (rootfs / "etc/apt/sources.list").unlink(missing_ok=True)
+    policy = rootfs / "usr/sbin/policy-rc.d"
+    policy.write_text("#!/bin/sh\n# provision testbed image build: no service starts in the chroot\nexit 101\n")
+    policy.chmod(0o755)
+    apt = ["chroot", str(rootfs), "env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "-q", "-y"]
+    try:
+        _run([*apt, "update"], "apt-get update in the image", timeout=600)
+        _run([*apt, "-o", "Dpkg::Options::=--force-confold", "upgrade"], "apt-get upgrade in the image", timeout=1200)
+        _run([*apt, "clean"], "apt-get clean in the image", timeout=120)
+    finally:
+        policy.unlink(missing_ok=True)
 
 
 def configure_rootfs(rootfs: Path, recipe: Recipe) -> None:
