@@ -89,10 +89,9 @@ def test_training_user_reaches_every_other_node_by_ssh(
             f"timeout 60 runuser -u {user} -- ssh -o BatchMode=yes -o StrictHostKeyChecking=yes "
             f"-o ConnectTimeout=10 {shlex.quote(address)} true"
         )
-        if done.rc != 0:
-            # Which key this node offered, for comparing with the other node's authorized_keys.
-            offered = host.run(f"ssh-keygen -lf /home/{user}/.ssh/id_ed25519").stdout.strip()
-            pytest.fail(f"{user} cannot reach {name} at {address}: {done.stderr.strip()} (offered: {offered})")
+        # On a refusal: which key this node offered, to compare with the other's authorized_keys.
+        offered = "" if done.rc == 0 else host.run(f"ssh-keygen -lf /home/{user}/.ssh/id_ed25519").stdout.strip()
+        assert done.rc == 0, f"{user} cannot reach {name} at {address}: {done.stderr.strip()} (offered: {offered})"
 
 
 def test_unattended_upgrades_never_touch_nvidia_or_cuda(host: Any) -> None:

@@ -219,7 +219,8 @@ def test_training_user_ssh_is_tried_to_every_other_node_only() -> None:
     host = StandInHost({SSH.format("10.77.0.12"): (0, "")})  # no entry for node1 itself
     base_checks.test_training_user_reaches_every_other_node_by_ssh(host, settings(), {"all_nodes": NODES})
     host.commands[SSH.format("10.77.0.12")] = (255, "")
-    with pytest.raises(AssertionError, match="cannot reach node2"):
+    host.commands["ssh-keygen -lf /home/train/.ssh/id_ed25519"] = (0, "256 SHA256:abc train@provision (ED25519)\n")
+    with pytest.raises(AssertionError, match=r"cannot reach node2 .*offered: 256 SHA256:abc"):
         base_checks.test_training_user_reaches_every_other_node_by_ssh(host, settings(), {"all_nodes": NODES})
 
 
