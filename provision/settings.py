@@ -327,6 +327,15 @@ class Settings:
         7200, "how long one step (base, nvidia, ...) may take on one host, all commands", _seconds_between(1, 86400)
     )
 
+    # --- fleet ---
+    parallel: int = knob(
+        0,
+        "hosts connected to and worked on at once in each pass of up, plan, facts and status "
+        "(0: pyinfra's choice, 20 per controller core within the open-files limit); where the "
+        "run's hosts differ, the smallest wins",
+        v.bounded(0, 100_000),
+    )
+
 
 def knob_docs() -> list[tuple[str, Any, str]]:
     """(name, default, comment) for every knob, for `inventory check` and the README."""

@@ -40,7 +40,7 @@ def gather_facts(
     from pyinfra.api.exceptions import PyinfraError
     from pyinfra.context import ctx_state
 
-    state = new_state(nodes, parallel=0)
+    state = new_state(nodes)
     results = {n.name: HostResult(n.name) for n in nodes}
     collector = Collector(results, "connect", on_event)
     state.add_callback_handler(collector)

@@ -42,7 +42,7 @@ def _plan_step(step: Step, nodes: list[Node], plans: dict[str, HostPlan], run: R
     if not targets:
         return
     results = {n.name: HostResult(n.name) for n in targets}
-    state = new_state(targets, parallel=0, run=run)
+    state = new_state(targets, run=run)
     collector = Collector(results, step.name, on_event)
     state.add_callback_handler(collector)
     try:

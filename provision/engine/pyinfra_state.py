@@ -65,7 +65,15 @@ def cache_global_arguments() -> None:
         arguments.all_global_arguments = functools.cache(arguments.all_global_arguments)
 
 
-def new_state(nodes: list[Node], parallel: int, run: RunContext | None = None) -> Any:
+def pass_parallel(nodes: list[Node]) -> int:
+    """How many of the pass's hosts are connected to and worked on at once: the smallest
+    ``parallel`` a host asks for, 0 (pyinfra's choice) when none asks. A host queued
+    behind the others starts its deadlines when its turn comes (HostClocks, gather_facts)."""
+    asked = [n.settings.parallel for n in nodes if n.settings.parallel > 0]
+    return min(asked, default=0)
+
+
+def new_state(nodes: list[Node], run: RunContext | None = None) -> Any:
     """A fresh pyinfra State over these nodes."""
     from pyinfra.api import Config, State
     from pyinfra.connectors.sshuserclient import client
@@ -82,5 +90,5 @@ def new_state(nodes: list[Node], parallel: int, run: RunContext | None = None) -
     quiet_interrupts()
     # pyinfra has one connect timeout per pass: the longest any of its hosts asks for.
     connect_timeout = max((n.settings.connect_timeout_s for n in nodes), default=15)
-    config = Config(PARALLEL=parallel, CONNECT_TIMEOUT=connect_timeout)
+    config = Config(PARALLEL=pass_parallel(nodes), CONNECT_TIMEOUT=connect_timeout)
     return State(pyinfra_inventory(nodes, run), config)

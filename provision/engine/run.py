@@ -26,7 +26,6 @@ def run_step(
     nodes: list[Node],
     results: dict[str, HostResult],
     on_event: OnEvent = no_events,
-    parallel: int = 0,
     run: RunContext | None = None,
 ) -> None:
     """Apply one step to the given nodes (all reachable so far), recording into results.
@@ -37,7 +36,7 @@ def run_step(
     targets = targets_of(step, nodes, results)
     if not targets:
         return
-    state = new_state(targets, parallel, run)
+    state = new_state(targets, run)
     collector = Collector(results, step.name, on_event)
     state.add_callback_handler(collector)
     clocks = HostClocks({n.name: float(n.settings.step_timeout_s) for n in targets})

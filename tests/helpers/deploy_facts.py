@@ -107,7 +107,7 @@ def plan_with_facts(
     from pyinfra.api.host import Host
 
     run = RunContext(cluster or Cluster(Path("fake-inventory.py"), (node,)), tuple(s.name for s in steps or [step]))
-    state = new_state([node], parallel=1, run=run)
+    state = new_state([node], run=run)
 
     def get_fact(self: Any, cls: type, *args: Any, **kwargs: Any) -> Any:
         return facts(cls, kwargs)

@@ -209,3 +209,21 @@ def test_hosts_frozen_after_login_are_cut_off_at_their_command_deadline_not_the_
     assert set(result.facts) == set(fleet.behaviour) - frozen
     # Its deadline, not the gather's 600 s: the margin is the disconnect's bound and CI's load.
     assert took < deadlines["command_timeout_s"] + CHANNEL_GRACE_S + 30 + SLACK_S
+
+
+@pytest.mark.parametrize(("parallel", "most"), [(7, 7), (0, 40)])
+def test_the_parallel_setting_bounds_the_hosts_worked_on_at_once(tmp_path, cli, parallel, most):
+    """parallel = 7: never more than 7 of 60 hosts connecting or answering at one moment,
+    and every host still answers. Waiting its turn costs a host none of its deadlines: the
+    queue (9 rounds of a 0.3 s connect and a 0.3 s answer) outlasts the 2 s connect and
+    command deadlines. 0 is pyinfra's own choice: 20 per controller core (the test pins the
+    count of cores it sees), here 40 of 60."""
+    from unittest import mock
+
+    fleet = SimulatedFleet.spread(60, latency_s=0.3)
+    with simulated(fleet), mock.patch("pyinfra.api.state.cpu_count", return_value=2):
+        inv = fleet.write_inventory(tmp_path / "fleet.py", parallel=parallel, **DEADLINES)
+        result = cli("facts", str(inv), "--json")
+    assert result.code == 0, result.err
+    assert len(json.loads(result.out)["hosts"]) == 60
+    assert fleet.most_busy == most

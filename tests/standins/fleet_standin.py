@@ -79,6 +79,18 @@ class SimulatedFleet:
     latency_s: float = 0.05  # seconds each command (and each connection) takes
     profile: str = "debian12-cpu"  # fleet_profiles/<profile>.json
     commands: dict[str, int] = field(default_factory=dict)  # host name -> commands answered
+    busy: set[str] = field(default_factory=set)  # hosts connecting or running a command now
+    most_busy: int = 0  # the most hosts busy at one moment (the pass's real parallelism)
+
+    @contextmanager
+    def working(self, host: str) -> Iterator[None]:
+        """Count ``host`` as busy for the block (a connection or a command under way)."""
+        self.busy.add(host)
+        self.most_busy = max(self.most_busy, len(self.busy))
+        try:
+            yield
+        finally:
+            self.busy.discard(host)
 
     @classmethod
     def spread(cls, count: int, shares: FleetShares = FleetShares(), **kwargs: Any) -> SimulatedFleet:
@@ -107,7 +119,8 @@ class SimulatedFleet:
 
     def answer(self, host: str, command: str) -> tuple[int, list[str], list[str]]:
         """(exit code, stdout lines, stderr lines) of a host that answers, after the latency."""
-        gevent.sleep(self.latency_s)
+        with self.working(host):
+            gevent.sleep(self.latency_s)
         self.commands[host] = self.commands.get(host, 0) + 1
         if self.behaviour.get(host) == "fail":
             return 1, [], ["fleet stand-in: this host fails every command"]
@@ -136,7 +149,8 @@ class FleetStandInConnector(BaseConnector):
         if behaviour == "blackhole":
             gevent.sleep(self.state.config.CONNECT_TIMEOUT)
             raise ConnectError("Could not connect (timed out) (fleet stand-in)")
-        gevent.sleep(self.fleet.latency_s)
+        with self.fleet.working(self.host.name):
+            gevent.sleep(self.fleet.latency_s)
 
     def run_shell_command(
         self, command: Any, print_output: bool = False, print_input: bool = False, **arguments: Any

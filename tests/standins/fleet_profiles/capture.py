@@ -50,7 +50,7 @@ def capture(profile: str) -> Path:
     gather_status(Cluster(path=Path("captured"), nodes=(node,)))
     # The Os fact alone, as a step asks it (fleet_standin.fact_only_step): gather_facts
     # asks its facts in one batched command, a step's operation one fact at a time.
-    state = new_state([node], parallel=0)
+    state = new_state([node])
     with held(ctx_state, state):
         connect_all(state)
         (host,) = state.inventory
