@@ -16,6 +16,7 @@ Each (step, fleet size) runs in a fresh child process, so peak RSS is that step'
 
     .venv/bin/python benchmarks/fleet_scale.py                     # 10, 100, 300
     .venv/bin/python benchmarks/fleet_scale.py --sizes 10,100,300,1000 --budget-s 120
+    .venv/bin/python benchmarks/fleet_scale.py --steps facts --sizes 1000 --parallel 100
 """
 
 from __future__ import annotations
@@ -84,11 +85,11 @@ def _exit_in(timed: tuple[dict[str, float], Any]) -> dict[str, float]:
     return {**figures, "exit": code}
 
 
-def _fleet_inventory(n: int, tmp: Path, latency_s: float) -> tuple[Any, Path]:
+def _fleet_inventory(n: int, tmp: Path, latency_s: float, parallel: int) -> tuple[Any, Path]:
     from tests.standins.fleet_standin import SimulatedFleet
 
     fleet = SimulatedFleet.spread(n, latency_s=latency_s)
-    return fleet, fleet.write_inventory(tmp / "fleet.py")
+    return fleet, fleet.write_inventory(tmp / "fleet.py", parallel=parallel)
 
 
 def _node_inputs(n: int) -> list[Any]:
@@ -171,7 +172,7 @@ def _chromium_open(page: Path, tmp: Path) -> dict[str, float]:
     return {"wall_s": time.monotonic() - wall, "cpu_s": cpu, "fds": _fds()}
 
 
-def worker(step: str, n: int, latency_s: float) -> dict[str, Any]:
+def worker(step: str, n: int, latency_s: float, parallel: int) -> dict[str, Any]:
     """One step at one fleet size, in this (fresh) process."""
     import pyinfra_cli  # noqa: F401  # patches threading with gevent first, as the CLI and tests do
 
@@ -182,7 +183,7 @@ def worker(step: str, n: int, latency_s: float) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         os.environ["XDG_STATE_HOME"] = str(tmp / "state")  # status reads validate history here
-        fleet, inv = _fleet_inventory(n, tmp, latency_s)
+        fleet, inv = _fleet_inventory(n, tmp, latency_s, parallel)
         rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         if step == "baseline":
             parts = {step: _timed(lambda: None)[0]}
@@ -194,11 +195,12 @@ def worker(step: str, n: int, latency_s: float) -> dict[str, Any]:
         else:
             parts = _judge_reports(n, tmp)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"step": step, "n": n, "parts": parts, "rss_before_mib": rss_before, "peak_rss_mib": rss}
+    out = {"step": step, "n": n, "parts": parts, "rss_before_mib": rss_before, "peak_rss_mib": rss}
+    return out | {"most_hosts_at_once": fleet.most_busy}
 
 
-def _run_child(step: str, n: int, latency_s: float, budget_s: float) -> dict[str, Any] | None:
-    cmd = [sys.executable, __file__, "--worker", step, str(n), str(latency_s)]
+def _run_child(step: str, n: int, latency_s: float, budget_s: float, parallel: int) -> dict[str, Any] | None:
+    cmd = [sys.executable, __file__, "--worker", step, str(n), str(latency_s), str(parallel)]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=budget_s * 3, cwd=ROOT)
     except subprocess.TimeoutExpired:
@@ -210,12 +212,12 @@ def _run_child(step: str, n: int, latency_s: float, budget_s: float) -> dict[str
 
 
 def measure(
-    sizes: list[int], latency_s: float, budget_s: float, steps: tuple[str, ...] = STEPS
+    sizes: list[int], latency_s: float, budget_s: float, steps: tuple[str, ...] = STEPS, parallel: int = 0
 ) -> tuple[list[dict[str, Any]], list[str]]:
     rows, skipped = [], []
     for step in steps:
         for n in sizes:
-            figures = _run_child(step, n, latency_s, budget_s)
+            figures = _run_child(step, n, latency_s, budget_s, parallel)
             if figures is None:
                 skipped.append(f"{step}: killed at {n} hosts after {budget_s * 3:.0f} s; larger sizes not run")
                 break
@@ -282,11 +284,12 @@ def main() -> int:
     p.add_argument("--latency-s", type=float, default=0.05, help="each simulated command's latency")
     p.add_argument("--budget-s", type=float, default=60.0, help="a step over this is not run at larger sizes")
     p.add_argument("--steps", default=",".join(STEPS), help=f"steps to measure, comma separated ({', '.join(STEPS)})")
-    p.add_argument("--worker", nargs=3, metavar=("STEP", "N", "LATENCY"), help=argparse.SUPPRESS)
+    p.add_argument("--parallel", type=int, default=0, help="the fleet's parallel setting (0: pyinfra's choice)")
+    p.add_argument("--worker", nargs=4, metavar=("STEP", "N", "LATENCY", "PARALLEL"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
-        step, n, latency = args.worker
-        print(json.dumps(worker(step, int(n), float(latency))))
+        step, n, latency, parallel = args.worker
+        print(json.dumps(worker(step, int(n), float(latency), int(parallel))))
         return 0
     sizes = [int(s) for s in args.sizes.split(",")]
     start = time.monotonic()
@@ -294,7 +297,7 @@ def main() -> int:
     unknown = sorted(set(steps) - set(STEPS))
     if unknown:
         p.error(f"--steps: unknown {', '.join(unknown)}; choose from {', '.join(STEPS)}")
-    rows, skipped = measure(sizes, args.latency_s, args.budget_s, steps)
+    rows, skipped = measure(sizes, args.latency_s, args.budget_s, steps, args.parallel)
     print(table(rows, sizes))
     for line in skipped:
         print(f"- not run: {line}")
