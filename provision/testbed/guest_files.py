@@ -77,6 +77,25 @@ PermitRootLogin prohibit-password
 UseDNS no
 """
 
+# chrony's configuration, in place before the base step installs chrony (dpkg keeps a
+# conffile it finds, with the --force-confold pyinfra's apt passes): Debian's own names the
+# public NTP pool, and a testbed VM reaches nothing outside this machine but the package
+# mirror. No source at all: the VMs boot with the host's clock, and `ntp_servers` in the
+# inventory still adds servers through /etc/chrony/sources.d, as on a real host.
+CHRONY_CONF = """# provision testbed: Debian's chrony.conf without its public pool (see guest_files.py)
+confdir /etc/chrony/conf.d
+sourcedir /run/chrony-dhcp
+sourcedir /etc/chrony/sources.d
+keyfile /etc/chrony/chrony.keys
+driftfile /var/lib/chrony/chrony.drift
+ntsdumpdir /var/lib/chrony
+logdir /var/log/chrony
+maxupdateskew 100.0
+rtcsync
+makestep 1 3
+leapsectz right/UTC
+"""
+
 INTERFACES = """# provision testbed: eth0 and eth1 are configured by systemd-networkd
 # (/etc/systemd/network/, written from the seed disk at boot).
 auto lo
@@ -116,6 +135,7 @@ def image_files(label: str, apt_sources: str) -> dict[str, tuple[str, int]]:
         "etc/network/interfaces": (INTERFACES, 0o644),
         "etc/apt/sources.list.d/debian.sources": (apt_sources, 0o644),
         "etc/ssh/sshd_config.d/provision-testbed.conf": (SSHD_CONFIG, 0o644),
+        "etc/chrony/chrony.conf": (CHRONY_CONF, 0o644),
         "usr/local/sbin/provision-seed": (SEED_SCRIPT, 0o755),
         "etc/systemd/system/provision-seed.service": (SEED_UNIT, 0o644),
         "etc/initramfs-tools/conf.d/provision-testbed.conf": (INITRAMFS_CONF, 0o644),

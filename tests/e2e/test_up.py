@@ -23,6 +23,17 @@ def test_up_brings_every_host_through_its_steps(provisioned) -> None:
         assert host.rebooted is False
 
 
+def test_the_vms_chrony_asks_no_public_time_server(provisioned, testbed) -> None:
+    # The base step installed chrony over the image's chrony.conf (dpkg kept it): a testbed
+    # VM reaches nothing outside this machine but the package mirror (guest_files.CHRONY_CONF).
+    for node in inventory.load(testbed.inventory_path).nodes:
+        assert sh(node, "systemctl is-active chrony").strip() == "active"
+        assert sh(node, "head -n 1 /etc/chrony/chrony.conf").startswith("# provision testbed")
+        # What chronyd reads: no pool or server line in its configuration or its sources.d.
+        named = sh(node, "cat /etc/chrony/chrony.conf /etc/chrony/sources.d/* 2>/dev/null || true")
+        assert not [line for line in named.splitlines() if line.split()[:1] in (["pool"], ["server"])], named
+
+
 def test_plan_after_up_shows_no_changes_and_changes_nothing(provisioned, testbed) -> None:
     cluster = inventory.load(testbed.inventory_path)
     before = {n.name: remote.run(n, FINGERPRINT).stdout for n in cluster.nodes}

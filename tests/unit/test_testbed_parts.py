@@ -82,6 +82,12 @@ def test_baked_rootfs_has_no_host_key_and_the_seed_unit_enabled(tmp_path: Path) 
     assert "URIs: http://mirror.test/debian" in (tmp_path / "etc/apt/sources.list.d/debian.sources").read_text()
     assert (tmp_path / "etc/fstab").read_text().startswith(f"LABEL={_recipe().label} / ext4")
     assert (tmp_path / "etc/machine-id").read_text() == ""
+    # The VMs' chrony names no public NTP server: they reach nothing outside this machine but
+    # the package mirror. Its sources come only from sources.d (ntp_servers) and DHCP.
+    chrony = (tmp_path / "etc/chrony/chrony.conf").read_text()
+    sources = [line.split()[0] for line in chrony.splitlines() if line and not line.startswith("#")]
+    assert not {"pool", "server", "peer"} & set(sources)
+    assert "sourcedir /etc/chrony/sources.d" in chrony
 
 
 def test_node_networks_are_matched_by_mac_with_the_route_on_eth0_only() -> None:
