@@ -77,8 +77,10 @@ PermitRootLogin prohibit-password
 UseDNS no
 """
 
-# chrony's configuration, in place before the base step installs chrony (dpkg keeps a
-# conffile it finds, with the --force-confold pyinfra's apt passes): Debian's own names the
+# chrony's configuration, in place before the base step installs chrony (chrony's postinst
+# hands the file to ucf, which keeps one it finds and writes its own beside it as
+# chrony.conf.ucf-dist: checked in a bookworm chroot with apt's options of the base step).
+# Debian's own names the
 # public NTP pool, and a testbed VM reaches nothing outside this machine but the package
 # mirror. No source at all: the VMs boot with the host's clock, and `ntp_servers` in the
 # inventory still adds servers through /etc/chrony/sources.d, as on a real host.

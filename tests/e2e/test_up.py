@@ -24,7 +24,7 @@ def test_up_brings_every_host_through_its_steps(provisioned) -> None:
 
 
 def test_the_vms_chrony_asks_no_public_time_server(provisioned, testbed) -> None:
-    # The base step installed chrony over the image's chrony.conf (dpkg kept it): a testbed
+    # The base step installed chrony over the image's chrony.conf (ucf kept it): a testbed
     # VM reaches nothing outside this machine but the package mirror (guest_files.CHRONY_CONF).
     for node in inventory.load(testbed.inventory_path).nodes:
         assert sh(node, "systemctl is-active chrony").strip() == "active"
