@@ -59,8 +59,9 @@ def up_rows(events: list[dict], label: str = "shared up") -> list[tuple[str, flo
         return [(f"{label}: from the snapshot {cached[0].get('key')} (not run)", 0.0)] if cached else []
     last_done: dict[str, float] = {}
     for e in events:
-        if e["kind"] == "up" and e["name"] == label and e["text"].endswith((": done", ": skipped")):
-            step = e["text"].split(":", 1)[0]
+        # "base: done, 15 changed", "nvidia: skipped (no NVIDIA GPU...)": a host's last line of a step
+        step, _, status = e["text"].partition(": ") if e["kind"] == "up" and e["name"] == label else ("", "", "")
+        if status.startswith(("done", "skipped")):
             last_done[step] = max(last_done.get(step, 0.0), e["t"])
     rows, before = [], start
     for step, end in sorted(last_done.items(), key=lambda kv: kv[1]):
@@ -72,6 +73,9 @@ def up_rows(events: list[dict], label: str = "shared up") -> list[tuple[str, flo
         saved = [e["t"] for e in events if e["kind"] == "phase" and e["name"] == "snapshot saved"]
         if saved:
             rows.append(("snapshot saved (power off, copy the disks, boot again)", saved[0] - end))
+        for e in events:
+            if e["kind"] == "snapshot" and e["name"] == "save" and e.get("saved") is False:
+                rows.append((f"snapshot not saved: {e.get('why', '')}", 0.0))
     return rows
 
 
