@@ -59,8 +59,10 @@ def up_rows(events: list[dict], label: str = "shared up") -> list[tuple[str, flo
         return [(f"{label}: from the snapshot {cached[0].get('key')} (not run)", 0.0)] if cached else []
     last_done: dict[str, float] = {}
     for e in events:
+        if e["kind"] != "up" or e["name"] != label:
+            continue
         # "base: done, 15 changed", "nvidia: skipped (no NVIDIA GPU...)": a host's last line of a step
-        step, _, status = e["text"].partition(": ") if e["kind"] == "up" and e["name"] == label else ("", "", "")
+        step, _, status = e["text"].partition(": ")
         if status.startswith(("done", "skipped")):
             last_done[step] = max(last_done.get(step, 0.0), e["t"])
     rows, before = [], start

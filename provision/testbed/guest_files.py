@@ -128,6 +128,9 @@ ENABLED_UNITS = (
 )
 
 
+APT_SOURCES = "etc/apt/sources.list.d/debian.sources"  # the guest's sources, inside the rootfs
+
+
 def image_files(label: str, apt_sources: str) -> dict[str, tuple[str, int]]:
     """Path inside the rootfs -> (content, mode) for the shared base image."""
     return {
@@ -135,7 +138,7 @@ def image_files(label: str, apt_sources: str) -> dict[str, tuple[str, int]]:
         "etc/resolv.conf": (f"nameserver {USER_NET_DNS}\n", 0o644),
         "etc/machine-id": ("", 0o444),  # empty: each node makes its own on first boot
         "etc/network/interfaces": (INTERFACES, 0o644),
-        "etc/apt/sources.list.d/debian.sources": (apt_sources, 0o644),
+        APT_SOURCES: (apt_sources, 0o644),
         "etc/ssh/sshd_config.d/provision-testbed.conf": (SSHD_CONFIG, 0o644),
         "etc/chrony/chrony.conf": (CHRONY_CONF, 0o644),
         "usr/local/sbin/provision-seed": (SEED_SCRIPT, 0o755),

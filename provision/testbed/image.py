@@ -236,7 +236,7 @@ def _bring_up_to_date(rootfs: Path, recipe: Recipe) -> None:
     `upgrade`, not `dist-upgrade`: a kernel of a new ABI is a new package and stays out, so
     the image keeps one kernel. policy-rc.d keeps maintainer scripts from starting services
     in the chroot; the host's resolv.conf (debootstrap's copy) reaches the mirror."""
-    sources = rootfs / "etc/apt/sources.list.d/debian.sources"
+    sources = rootfs / guest_files.APT_SOURCES  # the guests' own (configure_rootfs writes it again)
     sources.parent.mkdir(parents=True, exist_ok=True)
     sources.write_text(recipe.apt_sources)
     (rootfs / "etc/apt/sources.list").unlink(missing_ok=True)
