@@ -22,6 +22,7 @@ from provision.facts.probes import HostKeys
 from provision.facts.stack import BACKUP_STAMP
 from provision.inventory import Cluster, Node
 from provision.operations.apt import install
+from provision.operations.stamps import follow_up
 from provision.resources import render_template
 from provision.rules import backups as backup
 
@@ -148,10 +149,17 @@ def client_secrets(node: Node, cluster: Cluster) -> None:
 
 def backup_unit(node: Node, cluster: Cluster) -> None:
     changed = []
-    for path, text in unit_files(node, cluster).items():
+    units = unit_files(node, cluster)
+    for path, text in units.items():
         mode = "755" if path.startswith("/usr/local/sbin/") else "644"
         changed.append(files.put(name=f"{path}", dest=path, src=StringIO(text), mode=mode))
-    systemd.daemon_reload(name="Reload systemd (backup units)", _if=lambda: any(c.did_change() for c in changed))
+    follow_up(
+        "Reload systemd (backup units)",
+        "backup-units",
+        [f"{path}\n{text}" for path, text in sorted(units.items())],
+        ["systemctl daemon-reload"],
+        lambda: any(c.did_change() for c in changed),
+    )
     systemd.service(name=f"{backup.TIMER} enabled", service=backup.TIMER, running=True, enabled=True)
 
 

@@ -18,11 +18,14 @@ from pyinfra.facts.files import FileContents
 from pyinfra.operations import apt, files, server, systemd
 
 from provision.engine import Step, current_cluster, current_node, note, put_secret
+from provision.facts import chrony
 from provision.facts.probes import CloudInitFact, DpkgInterrupted, HostKeys
 from provision.inventory import Cluster, Node
+from provision.operations import time_sync as time_sync_ops
 from provision.operations.accounts import training_account
 from provision.operations.hosts import HOSTS_MARKER, hosts_first, shadowing_lines
-from provision.resources import templates_dir
+from provision.operations.stamps import follow_up
+from provision.resources import render_template, templates_dir
 from provision.rules.packages import BASE_PACKAGES, UNATTENDED_BLACKLIST
 from provision.settings import Settings
 from provision.state import generated_key, inventory_dir
@@ -31,7 +34,6 @@ SYSCTL_FILE = "/etc/sysctl.d/90-provision-network.conf"
 LIMITS_FILE = "/etc/security/limits.d/90-provision.conf"
 UNATTENDED_FILE = "/etc/apt/apt.conf.d/51provision-unattended-upgrades"
 APT_LOCK_FILE = "/etc/apt/apt.conf.d/90provision-dpkg-lock-timeout"
-CHRONY_SOURCES = "/etc/chrony/sources.d/provision.sources"
 CLOUD_INIT_HOSTS = "/etc/cloud/cloud.cfg.d/99-provision-etc-hosts.cfg"
 CLOUD_INIT_TEXT = """\
 # Written by provision. cloud-init must not rewrite /etc/hosts at boot: it would drop the
@@ -136,20 +138,29 @@ def packages(node: Node) -> None:
 
 
 def time_sync(node: Node) -> None:
+    """chrony with the inventory's ntp_servers as its only sources, or the distribution's
+    pool when there are none (operations/time_sync.py)."""
     servers = node.settings.ntp_servers
+    text = render_template("base/chrony-sources.j2", servers=servers) if servers else ""
     sources = (
-        files.template(
-            name="chrony servers (ntp_servers)",
-            src=str(templates_dir() / "base" / "chrony-sources.j2"),
-            dest=CHRONY_SOURCES,
-            servers=servers,
-        )
+        files.put(name="chrony servers (ntp_servers)", dest=chrony.OURS, src=StringIO(text))
         if servers
-        else files.file(name="chrony: distribution pool (no ntp_servers)", path=CHRONY_SOURCES, present=False)
+        else files.file(name="chrony: distribution pool (no ntp_servers)", path=chrony.OURS, present=False)
+    )
+    pools = time_sync_ops.distribution_sources(
+        name="chrony: distribution pool " + ("parked (ntp_servers)" if servers else "in force"),
+        present=not servers,
+        sources=host.get_fact(chrony.ChronySourcesFact),
     )
     systemd.service(name="chrony running", service="chrony", running=True, enabled=True)
-    systemd.service(
-        name="chrony: reload servers", service="chrony", running=None, restarted=True, _if=sources.did_change
+    # chrony reads its sources at start: restarted when they changed, in this run or in
+    # one stopped before it got here (the stamp holds the sources it last restarted for).
+    follow_up(
+        "chrony: reload servers",
+        "chrony-sources",
+        [text, "pool parked" if servers else "pool in force"],
+        ["systemctl restart chrony"],
+        lambda: sources.did_change() or pools.did_change(),
     )
 
 
@@ -161,10 +172,11 @@ def system_settings() -> None:
         dest=LIMITS_FILE,
         nofile=node.settings.nofile_limit,
     )
-    sysctl = files.template(
-        name="networking sysctls", dest=SYSCTL_FILE, src=str(templates_dir() / "base" / "sysctl-network.conf.j2")
+    sysctl_text = render_template("base/sysctl-network.conf.j2")
+    sysctl = files.put(name="networking sysctls", dest=SYSCTL_FILE, src=StringIO(sysctl_text))
+    follow_up(
+        "apply networking sysctls", "sysctl-network", [sysctl_text], [f"sysctl -q -p {SYSCTL_FILE}"], sysctl.did_change
     )
-    server.shell(name="apply networking sysctls", commands=[f"sysctl -q -p {SYSCTL_FILE}"], _if=sysctl.did_change)
     files.template(
         name="unattended-upgrades: never NVIDIA/CUDA",
         src=str(templates_dir() / "base" / "unattended-upgrades.j2"),

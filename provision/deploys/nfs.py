@@ -142,7 +142,13 @@ def nfs_server(settings: Settings) -> None:
             replace=bind_fstab_line(settings),
             extended_regex=True,
         )
-        systemd.daemon_reload(name="Reload systemd (fstab changed)", _if=bind.did_change)
+        follow_up(
+            "Reload systemd (fstab changed)",
+            "nfs-server-fstab",
+            [bind_fstab_line(settings)],
+            ["systemctl daemon-reload"],
+            bind.did_change,
+        )
         _mount_now(settings.nfs_mount_root)
 
 

@@ -13,7 +13,7 @@ from io import StringIO
 
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.operations import apt, files, server, systemd
+from pyinfra.operations import apt, files, server
 
 from provision.engine import Step, current_node, note, refuse, skip
 from provision.facts.apt import AptSourceFiles
@@ -22,7 +22,7 @@ from provision.facts.probes import HostProbe, Probe, lock_wait_command
 from provision.facts.system import Os, OsInfo
 from provision.operations.nvidia import apt_pinned, driver_daemon, fabricmanager, held, verified_download
 from provision.operations.stamps import follow_up
-from provision.resources import templates_dir
+from provision.resources import render_template, templates_dir
 from provision.rules import packages as pkgs
 from provision.rules.nvidia import applies, driver_choice, other_sources, skip_reason, wants_fabricmanager
 from provision.settings import Settings, nccl_version_pattern
@@ -187,16 +187,21 @@ def driver(settings: Settings, choice: pkgs.DriverChoice, gpus: Gpus) -> list[st
 
 
 def daemons(settings: Settings, gpus: Gpus, hold: list[str]) -> None:
-    dropin = files.template(
-        name="nvidia-persistenced: persistence mode on",
-        src=str(templates_dir() / "nvidia" / "persistenced-override.conf.j2"),
-        dest=PERSISTENCED_DROPIN,
-        mode="644",
+    dropin_text = render_template("nvidia/persistenced-override.conf.j2")
+    dropin = files.put(
+        name="nvidia-persistenced: persistence mode on", src=StringIO(dropin_text), dest=PERSISTENCED_DROPIN, mode="644"
     )
-    systemd.daemon_reload(name="systemd daemon-reload (persistenced drop-in)", _if=dropin.did_change)
-    # persistenced like fabric manager: with no reboot to come, only this run starts it,
-    # or restarts it so the drop-in's persistence mode takes effect.
-    driver_daemon(name="nvidia-persistenced enabled", service="nvidia-persistenced", config_changed=dropin.did_change)
+    # A running daemon is restarted so the drop-in's persistence mode takes effect now (one
+    # that is not running is left to driver_daemon); after a run stopped before this, too.
+    follow_up(
+        "systemd daemon-reload (persistenced drop-in)",
+        "nvidia-persistenced-dropin",
+        [dropin_text],
+        ["systemctl daemon-reload", "systemctl try-restart nvidia-persistenced.service"],
+        dropin.did_change,
+    )
+    # persistenced like fabric manager: with no reboot to come, only this run starts it.
+    driver_daemon(name="nvidia-persistenced enabled", service="nvidia-persistenced")
     if wants_fabricmanager(settings, gpus):
         # Without it an NVSwitch host's CUDA fails (error 802, system not yet initialized).
         driver_daemon(name="nvidia-fabricmanager enabled", service="nvidia-fabricmanager")

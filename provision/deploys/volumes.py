@@ -165,7 +165,13 @@ def _mount(settings: Settings, fs_uuid: str) -> None:
         extended_regex=True,
     )
     mounted = mount in (host.get_fact(Mounts) or {})
-    server.shell(name="Reload systemd (fstab changed)", commands=["systemctl daemon-reload"], _if=fstab.did_change)
+    follow_up(
+        "Reload systemd (fstab changed)",
+        "volumes-fstab",
+        [fstab_line(fs_uuid, settings)],
+        ["systemctl daemon-reload"],
+        fstab.did_change,
+    )
     if not mounted:
         server.shell(name=f"Mount {mount}", commands=[f"mount {shlex.quote(mount)}"])
     files.put(

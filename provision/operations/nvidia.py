@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import fnmatch
 import shlex
-from collections.abc import Callable, Generator
+from collections.abc import Generator
 from typing import Any
 
 from pyinfra import host
@@ -133,13 +133,12 @@ def verified_download(
 
 
 @operation()
-def driver_daemon(service: str, config_changed: Callable[[], bool] | None = None) -> Generator[Any, None, None]:
+def driver_daemon(service: str) -> Generator[Any, None, None]:
     """Enable a daemon that needs the NVIDIA kernel module; start it too when the kernel
     runs the installed module (read at execution time, after the install), since then no
     reboot follows to start it. After a driver install or upgrade the module is not
     loaded, or an older one is, and a daemon started now would fail on the version
-    mismatch: it stays enabled only, for the reboot. ``config_changed``: restart a
-    running daemon when its configuration changed in this run."""
+    mismatch: it stays enabled only, for the reboot. (A changed configuration restarts a
+    running daemon through its own follow-up: deploys/nvidia.py.)"""
     live = host.get_fact(RebootProbe).runs_installed_module
-    restart = bool(live and config_changed and host.state.is_executing and config_changed())
-    yield from systemd.service._inner(service=service, running=True if live else None, enabled=True, restarted=restart)
+    yield from systemd.service._inner(service=service, running=True if live else None, enabled=True)

@@ -1,5 +1,6 @@
 """The base deploy's shell run for real: the /etc/hosts rewrite on a file, the cloud-init
-probe on a tree, the training key generated with ssh-keygen."""
+probe on a tree, the training key generated with ssh-keygen, chrony's pools parked and
+brought back on a copy of Debian's chrony.conf."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from provision.deploys import base
-from provision.facts import probes
+from provision.facts import chrony, probes
 from provision.operations import hosts as hosts_ops
-from tests.helpers.deploy_facts import FakeHost, os_info, plan_with_facts
+from provision.operations import time_sync
+from tests.helpers.deploy_facts import FIXTURES, FakeHost, os_info, plan_with_facts
 from tests.unit.test_deploy_base import (
     INSTALLER_HOSTS,
     by_name,
@@ -87,3 +89,67 @@ def test_the_cloud_init_probe_finds_the_setting_in_user_and_vendor_data(tmp_path
         f.unlink()
     out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True).stdout
     assert probes.parse_cloud_init(out.splitlines()) == probes.CloudInit(False, ())
+
+
+# Debian 12's own chrony.conf (chrony 4.3-2+deb12u3, as the package installs it), and the
+# shape of Ubuntu 24.04's sources.d pool file (hand-written: two of its pool lines).
+DEBIAN_CHRONY_CONF = FIXTURES / "chrony-conf_debian12-chrony-4.3-2+deb12u3.conf"
+UBUNTU_STYLE_POOLS = (
+    "# Ubuntu-style pool file (hand-written)\n"
+    "pool ntp.ubuntu.com iburst maxsources 4\n"
+    "  pool 1.ubuntu.pool.ntp.org iburst maxsources 1\n"
+)
+
+
+def _chrony_tree(root: Path) -> tuple[Path, Path, Path]:
+    etc = root / "etc" / "chrony"
+    (etc / "sources.d").mkdir(parents=True)
+    conf, pools = etc / "chrony.conf", etc / "sources.d" / "ubuntu-ntp-pools.sources"
+    ours = etc / "sources.d" / "provision.sources"
+    conf.write_bytes(DEBIAN_CHRONY_CONF.read_bytes())
+    pools.write_text(UBUNTU_STYLE_POOLS)
+    ours.write_text("server 10.0.0.1 iburst\n")
+    return conf, pools, ours
+
+
+def _on_tree(command: str, root: Path) -> subprocess.CompletedProcess[str]:
+    """A chrony command of the deploy, run by sh with /etc/chrony moved under ``root``."""
+    text = command.replace("/etc/chrony", str(root / "etc" / "chrony"))
+    return subprocess.run(["sh", "-c", text], capture_output=True, text=True, timeout=30, check=True)
+
+
+def _fact_on_tree(root: Path) -> chrony.ChronySources:
+    """The chrony fact read on the tree under ``root``, its paths told as on a host."""
+    fact = chrony.ChronySourcesFact()
+    return fact.process(_on_tree(fact.command(), root).stdout.replace(str(root), "").splitlines())
+
+
+def test_ntp_servers_park_the_distributions_pools_and_bring_them_back_unchanged(tmp_path: Path) -> None:
+    conf, pools, ours = _chrony_tree(tmp_path)
+    before = {p: p.read_bytes() for p in (conf, pools, ours)}
+    assert _fact_on_tree(tmp_path) == chrony.ChronySources(live=True, parked=False, no_conf=False)
+
+    _on_tree(time_sync.park_command(), tmp_path)
+    assert "#provision-ntp_servers: pool 2.debian.pool.ntp.org iburst\n" in conf.read_text()
+    assert pools.read_text().splitlines()[1:] == [
+        "#provision-ntp_servers: pool ntp.ubuntu.com iburst maxsources 4",
+        "#provision-ntp_servers:   pool 1.ubuntu.pool.ntp.org iburst maxsources 1",
+    ]
+    assert ours.read_bytes() == before[ours]  # our own server is never parked
+    # Nothing else in chrony.conf moved: the same lines but the pool's.
+    old_lines, new_lines = before[conf].decode().splitlines(), conf.read_text().splitlines()
+    assert len(old_lines) == len(new_lines)
+    changed = [a for a, b in zip(old_lines, new_lines, strict=True) if a != b]
+    assert changed == ["pool 2.debian.pool.ntp.org iburst"]
+    assert _fact_on_tree(tmp_path) == chrony.ChronySources(live=False, parked=True, no_conf=False)
+    _on_tree(time_sync.park_command(), tmp_path)  # a second park is a no-op
+    assert "#provision-ntp_servers: #provision" not in conf.read_text()
+
+    _on_tree(time_sync.unpark_command(), tmp_path)
+    assert {p: p.read_bytes() for p in (conf, pools, ours)} == before
+
+
+def test_the_chrony_fact_says_when_chrony_is_not_installed_yet(tmp_path: Path) -> None:
+    (tmp_path / "etc" / "chrony").mkdir(parents=True)
+    assert _fact_on_tree(tmp_path) == chrony.ChronySources(live=False, parked=False, no_conf=True)
+    _on_tree(time_sync.park_command(), tmp_path)  # nothing to park, and no error

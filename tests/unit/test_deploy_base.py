@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import hashlib
 from dataclasses import replace
 from pathlib import Path
 
@@ -11,8 +12,11 @@ import pytest
 from provision import engine
 from provision.deploys import base
 from provision.facts import probes
+from provision.facts.chrony import NO_CONF, ChronySources, parse_chrony_sources
 from provision.inventory import Cluster
 from provision.operations import hosts as hosts_ops
+from provision.operations import stamps, time_sync
+from provision.resources import render_template
 from provision.rules.packages import BASE_PACKAGES
 from provision.state import inventory_dir
 from tests.helpers.deploy_facts import FIXTURES, FakeHost, node, os_info, plan_with_facts
@@ -138,15 +142,83 @@ def test_sysctls_are_each_commented_and_applied_only_when_changed() -> None:
         above = lines[lines.index(setting) - 1]
         assert above.startswith("#") or "=" in above, f"{setting} has no comment"
     ops, _ = plan_with_facts(base.step, cluster().nodes[0], FakeHost(Os=os_info("debian-12-bookworm")), cluster())
-    assert by_name(ops)["apply networking sysctls"].commands == ["sysctl -q -p /etc/sysctl.d/90-provision-network.conf"]
+    assert by_name(ops)["apply networking sysctls"].commands == [
+        "sysctl -q -p /etc/sysctl.d/90-provision-network.conf",
+        stamps.stamp_command("sysctl-network", stamps.digest([text])),
+    ]
 
 
-def test_ntp_servers_setting_writes_chrony_sources() -> None:
-    n = node("node1", ntp_servers=["time1.example.org", "time2.example.org"])
-    ops, _ = plan_with_facts(base.step, n, FakeHost(Os=os_info("debian-12-bookworm")), Cluster(Path("inv.py"), (n,)))
-    diff = by_name(ops)["chrony servers (ntp_servers)"].diffs[0]
+def _chrony_plan(sources: ChronySources, stamp: str | None = None, **settings: object) -> dict[str, engine.PlannedOp]:
+    n = node("node1", **settings)
+    fake = FakeHost(Os=os_info("debian-12-bookworm"), ChronySourcesFact=sources, Stamp=stamp)
+    ops, _ = plan_with_facts(base.step, n, fake, Cluster(Path("inv.py"), (n,)))
+    return {k: v for k, v in by_name(ops).items() if "chrony" in k}
+
+
+SERVERS = ["time1.example.org", "time2.example.org"]
+FILE_IN_PLACE = {"mtime": datetime.datetime(2026, 1, 1), "mode": 644, "user": "root", "group": "root", "size": 1}
+SOURCES_TEXT = render_template("base/chrony-sources.j2", servers=SERVERS)
+
+
+def test_ntp_servers_setting_writes_chrony_sources_and_parks_the_distributions_pool() -> None:
+    ops = _chrony_plan(ChronySources(live=True, parked=False, no_conf=False), ntp_servers=SERVERS)
+    diff = ops["chrony servers (ntp_servers)"].diffs[0]
     assert "+server time1.example.org iburst" in diff
     assert "+server time2.example.org iburst" in diff
+    assert ops["chrony: distribution pool parked (ntp_servers)"].commands == [time_sync.park_command()]
+    (restart, stamp) = ops["chrony: reload servers"].commands
+    assert restart == "systemctl restart chrony"
+    assert stamp.startswith("mkdir -p /var/lib/provision/stamps && ")
+
+
+def test_on_a_host_without_chrony_yet_the_pool_is_parked_once_the_package_put_it_there() -> None:
+    # Facts are read before the package install: chrony.conf is not there yet.
+    ops = _chrony_plan(ChronySources(live=False, parked=False, no_conf=True), ntp_servers=SERVERS)
+    assert ops["chrony: distribution pool parked (ntp_servers)"].commands == [time_sync.park_command()]
+    assert _chrony_plan(ChronySources(no_conf=True)).keys() == {"chrony running", "chrony: reload servers"}
+
+
+def test_ntp_servers_emptied_brings_the_parked_pool_back() -> None:
+    ops = _chrony_plan(ChronySources(live=False, parked=True, no_conf=False))
+    assert ops["chrony: distribution pool in force"].commands == [time_sync.unpark_command()]
+    assert "chrony: reload servers" in ops
+
+
+def test_chrony_converged_with_ntp_servers_changes_nothing() -> None:
+    done = stamps.digest([SOURCES_TEXT, "pool parked"])
+    fake = FakeHost(
+        Os=os_info("debian-12-bookworm"),
+        ChronySourcesFact=ChronySources(live=False, parked=True, no_conf=False),
+        Stamp=done,
+        File=FILE_IN_PLACE,
+        Directory={"mode": 755, "user": "root", "group": "root"},
+        Sha1File=hashlib.sha1(SOURCES_TEXT.encode()).hexdigest(),
+        SystemdStatus={"chrony.service": True},
+        SystemdEnabled={"chrony.service": True},
+    )
+    n = node("node1", ntp_servers=SERVERS)
+    ops, _ = plan_with_facts(base.step, n, fake, Cluster(Path("inv.py"), (n,)))
+    # (Its restart is guarded by _if, so a plan lists it after any other change.)
+    assert [k for k in by_name(ops) if "chrony" in k and k != "chrony: reload servers"] == []
+
+
+def test_chrony_is_restarted_after_a_run_stopped_before_its_restart() -> None:
+    # The sources file is right and the pool parked, but the stamp is an older one's: the
+    # run that changed them was killed before chrony was restarted.
+    ops = _chrony_plan(ChronySources(live=False, parked=True, no_conf=False), "an older digest", ntp_servers=SERVERS)
+    assert ops["chrony: reload servers"].commands[0] == "systemctl restart chrony"
+
+
+def test_chrony_fact_reads_only_the_kinds_of_lines_never_ours() -> None:
+    lines = [
+        "/etc/chrony/chrony.conf:pool 2.debian.pool.ntp.org iburst",
+        "/etc/chrony/sources.d/provision.sources:server 10.0.0.1 iburst",
+    ]
+    assert parse_chrony_sources(lines) == ChronySources(live=True, parked=False, no_conf=False)
+    assert parse_chrony_sources(lines[1:]) == ChronySources(live=False, parked=False, no_conf=False)
+    parked = ["/etc/chrony/sources.d/ubuntu-ntp-pools.sources:#provision-ntp_servers: pool ntp.ubuntu.com iburst"]
+    assert parse_chrony_sources(parked) == ChronySources(live=False, parked=True, no_conf=False)
+    assert parse_chrony_sources([NO_CONF]) == ChronySources(live=False, parked=False, no_conf=True)
 
 
 def test_packages_and_cache_already_current_change_nothing() -> None:

@@ -6,12 +6,10 @@ import hashlib
 import subprocess
 from dataclasses import replace
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from pyinfra.api.util import get_template
-from pyinfra.operations import systemd
 
 from provision import engine
 from provision.deploys import nvidia
@@ -468,7 +466,10 @@ class SetUpHost(FakeHost):
         )
 
         # Its follow-ups ran for these files (update-initramfs after the blacklist).
-        self.stamps = {"initramfs-nouveau": stamps.digest([BLACKLIST.read_text()])}
+        self.stamps = {
+            "initramfs-nouveau": stamps.digest([BLACKLIST.read_text()]),
+            "nvidia-persistenced-dropin": stamps.digest([PERSISTENCED_DROPIN.read_text()]),
+        }
 
     def __call__(self, cls: type, kwargs: dict[str, Any]) -> Any:
         if cls.__name__ == "Sha1File":
@@ -479,6 +480,7 @@ class SetUpHost(FakeHost):
 
 
 BLACKLIST = templates_dir() / "nvidia" / "blacklist-nouveau.conf.j2"
+PERSISTENCED_DROPIN = templates_dir() / "nvidia" / "persistenced-override.conf.j2"
 NOUVEAU_STAMP = stamps.stamp_command("initramfs-nouveau", stamps.digest([BLACKLIST.read_text()]))
 
 
@@ -573,30 +575,18 @@ def test_daemons_start_only_when_the_kernel_runs_the_installed_driver() -> None:
         assert ops["nvidia-fabricmanager enabled"].commands == ["systemctl enable nvidia-fabricmanager.service"]
 
 
-def test_running_persistenced_is_restarted_when_its_drop_in_changed(monkeypatch: pytest.MonkeyPatch) -> None:
-    """At execution time, on the loaded driver: the drop-in's persistence mode takes
-    effect now, not at the next reboot."""
-    fake = FakeHost(
-        RebootProbe=parse_reboot_state(["loaded=580.95.05", "installed=580.95.05"]),
-        SystemdStatus={"nvidia-persistenced.service": True},
-        SystemdEnabled={"nvidia-persistenced.service": True},
-    )
-    executing = SimpleNamespace(
-        get_fact=lambda cls, **kwargs: fake(cls, kwargs),
-        noop=lambda text: None,
-        state=SimpleNamespace(is_executing=True),
-    )
-    monkeypatch.setattr(nvidia_ops, "host", executing)
-    monkeypatch.setattr(systemd, "host", executing)
-
-    def commands(changed: bool) -> list[str]:
-        return [
-            str(c)
-            for c in nvidia_ops.driver_daemon._inner(service="nvidia-persistenced", config_changed=lambda: changed)
-        ]
-
-    assert commands(True) == ["systemctl restart nvidia-persistenced.service"]
-    assert commands(False) == []
+def test_persistenced_is_restarted_if_running_when_its_drop_in_changed_in_this_run_or_a_stopped_one() -> None:
+    """The drop-in's persistence mode takes effect now, not at the next reboot; after a run
+    killed between the drop-in and its restart too (the stamp is not this drop-in's)."""
+    host = SetUpHost()
+    host.stamps["nvidia-persistenced-dropin"] = None
+    ops = {o.name: o for o in plan_with_facts(nvidia.step, node(), host)[0]}
+    assert "NVIDIA stack | nvidia-persistenced: persistence mode on" not in ops, "the file itself is right"
+    assert ops["NVIDIA stack | systemd daemon-reload (persistenced drop-in)"].commands == [
+        "systemctl daemon-reload",
+        "systemctl try-restart nvidia-persistenced.service",
+        stamps.stamp_command("nvidia-persistenced-dropin", stamps.digest([PERSISTENCED_DROPIN.read_text()])),
+    ]
 
 
 def test_the_keyring_is_checked_against_nvidias_published_fingerprint_by_default_before_it_is_moved() -> None:
