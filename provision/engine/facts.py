@@ -21,6 +21,7 @@ from provision.pyinfra_context import held
 FACT_TIMEOUT_S = 120
 CHANNEL_GRACE_S = 5  # past a fact's own deadline, before its host is cut off whatever it waits on
 GATHER_TIMEOUT_S = 300.0
+NO_HOSTS_LEFT = "No hosts remaining!"  # pyinfra's words when it drops the last active host
 
 
 def gather_facts(
@@ -113,9 +114,18 @@ def _host_facts(
     label = ("facts " if len(wanted) > 1 else "fact ") + ", ".join(wanted)  # "facts os, cpu, ..."
     on_event(host.name, label)
     asking[host.name] = label
+    from pyinfra.api.exceptions import PyinfraError
+
     start = time.monotonic()
     try:
         lines = host.get_fact(batch, _timeout=timeout_s)
+    except PyinfraError as e:
+        # pyinfra drops a host whose fact failed or timed out, and raises "No hosts
+        # remaining!" in the greenlet of the last one it drops: that host's own failure,
+        # told below like any other, not an error of its own.
+        if host in state.active_hosts or str(e) != NO_HOSTS_LEFT:
+            return {}, f"{label}: {type(e).__name__}: {e}".rstrip(": ")
+        lines = None
     except Exception as e:  # any error is this host's alone
         return {}, f"{label}: {type(e).__name__}: {e}".rstrip(": ")
     # pyinfra answers a failed fact command with the fact's default (None) and drops the

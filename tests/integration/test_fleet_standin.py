@@ -211,6 +211,23 @@ def test_hosts_frozen_after_login_are_cut_off_at_their_command_deadline_not_the_
     assert took < deadlines["command_timeout_s"] + CHANNEL_GRACE_S + 30 + SLACK_S
 
 
+def test_the_last_host_left_that_times_out_is_reported_timed_out_not_as_no_hosts_remaining(tmp_path):
+    """One host refuses the connection, the other connects and hangs: pyinfra drops the
+    hung one, its last active host, by raising "No hosts remaining!" in that host's own
+    fact call. Its row says it timed out, as any hung host's does (seen in the freeze drill:
+    status named the host that answered slowly "PyinfraError: No hosts remaining!")."""
+    from provision import engine, inventory
+    from provision.facts.host import HOST_FACTS
+
+    fleet = SimulatedFleet({"node-0000": "refuse", "node-0001": "hang"}, latency_s=0.01)
+    with simulated(fleet):
+        inv = fleet.write_inventory(tmp_path / "fleet.py", connect_timeout_s=2, command_timeout_s=2)
+        result = engine.gather_facts(list(inventory.load(inv).nodes), HOST_FACTS)
+    assert "Connection refused" in result.failed["node-0000"]
+    assert result.failed["node-0001"] == "timed out in facts os, cpu, memory, block_devices, nics, gpus after 2 s"
+    assert result.facts == {}
+
+
 @pytest.mark.parametrize(("parallel", "most"), [(7, 7), (0, 40)])
 def test_the_parallel_setting_bounds_the_hosts_worked_on_at_once(tmp_path, cli, parallel, most):
     """parallel = 7: never more than 7 of 60 hosts connecting or answering at one moment,

@@ -1,0 +1,41 @@
+"""Test harness, not product code: `provision up` through its own CLI, killed with SIGKILL
+(a crash, the OOM killer, a lost controller) the moment a named operation is about to start
+on any host: the operation before it has finished there, this one has not been sent.
+
+    python -m tests.e2e.up_killed_at STEP OPERATION INVENTORY [up's options...]
+
+pyinfra tells the run's progress display that an operation starts (engine/collector.py,
+"STEP: <deploy> | OPERATION") before it sends the operation's commands, so the process
+dies at a point a test can name instead of at a moment it guesses. It prints
+``killed at HOST: STEP: OPERATION`` on stderr first.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+from provision.cli import console
+
+
+def main() -> None:
+    step, operation, *up_args = sys.argv[1:]
+    shown = console.HostProgress.__call__
+
+    def progress(self: console.HostProgress, host: str, text: str) -> None:
+        if text.startswith(f"{step}: ") and (text.endswith(f"| {operation}") or text == f"{step}: {operation}"):
+            sys.stderr.write(f"killed at {host}: {text}\n")
+            sys.stderr.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+        shown(self, host, text)
+
+    console.HostProgress.__call__ = progress  # type: ignore[method-assign]
+    sys.argv = ["provision", "up", *up_args, "--progress", "lines"]
+    from provision.cli import main as cli_main
+
+    cli_main()
+
+
+if __name__ == "__main__":
+    main()
