@@ -177,7 +177,9 @@ class Settings:
         2000, "uid and gid of the training user and its group, the same on every node (NFS ownership)", _uid
     )
     nofile_limit: int = knob(NR_OPEN_DEFAULT, "open-files limit for training processes (1 to 1048576)", _nofile)
-    ntp_servers: list[str] = knob([], "chrony's only servers (the distribution's pool is parked); empty keeps the pool", v.each(v.address))
+    ntp_servers: list[str] = knob(
+        [], "chrony's only servers (the distribution's pool is parked); empty keeps the pool", v.each(v.address)
+    )
     apt_cache_valid_s: int = knob(
         86400, "an apt cache younger than this is not updated again (re-runs stay quick)", v.bounded(1, 31_536_000)
     )

@@ -157,7 +157,7 @@ def time_sync(node: Node) -> None:
     # one stopped before it got here (the stamp holds the sources it last restarted for).
     follow_up(
         "chrony: reload servers",
-        "chrony-sources",
+        time_sync_ops.RESTART_STAMP,
         [text, "pool parked" if servers else "pool in force"],
         ["systemctl restart chrony"],
         lambda: sources.did_change() or pools.did_change(),

@@ -186,6 +186,13 @@ def driver(settings: Settings, choice: pkgs.DriverChoice, gpus: Gpus) -> list[st
     return hold
 
 
+# systemctl try-restart leaves a daemon that is not running alone.
+PERSISTENCED_RESTART = (
+    'if [ "$(cat /sys/module/nvidia/version 2>/dev/null)" = "$(modinfo -F version nvidia 2>/dev/null | head -n1)" ]; '
+    "then systemctl try-restart nvidia-persistenced.service; fi"
+)
+
+
 def daemons(settings: Settings, gpus: Gpus, hold: list[str]) -> None:
     dropin_text = render_template("nvidia/persistenced-override.conf.j2")
     dropin = files.put(
@@ -193,11 +200,13 @@ def daemons(settings: Settings, gpus: Gpus, hold: list[str]) -> None:
     )
     # A running daemon is restarted so the drop-in's persistence mode takes effect now (one
     # that is not running is left to driver_daemon); after a run stopped before this, too.
+    # Only on the module that is installed: after a driver upgrade the old one is still
+    # loaded until the reboot, and a daemon restarted on it fails (API mismatch).
     follow_up(
         "systemd daemon-reload (persistenced drop-in)",
         "nvidia-persistenced-dropin",
         [dropin_text],
-        ["systemctl daemon-reload", "systemctl try-restart nvidia-persistenced.service"],
+        ["systemctl daemon-reload", PERSISTENCED_RESTART],
         dropin.did_change,
     )
     # persistenced like fabric manager: with no reboot to come, only this run starts it.

@@ -13,6 +13,8 @@ from pyinfra.api import FactBase
 
 CONF = "/etc/chrony/chrony.conf"
 SOURCES_DIR = "/etc/chrony/sources.d"
+CONF_DIR = "/etc/chrony/conf.d"  # chrony.conf's confdir: an image or an admin may add sources there
+SCANNED = f"{CONF} {SOURCES_DIR}/*.sources {CONF_DIR}/*.conf"  # every file chrony may read sources from
 OURS = f"{SOURCES_DIR}/provision.sources"
 PARKED = "#provision-ntp_servers: "  # the prefix of a line parked while ntp_servers is set
 SOURCE_LINE = r"^[[:space:]]*(pool|server|peer)[[:space:]]"  # ERE, as grep and sed read it
@@ -33,7 +35,7 @@ NO_CONF = "provision: no chrony.conf"
 
 
 def parse_chrony_sources(lines: list[str]) -> ChronySources:
-    """``grep -H`` output (``path:line``) over chrony.conf and sources.d/*.sources, and
+    """``grep -H`` output (``path:line``) over the SCANNED files, and
     NO_CONF when chrony.conf is missing. Only the lines' kinds are read, never a path to
     act on: the operations find the files again themselves."""
     live = parked = False
@@ -53,10 +55,7 @@ class ChronySourcesFact(FactBase[ChronySources]):
 
     def command(self) -> str:
         pattern = shlex.quote(f"{SOURCE_LINE}|^{PARKED}")
-        return (
-            f"[ -e {CONF} ] || echo {shlex.quote(NO_CONF)}; "
-            f"grep -HE {pattern} {CONF} {SOURCES_DIR}/*.sources 2>/dev/null || true"
-        )
+        return f"[ -e {CONF} ] || echo {shlex.quote(NO_CONF)}; grep -HE {pattern} {SCANNED} 2>/dev/null || true"
 
     @staticmethod
     def default() -> ChronySources:

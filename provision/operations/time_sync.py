@@ -2,7 +2,8 @@
 
 A server of ours added beside the distribution's pool leaves chrony asking the public pool
 too (Debian's ``pool 2.debian.pool.ntp.org``, Ubuntu's ``pool ntp.ubuntu.com``, in
-chrony.conf or, on Ubuntu 24.04, in /etc/chrony/sources.d/ubuntu-ntp-pools.sources): on an
+chrony.conf or, on Ubuntu 24.04, in /etc/chrony/sources.d/ubuntu-ntp-pools.sources; or an
+image's own in /etc/chrony/conf.d): on an
 isolated cluster that is a source that never answers, and where the pool is reachable
 chrony may pick it over the site's servers. So with ``ntp_servers`` set, every other
 ``pool``/``server``/``peer`` line is parked (commented out behind PARKED, the line kept
@@ -18,17 +19,22 @@ from typing import Any
 
 from pyinfra.api import operation
 
-from provision.facts.chrony import CONF, OURS, PARKED, SOURCE_LINE, SOURCES_DIR, ChronySources
+from provision.facts.chrony import OURS, PARKED, SCANNED, SOURCE_LINE, ChronySources
+from provision.facts.stamps import stamp_path
+
+RESTART_STAMP = "chrony-sources"  # the stamp of chrony's restart (deploys/base.py)
 
 
 def _each_file(edit: str, pattern: str) -> str:
-    """Run ``edit`` (a sed script) on chrony.conf and every sources.d/*.sources holding
-    ``pattern``, ours apart. The files are found when the command runs, not from the
-    fact: on a fresh host chrony's package installs them earlier in the same run."""
+    """Run ``edit`` (a sed script) on each file chrony reads sources from (SCANNED) that
+    holds ``pattern``, ours apart. The files are found when the command runs, not from the
+    fact: on a fresh host chrony's package installs them earlier in the same run. The
+    restart's stamp goes first, so a run stopped after an edit still restarts chrony
+    next time, whatever made the edit necessary (a pool line an upgrade put back)."""
     return (
-        f"for f in {CONF} {SOURCES_DIR}/*.sources; do "
+        f"rm -f {shlex.quote(stamp_path(RESTART_STAMP))}; for f in {SCANNED}; do "
         f'[ -f "$f" ] && [ "$f" != {shlex.quote(OURS)} ] && grep -qE {shlex.quote(pattern)} "$f" || continue; '
-        f'sed -i -E {shlex.quote(edit)} "$f" || exit 1; done'
+        f'sed -i --follow-symlinks -E {shlex.quote(edit)} "$f" || exit 1; done'
     )
 
 

@@ -109,12 +109,18 @@ def _chrony_tree(root: Path) -> tuple[Path, Path, Path]:
     conf.write_bytes(DEBIAN_CHRONY_CONF.read_bytes())
     pools.write_text(UBUNTU_STYLE_POOLS)
     ours.write_text("server 10.0.0.1 iburst\n")
+    (etc / "conf.d").mkdir()
+    (etc / "conf.d" / "image.conf").write_text(
+        "# an image's own source (hand-written)\nserver 169.254.169.123 prefer\n"
+    )
     return conf, pools, ours
 
 
 def _on_tree(command: str, root: Path) -> subprocess.CompletedProcess[str]:
-    """A chrony command of the deploy, run by sh with /etc/chrony moved under ``root``."""
+    """A chrony command of the deploy, run by sh with /etc/chrony and provision's stamps
+    moved under ``root``."""
     text = command.replace("/etc/chrony", str(root / "etc" / "chrony"))
+    text = text.replace("/var/lib/provision", str(root / "var" / "lib" / "provision"))
     return subprocess.run(["sh", "-c", text], capture_output=True, text=True, timeout=30, check=True)
 
 
@@ -126,11 +132,17 @@ def _fact_on_tree(root: Path) -> chrony.ChronySources:
 
 def test_ntp_servers_park_the_distributions_pools_and_bring_them_back_unchanged(tmp_path: Path) -> None:
     conf, pools, ours = _chrony_tree(tmp_path)
-    before = {p: p.read_bytes() for p in (conf, pools, ours)}
+    image_conf = tmp_path / "etc" / "chrony" / "conf.d" / "image.conf"
+    before = {p: p.read_bytes() for p in (conf, pools, ours, image_conf)}
     assert _fact_on_tree(tmp_path) == chrony.ChronySources(live=True, parked=False, no_conf=False)
 
+    stamp = tmp_path / "var" / "lib" / "provision" / "stamps" / "chrony-sources"
+    stamp.parent.mkdir(parents=True)
+    stamp.write_text("the digest of the last restart\n")
     _on_tree(time_sync.park_command(), tmp_path)
+    assert not stamp.exists()  # a run stopped after this edit restarts chrony next time
     assert "#provision-ntp_servers: pool 2.debian.pool.ntp.org iburst\n" in conf.read_text()
+    assert "#provision-ntp_servers: server 169.254.169.123 prefer\n" in image_conf.read_text()
     assert pools.read_text().splitlines()[1:] == [
         "#provision-ntp_servers: pool ntp.ubuntu.com iburst maxsources 4",
         "#provision-ntp_servers:   pool 1.ubuntu.pool.ntp.org iburst maxsources 1",
@@ -146,7 +158,7 @@ def test_ntp_servers_park_the_distributions_pools_and_bring_them_back_unchanged(
     assert "#provision-ntp_servers: #provision" not in conf.read_text()
 
     _on_tree(time_sync.unpark_command(), tmp_path)
-    assert {p: p.read_bytes() for p in (conf, pools, ours)} == before
+    assert {p: p.read_bytes() for p in (conf, pools, ours, image_conf)} == before
 
 
 def test_the_chrony_fact_says_when_chrony_is_not_installed_yet(tmp_path: Path) -> None:

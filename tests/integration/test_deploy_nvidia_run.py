@@ -62,3 +62,34 @@ def test_the_keyring_reaches_its_place_only_when_it_holds_exactly_the_published_
     right = run_download(tmp_path, None, fingerprint.lower())
     assert right.returncode == 0, right.stderr
     assert dest.read_bytes() == key
+
+
+def test_persistenced_is_restarted_for_its_drop_in_only_on_the_installed_module(tmp_path: Path) -> None:
+    """After a driver upgrade the old module stays loaded until the reboot, and a daemon
+    restarted on it fails (API mismatch): the restart runs only when the loaded module is
+    the installed one. modinfo and systemctl are stand-ins on PATH that say what they were
+    asked; the loaded module's version is a file in place of /sys/module/nvidia/version."""
+    from provision.deploys import nvidia
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls"
+    (bin_dir / "modinfo").write_text("#!/bin/sh\necho 580.95.05\n")
+    (bin_dir / "systemctl").write_text(f'#!/bin/sh\necho "$*" >> {calls}\n')
+    for stub in bin_dir.iterdir():
+        stub.chmod(0o755)
+    loaded = tmp_path / "version"
+    command = nvidia.PERSISTENCED_RESTART.replace("/sys/module/nvidia/version", str(loaded))
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+    def restarts(version: str | None) -> list[str]:
+        calls.unlink(missing_ok=True)
+        loaded.unlink(missing_ok=True)
+        if version is not None:
+            loaded.write_text(version + "\n")
+        subprocess.run(["sh", "-c", command], env=env, check=True, timeout=30)
+        return calls.read_text().splitlines() if calls.exists() else []
+
+    assert restarts("580.95.05") == ["try-restart nvidia-persistenced.service"]
+    assert restarts("580.82.07") == []  # an older module still loaded: the reboot starts it
+    assert restarts(None) == []  # no module loaded

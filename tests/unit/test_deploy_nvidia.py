@@ -584,7 +584,7 @@ def test_persistenced_is_restarted_if_running_when_its_drop_in_changed_in_this_r
     assert "NVIDIA stack | nvidia-persistenced: persistence mode on" not in ops, "the file itself is right"
     assert ops["NVIDIA stack | systemd daemon-reload (persistenced drop-in)"].commands == [
         "systemctl daemon-reload",
-        "systemctl try-restart nvidia-persistenced.service",
+        nvidia.PERSISTENCED_RESTART,
         stamps.stamp_command("nvidia-persistenced-dropin", stamps.digest([PERSISTENCED_DROPIN.read_text()])),
     ]
 
