@@ -29,10 +29,11 @@ OPTIONS = "rw,sync,root_squash,no_subtree_check,no_wdelay"  # the default and no
 SERVER = "node1"  # the testbed's storage host
 
 
-def killed_up(inv: Path, step: str, operation: str) -> str:
-    """`provision up --only STEP` killed as OPERATION starts on a host; returns that host."""
+def killed_up(inv: Path, step: str, operation: str, host: str = "*") -> str:
+    """`provision up --only STEP` killed as OPERATION starts on HOST (any: *); returns
+    the host it was killed at."""
     done = subprocess.run(
-        [sys.executable, "-m", "tests.e2e.up_killed_at", step, operation, str(inv), "--only", step],
+        [sys.executable, "-m", "tests.e2e.up_killed_at", step, operation, host, str(inv), "--only", step],
         capture_output=True,
         text=True,
         timeout=1200,
@@ -66,7 +67,7 @@ def test_up_killed_between_a_file_and_its_follow_up_finishes_on_the_next_run(pro
         stamp_before = sh(host, f"cat {stamp_path('chrony-sources')} 2>/dev/null || true")
 
         # nfs: the exports file says no_wdelay on the server; the kernel's exports do not yet.
-        assert killed_up(changed, "nfs", "Re-export") == SERVER
+        assert killed_up(changed, "nfs", "Re-export", SERVER) == SERVER
         assert "no_wdelay" in sh(server, "cat /etc/exports.d/provision.exports")
         assert "no_wdelay" not in sh(server, "exportfs -v")
 

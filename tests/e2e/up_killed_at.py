@@ -2,10 +2,14 @@
 (a crash, the OOM killer, a lost controller) the moment a named operation is about to start
 on any host: the operation before it has finished there, this one has not been sent.
 
-    python -m tests.e2e.up_killed_at STEP OPERATION INVENTORY [up's options...]
+    python -m tests.e2e.up_killed_at STEP OPERATION HOST INVENTORY [up's options...]
+
+HOST is the host whose operation it is (``*``: any). pyinfra gives the operations at one
+place in the deploys one name for every host, so the server's "Re-export" and a client's
+"automount ..." at the same place are told apart only by the host.
 
 pyinfra tells the run's progress display that an operation starts (engine/collector.py,
-"STEP: <deploy> | OPERATION") before it sends the operation's commands, so the process
+"STEP: <deploy> | OPERATION[, other names at the same place]") before it sends the operation's commands, so the process
 dies at a point a test can name instead of at a moment it guesses. It prints
 ``killed at HOST: STEP: OPERATION`` on stderr first.
 """
@@ -20,11 +24,14 @@ from provision.cli import console
 
 
 def main() -> None:
-    step, operation, *up_args = sys.argv[1:]
+    step, operation, on_host, *up_args = sys.argv[1:]
     shown = console.HostProgress.__call__
 
     def progress(self: console.HostProgress, host: str, text: str) -> None:
-        if text.startswith(f"{step}: ") and (text.endswith(f"| {operation}") or text == f"{step}: {operation}"):
+        # pyinfra names an operation by every name given at its place in the deploys, across
+        # hosts, sorted and joined ("NFS | Re-export, NFS | automount /shared/datasets").
+        names = text.removeprefix(f"{step}: ").split(", ") if text.startswith(f"{step}: ") else []
+        if on_host in ("*", host) and any(name == operation or name.endswith(f"| {operation}") for name in names):
             sys.stderr.write(f"killed at {host}: {text}\n")
             sys.stderr.flush()
             os.kill(os.getpid(), signal.SIGKILL)
