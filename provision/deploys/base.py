@@ -158,7 +158,7 @@ def time_sync(node: Node) -> None:
     follow_up(
         "chrony: reload servers",
         time_sync_ops.RESTART_STAMP,
-        [text, "pool parked" if servers else "pool in force"],
+        [text],  # "" while the pool is in force; parking or unparking also drops the stamp
         ["systemctl restart chrony"],
         lambda: sources.did_change() or pools.did_change(),
     )

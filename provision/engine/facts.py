@@ -119,15 +119,14 @@ def _host_facts(
     start = time.monotonic()
     try:
         lines = host.get_fact(batch, _timeout=timeout_s)
-    except PyinfraError as e:
-        # pyinfra drops a host whose fact failed or timed out, and raises "No hosts
+    except Exception as e:  # any error is this host's alone
+        # But pyinfra drops a host whose fact failed or timed out, and raises "No hosts
         # remaining!" in the greenlet of the last one it drops: that host's own failure,
         # told below like any other, not an error of its own.
-        if host in state.active_hosts or str(e) != NO_HOSTS_LEFT:
+        dropped_last = isinstance(e, PyinfraError) and str(e) == NO_HOSTS_LEFT and host not in state.active_hosts
+        if not dropped_last:
             return {}, f"{label}: {type(e).__name__}: {e}".rstrip(": ")
         lines = None
-    except Exception as e:  # any error is this host's alone
-        return {}, f"{label}: {type(e).__name__}: {e}".rstrip(": ")
     # pyinfra answers a failed fact command with the fact's default (None) and drops the
     # host from the run. A command stopped at its _timeout looks the same to us (pyinfra
     # logs the TimeoutError and returns None), so the time it took tells a hung host apart.

@@ -5,7 +5,6 @@ pool/server/peer lines, in force or parked by us (operations/time_sync.py parks 
 
 from __future__ import annotations
 
-import re
 import shlex
 from dataclasses import dataclass
 
@@ -41,11 +40,11 @@ def parse_chrony_sources(lines: list[str]) -> ChronySources:
     live = parked = False
     for line in lines:
         path, sep, text = line.partition(":")
-        if not sep or path == OURS:
+        if line == NO_CONF or not sep or path == OURS:
             continue
         if text.startswith(PARKED):
             parked = True
-        elif re.match(r"\s*(pool|server|peer)\s", text):
+        else:  # the fact's grep passes only SOURCE_LINE and PARKED lines
             live = True
     return ChronySources(live, parked, NO_CONF in lines)
 
