@@ -13,6 +13,7 @@ fixtures count where they ran), slowest first. Seconds are wall time.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from collections import defaultdict
@@ -116,6 +117,21 @@ def module_rows(events: list[dict]) -> list[tuple[str, float, int, str]]:
     return sorted(rows, key=lambda r: -r[1])
 
 
+def op_rows(events: list[dict], top: int = 12) -> list[tuple[str, float]]:
+    """The slowest operations of every run a test timed op by op (kind "op"): an event's
+    time on its host is until that host's next event (the run's last one has no end)."""
+    by_run: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for e in events:
+        if e["kind"] == "op":
+            by_run[(e["name"], e["host"])].append(e)
+    spans: dict[tuple[str, str], list[float]] = defaultdict(list)  # (run, event text) -> seconds per host
+    for (run, _host), seq in by_run.items():
+        for this, after in itertools.pairwise(seq):
+            spans[(run, this["text"])].append(after["t"] - this["t"])
+    rows = [(f"{run}: {text} (slowest host)", max(s)) for (run, text), s in spans.items()]
+    return sorted(rows, key=lambda r: -r[1])[:top]
+
+
 def table(events: list[dict]) -> str:
     lines = ["| part | seconds |", "|---|---|"]
     lines += [f"| {name} | {s:.0f} |" for name, s in testbed_rows(events) + up_rows(events)]
@@ -123,6 +139,10 @@ def table(events: list[dict]) -> str:
     lines += ["|---|---|---|---|"]
     modules = module_rows(events)
     lines += [f"| {m} | {s:.0f} | {n} | {o} |" for m, s, n, o in modules]
+    ops = op_rows(events)
+    if ops:
+        lines += ["", "| operation (until the host's next event) | seconds |", "|---|---|"]
+        lines += [f"| {name} | {s:.0f} |" for name, s in ops]
     total = max((e["t"] for e in events), default=0.0)
     lines += ["", f"e2e tier, first event to last: {total:.0f} s ({total / 60:.1f} min)"]
     return "\n".join(lines)

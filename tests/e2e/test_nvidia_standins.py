@@ -20,6 +20,7 @@ import pytest
 from provision import inventory, remote, verify
 from provision.rules.nvidia import keyring_fingerprints
 from provision.up import host_lock, pipeline
+from tests.e2e import clock
 from tests.e2e.storage_helpers import FINGERPRINT
 from tests.standins import nvidia_repo
 
@@ -89,13 +90,20 @@ def first_and_second(standin_inventory, plan_before_first_run):
     reboots: dict[str, int] = {}  # host -> times the reboot operation started on it
 
     def count(host: str, text: str) -> None:
+        # Every event, timed: the first run is the e2e tier's costliest fixture, and its
+        # breakdown (benchmarks/e2e_breakdown.py) says where to cut.
+        clock.record("op", "nvidia first up", host=host, text=text)
         if text.startswith("reboot: ") and text.endswith("reboot and wait for SSH"):
             reboots[host] = reboots.get(host, 0) + 1
 
     # The first run holds the host locks as `provision up` does: the reboot ends their
-    # sessions (and empties /run), and they are taken again before the next step.
+    # sessions (and empties /run), and they are taken again before the next step. Both
+    # hosts reboot in one batch, so the run pays one boot under TCG, not one a host (the
+    # batching itself is tests/unit/test_deploy_reboots.py's).
     with host_lock.held(cluster) as locks:
-        first = pipeline.up(cluster, pipeline.select(only="nvidia"), on_event=count, locks=locks)
+        first = pipeline.up(
+            cluster, pipeline.select(only="nvidia"), on_event=count, reboot_batch=len(cluster.nodes), locks=locks
+        )
         holders = {n.name: remote.run(n, f"cat {host_lock.HOLDER_FILE}").stdout for n in cluster.nodes}
         relocked = (locks.token, set(locks.held), dict(locks.refused), holders)
     boots_after = {n.name: remote.run(n, BOOT_ID).stdout.strip() for n in cluster.nodes}

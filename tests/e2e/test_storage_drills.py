@@ -1,6 +1,7 @@
 """Destructive storage drills on the shared testbed (run last): a disk that holds data is
-refused and kept intact, --force-format rebuilds; an NFS client reboots while the server
-is down, and its shares work again once the server is back."""
+refused and kept intact, force_format rebuilds (an `up` killed mid-rebuild converges on the
+next run); an NFS client reboots while the server is down, and its shares work again once
+the server is back."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 
 from provision import inventory
 from tests.e2e.storage_helpers import cli, derived_inventory, sh
+from tests.e2e.up_killed_at import killed_up
 
 pytestmark = pytest.mark.destructive
 
@@ -67,11 +69,24 @@ def test_disk_holding_data_is_refused_and_stays_intact_until_force_format(testbe
             == token
         )
 
+        # The rebuild, killed mid-volumes (issue 14's drill): the array and its xfs are made
+        # and fstab names them, but systemd has not re-read fstab and /data is not mounted.
+        assert killed_up(forced, "volumes", "Reload systemd (fstab changed)", "node2") == "node2"
+        uuid = sh(node, "blkid -o value -s UUID /dev/md/data").strip()
+        assert f"UUID={uuid} /data xfs" in sh(node, "cat /etc/fstab")
+        assert sh(node, "findmnt -n /data || true").strip() == ""
+
+        # The same command again adopts the array it made (never wipes it a second time),
+        # runs the follow-ups the killed run owed, and mounts; the run after that changes nothing.
         rebuilt = cli("up", str(forced), "--only", "volumes", "--json")
         assert rebuilt.exit_code == 0, rebuilt.stdout + rebuilt.stderr
-        source_dev, fstype = sh(node, "findmnt -n -o SOURCE,FSTYPE /data").split()
+        source_dev, fstype, mounted_uuid = sh(node, "findmnt -n -o SOURCE,FSTYPE,UUID /data").split()
         assert source_dev.startswith("/dev/md")
-        assert fstype == "xfs"
+        assert (fstype, mounted_uuid) == ("xfs", uuid)
+        assert sh(node, "systemctl show -p NeedDaemonReload --value data.mount").strip() == "no"
+        again = cli("up", str(forced), "--only", "volumes", "--json")
+        assert again.exit_code == 0, again.stdout + again.stderr
+        assert [h["changed"] for h in again.json()["hosts"]] == [0]
     finally:
         plain.unlink(missing_ok=True)
         forced.unlink(missing_ok=True)

@@ -7,40 +7,25 @@ Two points, each reached by an inventory change a user would make (tests/e2e/up_
 kills the run as the follow-up is about to start):
 - base: ntp_servers added; killed after chrony's sources were written, before its restart;
 - nfs: an export option added; killed after the exports were written, before `exportfs -ra`.
+The third point, mid-volumes, is in test_storage_drills.py: its force_format rebuild is killed
+after fstab names the new volume, before systemd re-reads fstab and the mount.
 The testbed's own settings are put back at the end by one more `up`.
 """
 
 from __future__ import annotations
-
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from provision import inventory
 from provision.facts.stamps import stamp_path
 from tests.e2e.storage_helpers import cli, derived_inventory, sh
+from tests.e2e.up_killed_at import killed_up
 
 pytestmark = pytest.mark.destructive
 
 NTP = "10.0.2.2"  # qemu's address for the machine running the VMs: reaches nothing beyond it
 OPTIONS = "rw,sync,root_squash,no_subtree_check,no_wdelay"  # the default and no_wdelay
 SERVER = "node1"  # the testbed's storage host
-
-
-def killed_up(inv: Path, step: str, operation: str, host: str = "*") -> str:
-    """`provision up --only STEP` killed as OPERATION starts on HOST (any: *); returns
-    the host it was killed at."""
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.e2e.up_killed_at", step, operation, host, str(inv), "--only", step],
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
-    assert done.returncode == -9, f"not killed: exit {done.returncode}\n{done.stderr[-3000:]}"
-    (line,) = [line for line in done.stderr.splitlines() if line.startswith("killed at ")]
-    return line.removeprefix("killed at ").split(":", 1)[0]
 
 
 def chrony_servers(node) -> str:

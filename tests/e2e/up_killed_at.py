@@ -11,16 +11,32 @@ place in the deploys one name for every host, so the server's "Re-export" and a 
 pyinfra tells the run's progress display that an operation starts (engine/collector.py,
 "STEP: <deploy> | OPERATION[, other names at the same place]") before it sends the operation's commands, so the process
 dies at a point a test can name instead of at a moment it guesses. It prints
-``killed at HOST: STEP: OPERATION`` on stderr first.
+``killed at HOST: STEP: OPERATION`` on stderr first. Tests call ``killed_up``.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
+from pathlib import Path
 
 from provision.cli import console
+
+
+def killed_up(inv: Path, step: str, operation: str, host: str = "*", *up_args: str) -> str:
+    """`provision up INV --only STEP [up_args]` killed as OPERATION starts on HOST (any: *);
+    returns the host it was killed at. Fails the test when the run was not killed there."""
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.e2e.up_killed_at", step, operation, host, str(inv), "--only", step, *up_args],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert done.returncode == -9, f"not killed: exit {done.returncode}\n{done.stderr[-3000:]}"
+    (line,) = [line for line in done.stderr.splitlines() if line.startswith("killed at ")]
+    return line.removeprefix("killed at ").split(":", 1)[0]
 
 
 def main() -> None:
