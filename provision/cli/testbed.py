@@ -7,6 +7,8 @@ progress on stderr and prints tables or JSON.
 from __future__ import annotations
 
 import os
+import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -17,7 +19,7 @@ import typer
 from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from provision.cli.console import err, out, print_json
+from provision.cli.console import err, out, plain, print_json
 
 if TYPE_CHECKING:
     from provision.testbed import Testbed
@@ -33,18 +35,25 @@ StateDirOpt = typer.Option(None, "--state-dir", help="testbed state dir (default
 
 @contextmanager
 def _progress(enabled: bool = True) -> Iterator[Callable[[str, str], None]]:
-    """A live line per subject (image, accel, node1, ...), added as they first report."""
+    """A live line per subject (image, accel, node1, ...), added as they first report; off
+    a terminal (CI, nohup, the demo's pipe) one timestamped log line per report instead, as
+    `up` does: rich draws nothing there, and an image build is minutes of silence."""
+    lines = enabled and not err.is_terminal
     progress = Progress(
         SpinnerColumn(),
         TextColumn("[bold]{task.description:<8}"),
         TextColumn("{task.fields[status]}"),
         TimeElapsedColumn(),
         console=err,
-        disable=not enabled,
+        disable=not enabled or lines,
     )
     tasks: dict[str, TaskID] = {}
 
     def report(subject: str, text: str) -> None:
+        if lines:
+            sys.stderr.write(f"{time.strftime('%H:%M:%S')} {plain(subject)}: {plain(text)}\n")
+            sys.stderr.flush()
+            return
         if subject not in tasks:
             tasks[subject] = progress.add_task(subject, status=text, total=None)
         progress.update(tasks[subject], status=text)

@@ -34,6 +34,21 @@ def test_auto_mode_prints_lines_when_stderr_is_not_a_terminal(capsys):
     assert capsys.readouterr().err.strip().endswith("node1: base: started")
 
 
+def test_testbed_progress_off_a_terminal_is_a_timestamped_line_per_report(capsys):
+    # The demo's testbed stage builds an image for minutes: off a terminal (the demo's pipe,
+    # CI) each report is a line, control characters shown as text.
+    from provision.cli.testbed import _progress
+
+    with _progress() as report:
+        report("image", "debootstrap bookworm")
+        report("node1", "booting (tcg)\x1b]0;x\x07")
+    lines = capsys.readouterr().err.splitlines()
+    assert [re.sub(r"^\d\d:\d\d:\d\d ", "", line) for line in lines] == [
+        "image: debootstrap bookworm",
+        "node1: booting (tcg)\\x1b]0;x\\x07",
+    ]
+
+
 def _interrupted_run() -> None:
     with host_progress(["node1", "node2", "node3"], mode="lines") as progress:
         progress("node1", "base: started")
