@@ -11,6 +11,11 @@ from provision.cli.console import host_progress
 from provision.resources import inventories_dir
 
 
+def untimed(err: str) -> list[str]:
+    """The log lines without their HH:MM:SS stamp."""
+    return [re.sub(r"^\d\d:\d\d:\d\d ", "", line) for line in err.splitlines()]
+
+
 def test_off_a_terminal_each_step_event_is_one_line_and_each_operation_is_not(capsys):
     with host_progress(["node1", "node2"], mode="lines") as progress:
         progress("node1", "base: started")
@@ -18,8 +23,7 @@ def test_off_a_terminal_each_step_event_is_one_line_and_each_operation_is_not(ca
         progress("node2", "base: timed out after 60 s")
         progress("node1", "base: done, 3 changed")
         progress("node2", "volumes: FAILED")
-    lines = capsys.readouterr().err.splitlines()
-    assert [re.sub(r"^\d\d:\d\d:\d\d ", "", line) for line in lines] == [
+    assert untimed(capsys.readouterr().err) == [
         "node1: base: started",
         "node2: base: timed out after 60 s",
         "node1: base: done, 3 changed",
@@ -42,8 +46,7 @@ def test_testbed_progress_off_a_terminal_is_a_timestamped_line_per_report(capsys
     with _progress() as report:
         report("image", "debootstrap bookworm")
         report("node1", "booting (tcg)\x1b]0;x\x07")
-    lines = capsys.readouterr().err.splitlines()
-    assert [re.sub(r"^\d\d:\d\d:\d\d ", "", line) for line in lines] == [
+    assert untimed(capsys.readouterr().err) == [
         "image: debootstrap bookworm",
         "node1: booting (tcg)\\x1b]0;x\\x07",
     ]
