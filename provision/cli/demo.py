@@ -28,7 +28,9 @@ def demo(
     paths = DemoPaths(Path("runs/demo").resolve(), Path("inventories/testbed.py").resolve())
 
     def announce(stage: Stage, status: str) -> None:
-        err.rule(f"[bold]{stage.name}[/]: {stage.what} -- {status}")
+        # The status first: off a terminal rich cuts the rule at 80 columns, and the cut
+        # once took "done in 982s" with it.
+        err.rule(f"[bold]{stage.name}[/]: {status} -- {stage.what}")
 
     results, code = run_demo(paths, nodes, announce)
     if as_json_out:
