@@ -108,7 +108,11 @@ def first_and_second(standin_inventory, plan_before_first_run):
         holders = {n.name: remote.run(n, f"cat {host_lock.HOLDER_FILE}").stdout for n in cluster.nodes}
         relocked = (locks.token, set(locks.held), dict(locks.refused), holders)
     boots_after = {n.name: remote.run(n, BOOT_ID).stdout.strip() for n in cluster.nodes}
-    second = pipeline.up(cluster, pipeline.select(only="nvidia"))
+    second = pipeline.up(
+        cluster,
+        pipeline.select(only="nvidia"),
+        on_event=lambda host, text: clock.record("op", "nvidia second up", host=host, text=text),
+    )
     boots_final = {n.name: remote.run(n, BOOT_ID).stdout.strip() for n in cluster.nodes}
     return cluster, first, second, (boots, boots_after, boots_final), reboots, relocked
 
