@@ -73,6 +73,13 @@ def is_final(text: str) -> bool:
     )
 
 
+def log_line(subject: str, text: str) -> None:
+    """Progress off a terminal: one timestamped line on stderr, written at once (CI, nohup
+    and the demo's pipe show a long run is alive), control characters shown as text."""
+    sys.stderr.write(f"{time.strftime('%H:%M:%S')} {plain(subject)}: {plain(text)}\n")
+    sys.stderr.flush()
+
+
 class HostProgress:
     """Per-host progress: a live line per host on a terminal ("base: apt.packages"), or one
     log line per step event off one (CI, nohup), so a long run shows it is alive."""
@@ -89,8 +96,7 @@ class HostProgress:
         if task is not None:
             self._progress.update(task, status=safe(text))
         if self._lines and is_milestone(text):
-            sys.stderr.write(f"{time.strftime('%H:%M:%S')} {plain(host)}: {plain(text)}\n")
-            sys.stderr.flush()
+            log_line(host, text)
 
     def in_flight(self) -> dict[str, str]:
         """Hosts mid-step, with what each was doing."""

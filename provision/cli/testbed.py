@@ -7,8 +7,6 @@ progress on stderr and prints tables or JSON.
 from __future__ import annotations
 
 import os
-import sys
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -19,7 +17,7 @@ import typer
 from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from provision.cli.console import err, out, plain, print_json
+from provision.cli.console import err, log_line, out, print_json
 
 if TYPE_CHECKING:
     from provision.testbed import Testbed
@@ -51,8 +49,7 @@ def _progress(enabled: bool = True) -> Iterator[Callable[[str, str], None]]:
 
     def report(subject: str, text: str) -> None:
         if lines:
-            sys.stderr.write(f"{time.strftime('%H:%M:%S')} {plain(subject)}: {plain(text)}\n")
-            sys.stderr.flush()
+            log_line(subject, text)
             return
         if subject not in tasks:
             tasks[subject] = progress.add_task(subject, status=text, total=None)

@@ -25,11 +25,11 @@ from pathlib import Path
 from provision.cli import console
 
 
-def killed_up(inv: Path, step: str, operation: str, host: str = "*", *up_args: str) -> str:
-    """`provision up INV --only STEP [up_args]` killed as OPERATION starts on HOST (any: *);
-    returns the host it was killed at. Fails the test when the run was not killed there."""
+def killed_up(inv: Path, step: str, operation: str, host: str = "*") -> str:
+    """`provision up INV --only STEP` killed as OPERATION starts on HOST (any: *); returns
+    the host it was killed at. Fails the test when the run was not killed there."""
     done = subprocess.run(
-        [sys.executable, "-m", "tests.e2e.up_killed_at", step, operation, host, str(inv), "--only", step, *up_args],
+        [sys.executable, "-m", "tests.e2e.up_killed_at", step, operation, host, str(inv), "--only", step],
         capture_output=True,
         text=True,
         timeout=1200,
