@@ -358,3 +358,25 @@ CLOUD_INIT_DATA = ("user-data.txt", "vendor-data.txt", "vendor-data2.txt")
 
 def parse_cloud_init(lines: list[str]) -> CloudInit:
     return CloudInit("installed" in lines, tuple(line for line in lines if line.startswith("/")))
+
+
+class UnconfinedRepositories(FactBase[list[str]]):
+    """Backing-up hosts whose default restic repository on the storage host is not yet in its
+    confined layout: its files directly in ``<root>/<host>`` (as before each host had an
+    account and a chroot of its own), or a move into ``<root>/<host>/repo`` cut short
+    (``<root>/<host>.moving`` left). The backups step moves each one into place."""
+
+    def command(self, root: str) -> str:
+        # `*` stays literal in an empty directory: neither test matches it.
+        return (
+            f"cd {shlex.quote(root)} 2>/dev/null || exit 0; "
+            'for d in *; do case "$d" in *.moving) echo "${d%.moving}";; '
+            '*) [ -f "$d/config" ] && echo "$d";; esac; done; true'
+        )
+
+    def process(self, output: list[str]) -> list[str]:
+        return parse_unconfined(output)
+
+
+def parse_unconfined(lines: list[str]) -> list[str]:
+    return sorted({line.strip() for line in lines if line.strip()})

@@ -8,30 +8,47 @@ the checkpoints share by default (it holds the data; the other nodes only mount 
 host has no backup.
 
 Repository: ``backup_repository`` (any restic URL; ``{host}`` becomes the host's name), or by
-default one repository per host on the storage host, over SFTP to a dedicated account
-``provision-backup`` that may only run internal-sftp (no shell), under
-``<data_mount>/backups/restic/<host>``. The default repository sits on the same disks as the
-data: it protects against deleted or corrupted files, not against losing the storage host.
+default one repository per host on the storage host, over SFTP. Each backing-up host has an
+account of its own there (``account_name``), confined by sshd to its own directory
+``<data_mount>/backups/restic/<host>`` (``ChrootDirectory``, ``ForceCommand internal-sftp``:
+no shell, no forwarding, nothing outside that directory), with the repository at ``/repo``
+inside it. So root on one node, who holds that node's key and password, reaches that node's
+backups and nothing else. The default repository sits on the same disks as the data: it
+protects against deleted or corrupted files, not against losing the storage host.
 
-Secrets: the restic password comes from ``backup_password_file`` on the controller, or is
-generated once in the inventory's state directory (provision.state), mode 0600. On hosts it is
-/etc/provision/backup/password, root-owned, mode 0600. No command line, log line or JSON output
-ever holds it: restic reads it from the file (RESTIC_PASSWORD_FILE).
+Secrets: each host's restic password comes from ``backup_password_file`` on the controller, or
+is generated once per host in the inventory's state directory (provision.state), mode 0600;
+each host's SSH key likewise. On hosts the password is /etc/provision/backup/password,
+root-owned, mode 0600. No command line, log line or JSON output ever holds it: restic reads it
+from the file (RESTIC_PASSWORD_FILE).
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 
 from provision.errors import InputError, Problem
 from provision.inventory import Cluster, Node
-from provision.state import generated_key, generated_secret, inventory_dir, state_dir
+from provision.state import SECRET_MODE, generated_key, generated_secret, inventory_dir, state_dir, write_atomic
 
-ACCOUNT = "provision-backup"  # the SFTP account on the storage host
+ACCOUNT_PREFIX = "provision-backup-"  # + the host: its SFTP account on the storage host
 
 
-ACCOUNT_HOME = "/var/lib/provision-backup"
+LEGACY_ACCOUNT = "provision-backup"  # the one account every host shared before per-host ones
+
+
+LEGACY_HOME = "/var/lib/provision-backup"
+
+
+ACCOUNTS_HOME = "/var/lib/provision-backup-accounts"  # <host>/.ssh/authorized_keys, root-owned
+
+
+SSHD_DROP_IN = "/etc/ssh/sshd_config.d/provision-backup.conf"  # the accounts' Match blocks
+
+
+REPOSITORY_IN_CHROOT = "/repo"  # the repository as the confined account sees it
 
 
 CONFIG_DIR = "/etc/provision/backup"
@@ -88,19 +105,41 @@ def password_problem(node: Node, cluster: Cluster) -> Problem | None:
     return Problem(where, f"{path} is empty", "restic refuses an empty password") if empty else None
 
 
-def generated_password_file(cluster: Cluster) -> Path:
-    """Where the generated password lives (or would): keyed by the inventory's path."""
+def generated_password_file(cluster: Cluster, node: Node) -> Path:
+    """Where this host's generated password lives (or would): keyed by the inventory's path
+    and the host, so no two hosts share one."""
+    return cluster_dir(cluster) / "backup-passwords" / node.name
+
+
+def legacy_password_file(cluster: Cluster) -> Path:
+    """The one generated password every host shared before passwords were per host."""
     return cluster_dir(cluster) / "backup-password"
 
 
 def password_file(cluster: Cluster, node: Node) -> Path:
-    """The controller file holding the restic password; generated (0600) when not set."""
+    """The controller file holding this host's restic password; generated (0600) when not set."""
     problem = password_problem(node, cluster)
     if problem:
         raise InputError(problem)
     if node.settings.backup_password_file:
         return Path(node.settings.backup_password_file).expanduser()
-    return generated_secret(generated_password_file(cluster))
+    path = generated_password_file(cluster, node)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return generated_secret(path)
+
+
+def adopt_legacy_password(node: Node, cluster: Cluster, on_host_sha1: str | None) -> bool:
+    """A host provisioned before passwords were per host holds the shared one, and its
+    repository is encrypted with it: that host's own password file starts as a copy of it
+    (a new password would lock it out, see password_conflict). True when copied."""
+    if node.settings.backup_password_file or on_host_sha1 is None:
+        return False
+    own, legacy = generated_password_file(cluster, node), legacy_password_file(cluster)
+    if own.exists() or not legacy.is_file() or sha1_of(legacy) != on_host_sha1.lower():
+        return False
+    own.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    write_atomic(own, legacy.read_bytes(), mode=SECRET_MODE)
+    return True
 
 
 def sha1_of(path: Path) -> str:
@@ -124,7 +163,7 @@ def password_conflict(node: Node, cluster: Cluster, on_host_sha1: str | None) ->
     if problem:  # a missing file is that problem, not a different password
         raise InputError(problem)
     configured = node.settings.backup_password_file
-    local = Path(configured).expanduser() if configured else generated_password_file(cluster)
+    local = Path(configured).expanduser() if configured else generated_password_file(cluster, node)
     on_host_sha1 = on_host_sha1.lower()
     if local.is_file() and sha1_of(local) == on_host_sha1:
         return None
@@ -135,7 +174,12 @@ def password_conflict(node: Node, cluster: Cluster, on_host_sha1: str | None) ->
     # The usual cause is a moved or renamed inventory: its old state dir holds the original.
     # ~/.local/state/provision held every generated secret before XDG_STATE_HOME was honoured.
     roots = dict.fromkeys([state_dir(), Path("~/.local/state/provision").expanduser()])
-    candidates = [p for root in roots for p in sorted(root.glob("*/backup-password"))]
+    candidates = [
+        p
+        for root in roots
+        for pattern in ("*/backup-password", "*/backup-passwords/*")
+        for p in sorted(root.glob(pattern))
+    ]
     found = [p for p in candidates if p != local and sha1_of(p) == on_host_sha1]
     fix = (
         f'{found[0]} holds the host\'s password: set backup_password_file = "{found[0]}"'
@@ -148,9 +192,27 @@ def password_conflict(node: Node, cluster: Cluster, on_host_sha1: str | None) ->
     )
 
 
-def key_file(cluster: Cluster) -> Path:
-    """The SSH key pair that backing-up hosts use for the SFTP account; generated once."""
-    return generated_key(cluster_dir(cluster) / "backup_ed25519", f"{ACCOUNT}@provision")
+def key_path(cluster: Cluster, node: Node) -> Path:
+    """Where this host's SSH key pair for its SFTP account lives on the controller."""
+    return cluster_dir(cluster) / "backup-keys" / f"{node.name}_ed25519"
+
+
+def key_file(cluster: Cluster, node: Node) -> Path:
+    """This host's SSH key pair for its SFTP account; generated once, one per host."""
+    return generated_key(key_path(cluster, node), f"{account_name(node.name)}@provision")
+
+
+_PORTABLE_NAME = re.compile(r"[a-z0-9][a-z0-9-]*")
+
+
+def account_name(host: str) -> str:
+    """The storage host's SFTP account for one backing-up host: the host's name when it makes
+    a user name that every useradd accepts (lowercase, at most 32 characters), else a digest
+    of it (host names may be longer, or hold upper case and dots)."""
+    name = f"{ACCOUNT_PREFIX}{host}"
+    if _PORTABLE_NAME.fullmatch(host) and len(name) <= 32:
+        return name
+    return f"{ACCOUNT_PREFIX}{hashlib.sha256(host.encode()).hexdigest()[:12]}"
 
 
 def backup_paths(node: Node) -> list[str]:
@@ -186,8 +248,38 @@ def repository(node: Node, cluster: Cluster) -> str:
                 "put a host in the 'storage' group, or set backup_repository",
             )
         )
-    return f"sftp:{ACCOUNT}@{storage.cluster_address}:{repository_root(storage)}/{node.name}"
+    return f"sftp:{account_name(node.name)}@{storage.cluster_address}:{REPOSITORY_IN_CHROOT}"
 
 
 def repository_root(storage: Node) -> str:
     return f"{storage.settings.data_mount}/backups/restic"
+
+
+def chroot_dir(storage: Node, host: str) -> str:
+    """One host's directory on the storage host: its account's whole view (root-owned, as
+    sshd's ChrootDirectory requires); the repository is ``repo`` inside it."""
+    return f"{repository_root(storage)}/{host}"
+
+
+def sshd_drop_in(storage: Node, hosts: list[str]) -> str:
+    """sshd settings confining each backing-up host's account to its own directory. Every
+    value comes from a validated host name or setting (absolute normalised paths, RFC 1123
+    names); the paths are quoted for sshd, whose ChrootDirectory also expands %-tokens."""
+    lines = [
+        "# Managed by provision (backups step): one SFTP-only account per backing-up host,",
+        "# each confined to its own repository directory.",
+    ]
+    for host in sorted(hosts):
+        chroot = chroot_dir(storage, host).replace("%", "%%")
+        lines += [
+            f"Match User {account_name(host)}",
+            f'    ChrootDirectory "{chroot}"',
+            "    ForceCommand internal-sftp",
+            "    AllowTcpForwarding no",
+            "    AllowStreamLocalForwarding no",
+            "    AllowAgentForwarding no",
+            "    X11Forwarding no",
+            "    PermitTTY no",
+            "    PermitTunnel no",
+        ]
+    return "\n".join(lines) + "\n"

@@ -1,5 +1,5 @@
 """The pyinfra inventory of a running testbed: group ``nodes`` with every host, group
-``storage`` with the first. SSH goes to loopback forwards with the testbed's own key and
+``storage`` with the first, which the others back up to. SSH goes to loopback forwards with the testbed's own key and
 pinned host keys (strict checking stays on); cluster traffic uses the private network."""
 
 from __future__ import annotations
@@ -52,9 +52,14 @@ def render(
         "",
         "nodes = [",
     ]
-    for node in nodes:
+    for index, node in enumerate(nodes):
         lines.append(f"    ({node.name!r}, {{")
-        for key, value in host_data(node, ssh_key, known_hosts, wheelhouse).items():
+        data = host_data(node, ssh_key, known_hosts, wheelhouse)
+        if index:
+            # The storage host backs up the checkpoints share by default; the others back
+            # up their users' homes, each to a repository of its own on the storage host.
+            data["backup_paths"] = ["/home"]
+        for key, value in data.items():
             lines.append(f"        {key!r}: {value!r},")
         lines.append("    }),")
     lines += [

@@ -4,11 +4,12 @@ check the repository; the password stays in 0600 files and out of every log the 
 from __future__ import annotations
 
 import secrets
+import shlex
 from pathlib import Path
 
 import pytest
 
-from provision import inventory
+from provision import inventory, remote
 from provision.backup import runs as backup
 from provision.inventory import Cluster
 from provision.rules import backups as backup_layout
@@ -111,6 +112,61 @@ def test_secrets_on_the_host_are_root_only(cluster):
     assert sh(node, f"stat -c '%a' {backup_layout.CONFIG_DIR}").strip() == "700"
     controller = backup_layout.password_file(cluster, node)
     assert oct(controller.stat().st_mode & 0o777) == "0o600"
+
+
+def _sftp(node, address: str, batch: str, *options: str):
+    """sftp from a node as root to ``address`` with the node's backup SSH settings (its own
+    key and account)."""
+    argv = " ".join(["sftp", "-F", backup_layout.SSH_CONFIG, *options, "-b", "-", address])
+    return remote.run(node, f"printf {shlex.quote(batch)} | {argv}", timeout=120)
+
+
+def test_root_on_one_node_reaches_its_own_backups_and_no_other_nodes(cluster, testbed):
+    """The privilege drill for backups: node2 backs up /home to an account of its own on
+    node1, confined to its own directory. As root on node2, with everything node2 holds,
+    try node1's repository every way SFTP and SSH allow: each attempt fails."""
+    client, storage = cluster.node("node2"), cluster.storage_node()
+    assert storage is not None
+    assert backup_layout.skip_reason(client, cluster) is None
+    run = cli("backup", "run", str(testbed.inventory_path), "--host", "node2", "--json")
+    assert run.exit_code == 0, run.stdout + run.stderr  # its own repository works
+    address = storage.cluster_address
+
+    # Its own account sees one directory, its repository, and cannot leave it.
+    tries = "cd /\nls -1a\ncd ..\nls -1a\n-ls -1a /data/backups/restic\n-put /etc/hostname /escape\n"
+    own = _sftp(client, address, tries)
+    assert own.ok, own.stderr
+    listed = [line.strip() for line in own.stdout.splitlines() if line.strip() and not line.startswith("sftp>")]
+    assert sorted(set(listed)) == [".", "..", "repo"], own.stdout  # / and /.. are the same
+    assert listed.count("repo") == 2, own.stdout
+    assert "Permission denied" in own.stderr, own.stderr  # no write outside its repository
+    # node2's key does not open node1's account, nor the shared account of earlier versions.
+    for account in (backup_layout.account_name("node1"), backup_layout.LEGACY_ACCOUNT):
+        other = _sftp(client, address, "ls /\n", "-o", f"User={account}")
+        assert not other.ok, account
+        assert "Permission denied" in other.stderr, (account, other.stderr)
+    # No shell, no command, no port forward through its own account.
+    shell = remote.run(client, f"ssh -F {backup_layout.SSH_CONFIG} {address} id", timeout=60)
+    assert not shell.ok
+    assert "uid=" not in shell.stdout, shell.stdout
+    effective = sh(
+        storage,
+        f"/usr/sbin/sshd -T -C user={backup_layout.account_name('node2')},host=node2,addr={client.cluster_address}",
+    )
+    for setting in ("forcecommand internal-sftp", "allowtcpforwarding no", "permittty no", "x11forwarding no"):
+        assert setting in effective.splitlines(), setting
+    # On the storage host: root owns every directory above each repository (sshd checks
+    # that too), and each repository belongs to its own account alone.
+    root = backup_layout.repository_root(storage)
+    assert sh(storage, f"stat -c '%a %U' {root}").strip() == "711 root"
+    for name in ("node1", "node2"):
+        chroot = backup_layout.chroot_dir(storage, name)
+        assert sh(storage, f"stat -c '%a %U' {chroot}").strip() == "755 root"
+        owner = sh(storage, f"stat -c '%a %U' {chroot}/repo").strip()
+        assert owner == f"700 {backup_layout.account_name(name)}"
+    # Each host's password is its own.
+    passwords = {backup_layout.password_file(cluster, n).read_text() for n in (client, storage)}
+    assert len(passwords) == 2
 
 
 def test_unknown_host_is_bad_input(testbed):

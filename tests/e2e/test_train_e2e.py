@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -93,6 +94,36 @@ def test_two_vms_train_over_the_cluster_network_a_vm_dying_tears_down_the_run_an
     steps = [int(line.split("step ")[1].split("/")[0]) for line in logs.splitlines() if "| train loss" in line]
     assert steps, steps
     assert steps[0] > 1, steps
+    _privilege_drill(survivor, report["run_id"])
+
+
+def _privilege_drill(node, run_id: str) -> None:
+    """As the training user, after a run: try to reach root through what root later runs
+    (the reaper, the trainer) or believes (the pid file it signals): every attempt fails."""
+    s = node.settings
+    runs = f"{s.train_dir}/runs"
+    run_dir = f"{runs}/{run_id}/{node.name}"
+    for name in ("torchrun.pid", "reaper.py", "train_ddp.py"):
+        owner, mode = sh(node, f"stat -c '%U %a' {run_dir}/{name}").split()
+        assert owner == "root", (name, owner)
+        assert int(mode, 8) & 0o022 == 0, (name, mode)
+    attempts = {
+        "name pid 1 in the pid file": f"echo 1 > {run_dir}/torchrun.pid",
+        "replace the reaper": f"echo 'import os' > {run_dir}/reaper.py",
+        "append to the trainer": f"echo 'import os' >> {run_dir}/train_ddp.py",
+        "add a file to the run directory": f"touch {run_dir}/planted",
+        "move the run directory away": f"mv {run_dir} {run_dir}.old",
+        "plant a link beside it": f"ln -s /etc {runs}/{run_id}/planted",
+        "add a run of its own": f"mkdir {runs}/planted",
+    }
+    for what, command in attempts.items():
+        tried = remote.run(node, f"runuser -u {s.training_user} -- sh -c {shlex.quote(command)}", timeout=60)
+        assert not tried.ok, f"the training user could {what}: {command}"
+    # A pid file the training user wrote itself, naming pid 1: root's reaper believes it not.
+    fake = f"/home/{s.training_user}/fake-run"
+    sh(node, f"runuser -u {s.training_user} -- sh -c 'mkdir -p {fake} && echo 1 > {fake}/torchrun.pid'")
+    verdict = json.loads(sh(node, f"python3 -I {run_dir}/reaper.py {fake} {run_id} {node.name} --check"))
+    assert verdict == {"pgid": None, "signalled": [], "left": []}, verdict
 
 
 def _wait_for_checkpointed_step(cwd: Path, step: int, timeout: float = 900) -> str:

@@ -41,8 +41,10 @@ def _cluster(tmp_path: Path, *nodes: Node) -> Cluster:
 def test_generated_password_file_has_mode_0600_under_the_state_dir(tmp_path, state_dir):
     cluster = _cluster(tmp_path, _node("node1", ("storage",)))
     path = backup_layout.password_file(cluster, cluster.nodes[0])
-    assert path.parent.parent == state_dir
+    assert path == backup_layout.generated_password_file(cluster, cluster.nodes[0])
+    assert path.parent.parent.parent == state_dir
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
     assert len(path.read_text().strip()) >= 32
     assert backup_layout.password_file(cluster, cluster.nodes[0]).read_text() == path.read_text()  # generated once
 
@@ -56,7 +58,9 @@ def test_a_configured_password_file_that_is_missing_is_bad_input(tmp_path):
 def test_default_repository_is_per_host_sftp_on_the_storage_hosts_cluster_address(tmp_path):
     storage, other = _node("node1", ("storage",)), _node("node2", backup_paths=["/home"])
     cluster = _cluster(tmp_path, storage, other)
-    assert backup_layout.repository(other, cluster) == "sftp:provision-backup@10.77.0.1:/data/backups/restic/node2"
+    # The account's chroot is <data_mount>/backups/restic/node2; the repository is /repo in it.
+    assert backup_layout.repository(other, cluster) == "sftp:provision-backup-node2@10.77.0.1:/repo"
+    assert backup_layout.chroot_dir(storage, "node2") == "/data/backups/restic/node2"
     custom = _node("node3", backup_repository="s3:s3.example/bucket/{host}")
     assert backup_layout.repository(custom, cluster) == "s3:s3.example/bucket/node3"
 
@@ -120,8 +124,8 @@ def test_service_and_timer_render_with_schedule_and_paths(tmp_path):
 
 
 def test_ssh_config_pins_the_storage_host_key_when_known():
-    text = backups.ssh_config_text("10.77.0.1", "yes")
-    assert "User provision-backup" in text
+    text = backups.ssh_config_text("10.77.0.1", "provision-backup-node2", "yes")
+    assert "User provision-backup-node2\n" in text
     assert "StrictHostKeyChecking yes" in text
     assert f"IdentityFile {backup_layout.KEY_FILE}" in text
     assert "BatchMode yes" in text
@@ -300,7 +304,7 @@ def test_a_moved_inventory_is_refused_and_pointed_at_its_original_password(tmp_p
     assert conflict is not None
     assert conflict.startswith(f"node1:{HOST_PASSWORD} holds a different restic password")
     assert f'set backup_password_file = "{original}"' in conflict
-    assert not backup_layout.generated_password_file(moved).exists()  # nothing new generated
+    assert not backup_layout.generated_password_file(moved, node).exists()  # nothing new generated
     assert backup_layout.password_conflict(node, moved, None) is None  # a host with no password yet
     at_original = replace(node, settings=replace(node.settings, backup_password_file=str(original)))
     assert backup_layout.password_conflict(at_original, moved, on_host.upper()) is None
@@ -361,7 +365,7 @@ def _secret_events(tmp_path, monkeypatch, sudo: bool) -> list[tuple[str, str, st
     )
     server = replace(server, data={**server.data, "_sudo": sudo})
     # The SFTP key pair as the controller keeps it (generating one would run ssh-keygen).
-    key = backup_layout.cluster_dir(Cluster(tmp_path / "inv.py", (server,))) / "backup_ed25519"
+    key = backup_layout.key_path(Cluster(tmp_path / "inv.py", (server,)), server)
     key.parent.mkdir(parents=True, exist_ok=True)
     key.write_text("not a real key\n")
     key.with_suffix(".pub").write_text("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIStandIn provision-backup@provision\n")
@@ -387,3 +391,92 @@ def test_secrets_exist_only_as_0600_files_and_pass_only_through_the_ssh_users_07
         temp = events[upload][2]
         assert temp.startswith(f"{engine.context.UPLOAD_DIR}/pyinfra-")
         assert f"chmod 700 {engine.context.UPLOAD_DIR}" in before
+
+
+def test_every_host_gets_its_own_password_key_and_account(tmp_path):
+    storage, other = _node("node1", ("storage",)), _node("node2", backup_paths=["/home"])
+    cluster = _cluster(tmp_path, storage, other)
+    passwords = [backup_layout.password_file(cluster, n).read_text() for n in (storage, other)]
+    assert passwords[0] != passwords[1]
+    assert backup_layout.key_path(cluster, storage) != backup_layout.key_path(cluster, other)
+    assert backup_layout.account_name("node1") == "provision-backup-node1"
+    assert backup_layout.account_name("node1") != backup_layout.account_name("node2")
+
+
+@pytest.mark.parametrize("host", ["GPU01", "gpu01.rack3.example", "n" * 40, "a-b"])
+def test_an_account_name_is_a_portable_user_name_of_at_most_32_characters(host):
+    name = backup_layout.account_name(host)
+    assert re.fullmatch(r"[a-z][a-z0-9-]{0,31}", name), name
+    assert name != backup_layout.account_name(host + "x")  # a digest, not a truncation
+
+
+def test_sshd_confines_each_account_to_its_own_directory_with_sftp_only():
+    storage = _node("node1", ("storage",), data_mount="/srv/data")
+    text = backup_layout.sshd_drop_in(storage, ["node2", "node1"])
+    blocks = text.split("Match User ")[1:]
+    assert [b.splitlines()[0] for b in blocks] == ["provision-backup-node1", "provision-backup-node2"]
+    for host, block in zip(("node1", "node2"), blocks, strict=True):
+        settings = [line.strip() for line in block.splitlines()[1:]]
+        assert f'ChrootDirectory "/srv/data/backups/restic/{host}"' in settings
+        assert "ForceCommand internal-sftp" in settings
+        assert {"AllowTcpForwarding no", "PermitTTY no", "X11Forwarding no", "AllowAgentForwarding no"} <= set(settings)
+
+
+def test_a_host_holding_the_password_all_hosts_once_shared_keeps_it(tmp_path):
+    node, fresh = _node("node1", ("storage",)), _node("node2", backup_paths=["/home"])
+    cluster = _cluster(tmp_path, node, fresh)
+    legacy = backup_layout.legacy_password_file(cluster)
+    legacy.write_text("shared-before\n")
+    shared = hashlib.sha1(legacy.read_bytes()).hexdigest()
+    assert backup_layout.adopt_legacy_password(node, cluster, shared)
+    assert backup_layout.password_file(cluster, node).read_text() == "shared-before\n"
+    assert stat.S_IMODE(backup_layout.generated_password_file(cluster, node).stat().st_mode) == 0o600
+    assert backup_layout.password_conflict(node, cluster, shared) is None
+    # A host with no password yet, or another one, gets a password of its own.
+    assert not backup_layout.adopt_legacy_password(fresh, cluster, None)
+    assert not backup_layout.adopt_legacy_password(fresh, cluster, "0" * 40)
+    assert backup_layout.password_file(cluster, fresh).read_text() != "shared-before\n"
+
+
+def _storage_deploy(tmp_path, monkeypatch, unconfined: list[str]):
+    """The backups step on a fake storage host with one more backing-up host."""
+    settings = Settings(cluster_address="10.77.0.1", cluster_cidr="10.77.0.0/24")
+    server = fake_node("node1", settings, {"backups/restic 2>/dev/null": unconfined}, groups=("storage",))
+    client = fake_node(
+        "node2", replace(settings, cluster_address="10.77.0.2", backup_paths=["/home"]), {}, address="node2"
+    )
+    cluster = Cluster(tmp_path / "inv.py", (server, client))
+    for node in (server, client):  # the key pairs as the controller keeps them (no ssh-keygen here)
+        key = backup_layout.key_path(cluster, node)
+        key.parent.mkdir(parents=True, exist_ok=True)
+        key.write_text("not a real key\n")
+        key.with_suffix(".pub").write_text(f"ssh-ed25519 AAAAStandIn{node.name[-1]} x@provision\n")
+    monkeypatch.setattr(engine, "run_steps", _run_steps_with_path(engine.run_steps, tmp_path / "inv.py"))
+    return server, client, run_fake(backups.step, [server, client], monkeypatch)
+
+
+def test_the_storage_host_makes_a_confined_account_per_backing_up_host(tmp_path, monkeypatch):
+    server, client, run = _storage_deploy(tmp_path, monkeypatch, [])
+    assert run.results[server.name].ok
+    assert run.results[client.name].ok
+    s = server.name
+    accounts = [backup_layout.account_name(n.name) for n in (server, client)]
+    for account in accounts:
+        (useradd,) = run.ran(s, f"useradd .*{account}$")
+        assert "-s /usr/sbin/nologin" in useradd
+    assert run.ran(s, r"/usr/sbin/sshd -t \|\|")  # checked before the reload
+    assert run.ran(s, "try-reload-or-restart ssh.service")
+    assert len(run.ran(s, "sshd -T -C user=")) == 2  # the chroot applies to each account
+    # The shared account's key (on every host before) is looked for, to be removed.
+    assert run.ran(s, f"{backup_layout.LEGACY_HOME}/.ssh/authorized_keys")
+    assert not run.ran(s, r"mv .*\.moving")  # nothing to move
+    assert not run.ran(client.name, "useradd|sshd")  # the accounts live on the storage host only
+
+
+def test_a_repository_of_the_shared_account_layout_is_moved_into_its_hosts_chroot(tmp_path, monkeypatch):
+    server, client, run = _storage_deploy(tmp_path, monkeypatch, ["@fake/node2"])
+    (move,) = run.ran(server.name, r"mv .*\.moving")
+    chroot = backup_layout.chroot_dir(server, client.name)
+    assert f"mv {chroot} {chroot}.moving" in move
+    assert f"chown -R {backup_layout.account_name(client.name)}" in move
+    assert f"{chroot}/repo" in move
