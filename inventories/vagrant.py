@@ -36,6 +36,8 @@ def _host(name, ssh_port, cluster_address):
         "cluster_cidr": "10.78.0.0/24",
         "cluster_interface": "eth1",
         "data_disks": [f"/dev/disk/by-id/{_disk_prefix}NVME-{name}-{k}" for k in (1, 2)],
+        # pip checks every file from the index against this lock (README, "Supply chain").
+        "pip_lock_file": str(_root / "inventories" / "pip-lock.txt"),
     })
 
 

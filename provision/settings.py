@@ -254,6 +254,15 @@ class Settings:
         "controller directory of wheels to upload and install from (air-gapped clusters)",
         v.optional(v.controller_path),
     )
+    pip_lock_file: str | None = knob(
+        None,
+        "controller file of `name==version --hash=sha256:...` lines for every package an index install takes "
+        "(uv pip compile --universal --generate-hashes, or pip-compile --generate-hashes); pip checks each file",
+        v.optional(v.controller_path),
+    )
+    pip_require_hashes: bool = knob(
+        True, "refuse installs from an index without pip_lock_file; false takes the index's files unchecked"
+    )
     pip_compile: bool = knob(True, "byte-compile installed packages; false saves minutes on emulated VMs")
 
     # --- volumes ---

@@ -47,6 +47,15 @@ def parse_snapshots(text: str) -> list[Snapshot]:
     ]
 
 
+def not_created_yet(stderr: str) -> bool:
+    """restic's own words for a repository with no config file, from 0.12 to 0.18: the
+    backup script creates it on its first run, so listing before that is not a failure. Any
+    other reason the config cannot be read (permissions, a wrong key, no route) is one."""
+    return "Is there a repository at the following location?" in stderr and bool(
+        re.search(r"unable to open config file: .*(does not exist|no such file)", stderr, re.IGNORECASE)
+    )
+
+
 def as_root(node: Node, command: str) -> str:
     """Commands that read root-only files run through sudo unless we log in as root."""
     if (node.ssh.user or os.environ.get("USER")) == "root":
@@ -181,6 +190,14 @@ def list_snapshots(node: Node) -> Outcome:
 
     start = time.monotonic()
     result = remote.run(node, as_root(node, snapshots_command(node.name)), timeout=300)
+    if not result.ok and not_created_yet(result.stderr):
+        return Outcome(
+            node.name,
+            True,
+            "no repository yet: the first backup run creates it",
+            time.monotonic() - start,
+            {"snapshots": [], "repository": "not created yet"},
+        )
     if not result.ok:
         return _failed(node, "listing snapshots failed", result, time.monotonic() - start)
     try:

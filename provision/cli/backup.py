@@ -125,7 +125,9 @@ def list_(
 def restore(
     inventory: Path = InventoryArg,
     host: str | None = typer.Option(
-        None, "--host", help="the host whose backup to restore (default: the only host that backs up)"
+        None,
+        "--host",
+        help="the host whose backup to restore (default: the only host that backs up; with --check, every one)",
     ),
     snapshot: str = typer.Option("latest", "--snapshot", help="snapshot id, or 'latest'"),
     target: str | None = typer.Option(
@@ -143,7 +145,8 @@ def restore(
     as_json: bool = JsonOpt,
 ) -> None:
     """Restore a snapshot on its host: into a separate directory by default, never over live
-    data unless --in-place is given.
+    data unless --in-place is given. With --check and no --host, every host that backs up
+    checks its latest snapshot against its live files.
 
     Example: provision backup restore inventories/testbed.py --host node1 --snapshot latest
     """
@@ -151,8 +154,14 @@ def restore(
         raise InputError(Problem("restore", "--target, --in-place and --check exclude each other", "choose one"))
     cluster = inventory_lib.load(inventory)
     nodes = _hosts(cluster, host)
-    if host is None and len(nodes) > 1:
+    # --check only reads live data and removes its scratch copy, so it checks every host
+    # that backs up; a restore writes, so it acts on one host named outright.
+    if host is None and len(nodes) > 1 and not check:
         raise InputError(Problem("restore", f"{len(nodes)} hosts back up", "name one with --host"))
+    if len(nodes) > 1 and snapshot != "latest":
+        raise InputError(
+            Problem("--snapshot", f"{len(nodes)} hosts back up and a snapshot is one host's", "name it with --host")
+        )
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     if in_place and not as_json:
         err.print(safe(f"restoring {snapshot} over the live files on {nodes[0].name}"))

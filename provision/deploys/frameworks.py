@@ -5,7 +5,9 @@ Packages come from an index (``pip_index_url``, or pip's own configuration) or f
 wheelhouse: a controller directory of .whl files uploaded to the node and installed with
 ``pip install --no-index --find-links`` (air-gapped clusters, and the testbed), each wheel
 checked against the wheelhouse's SHA256SUMS on the controller and by pip
-(``--require-hashes``) on the node. pip takes wheels only (``--only-binary=:all:``).
+(``--require-hashes``) on the node. From an index, pip checks every file against the hashes
+of ``pip_lock_file`` (uploaded); without one the step is refused before any host is
+contacted, unless ``pip_require_hashes = false``. pip takes wheels only (``--only-binary=:all:``).
 After the install, torch is imported with the venv's python; on GPU hosts
 ``torch.cuda.is_available()`` must be True as well.
 """
@@ -18,13 +20,16 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import files, pip
 
-from provision.engine import Step, current_node, refuse
+from provision.engine import Step, current_node, note, refuse
 from provision.facts.gpus import NvidiaDevices
 from provision.operations.venv import torch_works, venv_packages, wheel_file
 from provision.rules.frameworks import (
+    REMOTE_LOCK,
     REMOTE_REQUIREMENTS,
     REMOTE_WHEELHOUSE,
+    hashed,
     hashed_requirements,
+    lock_candidates,
     pip_source_args,
     requirements,
     sums_problem,
@@ -60,13 +65,20 @@ def frameworks() -> None:
         wheels = [w.name for w in wheel_files(settings.wheelhouse)]
         if not upload_wheelhouse(settings.wheelhouse):
             return
+    elif settings.pip_lock_file:
+        # Checked on the controller (pipeline.check_inputs): pinned, hashed lines only.
+        wheels = lock_candidates(settings.pip_lock_file)
+        files.directory(name="/opt/provision", path="/opt/provision", mode="755")
+        files.put(name="pip lock: every file's hash", src=settings.pip_lock_file, dest=REMOTE_LOCK, mode="644")
+    else:
+        note("frameworks: pip takes the index's files unchecked (pip_require_hashes = false, no pip_lock_file)")
     made = pip.virtualenv(name=f"venv {venv}", path=venv, venv=True, python="python3")
     installed = venv_packages(
         name="torch, numpy, nvidia-ml-py",
         pip=f"{venv}/bin/pip",
         requirements=requirements(settings, wheels),
         source_args=pip_source_args(settings),
-        hashed=bool(settings.wheelhouse),
+        hashed=hashed(settings),
     )
     need_cuda = bool(host.get_fact(NvidiaDevices).gpus)
     # On a GPU host the check runs every time: the driver under torch may have changed in

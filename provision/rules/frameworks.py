@@ -4,6 +4,7 @@ wheelhouse downloads exactly these requirements."""
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
@@ -36,14 +37,24 @@ def torch_version(pinned: str, wheel_names: Sequence[str]) -> str:
 def pip_source_args(settings: Settings) -> str:
     """Where pip looks (the uploaded wheelhouse only, or the index URL), whether it
     byte-compiles what it installs, and that it takes wheels only: a source distribution
-    would run its setup code as root on the node. From a wheelhouse every wheel is also
-    checked against its hash (``--require-hashes -r``, see hashed_requirements)."""
+    would run its setup code as root on the node. Every file is checked against its hash
+    (``--require-hashes -r``): a wheelhouse's from its SHA256SUMS (hashed_requirements), an
+    index's from the uploaded pip_lock_file; only ``pip_require_hashes = false`` without a
+    lock installs an index's files unchecked."""
     args = ["--only-binary=:all:"] if settings.pip_compile else ["--only-binary=:all:", "--no-compile"]
     if settings.wheelhouse:
         args.append(f"--no-index --find-links {REMOTE_WHEELHOUSE} --require-hashes -r {REMOTE_REQUIREMENTS}")
-    elif settings.pip_index_url:
+        return " ".join(args)
+    if settings.pip_index_url:
         args.append(f"--index-url {shlex.quote(settings.pip_index_url)}")
+    if settings.pip_lock_file:
+        args.append(f"--require-hashes -r {REMOTE_LOCK}")
     return " ".join(args)
+
+
+def hashed(settings: Settings) -> bool:
+    """pip installs a hashed requirements file whole (a wheelhouse's, or the lock)."""
+    return bool(settings.wheelhouse or settings.pip_lock_file)
 
 
 def wheel_files(directory: str) -> list[Path]:
@@ -92,6 +103,7 @@ def torch_problem(output: str, version: str) -> str | None:
 
 
 REMOTE_WHEELHOUSE = "/opt/provision/wheelhouse"
+REMOTE_LOCK = "/opt/provision/pip-lock.txt"  # pip_lock_file, uploaded
 REMOTE_REQUIREMENTS = f"{REMOTE_WHEELHOUSE}/requirements.txt"  # hashed_requirements(), uploaded
 SUMS_FILE = "SHA256SUMS"  # in a wheelhouse: `sha256sum *.whl` output, checked before any upload
 
@@ -149,3 +161,66 @@ def write_sums(directory: Path) -> None:
     """SHA256SUMS for the wheels of a wheelhouse this tool downloaded itself (the testbed)."""
     lines = [f"{file_sha256(w)}  {w.name}\n" for w in sorted(directory.glob("*.whl"))]
     (directory / SUMS_FILE).write_text("".join(lines))
+
+
+# One requirement of a lock: a pinned name (extras allowed), an optional environment marker,
+# and one or more sha256 hashes. Nothing else: a requirements file may also carry options
+# (-r, -e, --index-url, --trusted-host...) that would widen what root's pip takes.
+_LOCK_LINE = re.compile(
+    r"(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)(\[[A-Za-z0-9,._-]+\])?==(?P<version>[A-Za-z0-9.+!_-]+)"
+    r"(\s*;\s*[A-Za-z0-9_ .*'\"<>=!~(),]+?)?(?P<hashes>(\s+--hash[= ]sha256:[0-9a-fA-F]{64})+)"
+)
+
+
+def parse_lock(text: str) -> tuple[dict[str, set[str]], list[str]]:
+    """A pip lock (hash-checking requirements, as uv pip compile or pip-compile write them):
+    package (normalised) -> pinned versions, and one problem per line that is not a pinned,
+    hashed requirement. Comments and backslash continuations are understood."""
+    pins: dict[str, set[str]] = {}
+    problems = []
+    logical: list[tuple[int, str]] = []
+    pending, start = "", 0
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = re.sub(r"(^|\s)#.*$", "", raw).rstrip()
+        if not pending:
+            start = number
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        logical.append((start, pending + line))
+        pending = ""
+    if pending:
+        logical.append((start, pending))
+    for number, line in logical:
+        line = " ".join(line.split())
+        if not line:
+            continue
+        match = _LOCK_LINE.fullmatch(line)
+        if not match:
+            problems.append(f"line {number}: {line[:80]!r} is not `name==version --hash=sha256:<64 hex>`")
+            continue
+        pins.setdefault(normalize(match["name"]), set()).add(match["version"])
+    return pins, problems
+
+
+def lock_problems(settings: Settings, text: str) -> list[str]:
+    """Why a lock cannot serve these settings' pins: lines that are not pinned and hashed, a
+    pinned package it lacks, or one it pins to another version."""
+    pins, problems = parse_lock(text)
+    if not pins and not problems:
+        return ["it names no package"]
+    candidates = [f"{name}-{version}" for name, versions in pins.items() for version in sorted(versions)]
+    for req in requirements(settings, candidates):
+        name, _, version = req.partition("==")
+        have = pins.get(normalize(name), set())
+        if not have:
+            problems.append(f"it has no {name}")
+        elif all(missing([req], {normalize(name): v}) for v in have):
+            problems.append(f"it pins {name} {', '.join(sorted(have))}, the settings {version}")
+    return problems
+
+
+def lock_candidates(path: str) -> list[str]:
+    """``name-version`` of every pin of a lock, as requirements() takes wheel names."""
+    pins, _ = parse_lock(Path(path).expanduser().read_text())
+    return [f"{name}-{version}" for name, versions in pins.items() for version in sorted(versions)]

@@ -60,8 +60,7 @@ def check_inputs(cluster: Cluster, steps: list[Step] | None = None) -> None:
     names = {s.name for s in (STEPS if steps is None else steps)}
     problems = []
     if "frameworks" in names:
-        for node in cluster.nodes:
-            problems += _wheelhouse_problems(cluster, node)
+        problems += _framework_problems(cluster)
     if "nfs" in names:
         problems += _export_problems(cluster)
     if "backups" in names:
@@ -83,34 +82,89 @@ def _export_problems(cluster: Cluster) -> list[Problem]:
     ]
 
 
-def _wheelhouse_problems(cluster: Cluster, node: Node) -> list[Problem]:
+def _framework_problems(cluster: Cluster) -> list[Problem]:
+    """The frameworks step's controller-side inputs, one line per problem however many
+    hosts share it: a thousand hosts missing the same lock is one line naming a few."""
+    hosts: dict[tuple[str, str, str], list[str]] = {}
+    for node in cluster.nodes:
+        for problem in _wheelhouse_problems(node) + _lock_problems(node):
+            hosts.setdefault(problem, []).append(node.name)
+    return [
+        Problem(f"{cluster.path}: {_hosts_label(names)}: key {key}", what, fix)
+        for (key, what, fix), names in hosts.items()
+    ]
+
+
+def _hosts_label(names: list[str], shown: int = 3) -> str:
+    if len(names) == 1:
+        return f"host {names[0]}"
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return f"hosts {', '.join(names[:shown])}{more}"
+
+
+def _wheelhouse_problems(node: Node) -> list[tuple[str, str, str]]:
     """A wheelhouse must hold a wheel for each pinned package: found here, a missing pin
-    is one line on the controller instead of pip failing on every host."""
+    is one line on the controller instead of pip failing on every host. (key, what, fix)."""
     house = node.settings.wheelhouse
     if not house:
         return []
-    where = f"{cluster.path}: host {node.name}: key wheelhouse"
     names = [w.name for w in Path(house).expanduser().glob("*.whl")]
     if not names:
         return [
-            Problem(where, f"{house} holds no .whl files", "build it with pip download/pip wheel, or unset wheelhouse")
+            ("wheelhouse", f"{house} holds no .whl files", "build it with pip download/pip wheel, or unset wheelhouse")
         ]
     gaps = framework_rules.wheelhouse_gaps(node.settings, names)
     unsure = framework_rules.sums_problem(house)
     if not gaps and unsure:
-        fix = f"sha256sum *.whl > {framework_rules.SUMS_FILE} where the wheels were downloaded"
-        return [Problem(where, unsure, fix)]
+        return [
+            ("wheelhouse", unsure, f"sha256sum *.whl > {framework_rules.SUMS_FILE} where the wheels were downloaded")
+        ]
     if not gaps:
         return []
     wanted = " ".join(shlex.quote(g) for g in gaps)
     return [
-        Problem(
-            where,
+        (
+            "wheelhouse",
             f"{house} has no wheel for {', '.join(gaps)}",
             f"pip download {wanted} --only-binary=:all: --python-version <hosts' python3> "
             f"-d {shlex.quote(house)}, or change the pins",
         )
     ]
+
+
+LOCK_MAX_BYTES = 8 * 2**20  # a universal lock of torch and CUDA is about 50 KB
+
+
+def _lock_problems(node: Node) -> list[tuple[str, str, str]]:
+    """An install from an index is checked against pip_lock_file's hashes: the lock must be
+    readable, hold pinned and hashed lines only, and pin what the settings pin. Without a
+    lock, the install is refused unless pip_require_hashes is false. (key, what, fix)."""
+    s = node.settings
+    if s.wheelhouse:
+        return []
+    if not s.pip_lock_file:
+        if not s.pip_require_hashes:
+            return []
+        return [
+            (
+                "pip_lock_file",
+                "pip would install from an index without checking any file's hash",
+                "set pip_lock_file (uv pip compile --universal --generate-hashes -o pip-lock.txt, from the pins), "
+                "or a wheelhouse; pip_require_hashes = false takes the index's files unchecked",
+            )
+        ]
+    path = Path(s.pip_lock_file).expanduser()
+    try:
+        if not path.is_file():  # a FIFO or /dev/zero would hang the check or fill memory
+            why = f"{path} does not exist" if not path.exists() else f"{path} is not a regular file"
+            return [("pip_lock_file", why, "write the lock, or unset pip_lock_file")]
+        if path.stat().st_size > LOCK_MAX_BYTES:
+            return [("pip_lock_file", f"{path} is over {LOCK_MAX_BYTES // 2**20} MiB: not a lock", "")]
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        return [("pip_lock_file", f"{path} cannot be read ({e})", "write the lock, or unset pip_lock_file")]
+    fix = "make it again from the pins (uv pip compile --universal --generate-hashes)"
+    return [("pip_lock_file", f"{path}: {problem}", fix) for problem in framework_rules.lock_problems(s, text)]
 
 
 def _backup_problems(cluster: Cluster) -> list[Problem]:

@@ -82,7 +82,10 @@ def test_restore_check_compares_against_live_data(cluster, testbed):
     assert cli("backup", "run", str(testbed.inventory_path)).exit_code == 0
     run = cli("backup", "restore", str(testbed.inventory_path), "--check", "--json")
     assert run.exit_code == 0, run.stdout + run.stderr
-    assert run.json()["hosts"][0]["data"]["check"]["identical"] > 0
+    # The demo's own flags: no --host, so every host that backs up checks its latest snapshot.
+    checks = {h["host"]: h["data"]["check"] for h in run.json()["hosts"]}
+    assert sorted(checks) == [n.name for n in cluster.nodes if backup_layout.skip_reason(n, cluster) is None]
+    assert all(c["identical"] > 0 and not c["different"] and not c["missing_live"] for c in checks.values()), checks
 
 
 def test_check_passes_on_every_backing_up_host_after_a_backup(cluster, testbed):
@@ -133,12 +136,13 @@ def test_root_on_one_node_reaches_its_own_backups_and_no_other_nodes(cluster, te
     address = storage.cluster_address
 
     # Its own account sees one directory, its repository, and cannot leave it.
-    tries = "cd /\nls -1a\ncd ..\nls -1a\n-ls -1a /data/backups/restic\n-put /etc/hostname /escape\n"
+    tries = "cd /\nls -1a\ncd ..\nls -1a\n-ls -1a /data/backups/restic\n-put /etc/passwd /escape\n"
     own = _sftp(client, address, tries)
     assert own.ok, own.stderr
     listed = [line.strip() for line in own.stdout.splitlines() if line.strip() and not line.startswith("sftp>")]
     assert sorted(set(listed)) == [".", "..", "repo"], own.stdout  # / and /.. are the same
     assert listed.count("repo") == 2, own.stdout
+    assert '"/data/backups/restic" not found' in own.stderr, own.stderr  # the host's paths are not there
     assert "Permission denied" in own.stderr, own.stderr  # no write outside its repository
     # node2's key does not open node1's account, nor the shared account of earlier versions.
     for account in (backup_layout.account_name("node1"), backup_layout.LEGACY_ACCOUNT):

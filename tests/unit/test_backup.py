@@ -290,6 +290,80 @@ def test_a_repository_that_hosts_share_is_checked_once(cli, tmp_path, monkeypatc
     assert hosts == {"node1": (True, "no errors found"), "node2": (True, "same repository as node1: no errors found")}
 
 
+# restic's words for a repository with no config yet: 0.14's SFTP backend, then 0.17's.
+NOT_CREATED = (
+    "Fatal: unable to open config file: Lstat: file does not exist\n"
+    "Is there a repository at the following location?\nsftp:provision-backup-node2@10.77.0.11:/repo\n",
+    "Fatal: repository does not exist: unable to open config file: stat /x/config: no such file or directory\n"
+    "Is there a repository at the following location?\n/x\n",
+)
+
+
+@pytest.mark.parametrize("stderr", NOT_CREATED)
+def test_listing_before_the_first_backup_run_is_no_snapshots_not_a_failure(cli, tmp_path, monkeypatch, stderr):
+    _remote_run_stand_in(monkeypatch, {"node1": (0, "[]\n", ""), "node2": (1, "", stderr)})
+    result = cli("backup", "list", str(_inventory(tmp_path, TWO_BACKING_UP)), "--json")
+    assert result.code == 0, result.out
+    hosts = {h["host"]: (h["ok"], h["detail"], h["data"]) for h in json.loads(result.out)["hosts"]}
+    assert hosts["node2"] == (
+        True,
+        "no repository yet: the first backup run creates it",
+        {"snapshots": [], "repository": "not created yet"},
+    )
+
+
+@pytest.mark.parametrize(
+    "stderr",
+    [
+        "Fatal: unable to open config file: Lstat: permission denied\n"
+        "Is there a repository at the following location?\nsftp:x@h:/repo\n",
+        "Fatal: wrong password or no key found\n",
+        "ssh: connect to host 10.77.0.11 port 22: No route to host\nFatal: unable to open repository\n",
+    ],
+)
+def test_any_other_reason_a_repository_cannot_be_read_fails_the_listing(cli, tmp_path, monkeypatch, stderr):
+    _remote_run_stand_in(monkeypatch, {"node1": (0, "[]\n", ""), "node2": (1, "", stderr)})
+    result = cli("backup", "list", str(_inventory(tmp_path, TWO_BACKING_UP)), "--json")
+    assert result.code == 1
+    hosts = {h["host"]: h["ok"] for h in json.loads(result.out)["hosts"]}
+    assert hosts == {"node1": True, "node2": False}
+
+
+def test_restore_check_without_host_checks_every_host_that_backs_up(cli, tmp_path, monkeypatch):
+    from provision.backup import runs
+
+    checked = []
+
+    def check_stand_in(node, snapshot, stamp):
+        checked.append((node.name, snapshot))
+        return runs.Outcome(node.name, True, "1 file(s) restored identical to live", 0.0, {})
+
+    monkeypatch.setattr(runs, "check", check_stand_in)
+    result = cli("backup", "restore", str(_inventory(tmp_path, TWO_BACKING_UP)), "--check", "--json")
+    assert result.code == 0, result.err
+    assert sorted(checked) == [("node1", "latest"), ("node2", "latest")]
+
+
+@pytest.mark.parametrize(
+    ("args", "why"),
+    [
+        ([], "error: restore: 2 hosts back up (name one with --host)"),
+        (
+            ["--check", "--snapshot", "1a2b3c4d"],
+            "error: --snapshot: 2 hosts back up and a snapshot is one host's (name it with --host)",
+        ),
+    ],
+)
+def test_a_restore_that_could_mean_several_hosts_is_refused_before_any_host_is_touched(
+    cli, tmp_path, monkeypatch, args, why
+):
+    sent = _remote_run_stand_in(monkeypatch, {})
+    result = cli("backup", "restore", str(_inventory(tmp_path, TWO_BACKING_UP)), *args)
+    assert result.code == 2
+    assert result.err.strip().startswith(why), result.err
+    assert sent == {}
+
+
 # --- the password already on a host is never replaced by a different one ----------------
 
 HOST_PASSWORD = "/etc/provision/backup/password"

@@ -174,3 +174,86 @@ def test_hashed_requirements_pin_every_wheel_by_its_sha256(tmp_path: Path) -> No
         f"nvidia_ml_py==13.580.126 --hash=sha256:{wheel}",
         f"torch==2.13.0+cpu --hash=sha256:{torch}",
     ]
+
+
+# --- installs from an index: every file checked against the lock's hashes ---------------
+
+H = "sha256:" + "a" * 64
+LOCK = f"""# uv pip compile --universal --generate-hashes
+numpy==2.2.6 \\
+    --hash={H} \\
+    --hash=sha256:{"b" * 64}
+    # via torch
+nvidia-ml-py==13.580.126 --hash={H}
+torch==2.13.0 ; platform_machine == 'x86_64' --hash={H}
+sympy==1.14.0 --hash={H}
+networkx==3.6.1 ; python_full_version == '3.11.*' \\
+    --hash={H}
+cuda-toolkit[cublas,cudart]==13.0.2 ; sys_platform == 'linux' --hash={H}
+"""
+
+
+def test_an_index_install_with_a_lock_installs_the_lock_whole_with_require_hashes(tmp_path: Path) -> None:
+    lock = tmp_path / "pip-lock.txt"
+    lock.write_text(LOCK)
+    settings = dict(pip_index_url="http://10.0.0.5/simple", pip_lock_file=str(lock))
+    ops, _ = plan_with_facts(frameworks.step, node(**settings), FakeHost())
+    by_name = {o.name.removeprefix("Frameworks | "): o for o in ops}
+    assert "pip lock: every file's hash" in by_name
+    assert by_name["torch, numpy, nvidia-ml-py"].commands == [
+        "/opt/provision/venv/bin/pip install --only-binary=:all: --index-url http://10.0.0.5/simple "
+        "--require-hashes -r /opt/provision/pip-lock.txt"
+    ]
+
+
+def test_without_a_lock_an_index_install_is_unchecked_only_when_asked(tmp_path: Path) -> None:
+    ops, _ = plan_with_facts(frameworks.step, node(pip_require_hashes=False), FakeHost())
+    install = {o.name: o for o in ops}["Frameworks | torch, numpy, nvidia-ml-py"].commands
+    assert install == [f"/opt/provision/venv/bin/pip install --only-binary=:all: torch==2.13.0 {PINS}"]
+
+
+def test_a_lock_parses_pins_hashes_markers_comments_and_continuations() -> None:
+    pins, problems = framework_rules.parse_lock(LOCK)
+    assert problems == []
+    assert pins == {
+        "numpy": {"2.2.6"},
+        "nvidia-ml-py": {"13.580.126"},
+        "torch": {"2.13.0"},
+        "sympy": {"1.14.0"},
+        "networkx": {"3.6.1"},
+        "cuda-toolkit": {"13.0.2"},
+    }
+    assert framework_rules.lock_problems(Settings(), LOCK) == []
+
+
+def test_every_line_that_could_widen_what_roots_pip_takes_is_named() -> None:
+    hostile = "\n".join(
+        [
+            "--index-url http://evil.example/simple",
+            "--trusted-host evil.example",
+            "-r other.txt",
+            "-e git+https://example.invalid/x#egg=x",
+            f"torch>=2.0 --hash={H}",  # not pinned
+            "numpy==2.2.6",  # no hash
+            f"numpy==2.2.6 --hash=md5:{'a' * 32}",  # not sha256
+            f"https://example.invalid/torch.whl --hash={H}",  # a URL, not a name
+            f"nvidia-ml-py==13.580.126 --hash={H} --no-deps",  # a trailing option
+        ]
+    )
+    pins, problems = framework_rules.parse_lock(hostile)
+    assert pins == {}
+    assert [p.split(":")[0] for p in problems] == [f"line {n}" for n in range(1, 10)]
+
+
+def test_a_lock_that_lacks_a_pin_or_pins_another_version_is_named() -> None:
+    lock = f"torch==2.12.0 --hash={H}\nnumpy==2.2.6 --hash={H}\n"
+    assert framework_rules.lock_problems(Settings(), lock) == [
+        "it pins torch 2.12.0, the settings 2.13.0",
+        "it has no nvidia-ml-py",
+    ]
+    assert framework_rules.lock_problems(Settings(), "# nothing\n") == ["it names no package"]
+
+
+def test_a_lock_of_a_labelled_torch_build_satisfies_the_pin() -> None:
+    lock = f"torch==2.13.0+cu128 --hash={H}\nnumpy==2.2.6 --hash={H}\nnvidia-ml-py==13.580.126 --hash={H}\n"
+    assert framework_rules.lock_problems(Settings(), lock) == []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from provision.errors import InputError
@@ -95,4 +97,60 @@ def test_backup_inputs_are_checked_on_hosts_that_back_up_when_the_step_runs(tmp_
         f"{inventory}: host n1: key backup_repository: no repository: not set, "
         "and no storage host to hold the default one (put a host in the 'storage' group, or set backup_repository)",
     ]
-    pipeline.check_inputs(cluster, pipeline.select(skip="backups"))  # not this run's concern
+    pipeline.check_inputs(cluster, pipeline.select(skip="backups,frameworks"))  # not this run's concern
+
+
+def _hosts(tmp_path, count: int, data: str = "") -> object:
+    from provision import inventory as inventory_lib
+
+    inventory = tmp_path / "inv.py"
+    hosts = ", ".join(f"('n{i}', {{'ssh_hostname': '192.0.2.{i}'{data}}})" for i in range(1, count + 1))
+    inventory.write_text(f"nodes = [{hosts}]\n")
+    return inventory_lib.load(inventory)
+
+
+def test_an_index_install_without_a_lock_is_refused_in_one_line_however_many_hosts(tmp_path) -> None:
+    cluster = _hosts(tmp_path, 5)
+    with pytest.raises(InputError) as e:
+        pipeline.check_inputs(cluster, pipeline.select(only="frameworks"))
+    assert [str(p) for p in e.value.problems] == [
+        f"{cluster.path}: hosts n1, n2, n3 and 2 more: key pip_lock_file: pip would install from an index "
+        "without checking any file's hash (set pip_lock_file (uv pip compile --universal --generate-hashes "
+        "-o pip-lock.txt, from the pins), or a wheelhouse; pip_require_hashes = false takes the index's files "
+        "unchecked)"
+    ]
+    pipeline.check_inputs(_hosts(tmp_path, 2, ", 'pip_require_hashes': False"), pipeline.select(only="frameworks"))
+
+
+def test_a_lock_that_is_missing_or_not_a_lock_is_named_before_any_host(tmp_path) -> None:
+    lock = tmp_path / "pip-lock.txt"
+    cluster = _hosts(tmp_path, 1, f", 'pip_lock_file': '{lock}'")
+    with pytest.raises(InputError) as e:
+        pipeline.check_inputs(cluster, pipeline.select(only="frameworks"))
+    assert [str(p) for p in e.value.problems] == [
+        f"{cluster.path}: host n1: key pip_lock_file: {lock} does not exist (write the lock, or unset pip_lock_file)"
+    ]
+    for odd in (tmp_path, Path("/dev/zero")):  # a directory; a device that never ends
+        at = _hosts(tmp_path, 1, f", 'pip_lock_file': '{odd}'")
+        with pytest.raises(InputError) as e:
+            pipeline.check_inputs(at, pipeline.select(only="frameworks"))
+        assert [p.what for p in e.value.problems] == [f"{odd} is not a regular file"]
+    big = tmp_path / "big.txt"
+    big.write_bytes(b"#" * (pipeline.LOCK_MAX_BYTES + 1))
+    with pytest.raises(InputError) as e:
+        pipeline.check_inputs(_hosts(tmp_path, 1, f", 'pip_lock_file': '{big}'"), pipeline.select(only="frameworks"))
+    assert [p.what for p in e.value.problems] == [f"{big} is over 8 MiB: not a lock"]
+    cluster = _hosts(tmp_path, 1, f", 'pip_lock_file': '{lock}'")
+    lock.write_text("torch==2.13.0\n--extra-index-url http://10.0.0.9/simple\n")
+    with pytest.raises(InputError) as e:
+        pipeline.check_inputs(cluster, pipeline.select(only="frameworks"))
+    whys = [p.what for p in e.value.problems]
+    assert whys[:2] == [
+        f"{lock}: line 1: 'torch==2.13.0' is not `name==version --hash=sha256:<64 hex>`",
+        f"{lock}: line 2: '--extra-index-url http://10.0.0.9/simple' is not `name==version --hash=sha256:<64 hex>`",
+    ]
+    good = "".join(
+        f"{p} --hash=sha256:{'c' * 64}\n" for p in ("torch==2.13.0", "numpy==2.2.6", "nvidia-ml-py==13.580.126")
+    )
+    lock.write_text(good)
+    pipeline.check_inputs(cluster, pipeline.select(only="frameworks"))

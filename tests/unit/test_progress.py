@@ -8,7 +8,7 @@ import re
 import pytest
 
 from provision.cli.console import host_progress
-from provision.resources import inventories_dir
+from tests.helpers.example_inventory import locked_example
 
 
 def untimed(err: str) -> list[str]:
@@ -83,7 +83,7 @@ def test_ctrl_c_exits_130_without_a_traceback(cli, monkeypatch, tmp_path):
 
     monkeypatch.setattr(up_cli.host_lock, "held", no_host_locks)
 
-    result = cli("up", str(inventories_dir() / "example.py"))
+    result = cli("up", str(locked_example(tmp_path / "inventories")))
     assert result.code == 130
     assert "interrupted; hosts mid-step: none" in result.err
     assert "Traceback" not in result.err

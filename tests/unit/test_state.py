@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from provision import state
-from provision.resources import inventories_dir
+from tests.helpers.example_inventory import locked_example
 
 
 @pytest.fixture(autouse=True)
@@ -99,8 +99,8 @@ def test_two_inventories_have_two_locks(tmp_path):
         pass
 
 
-def test_up_exits_2_naming_the_holder_when_another_up_holds_the_inventory(cli):
-    inventory = inventories_dir() / "example.py"
+def test_up_exits_2_naming_the_holder_when_another_up_holds_the_inventory(cli, tmp_path):
+    inventory = locked_example(tmp_path)
     with state.inventory_lock(inventory):
         result = cli("up", str(inventory))
     assert result.code == 2
