@@ -97,7 +97,12 @@ def restore(testbed: Testbed, digest: str, inventory_path: Path, nodes: list[str
         for f in (where / "nodes" / name).iterdir():
             _copy(f, dest / f.name)
     _copy_tree(where / "keys", testbed.state_dir / "keys")
-    _copy_tree(where / "controller", state.inventory_dir(inventory_path))
+    # The inventory's secrets are the snapshot's alone: a directory left under the same
+    # inventory path by an earlier run (pytest reuses its numbered temp paths) must not
+    # add a password or key the snapshot's hosts never had.
+    controller = state.inventory_dir(inventory_path)
+    shutil.rmtree(controller)
+    _copy_tree(where / "controller", controller)
     return report_from_json(json.loads((where / REPORT).read_text()))
 
 
@@ -152,9 +157,13 @@ def _copy(src: Path, dest: Path) -> None:
 
 
 def _copy_tree(src: Path, dest: Path) -> None:
+    """Files and folders, all the way down: the inventory's secrets are per host, in
+    folders (backup-passwords/<host>, backup-keys/<host>_ed25519)."""
     dest.mkdir(parents=True, exist_ok=True, mode=0o700)
     for f in src.iterdir():
-        if f.is_file():
+        if f.is_dir():
+            _copy_tree(f, dest / f.name)
+        elif f.is_file():
             _copy(f, dest / f.name)
 
 

@@ -172,6 +172,16 @@ def test_root_on_one_node_reaches_its_own_backups_and_no_other_nodes(cluster, te
     passwords = {backup_layout.password_file(cluster, n).read_text() for n in (client, storage)}
     assert len(passwords) == 2
 
+    # The training user on node2 holds none of it: not the password, not the key, not the
+    # ssh settings, and no way into its own node's repository either.
+    user = client.settings.training_user
+    for path in (backup_layout.PASSWORD_FILE, backup_layout.KEY_FILE, backup_layout.SSH_CONFIG):
+        read = remote.run(client, f"runuser -u {user} -- cat {shlex.quote(path)}", timeout=60)
+        assert not read.ok, (path, read.stdout)
+        assert "Permission denied" in read.stderr, (path, read.stderr)
+    wrapper = remote.run(client, f"runuser -u {user} -- {backup_layout.WRAPPER} snapshots", timeout=120)
+    assert not wrapper.ok, wrapper.stdout  # it cannot read the env file that names the repository
+
 
 def test_unknown_host_is_bad_input(testbed):
     run = cli("backup", "run", str(testbed.inventory_path), "--host", "nosuch")
