@@ -129,7 +129,11 @@ def sftp_account(storage: Node, cluster: Cluster, client: Node, moved: bool) -> 
     account = backup.account_name(client.name)
     public = backup.key_file(cluster, client).with_suffix(".pub").read_text().strip()
     home = f"{backup.ACCOUNTS_HOME}/{client.name}"
-    server.user(name=f"account {account}", user=account, home=home, shell="/usr/sbin/nologin", system=True)
+    # ensure_home=False: pyinfra would give the home to the account, and the directory
+    # operation below would give it back to root, on every run.
+    server.user(
+        name=f"account {account}", user=account, home=home, shell="/usr/sbin/nologin", system=True, ensure_home=False
+    )
     # Root owns the key file and its directories, so the account could not change them even
     # if it ever had a shell; sshd reads them as the account, hence 755/644.
     files.directory(name=home, path=home, user="root", group="root", mode="755")

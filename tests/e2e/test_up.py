@@ -58,5 +58,7 @@ def test_second_up_changes_nothing_reboots_nothing_and_keeps_the_data(provisione
     assert run.exit_code == 0, run.stdout + run.stderr
     hosts = run.json()["hosts"]
     assert [h["name"] for h in hosts] == [n.name for n in cluster.nodes]
-    assert all(h["ok"] and h["changed"] == 0 and h["rebooted"] is False for h in hosts), hosts
+    changed = {h["name"]: (h["changed_by_step"], h["failures"]) for h in hosts if h["changed"] or not h["ok"]}
+    assert changed == {}, changed
+    assert all(h["rebooted"] is False for h in hosts), hosts
     assert sh(storage, "cat /data/e2e-survives").strip() == token

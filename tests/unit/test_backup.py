@@ -538,6 +538,9 @@ def test_the_storage_host_makes_a_confined_account_per_backing_up_host(tmp_path,
     for account in accounts:
         (useradd,) = run.ran(s, f"useradd .*{account}$")
         assert "-s /usr/sbin/nologin" in useradd
+        # Its home (holding the authorized_keys) stays root's: pyinfra's user operation would
+        # give it to the account, and the next directory operation back to root, every run.
+        assert not run.ran(s, f"chown .*{account}.* {backup_layout.ACCOUNTS_HOME}/"), account
     assert run.ran(s, r"/usr/sbin/sshd -t \|\|")  # checked before the reload
     assert run.ran(s, "try-reload-or-restart ssh.service")
     assert len(run.ran(s, "sshd -T -C user=")) == 2  # the chroot applies to each account
