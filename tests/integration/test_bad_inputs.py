@@ -125,6 +125,11 @@ CASES: list[Case] = [
     Case("wheelhouse-empty", "host n1: key wheelhouse", {"wheelhouse": "{WHEELS_NONE}"}),
     Case("wheelhouse-no-torch", "host n1: key wheelhouse: ", {"wheelhouse": "{WHEELS_NUMPY}"}),
     Case("backup-no-repository", "host n1: key backup_repository", {"backup_paths": ["/home"]}),
+    # An install from an index is checked against a lock; the lock widens nothing.
+    Case("pip-no-lock", "hosts n1, n2: key pip_lock_file: pip would install from an index without checking"),
+    *_key("pip_lock_file", "/nonexistent/lock.txt", "/dev/zero", "{LOCK_DIR}", "{LOCK_OPTIONS}", "{LOCK_UNHASHED}"),
+    *_key("pip_lock_file", "/l\nx", ""),
+    *_key("pip_require_hashes", "no", 0),
 ]
 INJECTIONS = {c.id for c in CASES if M in repr(c)}
 
@@ -156,6 +161,8 @@ SPAWNED: list[tuple[str, str]] = [
     ("wheelhouse-no-torch", "plan"),
     ("nfs-without-cidr", "up"),
     ("train_dir-4", "validate"),
+    ("pip-no-lock", "up"),
+    ("pip_lock_file-3", "plan"),
 ]
 BY_ID = {c.id: c for c in CASES}
 
@@ -195,7 +202,14 @@ def _side_files(tmp_path: Path) -> dict[str, str]:
     (tmp_path / "wheels-none").mkdir(exist_ok=True)
     (tmp_path / "wheels-numpy").mkdir(exist_ok=True)
     (tmp_path / "wheels-numpy" / "numpy-2.2.6-cp311-cp311-manylinux_2_17_x86_64.whl").write_bytes(b"")
+    hashed = f" --hash=sha256:{'a' * 64}"
+    pins = f"torch==2.13.0{hashed}\nnumpy==2.2.6{hashed}\nnvidia-ml-py==13.580.126{hashed}\n"
+    (tmp_path / "lock-options.txt").write_text(f"--extra-index-url http://10.9.9.9/simple\n-e .\n{pins}")
+    (tmp_path / "lock-unhashed.txt").write_text("torch==2.13.0\nnumpy==2.2.6\nnvidia-ml-py==13.580.126\n")
     return {
+        "{LOCK_DIR}": str(tmp_path),
+        "{LOCK_OPTIONS}": str(tmp_path / "lock-options.txt"),
+        "{LOCK_UNHASHED}": str(tmp_path / "lock-unhashed.txt"),
         "{EMPTY}": str(tmp_path / "empty"),
         "{WHEELS_NONE}": str(tmp_path / "wheels-none"),
         "{WHEELS_NUMPY}": str(tmp_path / "wheels-numpy"),
