@@ -14,6 +14,7 @@ After the install, torch is imported with the venv's python; on GPU hosts
 
 from __future__ import annotations
 
+import posixpath
 from io import StringIO
 
 from pyinfra import host
@@ -68,7 +69,8 @@ def frameworks() -> None:
     elif settings.pip_lock_file:
         # Checked on the controller (pipeline.check_inputs): pinned, hashed lines only.
         wheels = lock_candidates(settings.pip_lock_file)
-        files.directory(name="/opt/provision", path="/opt/provision", mode="755")
+        lock_dir = posixpath.dirname(REMOTE_LOCK)
+        files.directory(name=lock_dir, path=lock_dir, mode="755")
         files.put(name="pip lock: every file's hash", src=settings.pip_lock_file, dest=REMOTE_LOCK, mode="644")
     else:
         note("frameworks: pip takes the index's files unchecked (pip_require_hashes = false, no pip_lock_file)")

@@ -209,8 +209,7 @@ def lock_problems(settings: Settings, text: str) -> list[str]:
     pins, problems = parse_lock(text)
     if not pins and not problems:
         return ["it names no package"]
-    candidates = [f"{name}-{version}" for name, versions in pins.items() for version in sorted(versions)]
-    for req in requirements(settings, candidates):
+    for req in requirements(settings, _candidates(pins)):
         name, _, version = req.partition("==")
         have = pins.get(normalize(name), set())
         if not have:
@@ -221,6 +220,10 @@ def lock_problems(settings: Settings, text: str) -> list[str]:
 
 
 def lock_candidates(path: str) -> list[str]:
-    """``name-version`` of every pin of a lock, as requirements() takes wheel names."""
+    """``name-version`` of every pin of a lock file, as requirements() takes wheel names."""
     pins, _ = parse_lock(Path(path).expanduser().read_text())
+    return _candidates(pins)
+
+
+def _candidates(pins: dict[str, set[str]]) -> list[str]:
     return [f"{name}-{version}" for name, versions in pins.items() for version in sorted(versions)]

@@ -86,8 +86,16 @@ def _framework_problems(cluster: Cluster) -> list[Problem]:
     """The frameworks step's controller-side inputs, one line per problem however many
     hosts share it: a thousand hosts missing the same lock is one line naming a few."""
     hosts: dict[tuple[str, str, str], list[str]] = {}
+    # Checked once per distinct set of the settings the checks read: hosts sharing a
+    # wheelhouse or a lock (the usual case) would otherwise hash every wheel, or read and
+    # parse the lock, once per host.
+    checked: dict[tuple[object, ...], list[tuple[str, str, str]]] = {}
     for node in cluster.nodes:
-        for problem in _wheelhouse_problems(node) + _lock_problems(node):
+        s = node.settings
+        inputs = (s.wheelhouse, s.pip_lock_file, s.pip_require_hashes, s.torch_version, s.numpy_version, s.nvml_version)
+        if inputs not in checked:
+            checked[inputs] = _wheelhouse_problems(node) + _lock_problems(node)
+        for problem in checked[inputs]:
             hosts.setdefault(problem, []).append(node.name)
     return [
         Problem(f"{cluster.path}: {_hosts_label(names)}: key {key}", what, fix)

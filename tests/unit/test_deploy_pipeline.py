@@ -154,3 +154,19 @@ def test_a_lock_that_is_missing_or_not_a_lock_is_named_before_any_host(tmp_path)
     )
     lock.write_text(good)
     pipeline.check_inputs(cluster, pipeline.select(only="frameworks"))
+
+
+def test_hosts_sharing_a_wheelhouse_have_it_hashed_once(tmp_path, monkeypatch) -> None:
+    from provision.rules import frameworks as framework_rules
+
+    house = tmp_path / "wheels"
+    house.mkdir()
+    for name in ("torch-2.13.0+cpu-cp311-cp311-linux_x86_64.whl", "numpy-2.2.6-cp311-cp311-linux_x86_64.whl"):
+        (house / name).write_bytes(b"wheel")
+    (house / "nvidia_ml_py-13.580.126-py3-none-any.whl").write_bytes(b"wheel")
+    framework_rules.write_sums(house)
+    hashed = []
+    real = framework_rules.sums_problem
+    monkeypatch.setattr(framework_rules, "sums_problem", lambda d: hashed.append(d) or real(d))
+    pipeline.check_inputs(_hosts(tmp_path, 4, f", 'wheelhouse': '{house}'"), pipeline.select(only="frameworks"))
+    assert hashed == [str(house)]
