@@ -104,7 +104,8 @@ def load(path: str | os.PathLike[str]) -> Cluster:
         )
     pyinfra_inventory, attrs = inventory_file.load(inventory_path)
     problems: list[Problem] = []
-    nodes = [_node(pyinfra_inventory, host, inventory_path, problems) for host in pyinfra_inventory]
+    groups: dict[str, list[Problem]] = {}  # each group's own problems, checked once, not once a host
+    nodes = [_node(pyinfra_inventory, host, inventory_path, problems, groups) for host in pyinfra_inventory]
     if not nodes:
         problems.append(
             Problem(
@@ -121,12 +122,12 @@ def load(path: str | os.PathLike[str]) -> Cluster:
     return Cluster(inventory_path, tuple(nodes), pyinfra_inventory)
 
 
-def _node(inv: Any, host: Any, inventory_path: Path, problems: list[Problem]) -> Node:
+def _node(inv: Any, host: Any, inventory_path: Path, problems: list[Problem], groups: dict[str, list[Problem]]) -> Node:
     where = f"{inventory_path}: host {host_label(host.name)}"
     name_problem = v.address(host.name)
     if name_problem:
         problems.append(Problem(where, name_problem, "name hosts by host name; the address goes in ssh_hostname"))
-    _check_layers(inv, host, inventory_path, problems)
+    _check_layers(inv, host, inventory_path, problems, groups)
     data = {k: v for k, v in host.data.dict().items()}
     settings, _ = parse_settings(data, where)  # layer problems were reported with their source
     ssh = _ssh_target(host.name, data, where, problems)
@@ -139,19 +140,29 @@ def host_label(name: str) -> str:
     return name if v.address(name) is None else ascii(name)
 
 
-def _check_layers(inv: Any, host: Any, inventory_path: Path, problems: list[Problem]) -> None:
-    """Validate each source of this host's data separately, so a problem names its file."""
-    layers = [(f"{inventory_path}: host {host_label(host.name)}", inv.get_host_data(host.name))]
+def _check_layers(
+    inv: Any, host: Any, inventory_path: Path, problems: list[Problem], groups: dict[str, list[Problem]]
+) -> None:
+    """Validate each source of this host's data separately, so a problem names its file.
+    A group's data is the same for each of its hosts: checked the first time a host of the
+    group is met (``groups`` keeps the answer), which keeps loading linear in the hosts."""
+    found = _layer_problems(f"{inventory_path}: host {host_label(host.name)}", inv.get_host_data(host.name))
     group_dir = inventory_path.parent / "group_data"
     for group in ("all", *host.groups):
-        data = inv.get_data() if group == "all" else inv.get_group_data(group)
-        source = group_dir / f"{group}.py"
-        where = f"{source}" if source.is_file() else f"{inventory_path}: group {group}"
-        layers.append((where, data))
-    for where, data in layers:
-        for problem in parse_settings(data, where)[1] + pyinfra_key_problems(data, where):
-            if problem not in problems:
-                problems.append(problem)
+        if group not in groups:
+            data = inv.get_data() if group == "all" else inv.get_group_data(group)
+            source = group_dir / f"{group}.py"
+            groups[group] = _layer_problems(
+                f"{source}" if source.is_file() else f"{inventory_path}: group {group}", data
+            )
+            found += groups[group]  # a group's problems are said once, with the first host met
+    for problem in found:
+        if problem not in problems:
+            problems.append(problem)
+
+
+def _layer_problems(where: str, data: dict[str, Any]) -> list[Problem]:
+    return parse_settings(data, where)[1] + pyinfra_key_problems(data, where)
 
 
 # Values of ssh_strict_host_key_checking that provision honours the same way in pyinfra

@@ -101,12 +101,29 @@ def run(node: Node, command: str, timeout: float | None = None, conn: Any = None
             conn.close()
 
 
-def on_all(nodes: Iterable[Node], func: Callable[[Node], T], max_workers: int = 32) -> dict[str, T]:
-    """Call func(node) for every node in parallel; results by node name, in input order."""
+FANOUT = 32  # hosts worked on at once by on_all when no node sets `parallel`
+
+
+def fanout(nodes: list[Node]) -> int:
+    """How many of these hosts on_all works on at once: the smallest ``parallel`` a node
+    asks for (the setting pyinfra's passes obey too), else FANOUT."""
+    asked = [n.settings.parallel for n in nodes if n.settings.parallel > 0]
+    return min(asked, default=FANOUT)
+
+
+def on_all(nodes: Iterable[Node], func: Callable[[Node], T], together: bool = False) -> dict[str, T]:
+    """Call func(node) for every node in parallel; results by node name, in input order.
+
+    At most ``fanout(nodes)`` run at once, each host's deadlines starting when its turn
+    comes. ``together=True`` is for gang work, where every node's call must be running
+    at the same time or none can finish (a torchrun rendezvous across the nodes): then
+    every node gets its own thread, whatever the setting, since a queue would leave the
+    first nodes waiting for peers that cannot start until they end."""
     nodes = list(nodes)
     if not nodes:
         return {}
-    with ThreadPoolExecutor(max_workers=min(max_workers, len(nodes))) as pool:
+    workers = len(nodes) if together else min(fanout(nodes), len(nodes))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
         futures = {n.name: pool.submit(func, n) for n in nodes}
         return {name: f.result() for name, f in futures.items()}
 

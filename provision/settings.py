@@ -342,8 +342,9 @@ class Settings:
     parallel: int = knob(
         0,
         "hosts connected to and worked on at once in each pass of up, plan, facts and status "
-        "(0: pyinfra's choice, 20 per controller core within the open-files limit); where the "
-        "run's hosts differ, the smallest wins",
+        "(0: pyinfra's choice, 20 per controller core within the open-files limit) and by the "
+        "per-host SSH commands of validate, backup, train's setup and the host locks (0: 32); "
+        "where the run's hosts differ, the smallest wins",
         v.bounded(0, 100_000),
     )
 

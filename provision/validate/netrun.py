@@ -180,7 +180,7 @@ def allreduce(
         )
         return remote.run(node, cmd, timeout=ALLREDUCE_TIMEOUT_S + 60)
 
-    results = remote.on_all(nodes, one)
+    results = remote.on_all(nodes, one, together=True)  # one rendezvous: every node at once
     if not all(r.ok for r in results.values()):
         _teardown(nodes, token)
         bad = [f"{name}: {_failed(r)}" for name, r in results.items() if not r.ok]
