@@ -20,11 +20,13 @@ The testbed keeps its own state under its --state-dir (provision.testbed.paths).
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import os
 import secrets
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -52,10 +54,28 @@ def inventory_dir(inventory: Path) -> Path:
     return path
 
 
+# One generation at a time in this process. The hosts of a step are prepared side by side
+# (gevent greenlets: ssh-keygen's wait lets the next host run): without it, every host that
+# found no key made its own, the last rename won, and the first `up` of a fleet gave hosts
+# different training keys (found on 24 simulated hosts, tests/integration/test_fleet_converged.py).
+# Made at first use, not at import: by then pyinfra's CLI has patched threading with gevent,
+# and a lock from before the patch would block the whole process instead of one greenlet.
+
+
+@functools.cache
+def _generating() -> threading.Lock:
+    return threading.Lock()
+
+
 def generated_key(path: Path, comment: str) -> Path:
     """An ed25519 key pair at ``path`` (and .pub), generated once. ssh-keygen writes into
     a private temp dir beside it and both files are renamed into place, public key first:
     a run killed mid-way leaves no private key without its public half."""
+    with _generating():
+        return _generated_key(path, comment)
+
+
+def _generated_key(path: Path, comment: str) -> Path:
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as tmp:
@@ -74,8 +94,9 @@ def generated_key(path: Path, comment: str) -> Path:
 
 def generated_secret(path: Path) -> Path:
     """A random secret at ``path``, generated once, mode 0600 from its first byte."""
-    if not path.exists():
-        write_atomic(path, secrets.token_urlsafe(32) + "\n", mode=SECRET_MODE)
+    with _generating():
+        if not path.exists():
+            write_atomic(path, secrets.token_urlsafe(32) + "\n", mode=SECRET_MODE)
     return path
 
 

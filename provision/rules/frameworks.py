@@ -4,6 +4,7 @@ wheelhouse downloads exactly these requirements."""
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 from collections.abc import Sequence
@@ -108,14 +109,26 @@ REMOTE_REQUIREMENTS = f"{REMOTE_WHEELHOUSE}/requirements.txt"  # hashed_requirem
 SUMS_FILE = "SHA256SUMS"  # in a wheelhouse: `sha256sum *.whl` output, checked before any upload
 
 
+# A file's SHA-256 by what identifies its content on this machine: path, device, inode,
+# size, mtime and ctime (no user can set ctime back: any write to the file moves it). Each
+# host's frameworks step checks the wheelhouse (sums_problem), and hashing 200 MB of wheels
+# again per host made a converged `up` cost seconds of controller CPU per host.
+_SHA256: dict[tuple[str, int, int, int, int, int], str] = {}
+
+
 def file_sha256(path: Path) -> str:
+    """The file's SHA-256, read once while the file is unchanged."""
     import hashlib
 
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    st = os.stat(path)
+    key = (str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    if key not in _SHA256:
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        _SHA256[key] = digest.hexdigest()
+    return _SHA256[key]
 
 
 def read_sums(directory: str) -> dict[str, str]:

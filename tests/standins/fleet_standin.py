@@ -16,7 +16,17 @@ same profile, with the same behaviours.
 Profiles are JSON files beside this module (``fleet_profiles/<profile>.json``: the exact
 command pyinfra sent -> exit code, stdout and stderr), recorded by
 ``fleet_profiles/capture.py`` from the real facts run on a real host through pyinfra's own
-``@local`` connector.
+``@local`` connector, and ``testbed-converged`` by ``fleet_profiles/capture_up.py`` from
+`plan` and `up` on a provisioned testbed VM. That one stands for a converged host under
+another name: its ``{{name}}`` and ``{{address}}`` placeholders become each simulated
+host's, its ``{{cluster_hosts_block}}`` line the fleet's own /etc/hosts lines, and its
+``host_data`` goes into the simulated inventory (``write_inventory``).
+
+What a simulated host was sent by put_file is kept (``SimulatedFleet.files``): a later
+sha1sum of that path answers with the content's hash and its chown/chmod succeed, so the
+files the controller writes per fleet (the training user's known_hosts of every node, a
+new training key) converge on a first `up` as they would on a real host, and a second `up`
+changes nothing. No other command that changes a host is answered.
 
 Example::
 
@@ -29,7 +39,9 @@ Example::
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -52,11 +64,24 @@ BEHAVIOURS = ("ok", "fail", "refuse", "hang", "blackhole", "freeze")
 # channel's open request itself goes unanswered, which pyinfra's _timeout does not bound).
 
 
+BLOCK = "{{cluster_hosts_block}}"  # a converged profile's stand-in for the cluster's /etc/hosts lines
+# pyinfra's Sha1File fact, and the chown/chmod files.put sends after an upload
+SHA1_FACT = re.compile(r"^test -e (\S+) && \( sha1sum \1 ")
+CONTENTS_FACT = re.compile(r"^\( test -e (\S+) && cat \1 \) \|\| echo ")  # pyinfra's FileContents
+OWNER_MODE = re.compile(r"^(?:chown|chmod) (?:-R )?\S+ (\S+)$")
+
+
 @cache
+def profile_doc(name: str) -> dict[str, Any]:
+    """A captured profile file: its source, commands and (converged profiles) host data."""
+    doc: dict[str, Any] = json.loads((PROFILES / f"{name}.json").read_text())
+    return doc
+
+
 def profile(name: str) -> dict[str, dict[str, Any]]:
     """A captured profile: command -> {"exit": int, "stdout": [...], "stderr": [...]}."""
-    data: dict[str, dict[str, Any]] = json.loads((PROFILES / f"{name}.json").read_text())["commands"]
-    return data
+    commands: dict[str, dict[str, Any]] = profile_doc(name)["commands"]
+    return commands
 
 
 @dataclass(frozen=True)
@@ -81,6 +106,9 @@ class SimulatedFleet:
     commands: dict[str, int] = field(default_factory=dict)  # host name -> commands answered
     busy: set[str] = field(default_factory=set)  # hosts connecting or running a command now
     most_busy: int = 0  # the most hosts busy at one moment (the pass's real parallelism)
+    files: dict[tuple[str, str], bytes] = field(default_factory=dict)  # (host, path) -> what put_file wrote
+    _address: dict[str, str] = field(default_factory=dict)  # addresses(), worked out once
+    _block: list[str] = field(default_factory=list)  # the fleet's /etc/hosts lines, worked out once
 
     @contextmanager
     def working(self, host: str) -> Iterator[None]:
@@ -108,12 +136,27 @@ class SimulatedFleet:
         return {name for name, b in self.behaviour.items() if b == behaviour}
 
     def addresses(self) -> dict[str, str]:
-        """Host name -> the address its inventory entry gives it."""
-        return {name: f"10.{i // 65536 % 256}.{i // 256 % 256}.{i % 256}" for i, name in enumerate(self.behaviour)}
+        """Host name -> the address its inventory entry gives it (SSH and cluster alike)."""
+        if len(self._address) != len(self.behaviour):
+            # from 10.0.0.1: the network's own address is no host's
+            self._address = {
+                name: f"10.{j // 65536 % 256}.{j // 256 % 256}.{j % 256}"
+                for j, name in enumerate(self.behaviour, start=1)
+            }
+        return self._address
 
     def write_inventory(self, path: Path, **settings: Any) -> Path:
-        """A real inventory file of these hosts (one address each), with these settings."""
-        hosts = [(name, {"ssh_hostname": address, **settings}) for name, address in self.addresses().items()]
+        """A real inventory file of these hosts (one address each), with these settings; with a
+        converged profile, each host also gets the captured node's inventory data as its own
+        (its data disks under its own name), on a cluster network that holds the fleet."""
+        captured = profile_doc(self.profile).get("host_data")
+        hosts = []
+        for name, address in self.addresses().items():
+            data = {"ssh_hostname": address}
+            if captured is not None:
+                data |= json.loads(self._expand(json.dumps(captured), name))
+                data |= {"cluster_address": address, "cluster_cidr": "10.0.0.0/8"}
+            hosts.append((name, data | settings))
         path.write_text(f"nodes = {hosts!r}\n")
         return path
 
@@ -124,10 +167,55 @@ class SimulatedFleet:
         self.commands[host] = self.commands.get(host, 0) + 1
         if self.behaviour.get(host) == "fail":
             return 1, [], ["fleet stand-in: this host fails every command"]
-        captured = profile(self.profile).get(command)
+        written = self._on_written(host, command)
+        if written is not None:
+            return written
+        doc = profile_doc(self.profile)
+        if "host_data" not in doc:
+            captured = doc["commands"].get(command)
+            if captured is None:
+                return 127, [], [f"fleet stand-in: no captured answer for: {command}"]
+            return int(captured["exit"]), list(captured["stdout"]), list(captured["stderr"])
+        address = self.addresses()[host]
+        captured = doc["commands"].get(command.replace(address, "{{address}}").replace(host, "{{name}}"))
         if captured is None:
             return 127, [], [f"fleet stand-in: no captured answer for: {command}"]
-        return int(captured["exit"]), list(captured["stdout"]), list(captured["stderr"])
+        return int(captured["exit"]), self._lines(captured["stdout"], host), self._lines(captured["stderr"], host)
+
+    def put(self, host: str, content: bytes, path: str) -> None:
+        """What put_file wrote to ``path`` on ``host``."""
+        self.files[(host, path)] = content
+
+    def _on_written(self, host: str, command: str) -> tuple[int, list[str], list[str]] | None:
+        """The answer about a file this simulation wrote, or None when the command is not one."""
+        sha = SHA1_FACT.match(command)
+        if sha and (host, sha[1]) in self.files:
+            return 0, [f"{hashlib.sha1(self.files[(host, sha[1])]).hexdigest()}  {sha[1]}"], []
+        contents = CONTENTS_FACT.match(command)
+        if contents and (host, contents[1]) in self.files:
+            return 0, self.files[(host, contents[1])].decode().splitlines(), []
+        owner_mode = OWNER_MODE.match(command)
+        if owner_mode and (host, owner_mode[1]) in self.files:
+            return 0, [], []
+        return None
+
+    def _expand(self, text: str, host: str) -> str:
+        return text.replace("{{address}}", self.addresses()[host]).replace("{{name}}", host)
+
+    def _lines(self, lines: list[str], host: str) -> list[str]:
+        out = []
+        for line in lines:
+            if line == BLOCK:
+                out += self._hosts_block()
+            else:
+                out.append(self._expand(line, host))
+        return out
+
+    def _hosts_block(self) -> list[str]:
+        if not self._block:
+            form = profile_doc(self.profile)["hosts_line"]
+            self._block = [form.replace("{{address}}", a).replace("{{name}}", n) for n, a in self.addresses().items()]
+        return self._block
 
 
 class FleetStandInConnector(BaseConnector):
@@ -163,9 +251,17 @@ class FleetStandInConnector(BaseConnector):
         code, stdout, stderr = self.fleet.answer(self.host.name, text)
         return code == 0, _output(stdout, stderr)
 
-    def put_file(self, *args: Any, **kwargs: Any) -> bool:
+    def put_file(self, filename_or_io: Any, remote_filename: str, *args: Any, **kwargs: Any) -> bool:
         gevent.sleep(self.fleet.latency_s)
-        return self._behaviour() == "ok"
+        if self._behaviour() != "ok":
+            return False
+        if hasattr(filename_or_io, "read"):
+            filename_or_io.seek(0)
+            content = filename_or_io.read()
+        else:
+            content = Path(filename_or_io).read_bytes()
+        self.fleet.put(self.host.name, content.encode() if isinstance(content, str) else content, remote_filename)
+        return True
 
     def get_file(self, *args: Any, **kwargs: Any) -> bool:
         gevent.sleep(self.fleet.latency_s)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 from provision.deploys import frameworks
@@ -162,6 +163,24 @@ def test_a_wheel_that_does_not_match_the_wheelhouses_sha256sums_is_refused_befor
     framework_rules.write_sums(tmp_path)
     (tmp_path / "SHA256SUMS").write_text((tmp_path / "SHA256SUMS").read_text().replace(WHEELS[2], "other.whl"))
     assert framework_rules.sums_problem(str(tmp_path)) == f"{WHEELS[2]} is not listed in {tmp_path}/SHA256SUMS"
+
+
+def test_a_wheel_is_hashed_once_while_unchanged_and_again_after_any_write(tmp_path: Path, monkeypatch) -> None:
+    # Every host's frameworks step checks the wheelhouse: read once per process, not per host.
+    wheel = tmp_path / WHEELS[0]
+    wheel.write_bytes(b"torch-1")
+    first = framework_rules.file_sha256(wheel)
+    opened: list[str] = []
+    real_open = open
+    monkeypatch.setattr("builtins.open", lambda path, *a, **k: opened.append(str(path)) or real_open(path, *a, **k))
+    assert framework_rules.file_sha256(wheel) == first
+    assert opened == []
+    # Same size, mtime put back: the write still moved ctime, so the swap is seen.
+    stat = wheel.stat()
+    wheel.write_bytes(b"torch-2")
+    os.utime(wheel, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert framework_rules.file_sha256(wheel) == hashlib.sha256(b"torch-2").hexdigest()
+    assert opened == [str(wheel)]
 
 
 def test_hashed_requirements_pin_every_wheel_by_its_sha256(tmp_path: Path) -> None:
