@@ -8,7 +8,7 @@ unattended-upgrades blacklist for NVIDIA/CUDA packages.
 
 from __future__ import annotations
 
-from io import StringIO
+from io import BytesIO, StringIO
 from pathlib import Path
 
 from pyinfra import host
@@ -95,6 +95,21 @@ def cluster_host_keys() -> dict[str, list[str]]:
         _host_keys.clear()
         _host_keys[id(current)] = cached
     return cached
+
+
+_known_hosts: dict[int, bytes] = {}  # per pyinfra State: the known_hosts of a pass that read every key
+
+
+def pass_known_hosts(by_node: dict[str, tuple[str, list[str]]]) -> bytes:
+    """The training user's known_hosts when every node's keys were read in this pass: the
+    same text for every host, so made once per pass and shared. Each host's own copy (a
+    StringIO per host, four bytes a character) made the controller hold the fleet's size
+    squared: 650 MB at 1,000 simulated hosts (BENCHMARKS.md, issue 20)."""
+    current = id(ctx_state.get())
+    if current not in _known_hosts:
+        _known_hosts.clear()
+        _known_hosts[current] = known_hosts_lines(by_node).encode()
+    return _known_hosts[current]
 
 
 def apt_lock_conf(seconds: int) -> str:
@@ -245,9 +260,11 @@ def training_user() -> None:
     if unread:
         keys |= carried_keys(unread, host.get_fact(FileContents, path=f"{home}/.ssh/known_hosts"))
     by_node = {n.name: (n.cluster_address, keys[n.name]) for n in cluster.all_nodes if keys.get(n.name)}
+    # BytesIO shares the bytes it is given: one copy of the text for the whole pass.
+    text = known_hosts_lines(by_node).encode() if unread else pass_known_hosts(by_node)
     files.put(
         name="training user: known_hosts (every node's host keys)",
-        src=StringIO(known_hosts_lines(by_node)),
+        src=BytesIO(text),
         dest=f"{home}/.ssh/known_hosts",
         user=user,
         group=user,
