@@ -86,6 +86,26 @@ class Cluster:
     def with_role(self, role: str) -> list[Node]:
         return [n for n in self.all_nodes if n.has_role(role)]
 
+    def head_node(self) -> tuple[Node, str]:
+        """The Slurm controller and why it is that host: the head group's one host, else the
+        storage host, else the first host."""
+        heads = self.with_role("head")
+        if heads:
+            return heads[0], "the head group"
+        storage = self.storage_node()
+        if storage is not None:
+            return storage, "no head group: the storage host"
+        return self.all_nodes[0], "no head group and no storage host: the first host"
+
+    def compute_nodes(self) -> list[Node]:
+        """The hosts that run Slurm jobs: the compute group when there is one, else every host,
+        the head among them unless its slurm_head_computes is false."""
+        chosen = self.with_role("compute")
+        if chosen:
+            return chosen
+        head, _ = self.head_node()
+        return [n for n in self.all_nodes if n is not head or n.settings.slurm_head_computes]
+
     def storage_node(self) -> Node | None:
         """The NFS server and backup target: the nfs_server setting, else the first storage host."""
         named = sorted({n.settings.nfs_server for n in self.all_nodes if n.settings.nfs_server})
@@ -117,6 +137,7 @@ def load(path: str | os.PathLike[str]) -> Cluster:
     problems += _duplicates(inventory_path, nodes, attrs)
     problems += _references(inventory_path, nodes)
     problems += _network_problems(inventory_path, nodes)
+    problems += _head_problems(inventory_path, nodes)
     if problems:
         raise InputError(problems)
     return Cluster(inventory_path, tuple(nodes), pyinfra_inventory)
@@ -318,6 +339,20 @@ def _references(inventory_path: Path, nodes: list[Node]) -> list[Problem]:
                 )
             )
     return problems
+
+
+def _head_problems(inventory_path: Path, nodes: list[Node]) -> list[Problem]:
+    """Slurm has one controller: a head group of more than one host is bad input."""
+    heads = [n.name for n in nodes if n.has_role("head")]
+    if len(heads) <= 1:
+        return []
+    return [
+        Problem(
+            f"{inventory_path}: group head",
+            f"{len(heads)} hosts ({', '.join(host_label(h) for h in heads)}); Slurm has one controller",
+            "keep one host in the head group",
+        )
+    ]
 
 
 def describe_roles() -> list[tuple[str, str]]:

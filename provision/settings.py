@@ -25,6 +25,8 @@ from provision.metrics import check_budgets, check_flat
 ROLES: dict[str, str] = {
     "gpu_nodes": "hosts with NVIDIA GPUs; the nvidia step runs here even if no NVIDIA GPU is found",
     "storage": "the NFS server and backup target (the first host in the group)",
+    "head": "the Slurm controller: one host; without this group, the storage host, else the first host",
+    "compute": "hosts that run Slurm jobs; without this group, every host (the head as slurm_head_computes says)",
 }
 
 StepSwitch = Literal["auto", "force", "skip"]
@@ -291,6 +293,18 @@ class Settings:
         "rw,sync,root_squash,no_subtree_check",
         "exports(5) options for the cluster network (no no_root_squash)",
         v.export_options,
+    )
+
+    # --- slurm ---
+    slurm: StepSwitch = knob("auto", "auto and force: Slurm on every host (controller on the head); skip")
+    slurm_cluster_name: str = knob("provision", "Slurm's ClusterName", v.slurm_name)
+    slurm_partition: str = knob("main", "name of the one partition, which holds every compute node", v.slurm_name)
+    slurm_default_time: str = knob(
+        "01:00:00", "time limit of a job that asks for none (Slurm's time format)", v.slurm_time
+    )
+    slurm_head_computes: bool = knob(True, "the head host also runs jobs (small clusters); false: controller only")
+    slurm_health_interval_s: int = knob(
+        60, "seconds between runs of provision's node health check (HealthCheckInterval)", v.bounded(10, 86400)
     )
 
     # --- backups ---

@@ -193,6 +193,22 @@ def calendar(value: Any) -> str | None:
     return f"{value!r} is not a systemd OnCalendar expression such as daily or *-*-* 02:00:00"
 
 
+def slurm_name(value: Any) -> str | None:
+    """A Slurm cluster or partition name: lower-case letters, digits, _ and -, at most 40
+    (ClusterName is lower-cased by Slurm and names accounting tables)."""
+    if isinstance(value, str) and re.fullmatch(r"[a-z][a-z0-9_-]{0,39}", value):
+        return None
+    return f"{value!r} is not a Slurm name (a lower-case letter, then a-z, 0-9, _ or -; 40 at most)"
+
+
+def slurm_time(value: Any) -> str | None:
+    """A Slurm time limit: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS, or UNLIMITED."""
+    pattern = r"UNLIMITED|\d{1,6}|\d{1,6}:\d{2}|\d{1,6}:\d{2}:\d{2}|\d{1,4}-\d{1,2}(:\d{2}(:\d{2})?)?"
+    if isinstance(value, str) and re.fullmatch(pattern, value):
+        return None
+    return f"{value!r} is not a Slurm time such as 60, 01:00:00, 2-00:00:00 or UNLIMITED"
+
+
 def share_name(value: Any) -> str | None:
     """A share: one directory name (no '/', not '.' or '..')."""
     if isinstance(value, str) and re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}", value):

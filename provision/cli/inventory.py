@@ -31,10 +31,16 @@ def check(
     """
     cluster = inventory_lib.load(inventory)
     pipeline.check_inputs(cluster)  # what `up` and `plan` would refuse before any host
+    head, why = cluster.head_node()
     if as_json:
         print_json(
             {
                 "inventory": str(cluster.path),
+                "slurm": {
+                    "head": head.name,
+                    "head_because": why,
+                    "compute": [n.name for n in cluster.compute_nodes()],
+                },
                 "hosts": [
                     {
                         "name": n.name,
@@ -61,6 +67,8 @@ def check(
             ", ".join(g for g in n.groups if g in ROLES) or "-",
         )
     out.print(table)
+    compute = ", ".join(n.name for n in cluster.compute_nodes())
+    out.print(f"Slurm controller: [bold]{safe(head.name)}[/] ({why}); compute nodes: {safe(compute)}")
     for n in cluster.nodes:
         changed = {k: v for k, v in asdict(n.settings).items() if v != _defaults()[k]}
         out.print(

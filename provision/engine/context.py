@@ -97,7 +97,7 @@ def secret_upload(dest: str) -> str:
 UPLOAD_DIR = ".provision-upload"
 
 
-def put_secret(name: str, src: str, dest: str, user: str, group: str) -> None:
+def put_secret(name: str, src: str, dest: str, user: str, group: str, mode: str = "600") -> Any:
     """Inside a deploy: upload a secret (a private key, a password) so that no other user can
     read it at any moment, and `provision plan` shows no diff of it.
 
@@ -105,13 +105,14 @@ def put_secret(name: str, src: str, dest: str, user: str, group: str) -> None:
     mode when ``_sudo`` is used, and creates ``dest`` with that mode before its chmod. Here
     ``dest`` exists first, empty, with mode 0600 and its owner (the upload then only
     replaces its content: neither SFTP nor ``cp`` changes an existing file's mode), and the
-    temporary file lives in the SSH user's 0700 UPLOAD_DIR."""
+    temporary file lives in the SSH user's 0700 UPLOAD_DIR. ``mode`` is the owner's alone
+    (600, or 400 for a key its daemon only reads)."""
     from pyinfra.operations import files
 
     secret_upload(dest)
     files.directory(name=f"{name}: private upload directory", path=UPLOAD_DIR, mode="700", _sudo=False)
-    files.file(name=f"{name}: 0600 before any content", path=dest, user=user, group=group, mode="600")
-    files.put(name=name, src=src, dest=dest, user=user, group=group, mode="600", _temp_dir=UPLOAD_DIR)
+    files.file(name=f"{name}: 0{mode} before any content", path=dest, user=user, group=group, mode=mode)
+    return files.put(name=name, src=src, dest=dest, user=user, group=group, mode=mode, _temp_dir=UPLOAD_DIR)
 
 
 def refuse(step: str, reason: str) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from provision import engine
-from provision.deploys import backups, base, frameworks, nfs, nvidia, preflight, volumes
+from provision.deploys import backups, base, frameworks, nfs, nvidia, preflight, slurm, volumes
 from provision.engine import HostResult, RunReport, Step
 from provision.errors import InputError, Problem
 from provision.inventory import Cluster, Node
@@ -22,7 +22,16 @@ from provision.up import host_lock, reboots
 from provision.up import rollout as staging
 from provision.up.rollout import Rollout
 
-STEPS: list[Step] = [preflight.step, base.step, nvidia.step, frameworks.step, volumes.step, nfs.step, backups.step]
+STEPS: list[Step] = [
+    preflight.step,
+    base.step,
+    nvidia.step,
+    frameworks.step,
+    volumes.step,
+    nfs.step,
+    backups.step,
+    slurm.step,
+]
 
 
 def step_names() -> list[str]:

@@ -1,0 +1,200 @@
+"""Pure decisions of the slurm step: each node's line in slurm.conf from the facts provision
+already gathers (CPU topology, memory, GPUs), gres.conf's device files, cgroup.conf, and the
+whole slurm.conf every node gets (the same file everywhere: Slurm refuses nodes whose file
+differs).
+
+The complaints these rules answer (Slurm users' most common drains):
+- "Low RealMemory": slurmd drains a node whose memory is below RealMemory. MemTotal moves by
+  megabytes with a kernel or driver update, so RealMemory sits a margin below it
+  (``real_memory_mib``).
+- GPU counts that disagree with the hardware: the Gres count comes from the GPUs the host
+  itself reports (NVML when the driver answers, else the PCI bus), and gres.conf names
+  each device file explicitly (Debian's and Ubuntu's slurm packages are built without NVML
+  autodetection).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from provision.facts.gpus import Gpus
+from provision.facts.system import CpuInfo
+
+# RealMemory's margin below MemTotal: 3 %, at least 256 MiB (a small VM's kernel moves by
+# tens of MiB), at most 16 GiB (a 2 TiB node loses no more than that to the margin).
+MARGIN_SHARE = 0.03
+MARGIN_MIN_MIB = 256
+MARGIN_MAX_MIB = 16 * 1024
+
+# Words of a GPU's marketing name that say nothing of its model, dropped from Gres types.
+_VENDOR_WORDS = {"nvidia", "tesla", "geforce", "corporation"}
+# A word from which the rest of the name is variant detail (memory, form factor, interconnect).
+_DETAIL = re.compile(r"^(\d+gb|sxm\d*|pcie|hbm\d*e?|nvl|nvlink)$")
+
+
+@dataclass(frozen=True)
+class SlurmNode:
+    """One node as slurm.conf describes it."""
+
+    name: str  # NodeName: the inventory's host name
+    address: str  # NodeAddr: the node's cluster address
+    cpus: int  # CPUs: logical CPUs
+    sockets: int  # Sockets
+    cores_per_socket: int  # CoresPerSocket
+    threads_per_core: int  # ThreadsPerCore
+    real_memory_mib: int  # RealMemory: a margin below MemTotal
+    gpu_type: str | None  # Gres type, e.g. "h100"; None without GPUs
+    gpu_count: int  # GPUs on the node (0 on a CPU node)
+    weight: int = 1  # Weight: lower is picked first
+
+
+def real_memory_mib(memory_bytes: int) -> int:
+    """RealMemory for a node whose MemTotal is ``memory_bytes``: a margin below it."""
+    total = memory_bytes // 2**20
+    margin = min(max(int(total * MARGIN_SHARE), MARGIN_MIN_MIB), MARGIN_MAX_MIB)
+    return max(total - margin, 1)
+
+
+def gres_type(name: str) -> str:
+    """A GPU's Gres type from its name as NVML ("NVIDIA H100 80GB HBM3") or lspci ("GH100
+    [H100 SXM5 80GB]") gives it: the model, lower case, [a-z0-9_] only ("h100", "a100",
+    "rtx_a5000", "t4"), which users then ask for as ``--gres=gpu:h100:1``."""
+    bracket = re.search(r"\[([^\]]+)\]", name)
+    text = bracket[1] if bracket else name
+    words: list[str] = []
+    for word in re.split(r"[\s/-]+", text.lower()):
+        if not word or word in _VENDOR_WORDS:
+            continue
+        if _DETAIL.match(word) and words:
+            break
+        words.append(re.sub(r"[^a-z0-9]+", "_", word).strip("_"))
+    return "_".join(w for w in words if w) or "gpu"
+
+
+def node_from_facts(name: str, address: str, cpu: CpuInfo, memory_bytes: int, gpus: Gpus) -> SlurmNode:
+    """A node's slurm.conf description from its facts. Where the node's GPUs differ in
+    model, the first one's type names them all (Slurm's one Gres type per NodeName line)."""
+    sockets = max(cpu.sockets, 1)
+    cores = max(cpu.cores, sockets)
+    if gpus.nvml:
+        count, first = len(gpus.nvml), gpus.nvml[0].name
+    else:
+        count, first = len(gpus.gpus), (gpus.gpus[0].description if gpus.gpus else "")
+    return SlurmNode(
+        name=name,
+        address=address,
+        cpus=cpu.threads,
+        sockets=sockets,
+        cores_per_socket=cores // sockets,
+        threads_per_core=max(cpu.threads // cores, 1),
+        real_memory_mib=real_memory_mib(memory_bytes),
+        gpu_type=gres_type(first) if count else None,
+        gpu_count=count,
+    )
+
+
+def node_line(node: SlurmNode) -> str:
+    """The node's NodeName line of slurm.conf."""
+    parts = [
+        f"NodeName={node.name}",
+        f"NodeAddr={node.address}",
+        f"CPUs={node.cpus}",
+        f"Sockets={node.sockets}",
+        f"CoresPerSocket={node.cores_per_socket}",
+        f"ThreadsPerCore={node.threads_per_core}",
+        f"RealMemory={node.real_memory_mib}",
+    ]
+    if node.gpu_count:
+        parts.append(f"Gres=gpu:{node.gpu_type}:{node.gpu_count}")
+    parts += [f"Weight={node.weight}", "State=UNKNOWN"]
+    return " ".join(parts)
+
+
+GRES_HEAD = "# Managed by provision (slurm step): one line per GPU device file.\n"
+
+
+def gres_conf_empty() -> str:
+    """gres.conf of a node that runs no jobs or has no GPU."""
+    return GRES_HEAD
+
+
+def gres_conf(node: SlurmNode) -> str:
+    """gres.conf for one node: each GPU's device file named, in NVML index order."""
+    if not node.gpu_count:
+        return GRES_HEAD
+    return GRES_HEAD + "".join(
+        f"NodeName={node.name} Name=gpu Type={node.gpu_type} File=/dev/nvidia{i}\n" for i in range(node.gpu_count)
+    )
+
+
+def cgroup_conf() -> str:
+    """cgroup.conf: jobs confined to the cores, memory and devices (GPUs) they were given."""
+    return (
+        "# Managed by provision (slurm step).\n"
+        "CgroupPlugin=autodetect\n"
+        "ConstrainCores=yes\n"
+        "ConstrainRAMSpace=yes\n"
+        "ConstrainDevices=yes\n"
+    )
+
+
+@dataclass(frozen=True)
+class ClusterConf:
+    """What slurm.conf says about the cluster as a whole."""
+
+    name: str  # ClusterName
+    controller: str  # the head host's name (SlurmctldHost)
+    controller_address: str  # its cluster address
+    partition: str  # the one partition's name
+    default_time: str  # DefaultTime of the partition, Slurm's time format
+    health_program: str | None = None  # HealthCheckProgram path on every node; None: no health check
+    health_interval_s: int = 60  # HealthCheckInterval
+
+
+def slurm_conf(conf: ClusterConf, nodes: list[SlurmNode]) -> str:
+    """slurm.conf, the same text for every node."""
+    lines = [
+        "# Managed by provision (slurm step): every node has this same file. Do not edit;",
+        "# change the inventory's slurm_* settings and run `provision up` again.",
+        f"ClusterName={conf.name}",
+        f"SlurmctldHost={conf.controller}({conf.controller_address})",
+        "SlurmUser=slurm",
+        "AuthType=auth/munge",
+        "StateSaveLocation=/var/lib/slurm/slurmctld",
+        "SlurmdSpoolDir=/var/lib/slurm/slurmd",
+        "SlurmctldPidFile=/run/slurmctld.pid",
+        "SlurmdPidFile=/run/slurmd.pid",
+        "SlurmctldLogFile=/var/log/slurm/slurmctld.log",
+        "SlurmdLogFile=/var/log/slurm/slurmd.log",
+        "ProctrackType=proctrack/cgroup",
+        "TaskPlugin=task/cgroup,task/affinity",
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_Core_Memory",
+        "SchedulerType=sched/backfill",
+        "GresTypes=gpu",
+        "MpiDefault=none",
+        "JobAcctGatherType=jobacct_gather/cgroup",
+        # A node that was down comes back by itself once it registers healthy: provision's
+        # drains (reason "provision: ...") are left to provision, an admin's to the admin.
+        "ReturnToService=2",
+        "SlurmctldTimeout=120",
+        "SlurmdTimeout=300",
+    ]
+    if conf.health_program:
+        lines += [
+            f"HealthCheckProgram={conf.health_program}",
+            f"HealthCheckInterval={conf.health_interval_s}",
+            "HealthCheckNodeState=ANY",
+        ]
+    lines += [node_line(n) for n in nodes]
+    names = ",".join(n.name for n in nodes)
+    lines.append(f"PartitionName={conf.partition} Nodes={names} Default=YES DefaultTime={conf.default_time} State=UP")
+    return "\n".join(lines) + "\n"
+
+
+def node_set(nodes: list[SlurmNode]) -> list[str]:
+    """What Slurm 22.05 and older read only when its daemons start: the nodes' names and
+    addresses. When this changes, slurmctld and slurmd restart (running jobs live on in
+    their slurmstepd); any other change of slurm.conf is an ``scontrol reconfigure``."""
+    return [f"{n.name} {n.address}" for n in nodes]
