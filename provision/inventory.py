@@ -99,12 +99,17 @@ class Cluster:
 
     def compute_nodes(self) -> list[Node]:
         """The hosts that run Slurm jobs: the compute group when there is one, else every host,
-        the head among them unless its slurm_head_computes is false."""
-        chosen = self.with_role("compute")
-        if chosen:
+        the head among them unless its slurm_head_computes is false; never a host whose
+        slurm setting is skip."""
+        chosen = [n for n in self.with_role("compute") if n.settings.slurm != "skip"]
+        if self.with_role("compute"):
             return chosen
         head, _ = self.head_node()
-        return [n for n in self.all_nodes if n is not head or n.settings.slurm_head_computes]
+        return [
+            n
+            for n in self.all_nodes
+            if n.settings.slurm != "skip" and (n is not head or n.settings.slurm_head_computes)
+        ]
 
     def storage_node(self) -> Node | None:
         """The NFS server and backup target: the nfs_server setting, else the first storage host."""

@@ -2,36 +2,47 @@
 compute node, and the same slurm.conf everywhere, written from the facts provision gathers.
 
 - The head (``Cluster.head_node()``) runs slurmctld; the compute nodes
-  (``Cluster.compute_nodes()``) run slurmd; every host gets the client commands.
+  (``Cluster.compute_nodes()``) run slurmd, told their inventory name; every host gets the
+  client commands.
 - One munge key for the cluster, made once on the controller (the inventory's state
   directory, 0600), put on every node as /etc/munge/munge.key (0400, munge:munge); munged
   restarts when the key changed.
 - slurm.conf, gres.conf and cgroup.conf come from provision.rules.slurm. Each node's line
-  is read from that node's own facts (CPU topology, memory, GPUs) in this pass; a node
-  that is not in the pass (unreachable, or left out by --limit) keeps the line it has in
-  the host's current slurm.conf, and when there is none the step refuses rather than
-  write a file without it (a node missing from the file is silently unconfigured).
-- A change of the node list restarts slurmctld and slurmd (Slurm 22.05 reads nodes only
-  at start; running jobs live on in their slurmstepd); any other change of slurm.conf is
-  an ``scontrol reconfigure`` on the head. Nothing restarts when nothing changed.
+  is read from that node's own facts (CPU topology, memory, GPUs) in this pass, once for the
+  pass, and kept on the controller (``<state>/slurm-nodes.json``): a node outside the pass
+  (unreachable, or left out by --limit or a rollout wave) keeps its last line there, so every
+  host writes the same file. A node never seen yet is left out, and the summary says so
+  (the next `up` that reaches it adds it).
+- A change of the node list or of the controller restarts the daemons (Slurm 22.05 reads
+  them only at start; running jobs live on in their slurmstepd). Any other change is an
+  ``scontrol reconfigure`` from the head, and each compute node whose own files changed
+  reloads its slurmd: a host's operations do not wait for the other hosts' (engine/deadlines),
+  so the head's reconfigure may come before another node wrote its file. Nothing restarts
+  when nothing changed.
+- Ubuntu 22.04's Slurm (21.08) has no cgroup v2 support: such hosts are skipped with the
+  reason unless ``slurm = "force"``.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import json
+import threading
+import weakref
+from dataclasses import asdict, dataclass
 from io import StringIO
 from pathlib import Path
+from typing import Any
 
-from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.context import ctx_state
-from pyinfra.facts.files import FileContents
 from pyinfra.operations import files, systemd
 
 from provision import state
-from provision.engine import Step, current_cluster, current_node, put_secret, refuse
+from provision.engine import Step, current_cluster, current_node, note, put_secret, skip
 from provision.facts.gpus import NvidiaDevices
-from provision.facts.system import Cpu, Memory
+from provision.facts.system import Cpu, Memory, Os
 from provision.inventory import Cluster, Node
 from provision.operations.apt import install
 from provision.operations.stamps import follow_up
@@ -45,7 +56,25 @@ MUNGE_KEY = "/etc/munge/munge.key"
 SLURMD_DEFAULTS = "/etc/default/slurmd"
 CLIENT_PACKAGES = ["munge", "slurm-client"]
 
-_facts: dict[int, dict[str, rules.SlurmNode]] = {}  # per pyinfra State: host name -> its slurm.conf line's values
+
+@dataclass(frozen=True)
+class Known:
+    """A node as the controller last saw it."""
+
+    line: str  # its NodeName line
+    hostname: str  # its own short hostname (slurmctld must run on a host of that name)
+    unsupported: str | None  # why its Slurm cannot run as configured (rules.unsupported)
+    gpus_without_driver: int  # GPUs on its PCI bus no driver answered for
+
+
+# Per pyinfra State (one pass): host name -> what its facts said. Filled once, under a lock,
+# by the first host prepared; the others wait for it instead of each asking every host.
+_passes: weakref.WeakKeyDictionary[Any, dict[str, Known]] = weakref.WeakKeyDictionary()
+
+
+@functools.cache
+def _reading() -> threading.Lock:
+    return threading.Lock()  # at first use, after pyinfra's CLI patched threading with gevent
 
 
 def munge_key(cluster: Cluster) -> str:
@@ -53,67 +82,77 @@ def munge_key(cluster: Cluster) -> str:
     return str(state.generated_secret(state.inventory_dir(cluster.path) / "munge.key"))
 
 
-def pass_nodes(cluster: Cluster) -> dict[str, rules.SlurmNode]:
-    """Each host of this pass as slurm.conf describes it, read once per pass from the
-    hosts' own facts."""
+def _known_file(cluster: Cluster) -> Path:
+    return state.inventory_dir(cluster.path) / "slurm-nodes.json"
+
+
+def known_nodes(cluster: Cluster) -> dict[str, Known]:
+    """Every node seen by a pass of this inventory, as last seen (controller state)."""
+    try:
+        data = json.loads(_known_file(cluster).read_text())
+        return {name: Known(**entry) for name, entry in data.items()}
+    except (OSError, ValueError, TypeError):
+        return {}
+
+
+def _read_pass(cluster: Cluster) -> dict[str, Known]:
+    import gevent
+
     current = ctx_state.get()
-    if id(current) not in _facts:
-        seen = {}
-        for h in current.inventory:
-            if not h.connected:
-                continue
-            node = cluster.node(h.name)
-            cpu, memory, gpus = h.get_fact(Cpu), h.get_fact(Memory), h.get_fact(NvidiaDevices)
-            if cpu and memory and gpus is not None:
-                seen[h.name] = rules.node_from_facts(node.name, node.cluster_address, cpu, memory, gpus)
-        _facts.clear()
-        _facts[id(current)] = seen
-    return _facts[id(current)]
+    seen: dict[str, Known] = {}
+
+    def read(h: Any) -> None:
+        node = cluster.node(h.name)
+        os_info, cpu, memory, gpus = h.get_fact(Os), h.get_fact(Cpu), h.get_fact(Memory), h.get_fact(NvidiaDevices)
+        if os_info and cpu and memory and gpus is not None:
+            described = rules.node_from_facts(node.name, node.cluster_address, cpu, memory, gpus)
+            why = rules.unsupported(os_info.id, os_info.version_id) if node.settings.slurm != "force" else None
+            short = os_info.hostname.split(".")[0]
+            seen[h.name] = Known(rules.node_line(described), short, why, described.gpus_without_driver)
+
+    gevent.joinall([gevent.spawn(read, h) for h in current.inventory if h.connected])
+    return seen
 
 
-def carried_lines(existing: list[str] | None) -> dict[str, str]:
-    """NodeName lines of the host's current slurm.conf, by node name."""
-    out = {}
-    for line in existing or []:
-        if line.startswith("NodeName="):
-            out[line.split()[0].removeprefix("NodeName=")] = line
-    return out
+def pass_nodes(cluster: Cluster) -> dict[str, Known]:
+    """The nodes as this pass found them, merged over what earlier passes found; read once
+    per pass, and written back to the controller's state."""
+    current = ctx_state.get()
+    with _reading():
+        if current not in _passes:
+            merged = known_nodes(cluster) | _read_pass(cluster)
+            state.write_atomic(_known_file(cluster), json.dumps({k: asdict(v) for k, v in merged.items()}, indent=1))
+            _passes[current] = merged
+    return _passes[current]
 
 
-def conf_lines(cluster: Cluster, seen: dict[str, rules.SlurmNode], existing: list[str] | None) -> tuple[str, list[str]]:
-    """(slurm.conf text, names of compute nodes with no known line)."""
+def slurm_conf(cluster: Cluster, nodes: dict[str, Known]) -> tuple[str, list[str]]:
+    """(slurm.conf text, compute nodes left out because no pass has seen them yet)."""
     head, _ = cluster.head_node()
-    computes = cluster.compute_nodes()
-    carried = carried_lines(existing)
-    missing = [n.name for n in computes if n.name not in seen and n.name not in carried]
     settings = head.settings
+    computes = [n for n in cluster.compute_nodes() if n.name in nodes and not nodes[n.name].unsupported]
     conf = rules.ClusterConf(
         name=settings.slurm_cluster_name,
-        controller=head.name,
+        controller=nodes[head.name].hostname,
         controller_address=head.cluster_address,
         partition=settings.slurm_partition,
         default_time=settings.slurm_default_time,
     )
-    known = [seen[n.name] for n in computes if n.name in seen]
-    text = rules.slurm_conf(conf, known)
-    if any(n.name not in seen and n.name in carried for n in computes):
-        # A node outside this pass: its line as the cluster knows it, in inventory order.
-        lines = [rules.node_line(seen[n.name]) if n.name in seen else carried.get(n.name, "") for n in computes]
-        body = [line for line in text.splitlines() if not line.startswith("NodeName=")]
-        partition = body.pop()
-        names = ",".join(n.name for n in computes if n.name in seen or n.name in carried)
-        partition = " ".join(f"Nodes={names}" if p.startswith("Nodes=") else p for p in partition.split())
-        text = "\n".join([*body, *[line for line in lines if line], partition]) + "\n"
-    return text, missing
+    text = rules.slurm_conf_with_lines(conf, [nodes[n.name].line for n in computes], [n.name for n in computes])
+    unseen = [n.name for n in cluster.compute_nodes() if n.name not in nodes]
+    return text, unseen
 
 
-def node_set(text: str) -> list[str]:
-    """The NodeName and NodeAddr of each node line of a slurm.conf text."""
-    return [
-        " ".join(p for p in line.split() if p.startswith(("NodeName=", "NodeAddr=")))
-        for line in text.splitlines()
-        if line.startswith("NodeName=")
-    ]
+def restart_inputs(text: str) -> list[str]:
+    """What Slurm 22.05 reads only when its daemons start: the controller and each node's
+    name and address."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith("SlurmctldHost="):
+            out.append(line)
+        elif line.startswith("NodeName="):
+            out.append(" ".join(p for p in line.split() if p.startswith(("NodeName=", "NodeAddr="))))
+    return out
 
 
 def slurmd_options(node: Node) -> str:
@@ -128,6 +167,12 @@ def slurm() -> None:
     cluster = current_cluster()
     settings = node.settings
     head, _ = cluster.head_node()
+    nodes = pass_nodes(cluster)
+    mine = nodes.get(node.name)
+    why = skip_reason(node, head, nodes)
+    if why:
+        skip("slurm", why)
+        return
     is_head = node.name == head.name
     computes = node.name in {n.name for n in cluster.compute_nodes()}
     daemons = [unit for unit, here in (("slurmctld", is_head), ("slurmd", computes)) if here]
@@ -144,47 +189,65 @@ def slurm() -> None:
     )
     systemd.service(name="munge running", service="munge.service", running=True, enabled=True)
 
-    existing = host.get_fact(FileContents, path=SLURM_CONF)
-    seen = pass_nodes(cluster)
-    text, missing = conf_lines(cluster, seen, existing)
-    if missing:
-        refuse(
-            "slurm",
-            f"no facts for {', '.join(missing)} (not reached in this run) and no line for them in "
-            f"{SLURM_CONF}: run `provision up` with them reachable",
-        )
-        return
-    mine = seen.get(node.name)
-    gres = rules.gres_conf(mine) if mine and computes else rules.gres_conf_empty()
+    text, unseen = slurm_conf(cluster, nodes)
+    if unseen:
+        note(f"slurm: not in slurm.conf yet (no run has reached them): {', '.join(unseen)}")
+    if mine is not None and mine.gpus_without_driver and computes:
+        note(f"slurm: {mine.gpus_without_driver} GPUs not declared: no driver answers for them yet")
+    gres = rules.gres_conf_for_line(mine.line if mine and computes else "")
     files.directory(name=CONF_DIR, path=CONF_DIR, mode="755")
-    changed = [
+    own = [
         files.put(name="slurm.conf (the same on every node)", src=StringIO(text), dest=SLURM_CONF, mode="644"),
         files.put(name="gres.conf (this node's GPUs)", src=StringIO(gres), dest=GRES_CONF, mode="644"),
         files.put(name="cgroup.conf", src=StringIO(rules.cgroup_conf()), dest=CGROUP_CONF, mode="644"),
     ]
     options = slurmd_options(node)
     if computes:
-        files.put(name="slurmd's NodeName", src=StringIO(options), dest=SLURMD_DEFAULTS, mode="644")
+        own.append(files.put(name="slurmd's NodeName", src=StringIO(options), dest=SLURMD_DEFAULTS, mode="644"))
     for unit in daemons:
         systemd.service(name=f"{unit} running", service=f"{unit}.service", running=True, enabled=True)
     if daemons:
-        # Slurm 22.05 reads the node list when its daemons start: a node added or removed
-        # (or slurmd's own name) restarts them; running jobs live on in their slurmstepd.
-        follow_up(
-            "Restart Slurm (the node list changed)",
-            "slurm-nodes",
-            [*node_set(text), options],
-            [f"systemctl restart {' '.join(f'{u}.service' for u in daemons)}"],
-            lambda: False,
-        )
-    if is_head:
-        # After every node's files: pyinfra runs each operation on every host before the next.
+        _reload_or_restart(daemons, text, gres, options, own)
+
+
+def skip_reason(node: Node, head: Node, nodes: dict[str, Known]) -> str | None:
+    """Why this host gets no Slurm in this run, or None."""
+    mine = nodes.get(node.name)
+    if mine is not None and mine.unsupported:
+        return f"{mine.unsupported}; slurm = 'force' to try it"
+    if head.name not in nodes:
+        return f"the head {head.name} has not been reached by any run yet: Slurm needs its controller"
+    if nodes[head.name].unsupported:
+        return f"the head {head.name}: {nodes[head.name].unsupported}"
+    return None
+
+
+def _reload_or_restart(daemons: list[str], text: str, gres: str, options: str, own: list[Any]) -> None:
+    """Restart the daemons when what they read only at start changed; else the head
+    reconfigures the cluster and a compute node reloads its own slurmd."""
+    units = " ".join(f"{u}.service" for u in daemons)
+    follow_up(
+        "Restart Slurm (the controller or the node list changed)",
+        "slurm-nodes",
+        [*restart_inputs(text), options],
+        [f"systemctl restart {units}"],
+        lambda: False,  # a first run has no stamp: the restart runs after the first start
+    )
+    if "slurmctld" in daemons:
         follow_up(
             "scontrol reconfigure (slurm.conf changed)",
             "slurm-conf",
             [text, rules.cgroup_conf()],
             ["scontrol reconfigure"],
-            lambda: any(op.did_change() for op in changed),
+            lambda: any(op.did_change() for op in own),
+        )
+    else:
+        follow_up(
+            "Reload slurmd (its files changed)",
+            "slurmd-files",
+            [text, gres, rules.cgroup_conf()],
+            ["systemctl reload slurmd.service"],
+            lambda: any(op.did_change() for op in own),
         )
 
 

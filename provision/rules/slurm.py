@@ -45,7 +45,8 @@ class SlurmNode:
     threads_per_core: int  # ThreadsPerCore
     real_memory_mib: int  # RealMemory: a margin below MemTotal
     gpu_type: str | None  # Gres type, e.g. "h100"; None without GPUs
-    gpu_count: int  # GPUs on the node (0 on a CPU node)
+    gpu_count: int  # GPUs the driver answers for (0 on a CPU node, or before the driver loads)
+    gpus_without_driver: int = 0  # GPUs on the PCI bus that no driver answers for: not declared
     weight: int = 1  # Weight: lower is picked first
 
 
@@ -74,13 +75,15 @@ def gres_type(name: str) -> str:
 
 def node_from_facts(name: str, address: str, cpu: CpuInfo, memory_bytes: int, gpus: Gpus) -> SlurmNode:
     """A node's slurm.conf description from its facts. Where the node's GPUs differ in
-    model, the first one's type names them all (Slurm's one Gres type per NodeName line)."""
+    model, the first one's type names them all (Slurm's one Gres type per NodeName line).
+
+    Only GPUs the driver answers for are declared: gres.conf names /dev/nvidiaN, which the
+    driver creates, and slurmd does not start when a named device file is missing. GPUs
+    seen only on the PCI bus are counted apart (the step says so; the next `up` after the
+    driver loads declares them)."""
     sockets = max(cpu.sockets, 1)
     cores = max(cpu.cores, sockets)
-    if gpus.nvml:
-        count, first = len(gpus.nvml), gpus.nvml[0].name
-    else:
-        count, first = len(gpus.gpus), (gpus.gpus[0].description if gpus.gpus else "")
+    count, first = len(gpus.nvml), (gpus.nvml[0].name if gpus.nvml else "")
     return SlurmNode(
         name=name,
         address=address,
@@ -91,7 +94,17 @@ def node_from_facts(name: str, address: str, cpu: CpuInfo, memory_bytes: int, gp
         real_memory_mib=real_memory_mib(memory_bytes),
         gpu_type=gres_type(first) if count else None,
         gpu_count=count,
+        gpus_without_driver=0 if count else len(gpus.gpus),
     )
+
+
+def unsupported(os_id: str, version_id: str) -> str | None:
+    """Why the distribution's Slurm cannot run here as configured, or None. Ubuntu 22.04
+    ships Slurm 21.08, which has no cgroup v2 plugin, and 22.04 boots with cgroup v2 only:
+    slurmd would not start with proctrack/cgroup."""
+    if (os_id, version_id) == ("ubuntu", "22.04"):
+        return "Ubuntu 22.04's Slurm 21.08 has no cgroup v2 support (Debian 12 and Ubuntu 24.04 have 22.05+)"
+    return None
 
 
 def node_line(node: SlurmNode) -> str:
@@ -144,7 +157,7 @@ class ClusterConf:
     """What slurm.conf says about the cluster as a whole."""
 
     name: str  # ClusterName
-    controller: str  # the head host's name (SlurmctldHost)
+    controller: str  # the head host's own short hostname (slurmctld runs only on a host of that name)
     controller_address: str  # its cluster address
     partition: str  # the one partition's name
     default_time: str  # DefaultTime of the partition, Slurm's time format
@@ -154,7 +167,23 @@ class ClusterConf:
 
 def slurm_conf(conf: ClusterConf, nodes: list[SlurmNode]) -> str:
     """slurm.conf, the same text for every node."""
-    lines = [
+    return slurm_conf_with_lines(conf, [node_line(n) for n in nodes], [n.name for n in nodes])
+
+
+def gres_conf_for_line(line: str) -> str:
+    """gres.conf for the node of a NodeName line (as node_line wrote it): one line per GPU
+    it declares; the empty gres.conf for "" (a host that runs no jobs)."""
+    fields = dict(part.split("=", 1) for part in line.split() if "=" in part)
+    if "Gres" not in fields:
+        return GRES_HEAD
+    _, kind, count = fields["Gres"].split(":")
+    name = fields["NodeName"]
+    return GRES_HEAD + "".join(f"NodeName={name} Name=gpu Type={kind} File=/dev/nvidia{i}\n" for i in range(int(count)))
+
+
+def slurm_conf_with_lines(conf: ClusterConf, lines: list[str], names: list[str]) -> str:
+    """slurm.conf from the compute nodes' NodeName lines (and their names, for the partition)."""
+    out = [
         "# Managed by provision (slurm step): every node has this same file. Do not edit;",
         "# change the inventory's slurm_* settings and run `provision up` again.",
         f"ClusterName={conf.name}",
@@ -182,15 +211,15 @@ def slurm_conf(conf: ClusterConf, nodes: list[SlurmNode]) -> str:
         "SlurmdTimeout=300",
     ]
     if conf.health_program:
-        lines += [
+        out += [
             f"HealthCheckProgram={conf.health_program}",
             f"HealthCheckInterval={conf.health_interval_s}",
             "HealthCheckNodeState=ANY",
         ]
-    lines += [node_line(n) for n in nodes]
-    names = ",".join(n.name for n in nodes)
-    lines.append(f"PartitionName={conf.partition} Nodes={names} Default=YES DefaultTime={conf.default_time} State=UP")
-    return "\n".join(lines) + "\n"
+    out += lines
+    joined = ",".join(names)
+    out.append(f"PartitionName={conf.partition} Nodes={joined} Default=YES DefaultTime={conf.default_time} State=UP")
+    return "\n".join(out) + "\n"
 
 
 def node_set(nodes: list[SlurmNode]) -> list[str]:

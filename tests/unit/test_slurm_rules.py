@@ -85,12 +85,21 @@ def test_the_captured_vm_is_described_from_its_own_lscpu_and_meminfo():
     assert node.gpu_count == 0
 
 
-def test_gpus_seen_only_on_the_pci_bus_are_counted_before_the_driver_answers():
+def test_gpus_seen_only_on_the_pci_bus_are_not_declared_until_the_driver_answers():
+    # gres.conf would name /dev/nvidia0..3, which only the driver creates: slurmd would not start.
     pci = tuple(
         PciDevice(f"0000:{i:02x}:00.0", "0302", "2330", "NVIDIA Corporation GH100 [H100 SXM5 80GB]") for i in range(4)
     )
     node = slurm.node_from_facts("n", "10.0.0.1", DGX_H100, 2048 * GIB, Gpus(pci=pci, nvml=()))
-    assert (node.gpu_type, node.gpu_count) == ("h100", 4)
+    assert (node.gpu_type, node.gpu_count, node.gpus_without_driver) == (None, 0, 4)
+    assert "Gres=" not in slurm.node_line(node)
+    assert slurm.gres_type(pci[0].description) == "h100"
+
+
+def test_ubuntu_2204_is_the_one_release_whose_slurm_cannot_run_on_cgroup_v2():
+    assert "21.08" in (slurm.unsupported("ubuntu", "22.04") or "")
+    assert slurm.unsupported("ubuntu", "24.04") is None
+    assert slurm.unsupported("debian", "12") is None
 
 
 @pytest.mark.parametrize(

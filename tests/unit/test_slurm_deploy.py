@@ -1,0 +1,79 @@
+"""The slurm step's decisions that need the cluster: which nodes slurm.conf holds (nodes an
+earlier run saw keep their line; nodes never seen are left out and named), who the controller
+is (the head's own hostname), what restarts the daemons, and when a host is skipped."""
+
+from __future__ import annotations
+
+from provision.deploys import slurm as step
+from provision.inventory import load
+from provision.rules import slurm as rules
+from tests.unit.test_inventory import write
+
+INVENTORY = """
+nodes = [("n1", {"ssh_hostname": "192.0.2.1", "cluster_address": "10.0.0.1"}),
+         ("n2", {"ssh_hostname": "192.0.2.2", "cluster_address": "10.0.0.2"}),
+         ("n3", {"ssh_hostname": "192.0.2.3", "cluster_address": "10.0.0.3"})]
+storage = ["n1"]
+"""
+
+
+def _known(name: str, address: str, gpus: int = 0, unsupported: str | None = None) -> step.Known:
+    gres = f" Gres=gpu:h100:{gpus}" if gpus else ""
+    topology = "CPUs=8 Sockets=1 CoresPerSocket=8 ThreadsPerCore=1 RealMemory=1000"
+    line = f"NodeName={name} NodeAddr={address} {topology}{gres} Weight=1 State=UNKNOWN"
+    return step.Known(line, f"{name}-host", unsupported, 0)
+
+
+def test_nodes_seen_by_any_run_are_in_the_file_and_the_others_are_named(tmp_path):
+    cluster = load(write(tmp_path / "inv.py", INVENTORY))
+    nodes = {"n1": _known("n1", "10.0.0.1"), "n3": _known("n3", "10.0.0.3", gpus=2)}
+    text, unseen = step.slurm_conf(cluster, nodes)
+    assert unseen == ["n2"]
+    assert [line.split()[0] for line in text.splitlines() if line.startswith("NodeName=")] == [
+        "NodeName=n1",
+        "NodeName=n3",
+    ]
+    assert "PartitionName=main Nodes=n1,n3 " in text
+    # The controller is the head's own hostname (slurmctld refuses to run under another name).
+    assert "SlurmctldHost=n1-host(10.0.0.1)" in text.splitlines()
+    assert step.restart_inputs(text) == [
+        "SlurmctldHost=n1-host(10.0.0.1)",
+        "NodeName=n1 NodeAddr=10.0.0.1",
+        "NodeName=n3 NodeAddr=10.0.0.3",
+    ]
+    assert rules.gres_conf_for_line(nodes["n3"].line).splitlines()[1:] == [
+        "NodeName=n3 Name=gpu Type=h100 File=/dev/nvidia0",
+        "NodeName=n3 Name=gpu Type=h100 File=/dev/nvidia1",
+    ]
+    assert rules.gres_conf_for_line("") == rules.GRES_HEAD
+
+
+def test_an_unsupported_node_is_skipped_and_left_out_and_an_unsupported_head_stops_every_host(tmp_path):
+    cluster = load(write(tmp_path / "inv.py", INVENTORY))
+    old = rules.unsupported("ubuntu", "22.04")
+    nodes = {
+        "n1": _known("n1", "10.0.0.1"),
+        "n2": _known("n2", "10.0.0.2", unsupported=old),
+        "n3": _known("n3", "10.0.0.3"),
+    }
+    text, _ = step.slurm_conf(cluster, nodes)
+    assert "NodeName=n2 " not in text
+    head = cluster.node("n1")
+    assert step.skip_reason(cluster.node("n2"), head, nodes).startswith(old)
+    assert step.skip_reason(cluster.node("n3"), head, nodes) is None
+    nodes["n1"] = _known("n1", "10.0.0.1", unsupported=old)
+    assert step.skip_reason(cluster.node("n3"), head, nodes) == f"the head n1: {old}"
+    del nodes["n1"]
+    assert "has not been reached by any run yet" in step.skip_reason(cluster.node("n3"), head, nodes)
+
+
+def test_the_controller_keeps_what_runs_saw_between_runs(tmp_path, monkeypatch):
+    monkeypatch.setenv("PROVISION_STATE_DIR", str(tmp_path / "state"))
+    cluster = load(write(tmp_path / "inv.py", INVENTORY))
+    assert step.known_nodes(cluster) == {}
+    step._known_file(cluster).write_text("not json")
+    assert step.known_nodes(cluster) == {}  # a damaged file is as good as none: the next run rewrites it
+    step._known_file(cluster).write_text(
+        '{"n1": {"line": "NodeName=n1", "hostname": "h", "unsupported": null, "gpus_without_driver": 0}}'
+    )
+    assert step.known_nodes(cluster) == {"n1": step.Known("NodeName=n1", "h", None, 0)}
