@@ -13,11 +13,10 @@ from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.context import ctx_state
 from pyinfra.facts.files import FileContents
 from pyinfra.operations import apt, files, server, systemd
 
-from provision.engine import Step, current_cluster, current_node, note, put_secret
+from provision.engine import Step, current_cluster, current_node, each_connected_host, note, once_per_pass, put_secret
 from provision.facts import chrony
 from provision.facts.probes import CloudInitFact, DpkgInterrupted, HostKeys
 from provision.inventory import Cluster, Node
@@ -83,21 +82,9 @@ def carried_keys(names: list[str], existing: list[str] | None) -> dict[str, list
     return carried
 
 
-_host_keys: dict[int, dict[str, list[str]]] = {}  # per pyinfra State: host name -> host keys
-
-
 def cluster_host_keys() -> dict[str, list[str]]:
     """Host keys of every host in this pass, read once per pass (each host's own fact)."""
-    current = ctx_state.get()
-    cached = _host_keys.get(id(current))
-    if cached is None:
-        cached = {h.name: h.get_fact(HostKeys) for h in current.inventory if h.connected}
-        _host_keys.clear()
-        _host_keys[id(current)] = cached
-    return cached
-
-
-_known_hosts: dict[int, bytes] = {}  # per pyinfra State: the known_hosts of a pass that read every key
+    return once_per_pass("host keys", lambda: each_connected_host(lambda h: h.get_fact(HostKeys)))
 
 
 def pass_known_hosts(by_node: dict[str, tuple[str, list[str]]]) -> bytes:
@@ -105,11 +92,7 @@ def pass_known_hosts(by_node: dict[str, tuple[str, list[str]]]) -> bytes:
     same text for every host, so made once per pass and shared. Each host's own copy (a
     StringIO per host, four bytes a character) made the controller hold the fleet's size
     squared: 650 MB at 1,000 simulated hosts (BENCHMARKS.md, issue 20)."""
-    current = id(ctx_state.get())
-    if current not in _known_hosts:
-        _known_hosts.clear()
-        _known_hosts[current] = known_hosts_lines(by_node).encode()
-    return _known_hosts[current]
+    return once_per_pass("known_hosts", lambda: known_hosts_lines(by_node).encode())
 
 
 def apt_lock_conf(seconds: int) -> str:

@@ -25,22 +25,27 @@ compute node, and the same slurm.conf everywhere, written from the facts provisi
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
-import threading
-import weakref
 from dataclasses import asdict, dataclass
 from io import StringIO
 from pathlib import Path
 from typing import Any
 
 from pyinfra.api import deploy
-from pyinfra.context import ctx_state
 from pyinfra.operations import files, systemd
 
 from provision import state
-from provision.engine import Step, current_cluster, current_node, note, put_secret, skip
+from provision.engine import (
+    Step,
+    current_cluster,
+    current_node,
+    each_connected_host,
+    note,
+    once_per_pass,
+    put_secret,
+    skip,
+)
 from provision.facts.gpus import NvidiaDevices
 from provision.facts.system import Cpu, Memory, Os
 from provision.inventory import Cluster, Node
@@ -67,16 +72,6 @@ class Known:
     gpus_without_driver: int  # GPUs on its PCI bus no driver answered for
 
 
-# Per pyinfra State (one pass): host name -> what its facts said. Filled once, under a lock,
-# by the first host prepared; the others wait for it instead of each asking every host.
-_passes: weakref.WeakKeyDictionary[Any, dict[str, Known]] = weakref.WeakKeyDictionary()
-
-
-@functools.cache
-def _reading() -> threading.Lock:
-    return threading.Lock()  # at first use, after pyinfra's CLI patched threading with gevent
-
-
 def munge_key(cluster: Cluster) -> str:
     """The cluster's munge key on the controller, made once per inventory."""
     return str(state.generated_secret(state.inventory_dir(cluster.path) / "munge.key"))
@@ -95,35 +90,27 @@ def known_nodes(cluster: Cluster) -> dict[str, Known]:
         return {}
 
 
-def _read_pass(cluster: Cluster) -> dict[str, Known]:
-    import gevent
-
-    current = ctx_state.get()
-    seen: dict[str, Known] = {}
-
-    def read(h: Any) -> None:
-        node = cluster.node(h.name)
-        os_info, cpu, memory, gpus = h.get_fact(Os), h.get_fact(Cpu), h.get_fact(Memory), h.get_fact(NvidiaDevices)
-        if os_info and cpu and memory and gpus is not None:
-            described = rules.node_from_facts(node.name, node.cluster_address, cpu, memory, gpus)
-            why = rules.unsupported(os_info.id, os_info.version_id) if node.settings.slurm != "force" else None
-            short = os_info.hostname.split(".")[0]
-            seen[h.name] = Known(rules.node_line(described), short, why, described.gpus_without_driver)
-
-    gevent.joinall([gevent.spawn(read, h) for h in current.inventory if h.connected])
-    return seen
+def _read(cluster: Cluster, h: Any) -> Known | None:
+    node = cluster.node(h.name)
+    os_info, cpu, memory, gpus = h.get_fact(Os), h.get_fact(Cpu), h.get_fact(Memory), h.get_fact(NvidiaDevices)
+    if not (os_info and cpu and memory and gpus is not None):
+        return None
+    described = rules.node_from_facts(node.name, node.cluster_address, cpu, memory, gpus)
+    why = rules.unsupported(os_info.id, os_info.version_id) if node.settings.slurm != "force" else None
+    return Known(rules.node_line(described), os_info.hostname.split(".")[0], why, described.gpus_without_driver)
 
 
 def pass_nodes(cluster: Cluster) -> dict[str, Known]:
     """The nodes as this pass found them, merged over what earlier passes found; read once
-    per pass, and written back to the controller's state."""
-    current = ctx_state.get()
-    with _reading():
-        if current not in _passes:
-            merged = known_nodes(cluster) | _read_pass(cluster)
-            state.write_atomic(_known_file(cluster), json.dumps({k: asdict(v) for k, v in merged.items()}, indent=1))
-            _passes[current] = merged
-    return _passes[current]
+    per pass (engine.once_per_pass) and written back to the controller's state."""
+
+    def read() -> dict[str, Known]:
+        seen = {name: k for name, k in each_connected_host(lambda h: _read(cluster, h)).items() if k is not None}
+        merged = known_nodes(cluster) | seen
+        state.write_atomic(_known_file(cluster), json.dumps({k: asdict(v) for k, v in merged.items()}, indent=1))
+        return merged
+
+    return once_per_pass("slurm nodes", read)
 
 
 def slurm_conf(cluster: Cluster, nodes: dict[str, Known]) -> tuple[str, list[str]]:

@@ -23,6 +23,7 @@ from provision.engine.context import (
     skip,
 )
 from provision.engine.facts import gather_facts
+from provision.engine.per_pass import each_connected_host, once_per_pass
 from provision.engine.plan import plan_steps
 from provision.engine.results import (
     FactsResult,
@@ -53,9 +54,11 @@ __all__ = [
     "current_node",
     "current_run",
     "current_steps",
+    "each_connected_host",
     "gather_facts",
     "no_events",
     "note",
+    "once_per_pass",
     "plan_steps",
     "put_secret",
     "refuse",

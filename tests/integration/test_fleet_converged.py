@@ -51,11 +51,23 @@ def test_a_second_up_on_24_simulated_converged_hosts_changes_nothing_and_plan_ag
             "/home/train/.ssh/authorized_keys",
         }
         assert {host for host, _ in fleet.files} == set(fleet.behaviour)
+        asked: dict[str, int] = {}
+        answer = fleet.answer
+
+        def counting(host: str, command: str):
+            if command.startswith("cat /etc/ssh/ssh_host_"):  # base's HostKeys fact
+                asked[host] = asked.get(host, 0) + 1
+            return answer(host, command)
+
+        fleet.answer = counting  # type: ignore[method-assign]
         second = _up(inv)
         plans = pipeline.plan(inventory.load(inv), pipeline.select(only=STEPS))
     assert set(second.hosts) == set(fleet.behaviour)
     assert {n: (r.changed, r.failures) for n, r in second.hosts.items()} == {n: (0, []) for n in fleet.behaviour}
     assert all(p.reachable and not any(p.steps.values()) for p in plans.values())
+    # Every node's host keys are read once a pass, not once per host prepared beside it
+    # (engine/per_pass.py): one read a host in the second up, and one in the plan.
+    assert asked == {name: 2 for name in fleet.behaviour}
     known_hosts = fleet.files[("node-0007", "/home/train/.ssh/known_hosts")].decode()
     assert len(known_hosts.splitlines()) == 24  # every node of the fleet, by name and address
     assert "node-0023,10.0.0.24 ssh-ed25519 " in known_hosts
