@@ -108,7 +108,7 @@ def _lines(lines: list[str], block: list[str], node: Node) -> list[str]:
 
 def capture(inventory_path: Path, host: str | None = None) -> Path:
     cluster = inventory.load(inventory_path)
-    storage = cluster.storage_node
+    storage = cluster.storage_node()
     node = next(n for n in cluster.nodes if (n.name == host if host else n is not storage))
     others = [n.name for n in cluster.nodes if n is not node]
     block = hosts_block(list(cluster.nodes)).split("\n")
