@@ -127,18 +127,9 @@ def node_line(node: SlurmNode) -> str:
 GRES_HEAD = "# Managed by provision (slurm step): one line per GPU device file.\n"
 
 
-def gres_conf_empty() -> str:
-    """gres.conf of a node that runs no jobs or has no GPU."""
-    return GRES_HEAD
-
-
 def gres_conf(node: SlurmNode) -> str:
     """gres.conf for one node: each GPU's device file named, in NVML index order."""
-    if not node.gpu_count:
-        return GRES_HEAD
-    return GRES_HEAD + "".join(
-        f"NodeName={node.name} Name=gpu Type={node.gpu_type} File=/dev/nvidia{i}\n" for i in range(node.gpu_count)
-    )
+    return gres_conf_for_line(node_line(node))
 
 
 def cgroup_conf() -> str:
@@ -220,10 +211,3 @@ def slurm_conf_with_lines(conf: ClusterConf, lines: list[str], names: list[str])
     joined = ",".join(names)
     out.append(f"PartitionName={conf.partition} Nodes={joined} Default=YES DefaultTime={conf.default_time} State=UP")
     return "\n".join(out) + "\n"
-
-
-def node_set(nodes: list[SlurmNode]) -> list[str]:
-    """What Slurm 22.05 and older read only when its daemons start: the nodes' names and
-    addresses. When this changes, slurmctld and slurmd restart (running jobs live on in
-    their slurmstepd); any other change of slurm.conf is an ``scontrol reconfigure``."""
-    return [f"{n.name} {n.address}" for n in nodes]
