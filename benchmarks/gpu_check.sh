@@ -1,9 +1,12 @@
 #!/bin/bash
 # The device check of issue 15: one script for a lent GPU machine (one GPU, no network,
 # nothing installed: python3 already holds a CUDA torch, pytest and nvidia-ml-py).
-# Steps, each bounded by `timeout` (the bounds add up to 480 s, the figures table's 30 s included):
+# Steps, each bounded by `timeout` (the bounds add up to 520 s, the figures table's 30 s included):
 #   env     the machine: nvidia-smi, torch and CUDA versions, whether torch sees a GPU
 #   names   every NVML name agent.py and train_ddp.py use exists in the installed pynvml
+#   captures provision's GPU fact commands run and timed, with nvidia-smi -q -x, /dev/nvidia*
+#           and the driver's /proc files, into $OUT/captures (fixtures; the load XML is taken
+#           10 s into the burn)
 #   quick   `agent.py run --mode quick --only gpu` (its JSON lines), timed
 #   judge   the real judge on that output: every finding, then the verdict
 #   sweep   a bf16 GEMM mini-sweep on gpu0, against quick mode's best
@@ -67,6 +70,7 @@ if [ -f tests/unit/test_nvml_names.py ]; then
     step names-test 10 "$PY" -m pytest -q -p no:cacheprovider tests/unit/test_nvml_names.py -k "not pinned_to"
 fi
 step names 10 "$PY" benchmarks/gpu_figures.py names "$OUT"
+step captures 40 "$PY" benchmarks/gpu_figures.py captures "$OUT"
 
 start=$(date +%s.%N)
 step quick 110 "$PY" provision/validate/agent.py run --mode quick --only gpu --data-dir /tmp
@@ -76,12 +80,14 @@ cp "$OUT/quick.log" "$OUT/agent-quick.jsonl"
 step judge 20 "$PY" benchmarks/gpu_figures.py judge "$OUT"
 
 step sweep 40 "$PY" benchmarks/gpu_figures.py sweep "$OUT"
+(sleep 10; timeout 15 nvidia-smi -q -x > "$OUT/captures/nvidia-smi-q-x_load.xml" 2>&1) &
 step burn 30 "$PY" benchmarks/gpu_figures.py burn "$OUT"
+wait
 step pytest 100 "$PY" -m pytest -q -s -p no:cacheprovider -m gpu tests/gpu
 
 mkdir -p /tmp/gpu-check-train
 # MFU with torch.compile: its first steps compile; the summary's rate leaves the warm-up out.
-step train 90 "$PY" training/train_ddp.py --model gpt2 --steps 30 --global-batch 32 --micro-batch 16 \
+step train 90 "$PY" training/train_ddp.py --model gpt2 --steps 30 --global-batch 32 --micro-batch 32 \
     --compile --data-max-mb 8 --eval-interval 30 --eval-samples 32 --ckpt-dir /tmp/gpu-check-train \
     --data-cache /tmp/gpu-check-train/data --summary "$OUT/train-summary.json"
 

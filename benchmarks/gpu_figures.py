@@ -7,6 +7,8 @@ and OK/MISS, and exits 1 on any miss (a figure not measured is a miss).
     python3 benchmarks/gpu_figures.py judge DIR      the real judge on the agent's quick GPU output
     python3 benchmarks/gpu_figures.py sweep DIR      bf16 GEMM mini-sweep on gpu0, against quick's best
     python3 benchmarks/gpu_figures.py burn DIR       20 s sustained burn on gpu0 with NVML telemetry
+    python3 benchmarks/gpu_figures.py captures DIR   provision's GPU fact commands, timed, and raw driver
+                                                     files, saved under DIR/captures for fixtures
     python3 benchmarks/gpu_figures.py table DIR      the table (reads every step's JSON, and the trainer's summary)
 
 Needs only torch, nvidia-ml-py and this repository (pyinfra/fabric are not imported).
@@ -98,6 +100,45 @@ def burn(out: Path) -> int:
     return 0
 
 
+# The fact commands that reach the GPU, as `up`, `facts` and the Slurm health check run them.
+# The GPU image has no pyinfra, so they are kept here; tests/unit/test_gpu_fact_commands.py
+# holds this file equal to the fact classes' own command() text.
+FACT_COMMANDS = ROOT / "benchmarks" / "gpu_fact_commands.json"
+# Raw driver views for fixtures (tests/fixtures/SOURCES.md): NVML's full XML (the NVML
+# stand-in reads it), the device files and the driver's per-GPU information (its minor
+# number, which names /dev/nvidiaN and is not among nvidia-smi's --query-gpu fields).
+RAW_COMMANDS = {
+    "nvidia-smi-q-x.xml": "nvidia-smi -q -x",
+    "dev-nvidia.txt": "ls -l /dev/nvidia* /dev/nvidia-caps 2>&1",
+    "proc-driver-nvidia.txt": "cat /proc/driver/nvidia/version; for f in /proc/driver/nvidia/gpus/*/information; "
+    'do echo "== $f"; cat "$f"; done',
+    "help-query-gpu.txt": "nvidia-smi --help-query-gpu",
+}
+
+
+def captures(out: Path) -> int:
+    """Each GPU fact command under sh, timed (a health check runs them and must answer in
+    seconds), and the raw driver files, all saved under out/captures."""
+    import subprocess
+    import time
+
+    where = out / "captures"
+    where.mkdir(exist_ok=True)
+    commands = json.loads(FACT_COMMANDS.read_text())
+    timings: dict[str, float] = {}
+    for name, command in {**{f"fact-{k}.txt": v for k, v in commands.items()}, **RAW_COMMANDS}.items():
+        start = time.monotonic()
+        p = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=30)
+        timings[name] = round(time.monotonic() - start, 3)
+        (where / name).write_text(
+            f"$ {command}\n# exit {p.returncode}\n{p.stdout}" + (f"# stderr\n{p.stderr}" if p.stderr else "")
+        )
+        print(f"{name}: exit {p.returncode}, {timings[name]} s, {len(p.stdout.splitlines())} lines")
+    slowest = max(v for k, v in timings.items() if k.startswith("fact-"))
+    save(out, "captures", {"seconds": timings, "slowest_fact_s": slowest})
+    return 0
+
+
 def agent_burn_metrics() -> tuple[str, ...]:
     return ("gpu_burn_mismatches", "gpu_burn_throughput_ratio", "gpu_hw_slowdown")
 
@@ -119,6 +160,7 @@ def figures(out: Path) -> list[Row]:
     names_, verdict = load(out, "names.json"), load(out, "judge.json")
     sweep_, burn_, train = load(out, "sweep.json"), load(out, "burn.json"), load(out, "train-summary.json")
     steps = load(out, "steps.json")  # step name -> exit code, from the shell script
+    facts = load(out, "captures.json")
     quick_s = load(out, "agent-quick.time.json").get("seconds")
     q, s = verdict.get("bf16_best"), sweep_.get("bf16_best")
     ratio = q / s if isinstance(q, float) and isinstance(s, float) and s else None
@@ -134,6 +176,7 @@ def figures(out: Path) -> list[Row]:
         _at_most("burn 20 s: HW slowdown reasons (>1 sample)", burn_.get("gpu_hw_slowdown"), 0),
         _at_most("pytest -m gpu tests/gpu exit code", steps.get("pytest"), 0),
         _at_least("trainer gpt2 preset, bf16 + compile, MFU", train.get("mfu"), 0.45),
+        _at_most("GPU fact commands, slowest, wall s", facts.get("slowest_fact_s"), 5),
     ]
     return rows
 
@@ -150,7 +193,7 @@ def table(out: Path) -> int:
     return 0 if all(ok for *_, ok in rows) else 1
 
 
-COMMANDS = {"names": names, "judge": judge_quick, "sweep": sweep, "burn": burn, "table": table}
+COMMANDS = {"names": names, "judge": judge_quick, "sweep": sweep, "burn": burn, "captures": captures, "table": table}
 
 
 def main(argv: list[str]) -> int:

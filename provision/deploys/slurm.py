@@ -69,7 +69,8 @@ class Known:
     line: str  # its NodeName line
     hostname: str  # its own short hostname (slurmctld must run on a host of that name)
     unsupported: str | None  # why its Slurm cannot run as configured (rules.unsupported)
-    gpus_without_driver: int  # GPUs on its PCI bus no driver answered for
+    gpus_without_driver: int  # GPUs seen with no device file known (no driver yet): not declared
+    gres: str = ""  # its gres.conf (rules.gres_conf); "" in state written before it was kept
 
 
 def munge_key(cluster: Cluster) -> str:
@@ -97,7 +98,13 @@ def _read(cluster: Cluster, h: Any) -> Known | None:
         return None
     described = rules.node_from_facts(node.name, node.cluster_address, cpu, memory, gpus)
     why = rules.unsupported(os_info.id, os_info.version_id) if node.settings.slurm != "force" else None
-    return Known(rules.node_line(described), os_info.hostname.split(".")[0], why, described.gpus_without_driver)
+    return Known(
+        rules.node_line(described),
+        os_info.hostname.split(".")[0],
+        why,
+        described.gpus_without_driver,
+        rules.gres_conf(described),
+    )
 
 
 def pass_nodes(cluster: Cluster) -> dict[str, Known]:
@@ -180,8 +187,10 @@ def slurm() -> None:
     if unseen:
         note(f"slurm: not in slurm.conf yet (no run has reached them): {', '.join(unseen)}")
     if mine is not None and mine.gpus_without_driver and computes:
-        note(f"slurm: {mine.gpus_without_driver} GPUs not declared: no driver answers for them yet")
-    gres = rules.gres_conf_for_line(mine.line if mine and computes else "")
+        note(f"slurm: {mine.gpus_without_driver} GPUs not declared: the driver names no device file for them yet")
+    # This host's own entry is always from this pass (it is connected), so its gres.conf is
+    # never one an older state file lacked.
+    gres = (mine.gres if mine and computes else "") or rules.GRES_HEAD
     files.directory(name=CONF_DIR, path=CONF_DIR, mode="755")
     own = [
         files.put(name="slurm.conf (the same on every node)", src=StringIO(text), dest=SLURM_CONF, mode="644"),

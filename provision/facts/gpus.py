@@ -15,6 +15,8 @@ from pyinfra.api import FactBase
 
 NVIDIA_VENDOR = "10de"
 SEPARATOR = "--- nvml ---"
+MINORS_SEPARATOR = "--- minors ---"
+PROC_GPUS = "/proc/driver/nvidia/gpus"
 LSPCI_SEPARATOR = "--- lspci ---"
 SYSFS_PCI = "/sys/bus/pci/devices"
 NVML_QUERY = "index,name,pci.bus_id,memory.total,driver_version"
@@ -57,6 +59,14 @@ class NvmlGpu:
     bus_id: str  # PCI bus id as the driver prints it
     memory_mib: int  # total memory
     driver_version: str  # loaded driver version, e.g. 580.95.05
+    # The driver's minor number: the N of /dev/nvidiaN. It follows the kernel's probe order,
+    # not NVML's PCI order, so it can differ from the index (a 2x RTX A5000 capture has
+    # index 0 at minor 1); None where the driver's /proc files did not say.
+    minor: int | None = None
+
+    @property
+    def device_file(self) -> str | None:
+        return None if self.minor is None else f"/dev/nvidia{self.minor}"
 
 
 @dataclass(frozen=True)
@@ -132,6 +142,26 @@ def parse_nvml_csv(text: str) -> list[NvmlGpu]:
     return gpus
 
 
+def parse_minors(text: str) -> dict[str, int]:
+    """Parse `grep -H '^Device Minor:' /proc/driver/nvidia/gpus/*/information`: the PCI
+    address (normalised by bus_key) of each GPU, and its minor number."""
+    minors = {}
+    for line in text.splitlines():
+        match = re.match(rf"^{re.escape(PROC_GPUS)}/([0-9a-fA-F:.]+)/information:Device Minor:\s*(\d+)\s*$", line)
+        if match:
+            minors[bus_key(match[1])] = int(match[2])
+    return minors
+
+
+def bus_key(address: str) -> str:
+    """A PCI address as one key whatever its writer: nvidia-smi prints an 8-digit domain
+    (00000000:18:00.0), /proc and sysfs a 4-digit one (0000:18:00.0)."""
+    parts = address.strip().lower().split(":")
+    if len(parts) == 3 and all(parts) and all(c in "0123456789abcdef" for c in parts[0]):
+        return f"{int(parts[0], 16):04x}:{parts[1]}:{parts[2]}"
+    return address.strip().lower()
+
+
 def supports_open_modules(device_id: str) -> bool:
     """NVIDIA's open kernel modules need Turing or newer; Turing starts at device id 0x1e00
     (TU102), and every later generation (Ampere, Ada, Hopper, Blackwell) sits above it."""
@@ -148,13 +178,20 @@ class NvidiaDevices(FactBase[Gpus]):
             f"echo '{LSPCI_SEPARATOR}'; "
             f"(lspci -Dnn -d {NVIDIA_VENDOR}: 2>/dev/null || true); "
             f"echo '{SEPARATOR}'; "
-            f"(nvidia-smi --query-gpu={NVML_QUERY} --format=csv,noheader,nounits 2>/dev/null || true)"
+            f"(nvidia-smi --query-gpu={NVML_QUERY} --format=csv,noheader,nounits 2>/dev/null || true); "
+            f"echo '{MINORS_SEPARATOR}'; "
+            f"(grep -H '^Device Minor:' {PROC_GPUS}/*/information 2>/dev/null || true)"
         )
 
     def process(self, output: list[str]) -> Gpus:
-        nvml = output.index(SEPARATOR) if SEPARATOR in output else len(output)
+        minors = output.index(MINORS_SEPARATOR) if MINORS_SEPARATOR in output else len(output)
+        nvml = output.index(SEPARATOR) if SEPARATOR in output[:minors] else minors
         lspci = output.index(LSPCI_SEPARATOR) if LSPCI_SEPARATOR in output[:nvml] else nvml
+        by_bus = parse_minors("\n".join(output[minors + 1 :]))
         return Gpus(
             tuple(named(parse_sysfs_pci("\n".join(output[:lspci])), parse_lspci("\n".join(output[lspci + 1 : nvml])))),
-            tuple(parse_nvml_csv("\n".join(output[nvml + 1 :]))),
+            tuple(
+                replace(g, minor=by_bus.get(bus_key(g.bus_id)))
+                for g in parse_nvml_csv("\n".join(output[nvml + 1 : minors]))
+            ),
         )

@@ -7,10 +7,12 @@ The complaints these rules answer (Slurm users' most common drains):
 - "Low RealMemory": slurmd drains a node whose memory is below RealMemory. MemTotal moves by
   megabytes with a kernel or driver update, so RealMemory sits a margin below it
   (``real_memory_mib``).
-- GPU counts that disagree with the hardware: the Gres count comes from the GPUs the host
-  itself reports (NVML when the driver answers, else the PCI bus), and gres.conf names
-  each device file explicitly (Debian's and Ubuntu's slurm packages are built without NVML
-  autodetection).
+- GPU counts that disagree with the hardware: the Gres count comes from the GPUs the host's
+  driver reports, and gres.conf names each one's device file explicitly (Debian's and
+  Ubuntu's slurm packages are built without NVML autodetection). The file is /dev/nvidiaN
+  for the driver's minor number N, which is not always the NVML index (a captured 2x RTX
+  A5000 has index 0 at minor 1): the lines follow NVML's index order, which is CUDA's, and
+  each names its GPU's own file, as Slurm's NVML autodetection would.
 """
 
 from __future__ import annotations
@@ -45,9 +47,10 @@ class SlurmNode:
     threads_per_core: int  # ThreadsPerCore
     real_memory_mib: int  # RealMemory: a margin below MemTotal
     gpu_type: str | None  # Gres type, e.g. "h100"; None without GPUs
-    gpu_count: int  # GPUs the driver answers for (0 on a CPU node, or before the driver loads)
-    gpus_without_driver: int = 0  # GPUs on the PCI bus that no driver answers for: not declared
+    gpu_count: int  # GPUs declared: those whose device file the driver names
+    gpus_without_driver: int = 0  # GPUs seen (PCI bus or NVML) with no device file known: not declared
     weight: int = 1  # Weight: lower is picked first
+    gpu_files: tuple[str, ...] = ()  # each declared GPU's device file, in NVML index order
 
 
 def real_memory_mib(memory_bytes: int) -> int:
@@ -77,13 +80,15 @@ def node_from_facts(name: str, address: str, cpu: CpuInfo, memory_bytes: int, gp
     """A node's slurm.conf description from its facts. Where the node's GPUs differ in
     model, the first one's type names them all (Slurm's one Gres type per NodeName line).
 
-    Only GPUs the driver answers for are declared: gres.conf names /dev/nvidiaN, which the
-    driver creates, and slurmd does not start when a named device file is missing. GPUs
-    seen only on the PCI bus are counted apart (the step says so; the next `up` after the
-    driver loads declares them)."""
+    Only GPUs whose device file the driver names are declared: gres.conf names
+    /dev/nvidiaN, which the driver creates, and slurmd does not start when a named device
+    file is missing. GPUs seen only on the PCI bus (no driver yet) or without a minor number
+    are counted apart (the step says so; the next `up` after the driver loads declares
+    them)."""
     sockets = max(cpu.sockets, 1)
     cores = max(cpu.cores, sockets)
-    count, first = len(gpus.nvml), (gpus.nvml[0].name if gpus.nvml else "")
+    declared = [g for g in gpus.nvml if g.device_file]
+    count, first = len(declared), (declared[0].name if declared else "")
     return SlurmNode(
         name=name,
         address=address,
@@ -94,7 +99,8 @@ def node_from_facts(name: str, address: str, cpu: CpuInfo, memory_bytes: int, gp
         real_memory_mib=real_memory_mib(memory_bytes),
         gpu_type=gres_type(first) if count else None,
         gpu_count=count,
-        gpus_without_driver=0 if count else len(gpus.gpus),
+        gpus_without_driver=max(len(gpus.gpus), len(gpus.nvml)) - count,
+        gpu_files=tuple(g.device_file for g in declared if g.device_file),
     )
 
 
@@ -128,8 +134,9 @@ GRES_HEAD = "# Managed by provision (slurm step): one line per GPU device file.\
 
 
 def gres_conf(node: SlurmNode) -> str:
-    """gres.conf for one node: each GPU's device file named, in NVML index order."""
-    return gres_conf_for_line(node_line(node))
+    """gres.conf for one node: each declared GPU's own device file, in NVML index order; the
+    head line alone for a node without GPUs."""
+    return GRES_HEAD + "".join(f"NodeName={node.name} Name=gpu Type={node.gpu_type} File={f}\n" for f in node.gpu_files)
 
 
 def cgroup_conf() -> str:
@@ -159,17 +166,6 @@ class ClusterConf:
 def slurm_conf(conf: ClusterConf, nodes: list[SlurmNode]) -> str:
     """slurm.conf, the same text for every node."""
     return slurm_conf_with_lines(conf, [node_line(n) for n in nodes], [n.name for n in nodes])
-
-
-def gres_conf_for_line(line: str) -> str:
-    """gres.conf for the node of a NodeName line (as node_line wrote it): one line per GPU
-    it declares; the empty gres.conf for "" (a host that runs no jobs)."""
-    fields = dict(part.split("=", 1) for part in line.split() if "=" in part)
-    if "Gres" not in fields:
-        return GRES_HEAD
-    _, kind, count = fields["Gres"].split(":")
-    name = fields["NodeName"]
-    return GRES_HEAD + "".join(f"NodeName={name} Name=gpu Type={kind} File=/dev/nvidia{i}\n" for i in range(int(count)))
 
 
 def slurm_conf_with_lines(conf: ClusterConf, lines: list[str], names: list[str]) -> str:

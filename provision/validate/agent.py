@@ -61,6 +61,8 @@ MODES = {
         "fio_s": 3,
         "gemm_shapes": [(8192, 8192, 8192), (4096, 4096, 4096), (6144, 6144, 6144)],
         "gemm_iters": 10,
+        "gemm_preheat_s": 1.5,
+        "gemm_warmup_s": 0.1,
         "copy_mb": 1024,
         "h2d_mb": 512,
         "burn_n": 8192,
@@ -77,6 +79,8 @@ MODES = {
             (m, n, k) for m in (4096, 8192, 12288, 16384) for n in (4096, 8192, 16384) for k in (4096, 8192, 16384)
         ],
         "gemm_iters": 20,
+        "gemm_preheat_s": 3.0,
+        "gemm_warmup_s": 0.1,
         "copy_mb": 4096,
         "h2d_mb": 2048,
         "burn_n": 8192,
@@ -1046,7 +1050,13 @@ def _timed(torch: Any, dev: int, fn: Any, iters: int, budget: Budget, before: An
 
 def _gemm(torch: Any, cfg: dict[str, Any], i: int, kind: tuple[str, str, bool], budget: Budget, out: Sink) -> None:
     """mamf-finder style: several shapes, L2 flushed before each timed matmul, best shape
-    wins; the shapes share the budget, and those it does not reach are said so."""
+    wins; the shapes share the budget, and those it does not reach are said so.
+
+    The first shape is run back to back for ``gemm_preheat_s`` before it is timed, so that
+    every shape is measured at the power-capped steady state a training run lives in. An
+    H200 SXM measured cold reached 793 TFLOP/s bf16 for about a second, then held 600-720
+    at its 700 W cap (sw_power_cap): measured cold, a phase's figure depended on what ran
+    just before it, and fp16 fell from 724 to 620 between two runs (BENCHMARKS.md)."""
     metric, dtype_name, tf32 = kind
     torch.backends.cuda.matmul.allow_tf32 = tf32  # the same value in every GPU's thread
     torch.backends.cudnn.allow_tf32 = tf32
@@ -1059,9 +1069,10 @@ def _gemm(torch: Any, cfg: dict[str, Any], i: int, kind: tuple[str, str, bool], 
             share = budget.part(1 / (len(shapes) - tried))
             if share.seconds <= 0:
                 break
+            warm_s = cfg.get("gemm_preheat_s" if tried == 0 else "gemm_warmup_s", 0.0)
             tried += 1
             try:
-                tflops, got = _gemm_shape(torch, cfg, i, shape, getattr(torch, dtype_name), share, flush)
+                tflops, got = _gemm_shape(torch, cfg, i, shape, getattr(torch, dtype_name), share, flush, warm_s)
             except TimeoutError:  # its allocation and warm-up used its share: the next may fit
                 continue
             measured, reps = measured + 1, reps + got
@@ -1077,14 +1088,29 @@ def _gemm(torch: Any, cfg: dict[str, Any], i: int, kind: tuple[str, str, bool], 
 
 
 def _gemm_shape(
-    torch: Any, cfg: dict[str, Any], i: int, shape: tuple[int, int, int], dtype: Any, budget: Budget, flush: Any
+    torch: Any,
+    cfg: dict[str, Any],
+    i: int,
+    shape: tuple[int, int, int],
+    dtype: Any,
+    budget: Budget,
+    flush: Any,
+    warm_s: float = 0.0,
 ) -> tuple[float, int]:
-    """TFLOP/s of one shape (median rep) and how many reps fitted its share of the budget."""
+    """TFLOP/s of one shape (median rep) and how many reps fitted its share of the budget,
+    after ``warm_s`` of back-to-back products (at most a third of the share)."""
     m, n, k = shape
     a = torch.randn(m, k, device=i, dtype=dtype)
     b = torch.randn(k, n, device=i, dtype=dtype)
     c = torch.empty(m, n, device=i, dtype=dtype)
-    torch.mm(a, b, out=c)  # warm-up: cuBLAS picks its kernel
+    # The first call is cuBLAS choosing its kernel; the rest bring the GPU to the state it is
+    # measured in (see _gemm).
+    warm = budget.clock() + min(warm_s, budget.left() / 3)
+    torch.mm(a, b, out=c)
+    while budget.clock() < warm:
+        for _ in range(4):
+            torch.mm(a, b, out=c)
+        torch.cuda.synchronize(i)
     t, got = _timed(torch, i, lambda: torch.mm(a, b, out=c), cfg["gemm_iters"], budget, flush.zero_)
     return 2 * m * n * k / t / 1e12, got
 

@@ -25,7 +25,7 @@ def test_device_check_without_cuda_stops_at_the_first_gpu_step_and_prints_every_
     assert "device check stopped: this machine has no usable CUDA GPU" in p.stdout
     table = p.stdout.split("== figures\n", 1)[1].splitlines()
     assert table[0].split() == ["figure", "value", "target", "result"]
-    assert len(table) == 12
+    assert len(table) == 13
     assert all(line.endswith("MISS") for line in table[1:])
     assert "== quick" not in p.stdout  # no GPU step after the check that found none
 

@@ -43,6 +43,10 @@ CAPTURES: dict[str, tuple[str, str]] = {
     "h100-sxm-loaded": ("nvidia-smi-capture_h100-80gb-hbm3_590.48.01_ubuntu22.04.txt", "load"),
     "h100-sxm-mig": ("nvidia-smi-capture_h100-80gb-hbm3-mig_590.48.01_ubuntu22.04.txt", "idle"),
     "h200": ("nvidia-smi-capture_h200_590.48.01_ubuntu22.04.txt", "idle"),
+    # Captured here on a lent H200 by benchmarks/gpu_check.sh: idle, and 10 s into a bf16 burn
+    # (at its 700 W cap: sw_power_cap active, no hardware slowdown).
+    "h200-580": ("nvidia-smi-q-x_h200_580.159.04_idle.xml", ""),
+    "h200-580-burn": ("nvidia-smi-q-x_h200_580.159.04_burn.xml", ""),
     "a100-40gb-mig": ("nvidia-smi-q-x_a100-sxm4-40gb-mig_510.47.03.xml", ""),
     "a100-80gb-mig": ("nvidia-smi-q-x_a100-sxm4-80gb-mig_535.54.03.xml", ""),
     "rtx-a5000-x2": ("nvidia-smi-q-x_2x-rtx-a5000_590.44.01.xml", ""),

@@ -288,3 +288,60 @@ def test_apt_source_files_say_which_file_names_which_repository():
             ("https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/", "/")
         ],
     }
+
+
+def captured_outputs(name: str) -> dict[str, list[str]]:
+    """A capture file of `$ command`, `# exit N`, output blocks: the command -> its output."""
+    blocks: dict[str, list[str]] = {}
+    for line in fixture(name).splitlines():
+        if line.startswith("$ "):
+            current = blocks.setdefault(line[2:], [])
+        elif not line.startswith("# exit "):
+            current.append(line)
+    return blocks
+
+
+def test_the_gpu_fact_on_a_real_h200_names_its_device_file_from_the_drivers_minor_number():
+    # The fact's own command, run on a lent H200 (a one-GPU VM without pciutils) by
+    # benchmarks/gpu_check.sh.
+    outputs = captured_outputs("gpu-facts_h200_580.159.04.txt")
+    found = NvidiaDevices().process(outputs[NvidiaDevices().command()])
+    assert [(g.slot, g.class_id, g.device_id, g.description) for g in found.gpus] == [
+        ("0000:00:06.0", "0302", "2335", "PCI device 10de:2335")
+    ]
+    (gpu,) = found.nvml
+    assert (gpu.index, gpu.name, gpu.memory_mib, gpu.driver_version) == (0, "NVIDIA H200", 143771, "580.159.04")
+    assert (gpu.minor, gpu.device_file) == (0, "/dev/nvidia0")
+    assert "/dev/nvidia0" in fixture("dev-nvidia_h200_580.159.04.txt")
+
+
+def test_the_reboot_probe_on_a_real_h200_reads_the_loaded_driver_and_nvidia_smis_answer():
+    from provision.facts.probes import RebootProbe, parse_reboot_state
+
+    state = parse_reboot_state(captured_outputs("gpu-facts_h200_580.159.04.txt")[RebootProbe().command()])
+    assert state.loaded_module == state.smi_version == "580.159.04"
+    assert state.installed_module is None  # that VM's image has no modinfo for the module
+
+
+def test_a_gpu_whose_minor_number_is_not_its_index_gets_its_own_device_file():
+    # The 2x RTX A5000 capture: NVML index 0 (bus 81:00.0) is the driver's minor 1, index 1
+    # (C1:00.0) is minor 0. /proc lines in the format the H200's driver printed them.
+    lines = [
+        LSPCI_SEPARATOR,
+        "--- nvml ---",
+        "0, NVIDIA RTX A5000, 00000000:81:00.0, 24564, 590.44.01",
+        "1, NVIDIA RTX A5000, 00000000:C1:00.0, 24564, 590.44.01",
+        "--- minors ---",
+        "/proc/driver/nvidia/gpus/0000:81:00.0/information:Device Minor: \t 1",
+        "/proc/driver/nvidia/gpus/0000:c1:00.0/information:Device Minor: \t 0",
+    ]
+    assert [(g.index, g.device_file) for g in NvidiaDevices().process(lines).nvml] == [
+        (0, "/dev/nvidia1"),
+        (1, "/dev/nvidia0"),
+    ]
+
+
+def test_without_the_drivers_proc_files_a_gpu_has_no_device_file_rather_than_a_guessed_one():
+    lines = [LSPCI_SEPARATOR, "--- nvml ---", "0, NVIDIA H200, 00000000:00:06.0, 143771, 580.159.04"]
+    (gpu,) = NvidiaDevices().process(lines).nvml
+    assert (gpu.minor, gpu.device_file) == (None, None)

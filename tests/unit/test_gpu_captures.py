@@ -42,6 +42,18 @@ def verdicts(result) -> dict[str, str]:
 MODELS = {
     "h100-sxm": ("NVIDIA H100 80GB HBM3", 0x2330, 81559, "H100-SXM", "pass", {}),
     "h200": ("NVIDIA H200", 0x2335, 143771, "H200-SXM", "pass", {}),
+    # The lent H200 (a one-GPU VM): NVML gives no NVLink state there, which warns; under the
+    # burn its sw_power_cap is active, which is no hardware slowdown and no finding (the burn
+    # itself is the other process named).
+    "h200-580": ("NVIDIA H200", 0x2335, 143771, "H200-SXM", "warn", {"gpu_nvlink_up": "warn"}),
+    "h200-580-burn": (
+        "NVIDIA H200",
+        0x2335,
+        143771,
+        "H200-SXM",
+        "warn",
+        {"gpu_nvlink_up": "warn", "gpu_other_processes": "warn"},
+    ),
     "h100-sxm-mig": ("NVIDIA H100 80GB HBM3", 0x2330, 81559, "H100-SXM", "warn", {"gpu_mig": "warn"}),
     "a100-40gb-mig": ("NVIDIA A100-SXM4-40GB", 0x20B0, 40960, "A100-SXM4-40GB", "warn", {"gpu_mig": "warn"}),
     "a100-80gb-mig": ("NVIDIA A100-SXM4-80GB", 0x20B2, 81920, "A100-SXM4-80GB", "warn", {"gpu_mig": "warn"}),
@@ -81,6 +93,14 @@ def test_judge_gives_each_captured_gpu_its_verdict(stand_in_nvml, model):
     assert result.sku == sku
     assert verdicts(result) == not_passed
     assert result.verdict == verdict
+
+
+def test_the_lent_h200_at_its_power_cap_is_read_as_power_capped_and_not_slowed_by_hardware(stand_in_nvml):
+    (idle,) = inventory(stand_in_nvml, "h200-580")
+    (burn,) = inventory(stand_in_nvml, "h200-580-burn")
+    assert "sw_power_cap" not in idle["throttle_active"]
+    assert burn["throttle_active"] == ["sw_power_cap"]
+    assert not set(burn["throttle_active"]) & set(agent.HW_SLOWDOWN)
 
 
 # --- memory errors, as NVIDIA's GPU Memory Error Management guide reads them ----------------

@@ -41,11 +41,6 @@ def test_nodes_seen_by_any_run_are_in_the_file_and_the_others_are_named(tmp_path
         "NodeName=n1 NodeAddr=10.0.0.1",
         "NodeName=n3 NodeAddr=10.0.0.3",
     ]
-    assert rules.gres_conf_for_line(nodes["n3"].line).splitlines()[1:] == [
-        "NodeName=n3 Name=gpu Type=h100 File=/dev/nvidia0",
-        "NodeName=n3 Name=gpu Type=h100 File=/dev/nvidia1",
-    ]
-    assert rules.gres_conf_for_line("") == rules.GRES_HEAD
 
 
 def test_an_unsupported_node_is_skipped_and_left_out_and_an_unsupported_head_stops_every_host(tmp_path):

@@ -23,9 +23,14 @@ FIXTURES = Path(__file__).parents[1] / "fixtures"
 GIB = 2**30
 
 
-def _nvml(names: list[str]) -> Gpus:
+def _nvml(names: list[str], minors: list[int | None] | None = None) -> Gpus:
+    minors = list(range(len(names))) if minors is None else minors
     return Gpus(
-        pci=(), nvml=tuple(NvmlGpu(i, n, f"00000000:{i:02x}:00.0", 81559, "590.48.01") for i, n in enumerate(names))
+        pci=(),
+        nvml=tuple(
+            NvmlGpu(i, n, f"00000000:{i:02x}:00.0", 81559, "590.48.01", minor)
+            for i, (n, minor) in enumerate(zip(names, minors, strict=True))
+        ),
     )
 
 
@@ -68,12 +73,32 @@ def test_a_4x_a100_node_names_its_gpus_a100():
     assert len(slurm.gres_conf(node).splitlines()) == 5
 
 
+def test_each_gpu_is_declared_with_its_own_device_file_when_minor_numbers_are_not_the_index():
+    # The 2x RTX A5000 capture: NVML index 0 is minor 1 and index 1 is minor 0. gres.conf keeps
+    # NVML's (CUDA's) order and names each GPU's own file.
+    xml = (FIXTURES / "nvidia-smi-q-x_2x-rtx-a5000_590.44.01.xml").read_text()
+    minors = [int(m) for m in re.findall(r"<minor_number>(\d+)</minor_number>", xml)]
+    names = _captured_names("nvidia-smi-q-x_2x-rtx-a5000_590.44.01.xml", r"<product_name>(.+)</product_name>")
+    node = slurm.node_from_facts("ws", "10.0.0.20", CPU_NODE, 256 * GIB, _nvml(names, minors))
+    assert minors == [1, 0]
+    assert slurm.gres_conf(node).splitlines()[1:] == [
+        "NodeName=ws Name=gpu Type=rtx_a5000 File=/dev/nvidia1",
+        "NodeName=ws Name=gpu Type=rtx_a5000 File=/dev/nvidia0",
+    ]
+
+
+def test_a_gpu_without_a_known_device_file_is_not_declared_and_is_counted_apart():
+    node = slurm.node_from_facts("n", "10.0.0.1", DGX_H100, 2048 * GIB, _nvml(["NVIDIA H100 80GB HBM3"] * 2, [0, None]))
+    assert (node.gpu_count, node.gpus_without_driver, node.gpu_files) == (1, 1, ("/dev/nvidia0",))
+    assert "Gres=gpu:h100:1" in slurm.node_line(node)
+
+
 def test_a_cpu_node_has_no_gres_and_an_empty_gres_conf():
     node = slurm.node_from_facts("cpu1", "10.0.0.13", CPU_NODE, 384 * GIB, Gpus(pci=(), nvml=()))
     assert "Gres=" not in slurm.node_line(node)
     assert (node.threads_per_core, node.cores_per_socket) == (1, 96)
     assert node.real_memory_mib == 384 * 1024 - int(384 * 1024 * 0.03)
-    assert slurm.gres_conf(node).count("NodeName") == 0
+    assert slurm.gres_conf(node) == slurm.GRES_HEAD
 
 
 def test_the_captured_vm_is_described_from_its_own_lscpu_and_meminfo():

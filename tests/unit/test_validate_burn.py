@@ -37,7 +37,7 @@ class StandInCudaTorch:
     ``corrupt``: matmul indices whose result gets one element changed (a marginal GPU)."""
 
     TORCH_NAMES = ("bfloat16", "int32", "Generator", "randn", "mm", "equal", "empty", "empty_like", "backends")
-    CUDA_NAMES = ("device", "empty_cache", "device_count", "Event", "get_device_properties")
+    CUDA_NAMES = ("device", "empty_cache", "device_count", "Event", "get_device_properties", "synchronize")
 
     def __init__(self, clock: StandInClock, seconds_per_mm, corrupt: frozenset[int] = frozenset()) -> None:
         self.clock, self.seconds_per_mm, self.corrupt = clock, seconds_per_mm, corrupt
@@ -50,6 +50,7 @@ class StandInCudaTorch:
             device_count=lambda: 1,
             Event=lambda enable_timing=False: StandInEvent(clock),
             get_device_properties=lambda i: types.SimpleNamespace(L2_cache_size=1 << 12),
+            synchronize=lambda i=None: None,
         )
         matmul = types.SimpleNamespace(allow_tf32=False)
         self.backends = types.SimpleNamespace(cuda=types.SimpleNamespace(matmul=matmul), cudnn=types.SimpleNamespace())
@@ -193,6 +194,25 @@ def test_gemm_shapes_share_the_budget_and_each_stops_at_its_share():
     row = gemm(StandInCudaTorch(clock, lambda k: 1.0), clock, 12)
     assert row["detail"] == "best shape (64, 32, 32), 3 of 3 shapes, 8 reps"
     assert row["value"] == pytest.approx(2 * 64 * 32 * 32 / 1.0 / 1e12)
+
+
+def test_gemm_preheats_the_gpu_on_its_first_shape_warms_each_other_and_spends_at_most_a_third_of_a_share():
+    clock = StandInClock()
+    gpu = StandInCudaTorch(clock, lambda k: 0.1)
+    res = agent.Results()
+    cfg = {"gemm_shapes": [(32, 32, 32), (64, 32, 32)], "gemm_iters": 10, "gemm_preheat_s": 1.0, "gemm_warmup_s": 0.2}
+    agent._gemm(gpu, cfg, 0, agent.GEMM_DTYPES[0], agent.Budget(30, clock), agent.Sink(res, "gpu0 gemm bf16"))
+    # First shape: one call for cuBLAS's choice, then rounds of 4 until 1 s has passed (0.1 s
+    # each): 13, then 10 timed reps. Second: 1 + 4 (0.5 s >= 0.2 s), then 10.
+    assert gpu.mms == (13 + 10) + (5 + 10)
+    assert "20 reps" in res.rows[0]["detail"]
+    # A short share: the pre-heat stops at a third of it (0.5 s of 1.5 s), the reps get the rest.
+    clock, res = StandInClock(), agent.Results()
+    gpu = StandInCudaTorch(clock, lambda k: 0.1)
+    cfg = {"gemm_shapes": [(32, 32, 32)], "gemm_iters": 10, "gemm_preheat_s": 5.0}
+    agent._gemm(gpu, cfg, 0, agent.GEMM_DTYPES[0], agent.Budget(1.5, clock), agent.Sink(res, "gpu0 gemm bf16"))
+    assert gpu.mms - int(res.rows[0]["detail"].split(", ")[-1].split()[0]) == 5
+    assert res.rows[0]["value"] is not None
 
 
 def test_gemm_on_a_short_budget_says_which_shapes_it_reached():
