@@ -32,6 +32,7 @@ from io import StringIO
 from pathlib import Path
 from typing import Any
 
+from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import files, systemd
 
@@ -59,7 +60,6 @@ GRES_CONF = f"{CONF_DIR}/gres.conf"
 CGROUP_CONF = f"{CONF_DIR}/cgroup.conf"
 MUNGE_KEY = "/etc/munge/munge.key"
 SLURMD_DEFAULTS = "/etc/default/slurmd"
-CLIENT_PACKAGES = ["munge", "slurm-client"]
 
 
 @dataclass(frozen=True)
@@ -91,12 +91,23 @@ def known_nodes(cluster: Cluster) -> dict[str, Known]:
         return {}
 
 
-def _read(cluster: Cluster, h: Any) -> Known | None:
+def _describe(cluster: Cluster, h: Any) -> tuple[rules.SlurmNode, Any, str] | None:
+    """A host as slurm.conf describes it, its OS fact, and the driver version its declared
+    GPUs run ("" without any); None where a fact is missing."""
     node = cluster.node(h.name)
     os_info, cpu, memory, gpus = h.get_fact(Os), h.get_fact(Cpu), h.get_fact(Memory), h.get_fact(NvidiaDevices)
     if not (os_info and cpu and memory and gpus is not None):
         return None
-    described = rules.node_from_facts(node.name, node.cluster_address, cpu, memory, gpus)
+    driver = next((g.driver_version for g in gpus.nvml if g.device_file), "")
+    return rules.node_from_facts(node.name, node.cluster_address, cpu, memory, gpus), os_info, driver
+
+
+def _read(cluster: Cluster, h: Any) -> Known | None:
+    found = _describe(cluster, h)
+    if found is None:
+        return None
+    node = cluster.node(h.name)
+    described, os_info, _ = found
     why = rules.unsupported(os_info.id, os_info.version_id) if node.settings.slurm != "force" else None
     return Known(
         rules.node_line(described),
@@ -131,6 +142,8 @@ def slurm_conf(cluster: Cluster, nodes: dict[str, Known]) -> tuple[str, list[str
         controller_address=head.cluster_address,
         partition=settings.slurm_partition,
         default_time=settings.slurm_default_time,
+        health_program=rules.HEALTH_PROGRAM,
+        health_interval_s=settings.slurm_health_interval_s,
     )
     text = rules.slurm_conf_with_lines(conf, [nodes[n.name].line for n in computes], [n.name for n in computes])
     unseen = [n.name for n in cluster.compute_nodes() if n.name not in nodes]
@@ -169,8 +182,8 @@ def slurm() -> None:
         return
     is_head = node.name == head.name
     computes = node.name in {n.name for n in cluster.compute_nodes()}
-    daemons = [unit for unit, here in (("slurmctld", is_head), ("slurmd", computes)) if here]
-    install("Install Slurm and munge", [*CLIENT_PACKAGES, *daemons], settings.apt_lock_wait_s)
+    daemons = [unit for unit, here in ((rules.CONTROLLER_PACKAGE, is_head), (rules.COMPUTE_PACKAGE, computes)) if here]
+    install("Install Slurm and munge", [*rules.NODE_PACKAGES, *daemons], settings.apt_lock_wait_s)
 
     key = munge_key(cluster)
     key_op = put_secret("munge key (0400)", key, MUNGE_KEY, "munge", "munge", mode="400")
@@ -200,10 +213,31 @@ def slurm() -> None:
     options = slurmd_options(node)
     if computes:
         own.append(files.put(name="slurmd's NodeName", src=StringIO(options), dest=SLURMD_DEFAULTS, mode="644"))
+        files.put(
+            name="Node health check (HealthCheckProgram)",
+            src=StringIO(health_script(cluster, node)),
+            dest=rules.HEALTH_PROGRAM,
+            user="root",
+            group="root",
+            mode="755",
+        )
     for unit in daemons:
         systemd.service(name=f"{unit} running", service=f"{unit}.service", running=True, enabled=True)
     if daemons:
         _reload_or_restart(daemons, text, gres, options, own)
+
+
+def health_script(cluster: Cluster, node: Node) -> str:
+    """This host's health check: its declared GPUs and their driver, from this pass's facts,
+    and the mounts the volumes and nfs steps make for it."""
+    found = _describe(cluster, host)
+    described, _, driver = found if found else (None, None, "")
+    settings = node.settings
+    nfs_mounts = bool(settings.nfs_exports) and cluster.storage_node() is not None
+    mounts = rules.health_mounts(settings, data_volume=bool(settings.data_disks), nfs=nfs_mounts)
+    if described is None:  # no facts: check the mounts only
+        described = rules.SlurmNode(node.name, node.cluster_address, 1, 1, 1, 1, 1, None, 0)
+    return rules.health_script(described, driver, mounts)
 
 
 def skip_reason(node: Node, head: Node, nodes: dict[str, Known]) -> str | None:

@@ -18,16 +18,33 @@ The complaints these rules answer (Slurm users' most common drains):
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import dataclass
 
 from provision.facts.gpus import Gpus
 from provision.facts.system import CpuInfo
+from provision.resources import render_template
+from provision.settings import Settings
 
 # RealMemory's margin below MemTotal: 3 %, at least 256 MiB (a small VM's kernel moves by
 # tens of MiB), at most 16 GiB (a 2 TiB node loses no more than that to the margin).
 MARGIN_SHARE = 0.03
 MARGIN_MIN_MIB = 256
 MARGIN_MAX_MIB = 16 * 1024
+
+# Debian's and Ubuntu's packages: every Slurm host gets the client and munge; compute nodes
+# slurmd, the controller slurmctld.
+NODE_PACKAGES = ("munge", "slurm-client")
+COMPUTE_PACKAGE = "slurmd"
+CONTROLLER_PACKAGE = "slurmctld"
+
+# The node health check (templates/slurm/health.sh.j2), Slurm's HealthCheckProgram.
+HEALTH_PROGRAM = "/usr/local/sbin/provision-slurm-health"
+FULL_AT_PERCENT = 98  # a checked filesystem at or above this use% drains the node
+# Deadlines: every probe runs side by side within PROBE_S, then sinfo and scontrol within
+# SLURM_S each: at most about 30 s, well inside the 60 s after which slurmd kills the program.
+PROBE_S = 10
+SLURM_S = 8
 
 # Words of a GPU's marketing name that say nothing of its model, dropped from Gres types.
 _VENDOR_WORDS = {"nvidia", "tesla", "geforce", "corporation"}
@@ -207,3 +224,33 @@ def slurm_conf_with_lines(conf: ClusterConf, lines: list[str], names: list[str])
     joined = ",".join(names)
     out.append(f"PartitionName={conf.partition} Nodes={joined} Default=YES DefaultTime={conf.default_time} State=UP")
     return "\n".join(out) + "\n"
+
+
+def health_mounts(settings: Settings, data_volume: bool, nfs: bool) -> list[str]:
+    """The mount points a node's health check probes: the data volume where the volumes step
+    makes one, and every NFS share where the nfs step mounts them (the server sees them too,
+    through its bind mounts). The script skips one that /etc/fstab no longer lists."""
+    mounts = [settings.data_mount] if data_volume else []
+    if nfs:
+        mounts += [f"{settings.nfs_mount_root}/{name}" for name in settings.nfs_exports]
+    return mounts
+
+
+HEALTH_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"  # the script's own PATH: root runs it
+
+
+def health_script(node: SlurmNode, driver: str, mounts: list[str], path: str = HEALTH_PATH) -> str:
+    """The node's health check program: its values rendered into the script, each quoted
+    for the shell (a node name, a path and a driver version are validated at load, and
+    quoted again here). ``path`` is the script's PATH (tests put stand-ins for a GPU first)."""
+    return render_template(
+        "slurm/health.sh.j2",
+        path=shlex.quote(path),
+        node=shlex.quote(node.name),
+        gpus=int(node.gpu_count),
+        driver=shlex.quote(driver),
+        mounts=" ".join(shlex.quote(m) for m in mounts),
+        full_at=int(FULL_AT_PERCENT),
+        probe_s=int(PROBE_S),
+        slurm_s=int(SLURM_S),
+    )

@@ -1,12 +1,15 @@
 """The slurm step on the shared testbed (part of the session's one `up`): one controller, both
 nodes registered and idle, one munge key, the same slurm.conf everywhere, a job across both
-nodes, and a second run of the step that changes nothing."""
+nodes, a second run of the step that changes nothing, and the health check draining a node
+whose disk is full, resuming it once fixed, and leaving an admin's drain alone."""
 
 from __future__ import annotations
 
+import re
 import time
 
-from provision import inventory
+from provision import inventory, remote
+from provision.rules import slurm as rules
 from provision.up import pipeline
 from tests.e2e.storage_helpers import sh
 
@@ -49,3 +52,44 @@ def test_a_job_runs_on_both_nodes_and_a_second_run_changes_nothing(provisioned, 
     report = pipeline.up(cluster, pipeline.select(only="slurm"))
     for name, host in report.hosts.items():
         assert (host.changed, host.failures) == (0, []), (name, host.changed_by_step, host.failures)
+
+
+def _state(head, name: str) -> tuple[str, str]:
+    """A node's state (sinfo's %T) and drain reason, as the controller has them."""
+    state, _, reason = sh(head, f"sinfo --noheader --Node --nodes={name} --format='%T|%E'").strip().partition("|")
+    return state, reason
+
+
+def _health(node) -> tuple[int, str]:
+    """Run the node's health check program by hand, as slurmd does every interval."""
+    result = remote.run(node, rules.HEALTH_PROGRAM, timeout=90)
+    return result.exited, result.stdout
+
+
+def test_the_health_check_drains_a_full_node_resumes_it_and_leaves_an_admins_drain_alone(provisioned, testbed) -> None:
+    cluster = inventory.load(testbed.inventory_path)
+    head = cluster.head_node()[0]
+    node = cluster.nodes[-1]
+    assert f"HealthCheckProgram={rules.HEALTH_PROGRAM}\n" in sh(node, "cat /etc/slurm/slurm.conf")
+    assert _health(node) == (0, ""), sh(node, f"bash -x {rules.HEALTH_PROGRAM} 2>&1 | tail -40")
+    fill = "/var/tmp/provision-health-test-fill"
+    try:
+        # The root filesystem past FULL_AT_PERCENT: allocate all but 1 % of it.
+        size, avail = (int(x) for x in sh(node, "df -k --output=size,avail / | tail -n 1").split())
+        sh(node, f"fallocate -l {max(avail - size // 100, 1)}K {fill}")
+        code, out = _health(node)
+        assert code == 1
+        assert re.search(r"provision: / (\d+)% full", out), out
+        state, reason = _state(head, node.name)
+        assert ("drain" in state, reason.startswith("provision: / ")) == (True, True), (state, reason)
+    finally:
+        sh(node, f"rm -f {fill}")
+    assert _health(node)[0] == 0
+    assert _state(head, node.name)[0] == "idle"
+    # An admin's drain is theirs: a passing check does not resume it.
+    sh(head, f"scontrol update NodeName={node.name} State=DRAIN Reason='admin: bad fan ticket 42'")
+    try:
+        assert _health(node)[0] == 0
+        assert _state(head, node.name) == ("drained", "admin: bad fan ticket 42")
+    finally:
+        sh(head, f"scontrol update NodeName={node.name} State=RESUME")

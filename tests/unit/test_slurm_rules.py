@@ -170,3 +170,39 @@ def test_slurm_conf_is_one_text_for_the_cluster_with_every_node_and_one_partitio
     assert lines[-1] == "PartitionName=main Nodes=gpu01,cpu1 Default=YES DefaultTime=01:00:00 State=UP"
     assert slurm.slurm_conf(conf, nodes) == text  # the same input, the same bytes: one checksum on every node
     assert "ConstrainDevices=yes" in slurm.cgroup_conf()
+
+
+# --- the node health check -------------------------------------------------------------------
+
+
+def test_health_mounts_are_the_data_volume_and_every_share_where_those_steps_make_them():
+    from provision.settings import Settings
+
+    s = Settings()
+    assert slurm.health_mounts(s, data_volume=True, nfs=True) == [
+        "/data",
+        "/shared/datasets",
+        "/shared/checkpoints",
+        "/shared/scratch",
+    ]
+    assert slurm.health_mounts(s, data_volume=False, nfs=False) == []
+
+
+def test_the_health_script_quotes_every_rendered_value_and_knows_its_gpus_and_driver():
+    node = slurm.node_from_facts("gpu01", "10.0.0.11", DGX_H100, 2048 * GIB, _nvml(["NVIDIA H100 80GB HBM3"] * 8))
+    text = slurm.health_script(node, "580.95.05", ["/data", "/shared/it's"])
+    assert text.startswith("#!/bin/bash\n")
+    assert "\nNODE=gpu01\nGPUS=8\nDRIVER=580.95.05\n" in text
+    assert "\nMOUNTS=(/data '/shared/it'\"'\"'s')\n" in text
+    assert f"\nPATH={slurm.HEALTH_PATH}\n" in text
+    assert f"\nFULL_AT={slurm.FULL_AT_PERCENT}\nPROBE_S={slurm.PROBE_S}\nSLURM_S={slurm.SLURM_S}\n" in text
+    # Slurm kills the program at 60 s: the probes, then sinfo, then one scontrol, each bounded.
+    assert slurm.PROBE_S + 2 * slurm.SLURM_S <= 30
+    assert "{{" not in text
+    assert "{%" not in text
+
+
+def test_slurm_conf_runs_the_health_check_on_nodes_in_any_state_so_it_can_resume_them():
+    conf = slurm.ClusterConf("c", "head", "10.0.0.1", "main", "01:00:00", slurm.HEALTH_PROGRAM, 60)
+    text = slurm.slurm_conf(conf, [])
+    assert f"HealthCheckProgram={slurm.HEALTH_PROGRAM}\nHealthCheckInterval=60\nHealthCheckNodeState=ANY\n" in text

@@ -57,6 +57,10 @@ def test_the_image_bakes_in_part_of_the_base_set_and_leaves_up_the_rest_to_insta
     left_to_up = set(BASE_PACKAGES) - set(image.PRESEEDED) - set(image.PACKAGES)
     assert {"python3-venv", "mdadm", "chrony"} <= left_to_up
     assert set(image.PRESEEDED) <= set(_recipe().packages)
+    # Slurm's node packages are baked in too; slurmctld, whose unit would start on every node
+    # once slurm.conf exists, is the head's alone and left to `up`.
+    assert set(image.PRESEEDED_SLURM) == {"munge", "slurm-client", "slurmd"} <= set(_recipe().packages)
+    assert "slurmctld" not in _recipe().packages
 
 
 def test_unbuilt_image_is_not_found_in_the_cache(tmp_path: Path) -> None:
