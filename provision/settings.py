@@ -303,6 +303,11 @@ class Settings:
         "01:00:00", "time limit of a job that asks for none (Slurm's time format)", v.slurm_time
     )
     slurm_head_computes: bool = knob(True, "the head host also runs jobs (small clusters); false: controller only")
+    slurm_warn_weight: int = knob(
+        1,
+        "Slurm Weight of a node whose last validate warned (higher: picked after the others); 1: no difference",
+        v.bounded(1, 65533),
+    )
     slurm_health_interval_s: int = knob(
         60, "seconds between runs of provision's node health check (HealthCheckInterval)", v.bounded(10, 86400)
     )

@@ -43,12 +43,22 @@ def validate(
         max=256,
         help="full mode on fleets too large for every pair: random link partners per node beyond the ring",
     ),
+    drain: bool = typer.Option(
+        False,
+        "--drain",
+        help="Slurm: drain failed nodes with their evidence, resume nodes validate drained that now pass, "
+        "give warning nodes their slurm_warn_weight",
+    ),
 ) -> None:
     """Benchmark every node (CPU, RAM, disk, NICs, GPUs, all-reduce) and judge it: pass,
     warn or fail, with reasons. Results are kept per host (see --history).
 
     Exit code: 0 every node passed; 1 a node warned (unless --warn-ok) or failed, or was
-    unreachable; 2 bad input (nothing contacted).
+    unreachable, or --drain could not change a node; 2 bad input (nothing contacted).
+
+    With --drain, on a cluster running Slurm, the verdicts drive the scheduler: a failed node
+    is drained (reason "provision: validate: <evidence> (validate run <time>)"), a node that
+    validate drained and that now passes is resumed, and drains by anyone else stay.
 
     Example: provision validate inventories/testbed.py --quick --html report.html --junit v.xml
     """
@@ -62,7 +72,17 @@ def validate(
             Problem("provision validate", "missing INVENTORY", "e.g. provision validate inventories/testbed.py")
         )
     code = _run(
-        inventory, "quick" if quick else "full", only, expect, json_out, html_out, junit_out, warn_ok, limit, link_peers
+        inventory,
+        "quick" if quick else "full",
+        only,
+        expect,
+        json_out,
+        html_out,
+        junit_out,
+        warn_ok,
+        limit,
+        link_peers,
+        drain,
     )
     raise typer.Exit(code)
 
@@ -110,6 +130,7 @@ def _run(
     warn_ok: bool,
     limit: str | None = None,
     link_peers: int = FULL_PEERS,
+    drain: bool = False,
 ) -> int:
     from provision import inventory as inventory_lib
     from provision import limit as host_limit
@@ -121,9 +142,14 @@ def _run(
     _check_outputs({"--json": None if json_out == "-" else json_out, "--html": html_out, "--junit": junit_out})
     overrides = load_expect_file(expect) if expect else Overrides()
     # A limited run judges its hosts against each other: the fleet band is theirs.
-    cluster = host_limit.apply(inventory_lib.load(inventory), limit)
+    whole = inventory_lib.load(inventory)
+    cluster = host_limit.apply(whole, limit)
     for node in cluster.nodes:
         parse_flat(node.settings.validate_expect, f"{inventory}: host {node.name}: validate_expect")
+    if drain and not whole.compute_nodes():
+        raise InputError(
+            Problem(f"{inventory}", "--drain: no host runs Slurm (slurm = skip on every host)", "drop --drain")
+        )
     plan = controller.Plan(mode, groups, overrides, link_peers=link_peers)
     with host_progress([n.name for n in cluster.nodes], enabled=json_out != "-") as progress:
         outcome = controller.run(cluster, plan, progress)
@@ -140,7 +166,34 @@ def _run(
         report_html.write(html_out, outcome.results, f"provision validate: {inventory}")
     if junit_out:
         report_junit.write(junit_out, outcome.results, warn_ok)
+    if drain:
+        reports = [str(p) for p in (html_out, json_out if json_out != "-" else None) if p]
+        code = max(code, _drain(whole, outcome.results, info.created, reports))
     return code
+
+
+def _drain(whole: Any, results: list[Any], run: str, reports: list[str]) -> int:
+    """Apply the verdicts to Slurm through the head (the whole inventory's, also under
+    --limit); 1 when the head could not say or a node could not be changed."""
+    from provision import remote
+    from provision.validate import drain as slurm_nodes
+
+    head = slurm_nodes.head_of(whole).name
+    try:
+        states = slurm_nodes.states(whole)
+    except remote.RemoteError as e:
+        err.print(f"[bold red]--drain:[/] nothing drained or resumed: {safe(str(e))}")
+        return 1
+    weights = {n.name: n.settings.slurm_warn_weight for n in whole.nodes}
+    actions = slurm_nodes.plan(results, states, run, weights)
+    problems = slurm_nodes.apply(whole, actions)
+    where = f" (report: {', '.join(reports)})" if reports else ""
+    for a in actions:
+        verb = {"drain": "drained", "resume": "resumed", "weight": "weight set to", "leave": "left alone:"}[a.kind]
+        err.print(f"slurm ({safe(head)}): {safe(a.node)} {verb} {safe(a.detail)}{where if a.kind == 'drain' else ''}")
+    for p in problems:
+        err.print(f"[bold red]--drain:[/] {safe(p)}")
+    return 1 if problems else 0
 
 
 def _print_table(results: list[Any]) -> None:

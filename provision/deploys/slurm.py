@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from io import StringIO
 from pathlib import Path
 from typing import Any
@@ -36,7 +36,7 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import files, systemd
 
-from provision import state
+from provision import state, verdicts
 from provision.engine import (
     Step,
     current_cluster,
@@ -99,7 +99,15 @@ def _describe(cluster: Cluster, h: Any) -> tuple[rules.SlurmNode, Any, str] | No
     if not (os_info and cpu and memory and gpus is not None):
         return None
     driver = next((g.driver_version for g in gpus.nvml if g.device_file), "")
-    return rules.node_from_facts(node.name, node.cluster_address, cpu, memory, gpus), os_info, driver
+    described = rules.node_from_facts(node.name, node.cluster_address, cpu, memory, gpus)
+    return replace(described, weight=warn_weight(node)), os_info, driver
+
+
+def warn_weight(node: Node) -> int:
+    """The node's Weight: its slurm_warn_weight while its last validate warned (validate
+    --drain sets the same at once; this keeps it across reconfigures), else 1."""
+    last = verdicts.last_run(node.name)
+    return node.settings.slurm_warn_weight if last and last[0] == "warn" else 1
 
 
 def _read(cluster: Cluster, h: Any) -> Known | None:

@@ -10,25 +10,25 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from provision import state
+from provision import verdicts
 from provision.errors import InputError, Problem
 from provision.validate.records import NodeResult
 
 
 def state_dir() -> Path:
     """Where the history lives: validate/ in the controller's state directory."""
-    return state.state_dir() / "validate"
+    return verdicts.state_dir()
 
 
 def _file(host: str, base: Path) -> Path:
-    if not re.fullmatch(r"[A-Za-z0-9_.@-]+", host) or host.startswith("."):
+    path = verdicts.host_file(host, base)
+    if path is None:
         raise InputError(Problem(f"--history {host}", "not a host name", "use the inventory name"))
-    return base / f"{host}.jsonl"
+    return path
 
 
 def entry(result: NodeResult, created: str, mode: str) -> dict[str, Any]:
@@ -70,25 +70,12 @@ def read(host: str, base: Path | None = None) -> list[dict[str, Any]]:
                 "run `provision validate` on an inventory with this host first",
             )
         )
-    lines = []
-    for line in path.read_text().splitlines():
-        try:
-            lines.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a line cut short by a crash; the rest still counts
-    return lines
+    return verdicts.lines(path)
 
 
 def last_run(host: str, base: Path | None = None) -> tuple[str, str] | None:
     """(verdict, created) of the host's latest recorded run; None when it has none."""
-    try:
-        path = _file(host, base or state_dir())
-    except InputError:  # a name validate could never have recorded under
-        return None
-    if not path.is_file():
-        return None
-    lines = read(host, base)
-    return (lines[-1]["verdict"], lines[-1]["created"]) if lines else None
+    return verdicts.last_run(host, base or state_dir())
 
 
 @dataclass(frozen=True)

@@ -79,9 +79,9 @@ def test_the_health_check_drains_a_full_node_resumes_it_and_leaves_an_admins_dra
         sh(node, f"fallocate -l {max(avail - size // 100, 1)}K {fill}")
         code, out = _health(node)
         assert code == 1
-        assert re.search(r"provision: / (\d+)% full", out), out
+        assert re.search(r"provision: health: / (\d+)% full", out), out
         state, reason = _state(head, node.name)
-        assert ("drain" in state, reason.startswith("provision: / ")) == (True, True), (state, reason)
+        assert ("drain" in state, reason.startswith("provision: health: / ")) == (True, True), (state, reason)
     finally:
         sh(node, f"rm -f {fill}")
     assert _health(node)[0] == 0

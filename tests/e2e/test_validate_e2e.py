@@ -1,6 +1,7 @@
 """`provision validate` on the provisioned 2-VM testbed: real agents, fio on the data
 volume, iperf3 over the cluster network, a gloo all-reduce across both VMs; then a
-throttled data disk on one VM, which the judge must flag."""
+throttled data disk on one VM, which the judge must flag and `--drain` must drain in Slurm
+until a later pass resumes it."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from provision import inventory, remote
 from provision.demo.stages import DemoPaths, stages
+from provision.rules.slurm import HEALTH_PROGRAM
 from provision.validate import agent
 
 DISK_LIMIT_BPS = 20_000_000  # 20 MB/s: far below an unthrottled virtio disk, fio still ends
@@ -35,11 +38,20 @@ def record(doc: dict, node: str, metric: str) -> dict:
     return rec
 
 
-def test_throttled_data_disk_is_flagged_on_its_node(provisioned, testbed, tmp_path):
+def slurm_state(testbed, node: str) -> tuple[str, str]:
+    """The node's state and reason as the Slurm controller (the head) has them."""
+    head = inventory.load(testbed.inventory_path).head_node()[0]
+    result = remote.run(head, f"sinfo --noheader --Node --nodes={node} --format='%T|%E'", timeout=60)
+    assert result.ok, result.stderr
+    state, _, reason = result.stdout.strip().partition("|")
+    return state, reason
+
+
+def test_throttled_data_disk_is_flagged_on_its_node_and_drained_in_slurm_until_a_pass(provisioned, testbed, tmp_path):
     slow = testbed.nodes[-1].name
     testbed.testbed.set_disk_throttle(slow, DISK_LIMIT_BPS)
     try:
-        code, doc = validate(testbed.inventory_path, tmp_path, "--only", "disk")
+        code, doc = validate(testbed.inventory_path, tmp_path, "--only", "disk", "--drain")
     finally:
         testbed.testbed.set_disk_throttle(slow, None)
     assert code == 1
@@ -50,6 +62,20 @@ def test_throttled_data_disk_is_flagged_on_its_node(provisioned, testbed, tmp_pa
     assert "below the fleet median" in rec["reason"]
     other = next(n for n in verdicts if n != slow)
     assert record(doc, other, "disk_seq_read_mibs")["verdict"] != "fail"
+    # --drain: the failed node is drained in Slurm with its evidence; the other is not.
+    state, reason = slurm_state(testbed, slow)
+    assert "drain" in state, (state, reason)
+    assert reason.startswith("provision: validate: disk_seq_read_mibs"), reason
+    assert "drain" not in slurm_state(testbed, other)[0]
+    # The node health check, which passes on it, leaves validate's drain to validate.
+    node = inventory.load(testbed.inventory_path).node(slow)
+    assert remote.run(node, HEALTH_PROGRAM, timeout=90).exited == 0
+    assert slurm_state(testbed, slow) == (state, reason)
+    # A later pass (the node alone: --limit, judged on its floors) resumes what validate drained.
+    (tmp_path / "again").mkdir()
+    code, doc = validate(testbed.inventory_path, tmp_path / "again", "--only", "disk", "--drain", "--limit", slow)
+    assert [n["verdict"] for n in doc["nodes"]] != ["fail"], doc["nodes"]
+    assert "drain" not in slurm_state(testbed, slow)[0]
 
 
 def test_validate_with_the_demos_flags_measures_every_group_within_its_deadline_and_says_no_gpu(

@@ -94,14 +94,14 @@ def test_a_node_whose_gpus_and_driver_answer_as_provisioned_passes(tmp_path):
 def test_a_driver_other_than_the_provisioned_one_is_a_problem_and_no_drain_without_the_controller(tmp_path):
     p = _run(tmp_path, declared=1, answering=1, driver="580.95.05")
     assert p.returncode == 1
-    assert f"n1: provision: driver {CAPTURED_DRIVER} loaded, 580.95.05 expected\n" in p.stdout
+    assert f"n1: provision: health: driver {CAPTURED_DRIVER} loaded, 580.95.05 expected\n" in p.stdout
     # No sinfo on this PATH: the controller's answer is unknown, and nothing is drained.
     assert "the controller did not answer (sinfo 127); not drained this time" in p.stdout
 
 
 def test_a_gpu_fewer_than_declared_is_a_problem(tmp_path):
     p = _run(tmp_path, declared=2, answering=1)
-    assert "n1: provision: 1 of 2 GPUs answer\n" in p.stdout
+    assert "n1: provision: health: 1 of 2 GPUs answer\n" in p.stdout
 
 
 def test_a_hung_nvidia_smi_is_abandoned_at_the_probe_deadline_and_named(tmp_path):
@@ -109,7 +109,7 @@ def test_a_hung_nvidia_smi_is_abandoned_at_the_probe_deadline_and_named(tmp_path
     try:
         p = _run(tmp_path, declared=1, answering=1)
         assert p.returncode == 1
-        assert f"provision: nvidia-smi did not answer in {slurm.PROBE_S} s" in p.stdout
+        assert f"provision: health: nvidia-smi did not answer in {slurm.PROBE_S} s" in p.stdout
         # Still running: the script left it behind rather than wait for it.
         hung = int((tmp_path / "hung.pid").read_text())
         os.kill(hung, 0)

@@ -33,6 +33,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("provision.limit",),
     ("provision.inventory",),
     ("provision.settings",),
+    ("provision.verdicts",),
     (
         "provision.state",
         "provision.resources",

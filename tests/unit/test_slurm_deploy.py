@@ -72,3 +72,21 @@ def test_the_controller_keeps_what_runs_saw_between_runs(tmp_path, monkeypatch):
         '{"n1": {"line": "NodeName=n1", "hostname": "h", "unsupported": null, "gpus_without_driver": 0}}'
     )
     assert step.known_nodes(cluster) == {"n1": step.Known("NodeName=n1", "h", None, 0)}
+
+
+def test_a_node_whose_last_validate_warned_keeps_its_warn_weight_in_slurm_conf(tmp_path, monkeypatch):
+    monkeypatch.setenv("PROVISION_STATE_DIR", str(tmp_path / "state"))
+    path = write(
+        tmp_path / "inv.py",
+        INVENTORY.replace('"cluster_address": "10.0.0.2"}', '"cluster_address": "10.0.0.2", "slurm_warn_weight": 50}'),
+    )
+    cluster = load(path)
+    from provision.validate import history
+    from provision.validate.records import NodeResult
+
+    assert step.warn_weight(cluster.node("n2")) == 1  # no verdict yet
+    history.append([NodeResult("n2", "warn"), NodeResult("n3", "warn")], "2026-12-04T00:00:00+00:00", "quick")
+    assert step.warn_weight(cluster.node("n2")) == 50
+    assert step.warn_weight(cluster.node("n3")) == 1  # its own setting: the default 1
+    history.append([NodeResult("n2", "pass")], "2026-12-04T01:00:00+00:00", "quick")
+    assert step.warn_weight(cluster.node("n2")) == 1
