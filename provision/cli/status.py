@@ -15,6 +15,7 @@ from provision.cli.options import InventoryArg, LimitOpt
 from provision.errors import EXIT_FAILED
 
 if TYPE_CHECKING:
+    from provision.scheduler import SlurmView
     from provision.status.judge import Drift, HostStatus
     from provision.status.summary import FleetSummary, Shared
 
@@ -31,23 +32,28 @@ def status(
     have it: unreachable (and why), drift (item, expected and actual value against the
     pinned settings), reboot pending, mounts not ok. Up to 20 hosts, or with --all, every
     host's row instead: OS and kernel, versions, reboot, mounts, last backup, last validate
-    verdict, then each host's drift. Changes nothing.
+    verdict, Slurm state, then each host's drift. Where Slurm runs, last: its node states
+    counted, every node not idle, allocated or mixed with its reason (drained, down), and the
+    queue. Changes nothing.
 
     Exit code 0 when every host is reachable and nothing drifted, 1 otherwise.
 
     Example: provision status inventories/testbed.py --json
     """
     from provision.status import summary as summary_lib
-    from provision.status.gather import gather_status
+    from provision.status.gather import gather_slurm, gather_status
 
     cluster = host_limit.apply(inventory_lib.load(inventory), limit)
     with host_progress([n.name for n in cluster.nodes], enabled=not as_json) as progress:
         statuses = gather_status(cluster, on_event=progress)
-    report = summary_lib.as_json(statuses)
+    slurm = gather_slurm(cluster, statuses)
+    report = summary_lib.as_json(statuses, slurm)
     if as_json:
         print_json(report)
     else:
         print_status(statuses, every)
+        if slurm is not None:
+            print_slurm(slurm)
     if not report["ok"]:
         raise typer.Exit(EXIT_FAILED)
 
@@ -71,6 +77,21 @@ def print_status(statuses: list[HostStatus], every: bool) -> None:
     _print_shared("[red]mounts not ok[/]", ("mount", "state"), found.mounts)
     if summary.healthy:
         out.print(f"{summary.healthy} healthy hosts not listed one by one (--all lists every host)")
+
+
+SHOWN_JOBS = 10  # jobs the queue table lists; the line above it counts them all
+
+
+def print_slurm(slurm: SlurmView) -> None:
+    from provision.status.summary import slurm_exceptions, slurm_line
+
+    line = safe(slurm_line(slurm))
+    out.print(f"[red]{line}[/]" if slurm.error else line)
+    _print_shared("[yellow]slurm nodes not working[/]", ("state", "reason"), slurm_exceptions(slurm))
+    if slurm.jobs:
+        rows = [(j.id, j.state, j.user, str(j.nodes), j.elapsed, j.name) for j in slurm.jobs[:SHOWN_JOBS]]
+        title = "slurm queue" + (f" (first {SHOWN_JOBS} of {len(slurm.jobs)})" if len(slurm.jobs) > SHOWN_JOBS else "")
+        _print_rows(title, ("job", "state", "user", "nodes", "time", "name"), rows)
 
 
 def _print_shared(title: str, columns: tuple[str, ...], shared: list[Shared]) -> None:
@@ -135,11 +156,12 @@ def _print_hosts(statuses: list[HostStatus]) -> None:
         "mounts",
         "last backup",
         "last validate",
+        "slurm",
     ):
         table.add_column(column)
     for s in statuses:
         if not s.reachable:
-            table.add_row(safe(s.name), f"[red]unreachable: {safe(s.error)}[/]", *[""] * 6)
+            table.add_row(safe(s.name), f"[red]unreachable: {safe(s.error)}[/]", *[""] * 7)
             continue
         v = s.versions
         mounts = (
@@ -157,5 +179,6 @@ def _print_hosts(statuses: list[HostStatus]) -> None:
             mounts,
             safe(s.last_backup),
             safe(s.last_validate or "-"),
+            safe(s.slurm or "-"),
         )
     out.print(table)

@@ -175,17 +175,18 @@ def _run(
 def _drain(whole: Any, results: list[Any], run: str, reports: list[str]) -> int:
     """Apply the verdicts to Slurm through the head (the whole inventory's, also under
     --limit); 1 when the head could not say or a node could not be changed."""
-    from provision import remote
+    from provision import scheduler
     from provision.validate import drain as slurm_nodes
 
     head = slurm_nodes.head_of(whole).name
-    try:
-        states = slurm_nodes.states(whole)
-    except remote.RemoteError as e:
-        err.print(f"[bold red]--drain:[/] nothing drained or resumed: {safe(str(e))}")
+    seen = scheduler.view(whole)
+    if seen.error:
+        err.print(
+            f"[bold red]--drain:[/] nothing drained or resumed: Slurm's controller did not answer: {safe(seen.error)}"
+        )
         return 1
     weights = {n.name: n.settings.slurm_warn_weight for n in whole.nodes}
-    actions = slurm_nodes.plan(results, states, run, weights)
+    actions = slurm_nodes.plan(results, seen.nodes, run, weights)
     problems = slurm_nodes.apply(whole, actions)
     where = f" (report: {', '.join(reports)})" if reports else ""
     for a in actions:

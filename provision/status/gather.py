@@ -7,6 +7,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+from provision import scheduler
 from provision.facts.stack import StackFact
 from provision.facts.system import Os
 from provision.inventory import Cluster
@@ -56,3 +57,16 @@ def last_validate(host: str, now: float) -> str | None:
     except ValueError:
         return f"{verdict} ({created})"
     return f"{verdict}, {format_age(age)} ago"
+
+
+def gather_slurm(cluster: Cluster, statuses: list[HostStatus]) -> scheduler.SlurmView | None:
+    """Slurm's node states and queue from the head (one call, bounded), each host's state
+    set on its row; None where no host runs Slurm. A head that cannot say is reported in the
+    view, not raised: the rest of the status still stands."""
+    if not cluster.compute_nodes():
+        return None
+    seen = scheduler.view(cluster)
+    for s in statuses:
+        state = seen.nodes.get(s.name)
+        s.slurm = state.text() if state else None
+    return seen

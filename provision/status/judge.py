@@ -41,6 +41,7 @@ class HostStatus:
     last_backup_age_s: float | None = None  # seconds since the last successful backup run
     last_backup: str = "never"  # in words
     last_validate: str | None = None  # last verdict from validate history, when recorded
+    slurm: str | None = None  # its Slurm state ("idle", "drained: <reason>"); None outside Slurm
     drift: list[Drift] = field(default_factory=list)  # differences from the pinned settings
 
 

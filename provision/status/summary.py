@@ -13,6 +13,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from provision.scheduler import SlurmView
 from provision.status.judge import HostStatus, mount_item
 
 # Up to this many hosts, `status` prints every host's row as well: 20 rows fit one
@@ -165,8 +166,9 @@ def lists_every_host(hosts: int, every: bool) -> bool:
     return every or hosts <= EVERY_HOST_UP_TO
 
 
-def as_json(statuses: list[HostStatus]) -> dict[str, Any]:
-    """The `--json` report: every host in full, and the summary's counts and versions."""
+def as_json(statuses: list[HostStatus], slurm: SlurmView | None = None) -> dict[str, Any]:
+    """The `--json` report: every host in full, the summary's counts and versions, and
+    Slurm's view (null where no host runs Slurm)."""
     summary = summarize(statuses)
     counts = {k: v for k, v in asdict(summary).items() if k != "seen"}
     seen = {item: [{"value": v, "hosts": n} for v, n in values] for item, values in summary.seen.items()}
@@ -175,4 +177,29 @@ def as_json(statuses: list[HostStatus]) -> dict[str, Any]:
         "ok": all(s.reachable and not s.drift for s in statuses),
         "hosts": [asdict(s) for s in statuses],
         "summary": {**counts, "seen": seen},
+        "slurm": None if slurm is None else asdict(slurm),
     }
+
+
+# Node states that are Slurm working as it should; any other (drained, down, not
+# responding...) is listed with its reason.
+SLURM_WORKING = ("idle", "allocated", "mixed", "completing")
+
+
+def slurm_exceptions(slurm: SlurmView) -> list[Shared]:
+    """Nodes whose state is not one of SLURM_WORKING, grouped by state and reason."""
+    found: list[tuple[tuple[str, ...], str]] = [
+        ((st.state, st.reason), name) for name, st in slurm.nodes.items() if st.state not in SLURM_WORKING
+    ]
+    return _shared(found)
+
+
+def slurm_line(slurm: SlurmView) -> str:
+    """One line: the controller, node states counted, and the queue counted."""
+    if slurm.error:
+        return f"slurm (controller {slurm.controller}): no answer: {slurm.error}"
+    states = ", ".join(f"{state} x{n}" for state, n in _counted(st.state for st in slurm.nodes.values())) or "no nodes"
+    jobs = Counter(j.state for j in slurm.jobs)
+    queue = f"{jobs.get('RUNNING', 0)} running, {jobs.get('PENDING', 0)} pending"
+    others = sum(n for state, n in jobs.items() if state not in ("RUNNING", "PENDING"))
+    return f"slurm (controller {slurm.controller}): {states}; queue: {queue}" + (f", {others} other" if others else "")

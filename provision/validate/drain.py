@@ -1,7 +1,5 @@
-"""Slurm's view of the nodes, read and changed from the controller through the head node:
-each node's state, drain reason and weight (sinfo), and provision's drains, resumes and
-weights (scontrol), for `validate --drain` now and the other commands that act on a running
-cluster later.
+"""`validate --drain`: the verdicts applied to Slurm through the head node. Node states come
+from provision.scheduler; the drains, resumes and weights go through scontrol.
 
 Whose drain is whose: provision's reasons start with ``provision:``; validate's with
 ``provision: validate:``, the node health check's with ``provision: health:``
@@ -17,40 +15,14 @@ from dataclasses import dataclass
 
 from provision import remote
 from provision.inventory import Cluster, Node
+from provision.scheduler import SlurmState
 from provision.validate.records import NodeResult
 
 PREFIX = "provision:"
 VALIDATE_PREFIX = "provision: validate:"
 HEALTH_PREFIX = "provision: health:"
 REASON_MAX = 200  # characters of a drain reason (sinfo shows them whole; keep them readable)
-SINFO = "sinfo --noheader --Node --format='%N|%T|%w|%E'"
-DEADLINE_S = 60  # one sinfo, or the batch of scontrol updates, on the head
-
-
-@dataclass(frozen=True)
-class SlurmState:
-    """One node as sinfo shows it."""
-
-    state: str  # sinfo's %T: idle, allocated, mixed, drained, draining, down, ... (a '*': not responding)
-    weight: int  # its current Weight
-    reason: str  # drain or down reason; "none" without one
-
-    @property
-    def drained(self) -> bool:
-        return "drain" in self.state
-
-
-def parse_sinfo(text: str) -> dict[str, SlurmState]:
-    """Parse SINFO's lines. A node in several partitions is listed once per partition; the
-    first line wins (state, weight and reason are the node's, not the partition's)."""
-    nodes: dict[str, SlurmState] = {}
-    for line in text.splitlines():
-        parts = line.strip().split("|", 3)
-        if len(parts) != 4 or not parts[0]:
-            continue
-        name, state, weight, reason = parts
-        nodes.setdefault(name, SlurmState(state, int(weight) if weight.isdigit() else 1, reason))
-    return nodes
+DEADLINE_S = 60  # the batch of scontrol updates on the head
 
 
 @dataclass(frozen=True)
@@ -111,17 +83,6 @@ def plan(
 
 def head_of(cluster: Cluster) -> Node:
     return cluster.head_node()[0]
-
-
-def states(cluster: Cluster) -> dict[str, SlurmState]:
-    """Every node's state, from the head (raises remote.RemoteError when it cannot say)."""
-    head = head_of(cluster)
-    result = remote.run(head, SINFO, timeout=DEADLINE_S)
-    if not result.ok:
-        raise remote.RemoteError(
-            f"{head.name}: sinfo: exit {result.exited}: {(result.stderr or result.stdout).strip()}"
-        )
-    return parse_sinfo(result.stdout)
 
 
 def apply(cluster: Cluster, actions: list[Action]) -> list[str]:

@@ -32,6 +32,11 @@ def test_status_after_up_is_clean_then_names_a_hand_changed_package(provisioned,
     assert clean.exit_code == 0, report
     assert all(h["reachable"] and h["drift"] == [] for h in report["hosts"])
     assert all(h["versions"]["torch"].startswith("2.13.0") for h in report["hosts"])
+    # Slurm's view from the head: every node a Slurm node in a working state, and the queue read.
+    assert report["slurm"]["error"] is None, report["slurm"]
+    assert set(report["slurm"]["nodes"]) == {n.name for n in cluster.nodes}
+    assert all(h["slurm"] in ("idle", "mixed", "allocated") for h in report["hosts"]), report["hosts"]
+    assert isinstance(report["slurm"]["jobs"], list)
 
     wheels = tmp_path / "wheels"
     subprocess.run(

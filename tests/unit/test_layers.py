@@ -26,6 +26,7 @@ LAYERS: list[tuple[str, ...]] = [
         "provision.verify",
     ),
     ("provision.deploys",),
+    ("provision.scheduler",),
     ("provision.engine", "provision.remote"),
     ("provision.operations",),
     ("provision.rules",),

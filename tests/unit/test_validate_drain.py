@@ -4,6 +4,7 @@ fleets; sinfo's format is the one SINFO asks for (node|state|weight|reason)."""
 
 from __future__ import annotations
 
+from provision import scheduler
 from provision.validate import drain as slurm_nodes
 from provision.validate import judge
 from provision.validate.records import NodeResult
@@ -19,9 +20,9 @@ n5|mixed|10|none
 
 
 def test_sinfo_lines_are_read_once_per_node_with_state_weight_and_reason():
-    states = slurm_nodes.parse_sinfo(SINFO_OUT + "garbage line\n")
+    states = scheduler.parse_sinfo(SINFO_OUT + "garbage line\n")
     assert list(states) == ["n1", "n2", "n3", "n4", "n5"]
-    assert states["n2"] == slurm_nodes.SlurmState("drained", 1, "admin: bad fan ticket 42")
+    assert states["n2"] == scheduler.SlurmState("drained", 1, "admin: bad fan ticket 42")
     assert states["n4"].drained
     assert not states["n5"].drained
     assert states["n5"].weight == 10
@@ -34,7 +35,7 @@ def _results(verdicts: dict[str, list[float]]):
 
 def test_a_failed_node_is_drained_with_its_evidence_and_the_run():
     results = _results({"n1": [450.0], "x": [800.0]})
-    (action,) = slurm_nodes.plan([results["n1"]], slurm_nodes.parse_sinfo(SINFO_OUT), "RUN1", {})
+    (action,) = slurm_nodes.plan([results["n1"]], scheduler.parse_sinfo(SINFO_OUT), "RUN1", {})
     assert action.kind == "drain"
     assert action.detail.startswith("provision: validate: gpu_bf16_tflops[gpu0] ")
     assert action.detail.endswith(" (validate run RUN1)")
@@ -44,7 +45,7 @@ def test_a_failed_node_is_drained_with_its_evidence_and_the_run():
 
 def test_someone_elses_drain_and_the_health_checks_drain_are_left_as_they_are():
     results = _results({"n2": [450.0], "n4": [450.0], "x": [800.0]})
-    states = slurm_nodes.parse_sinfo(SINFO_OUT)
+    states = scheduler.parse_sinfo(SINFO_OUT)
     actions = slurm_nodes.plan([results["n2"], results["n4"]], states, "RUN1", {})
     assert [(a.kind, a.command) for a in actions] == [("leave", ""), ("leave", "")]
     assert actions[0].detail == "drained by someone else: admin: bad fan ticket 42"
@@ -56,7 +57,7 @@ def test_someone_elses_drain_and_the_health_checks_drain_are_left_as_they_are():
 
 def test_a_node_validate_drained_is_resumed_once_it_passes_and_a_warning_one_gets_its_weight():
     passed = _results({"n3": [800.0], "n1": [800.0]})
-    states = slurm_nodes.parse_sinfo(SINFO_OUT)
+    states = scheduler.parse_sinfo(SINFO_OUT)
     (resume,) = slurm_nodes.plan([passed["n3"]], states, "RUN2", {})
     assert (resume.kind, resume.command) == ("resume", "scontrol update NodeName=n3 State=RESUME")
     # n5 warns (one GPU 12 % under its peers) and is given its weight; already at it: nothing.
@@ -75,7 +76,7 @@ def test_a_node_validate_drained_is_resumed_once_it_passes_and_a_warning_one_get
 def test_a_failed_node_drained_with_the_same_reason_is_not_drained_again_and_one_outside_slurm_is_named():
     results = _results({"n1": [450.0], "gone": [450.0], "x": [800.0]})
     reason = slurm_nodes.evidence(results["n1"], "RUN1")
-    states = {"n1": slurm_nodes.SlurmState("drained", 1, reason)}
+    states = {"n1": scheduler.SlurmState("drained", 1, reason)}
     actions = slurm_nodes.plan([results["n1"], results["gone"]], states, "RUN1", {})
     assert [(a.node, a.kind) for a in actions] == [("gone", "leave")]
     assert "not in Slurm" in actions[0].detail

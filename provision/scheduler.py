@@ -1,0 +1,93 @@
+"""Slurm as the controller sees it, through the head node: each node's state, weight and
+drain reason (sinfo) and the queue (squeue), read in one call with a deadline. `status`
+shows them; `validate --drain` acts on the states (provision/validate/drain.py).
+
+Every value here is a host's output: parsed by type, and only ever shown or compared, never
+run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from provision import remote
+from provision.inventory import Cluster
+
+SINFO = "sinfo --noheader --Node --format='%N|%T|%w|%E'"
+SQUEUE = "squeue --noheader --format='%i|%T|%u|%D|%M|%j'"
+QUEUE_SEPARATOR = "--- squeue ---"
+DEADLINE_S = 60  # one call on the head
+
+
+@dataclass(frozen=True)
+class SlurmState:
+    """One node as sinfo shows it."""
+
+    state: str  # sinfo's %T: idle, allocated, mixed, drained, draining, down, ... (a '*': not responding)
+    weight: int  # its current Weight
+    reason: str  # drain or down reason; "none" without one
+
+    @property
+    def drained(self) -> bool:
+        return "drain" in self.state
+
+    def text(self) -> str:
+        """As status shows it: the state, and the reason where there is one."""
+        return self.state if self.reason in ("", "none") else f"{self.state}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class Job:
+    """One job in the queue."""
+
+    id: str
+    state: str  # RUNNING, PENDING, ...
+    user: str
+    nodes: int
+    elapsed: str  # Slurm's time format
+    name: str
+
+
+@dataclass(frozen=True)
+class SlurmView:
+    """The controller's answer, or why there is none."""
+
+    controller: str  # the head's inventory name
+    nodes: dict[str, SlurmState] = field(default_factory=dict)
+    jobs: list[Job] = field(default_factory=list)
+    error: str | None = None  # why the head could not say (the rest is then empty)
+
+
+def parse_sinfo(text: str) -> dict[str, SlurmState]:
+    """Parse SINFO's lines. A node in several partitions is listed once per partition; the
+    first line wins (state, weight and reason are the node's, not the partition's)."""
+    nodes: dict[str, SlurmState] = {}
+    for line in text.splitlines():
+        parts = line.strip().split("|", 3)
+        if len(parts) != 4 or not parts[0]:
+            continue
+        name, state, weight, reason = parts
+        nodes.setdefault(name, SlurmState(state, int(weight) if weight.isdigit() else 1, reason))
+    return nodes
+
+
+def parse_squeue(text: str) -> list[Job]:
+    """Parse SQUEUE's lines (a job name may hold '|': it is the last field)."""
+    jobs = []
+    for line in text.splitlines():
+        parts = line.strip().split("|", 5)
+        if len(parts) == 6 and parts[0]:
+            jid, state, user, nodes, elapsed, name = parts
+            jobs.append(Job(jid, state, user, int(nodes) if nodes.isdigit() else 0, elapsed, name))
+    return jobs
+
+
+def view(cluster: Cluster) -> SlurmView:
+    """Node states and the queue from the head, in one call within DEADLINE_S."""
+    head = cluster.head_node()[0]
+    result = remote.run(head, f"{SINFO} && echo '{QUEUE_SEPARATOR}' && {SQUEUE}", timeout=DEADLINE_S)
+    if not result.ok:
+        why = (result.stderr or result.stdout).strip().splitlines()
+        return SlurmView(head.name, error=f"{head.name}: exit {result.exited}: {why[-1] if why else 'no output'}")
+    sinfo, _, squeue = result.stdout.partition(QUEUE_SEPARATOR)
+    return SlurmView(head.name, parse_sinfo(sinfo), parse_squeue(squeue))
