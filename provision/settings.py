@@ -308,6 +308,12 @@ class Settings:
         "Slurm Weight of a node whose last validate warned (higher: picked after the others); 1: no difference",
         v.bounded(1, 65533),
     )
+    slurm_drain_wait_s: int = knob(
+        3600,
+        "how long a reboot by up waits for the jobs on the drained node; past it the host fails, drained, "
+        "its jobs named",
+        v.bounded(0, 7 * 86400),
+    )
     slurm_health_interval_s: int = knob(
         60, "seconds between runs of provision's node health check (HealthCheckInterval)", v.bounded(10, 86400)
     )

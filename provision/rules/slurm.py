@@ -254,3 +254,63 @@ def health_script(node: SlurmNode, driver: str, mounts: list[str], path: str = H
         probe_s=int(PROBE_S),
         slurm_s=int(SLURM_S),
     )
+
+
+REBOOT_PREFIX = "provision: reboot:"
+REBOOT_REASON = f"{REBOOT_PREFIX} up reboots it (driver or kernel change)"
+SLURM_CALL_S = 30  # each sinfo, squeue or scontrol the reboot's drain and resume make
+
+
+_DRAIN_FOR_REBOOT = """\
+systemctl is-enabled --quiet slurmd.service 2>/dev/null && command -v scontrol >/dev/null || exit 0
+n=@N@
+now=$(timeout @T@ sinfo --noheader --Node --nodes="$n" --format='%T|%E' | head -n 1)
+case "$now" in
+  *drain*'|@PREFIX@'*) ;;
+  *drain*) echo "left drained as it was: ${now#*|}" ;;
+  *) timeout @T@ scontrol update NodeName="$n" State=DRAIN Reason=@REASON@ \
+       || { echo "could not drain $n in Slurm" >&2; exit 1; } ;;
+esac
+end=$(( $(date +%s) + @WAIT@ ))
+while jobs=$(timeout @T@ squeue --noheader --nodelist="$n" --format='%i(%u)' | xargs); [ -n "$jobs" ]; do
+  if [ "$(date +%s)" -ge "$end" ]; then
+    echo "jobs still running on $n after @WAIT@ s: $jobs (it stays drained; run up again once they end)" >&2
+    exit 1
+  fi
+  sleep 5
+done
+"""
+
+_RESUME_AFTER_REBOOT = """\
+systemctl is-enabled --quiet slurmd.service 2>/dev/null && command -v scontrol >/dev/null || exit 0
+n=@N@
+reason=$(timeout @T@ sinfo --noheader --Node --nodes="$n" --format='%E' | head -n 1)
+case "$reason" in
+  '@PREFIX@'*) timeout @T@ scontrol update NodeName="$n" State=RESUME ;;
+esac
+"""
+
+
+def _fill(text: str, name: str, wait_s: int = 0) -> str:
+    return (
+        text.replace("@N@", shlex.quote(name))
+        .replace("@REASON@", shlex.quote(REBOOT_REASON))
+        .replace("@PREFIX@", REBOOT_PREFIX)
+        .replace("@WAIT@", str(int(wait_s)))
+        .replace("@T@", str(SLURM_CALL_S))
+    )
+
+
+def drain_for_reboot(name: str, wait_s: int) -> str:
+    """Shell (POSIX sh: pyinfra runs it with sh) on a node `up` is about to reboot. Where it is a Slurm node (slurmd
+    enabled), it is drained with REBOOT_REASON, unless someone else (an admin, the health
+    check, validate) drained it already, whose drain stays theirs; then it waits, at most
+    ``wait_s``, until no job runs on it. Past that it fails naming the jobs, and the node
+    stays drained so that no new job starts there before the next `up` reboots it."""
+    return _fill(_DRAIN_FOR_REBOOT, name, wait_s)
+
+
+def resume_after_reboot(name: str) -> str:
+    """Shell run on a node after its reboot and driver check: resume it in Slurm if, and only
+    if, its drain is the reboot's (REBOOT_PREFIX)."""
+    return _fill(_RESUME_AFTER_REBOOT, name)

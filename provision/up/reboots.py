@@ -1,5 +1,7 @@
 """Reboots after the nvidia step: only hosts that need one, a bounded batch at a time,
-never the controller, each verified after it comes back.
+never the controller, each verified after it comes back. On a cluster running Slurm each
+host is drained first and its jobs waited for (slurm_drain_wait_s), and resumed once its
+driver checks out (rules.slurm.drain_for_reboot, resume_after_reboot).
 
 Only hosts the nvidia step ran on in this run are considered. One of them needs a reboot
 when the nvidia step changed it and a package asked for a reboot
@@ -22,6 +24,7 @@ from provision import engine
 from provision.facts.gpus import Gpus, NvidiaDevices
 from provision.facts.probes import RebootProbe, RebootState
 from provision.inventory import Node
+from provision.rules import slurm
 from provision.rules.packages import driver_version_ok
 
 # Seconds pyinfra waits after issuing the reboot before it tries to reconnect.
@@ -102,6 +105,14 @@ def _reboot_deploy() -> Callable[..., object]:
     @deploy("Reboot")
     def reboot() -> None:
         node = engine.current_node()
+        wait_s = node.settings.slurm_drain_wait_s
+        # On a Slurm node: drained first, and its running jobs waited for (bounded); the
+        # host fails here, still drained and its jobs named, rather than reboot under them.
+        server.shell(
+            name="Slurm: drain, wait for the node's jobs",
+            commands=[slurm.drain_for_reboot(node.name, wait_s)],
+            _timeout=wait_s + 4 * slurm.SLURM_CALL_S + 60,
+        )
         server.reboot(
             name="reboot and wait for SSH",
             delay=RECONNECT_DELAY_S,
@@ -116,6 +127,22 @@ def _reboot_deploy() -> Callable[..., object]:
 
 
 REBOOT_STEP = engine.Step("reboot", _reboot_deploy(), "reboot hosts that need it, a batch at a time")
+
+
+def _resume_deploy() -> Callable[..., object]:
+    @deploy("Resume in Slurm")
+    def resume() -> None:
+        node = engine.current_node()
+        server.shell(
+            name="Slurm: resume the node the reboot drained",
+            commands=[slurm.resume_after_reboot(node.name)],
+            _timeout=2 * slurm.SLURM_CALL_S + 30,
+        )
+
+    return resume
+
+
+RESUME_STEP = engine.Step("reboot", _resume_deploy(), "resume rebooted hosts in Slurm once their driver checks out")
 
 
 def candidates(nodes: list[Node], results: dict[str, engine.HostResult]) -> list[Node]:
@@ -167,6 +194,10 @@ def reboot_batches(
         for name in group:
             results[name].rebooted = results[name].ok
         verify_driver([by_name[n] for n in group if results[n].ok], results)
+        # Back in Slurm only once the driver checks out; a host that failed stays drained.
+        checked = [by_name[n] for n in group if results[n].ok]
+        if checked:
+            engine.run_step(RESUME_STEP, checked, results, on_event)
         failed = [n for n in group if not results[n].ok]
         if failed:
             for name in (n for later in groups[index + 1 :] for n in later):

@@ -18,6 +18,7 @@ import pytest
 
 from provision import inventory, remote, verify
 from provision.rules.nvidia import keyring_fingerprints
+from provision.rules.slurm import REBOOT_PREFIX
 from provision.up import host_lock, pipeline
 from tests.e2e import clock
 from tests.e2e.storage_helpers import FINGERPRINT, derived_inventory
@@ -139,6 +140,20 @@ def test_first_run_succeeds_and_reboots_every_host_once(first_and_second) -> Non
         assert host.rebooted is True
         assert before[name] != after[name]  # the kernel's boot id changed: it did reboot
     assert reboots == {name: 1 for name in first.hosts}  # exactly one reboot per host
+
+
+def test_the_reboot_drained_the_slurm_node_first_and_resumed_it_after_the_driver_check(
+    first_and_second, testbed
+) -> None:
+    """The shared `up` made the testbed a Slurm cluster; this run's reboot of HOST happened on
+    it: drained (the reboot's own reason) before, resumed once its driver checked out."""
+    _, first, *_ = first_and_second
+    assert first.hosts[HOST].rebooted
+    head = inventory.load(testbed.inventory_path).head_node()[0]
+    log = sh(head, f"grep -F 'node {HOST} reason set to: {REBOOT_PREFIX}' /var/log/slurm/slurmctld.log")
+    assert log.strip(), "slurmctld never saw the reboot's drain"
+    state = sh(head, f"sinfo --noheader --Node --nodes={HOST} --format='%T|%E'").strip()
+    assert "drain" not in state, state
 
 
 def test_the_host_locks_are_taken_again_after_the_reboot(first_and_second) -> None:

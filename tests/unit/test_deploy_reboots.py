@@ -88,6 +88,7 @@ class StandInHosts:
         self.rebooted: set[str] = set()
         self.batches: list[list[str]] = []  # host names per reboot call, in order
         self.asked: list[list[str]] = []  # host names per gather_facts call
+        self.resumed: list[list[str]] = []  # host names per resume call, in order
 
     def stand_in_gather_facts(
         self, nodes: list, wanted: dict, on_event: Callable = lambda h, t: None
@@ -100,6 +101,9 @@ class StandInHosts:
         return engine.FactsResult(facts, {})
 
     def stand_in_reboot_step(self, step: engine.Step, nodes: list, results: dict, on_event: Callable) -> None:
+        if step is reboots.RESUME_STEP:  # back in Slurm after the driver check
+            self.resumed.append([n.name for n in nodes])
+            return
         assert step is reboots.REBOOT_STEP
         self.batches.append([n.name for n in nodes])
         self.rebooted.update(n.name for n in nodes)
@@ -144,6 +148,7 @@ def test_no_more_than_the_batch_size_reboot_at_once_and_every_one_is_verified(st
     reboots.reboot_where_needed([node(n) for n in names], results, {}, batch=2)
     assert hosts.batches == [["node1", "node2"], ["node3", "node4"], ["node5"]]
     assert hosts.asked[1:] == hosts.batches  # each batch's driver is checked before the next reboots
+    assert hosts.resumed == hosts.batches  # each batch back in Slurm once checked, before the next drains
     assert all(r.rebooted and r.ok for r in results.values())
 
 
@@ -153,6 +158,7 @@ def test_a_batch_that_fails_its_driver_check_stops_the_later_batches(stand_in) -
     results = results_after_nvidia(*names)
     reboots.reboot_where_needed([node(n) for n in names], results, {}, batch=2)
     assert hosts.batches == [["node1", "node2"]]
+    assert hosts.resumed == [["node1"]]  # node2 failed its driver check: it stays drained
     assert results["node1"].ok
     assert results["node1"].rebooted
     assert [str(f) for f in results["node2"].failures] == [

@@ -206,3 +206,30 @@ def test_slurm_conf_runs_the_health_check_on_nodes_in_any_state_so_it_can_resume
     conf = slurm.ClusterConf("c", "head", "10.0.0.1", "main", "01:00:00", slurm.HEALTH_PROGRAM, 60)
     text = slurm.slurm_conf(conf, [])
     assert f"HealthCheckProgram={slurm.HEALTH_PROGRAM}\nHealthCheckInterval=60\nHealthCheckNodeState=ANY\n" in text
+
+
+# --- reboots on a running cluster --------------------------------------------------------------
+
+
+def test_a_reboot_drains_with_its_own_reason_waits_bounded_and_leaves_another_drain_alone():
+    text = slurm.drain_for_reboot("node-7", 900)
+    assert text.startswith("systemctl is-enabled --quiet slurmd.service")  # not a Slurm node: nothing
+    assert f"State=DRAIN Reason='{slurm.REBOOT_REASON}'" in text
+    assert '*drain*) echo "left drained as it was: ${now#*|}" ;;' in text
+    assert "end=$(( $(date +%s) + 900 ))" in text
+    assert "n=node-7\n" in text
+    assert "jobs still running on $n after 900 s" in text
+    assert slurm.REBOOT_REASON.startswith("provision: reboot:")
+
+
+def test_after_a_reboot_only_the_reboots_own_drain_is_resumed():
+    text = slurm.resume_after_reboot("node-7")
+    assert "n=node-7\n" in text
+    assert "'provision: reboot:'*) timeout 30 scontrol update NodeName=\"$n\" State=RESUME ;;" in text
+    assert text.count("State=RESUME") == 1
+
+
+def test_a_node_name_enters_the_reboot_shell_once_quoted_and_is_used_only_as_a_variable():
+    text = slurm.drain_for_reboot("n$(reboot)", 60) + slurm.resume_after_reboot("n$(reboot)")
+    assert text.count("n$(reboot)") == 2
+    assert text.count("n='n$(reboot)'\n") == 2
