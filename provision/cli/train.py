@@ -49,6 +49,12 @@ def train(
     timeout: float | None = typer.Option(
         None, "--timeout", min=1, help="stop the run (exit 1) after this many seconds"
     ),
+    scheduler: str = typer.Option(
+        "ssh",
+        "--scheduler",
+        help="ssh: torchrun started on every node over SSH; slurm: the same run as one Slurm job "
+        "(whole nodes, their GPUs; scancel on a failure or Ctrl-C)",
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="do not echo the nodes' logs"),
     as_json: bool = typer.Option(False, "--json", help="print the report as JSON on stdout"),
 ) -> None:
@@ -60,6 +66,10 @@ def train(
     with report.json and train.png beside them. If any host fails, loses its SSH
     connection, or on Ctrl-C, the run is stopped on every host (by process group, never
     by name) and the exit code is 1.
+
+    With --scheduler slurm (on a cluster the slurm step provisioned) the run is one job
+    submitted as the training user: the same logs, report and exit codes; a failure or
+    Ctrl-C cancels the job, and the reaper checks every node as after an SSH run.
 
     Example: provision train inventories/testbed.py --steps 200 --model small -- --lr 3e-4
     """
@@ -77,9 +87,20 @@ def train(
         monitor_interval,
         timeout,
         inventory,
+        scheduler,
     )
     cluster = inventory_lib.load(inventory)
     nodes = host_limit.select(cluster, limit)
+    if scheduler == "slurm":
+        outside = [n.name for n in nodes if n.name not in {c.name for c in cluster.compute_nodes()}]
+        if outside:
+            raise InputError(
+                Problem(
+                    "--scheduler slurm",
+                    f"not Slurm compute nodes: {', '.join(outside)}",
+                    "leave them out (--limit), or run over SSH (--scheduler ssh)",
+                )
+            )
     try:
         result = launch.train(cluster, nodes, opts, on_line=_echo(quiet), say=_say)
     except launch.LaunchError as e:
@@ -104,6 +125,7 @@ def _options(
     interval: float,
     timeout: float | None,
     inventory: Path,
+    scheduler: str = "ssh",
 ) -> Options:
     from provision.launch import Options, logs, plan
 
@@ -122,6 +144,8 @@ def _options(
         problems.append(
             Problem(f"--runs-dir {runs_dir}", f"cannot write there ({why})", "pass a directory you can write")
         )
+    if scheduler not in ("ssh", "slurm"):
+        problems.append(Problem("--scheduler", f"unknown scheduler {scheduler!r}", "ssh or slurm"))
     if problems:
         raise InputError(problems)
     return Options(
@@ -136,6 +160,7 @@ def _options(
         interval,
         timeout,
         f"{inventory.stem}-{model}",
+        scheduler,
     )
 
 

@@ -5,6 +5,7 @@ down on the first failure, and a report with throughput, scaling and resource us
     report = launch.train(cluster, Options(...), on_line=print_line, say=progress)
 
 Modules: ``plan`` (pure: commands, run id), ``session`` (SSH: prepare, stream, teardown),
+``slurm_job`` (--scheduler slurm: the same run as one Slurm job),
 ``reaper`` (runs on the node: stop a run by pgid/pid), ``logs`` and ``monitor`` (pure
 parsers), ``report`` (verdicts, records), ``plots`` (PNG).
 """
@@ -39,13 +40,20 @@ def train(
         run_plan = session.prepare(nodes, conns, opts, run_id, say, nfs_server=cluster.storage_node() is not None)
         for p in run_plan.nodes:
             say(p.name, f"starting {p.nproc} rank(s) on {p.interface}")
-        outcome = session.Supervisor(nodes, conns, run_plan, opts, on_line).run()
+        if opts.scheduler == "slurm":
+            from provision.launch import slurm_job
+
+            outcome = slurm_job.run(nodes, conns, run_plan, opts, on_line, say)
+        else:
+            outcome = session.Supervisor(nodes, conns, run_plan, opts, on_line).run()
     finally:
         for c in conns.values():
             c.close()
     records = opts.runs_dir / "records" / f"{cluster.path.stem}.json"
     records.parent.mkdir(parents=True, exist_ok=True)
     result = report.build(outcome, records, report.signature(run_plan, opts))
+    if outcome.slurm_job:
+        result.notes.append(f"ran as Slurm job {outcome.slurm_job}")
     _write(outcome, result)
     return result
 

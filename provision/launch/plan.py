@@ -34,6 +34,7 @@ class NodePlan:
     is_host: bool  # hosts the c10d rendezvous store (the first node)
     writable: tuple[str, ...] = ()  # the shares (Share.share) the trainer's user may write
     run_as: str | None = None  # the training user, when the SSH user is root (see run_as_probe)
+    gpus: int = 0  # whole GPUs nvidia-smi lists (a Slurm run asks for them: --gres=gpu:N)
 
 
 @dataclass(frozen=True)

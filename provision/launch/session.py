@@ -50,6 +50,7 @@ class Options:
     monitor_interval: float  # seconds between node samples
     timeout_s: float | None  # stop the run after this long; None: no limit
     ckpt_name: str  # checkpoint file name on the nodes
+    scheduler: str = "ssh"  # ssh: torchrun started over SSH; slurm: one Slurm job (launch.slurm_job)
 
 
 @dataclass
@@ -76,6 +77,7 @@ class Outcome:
     teardown_s: float | None = None  # failure seen -> every host clean
     curves: logs.Curves = field(default_factory=logs.Curves)  # rank 0's loss and speed
     samples: dict[str, list[monitor.Sample]] = field(default_factory=dict)  # per host
+    slurm_job: str | None = None  # the Slurm job id of a --scheduler slurm run
 
 
 def prepare(
@@ -208,6 +210,7 @@ def _prepare_node(
         is_first,
         tuple(x.strip() for x in can_write.splitlines() if x.strip()),
         run_as,
+        plan.gpu_count(gpus),
     )
 
 
@@ -221,9 +224,16 @@ class Supervisor:
         run: plan.RunPlan,
         opts: Options,
         on_line: Callable[[str, str, str], None],
+        command_for: Callable[[plan.NodePlan], str] | None = None,
+        on_stop: Callable[[], None] = lambda: None,
     ):
+        """``command_for``: the command whose output is a node's log and whose exit status
+        is its end (default: torchrun over SSH, plan.node_command); ``on_stop``: what stops
+        the run before the reapers do (a Slurm run's scancel)."""
         self.nodes = {n.name: n for n in nodes}
         self.conns, self.plan, self.opts = conns, run, opts
+        self._command_for = command_for or (lambda p: plan.node_command(self.plan, p))
+        self._on_stop = on_stop
         self.out = Outcome(run.run_id, run, opts.runs_dir / run.run_id)
         self._on_line = on_line
         self._ended: queue.Queue[tuple[str, HostEnd]] = queue.Queue()
@@ -302,7 +312,7 @@ class Supervisor:
             sink = logs.LineSink(name, log, self._line)
             try:
                 result = self.conns[name].run(
-                    plan.node_command(self.plan, node_plan),
+                    self._command_for(node_plan),
                     hide=True,
                     warn=True,
                     pty=False,
@@ -352,6 +362,10 @@ class Supervisor:
 
     def _teardown_all(self) -> None:
         with _shielded_from_ctrl_c():
+            try:
+                self._on_stop()
+            except Exception as e:  # the reapers below still stop the run's processes
+                self.out.failure = f"{self.out.failure}; stopping it: {type(e).__name__}: {e}"
             results = remote.on_all(list(self.nodes.values()), lambda n: self._reaper(n.name, False))
         self.out.teardown = results
         self.out.teardown_s = time.monotonic() - self._failed_at

@@ -1,6 +1,7 @@
 """`provision train` on the provisioned testbed, one drill: two VMs train together over the
 cluster network with checkpoints on NFS; a VM dies mid-run and the run is torn down on every
-host within 30 s; `--resume` continues from the last checkpoint to a clean exit."""
+host within 30 s; `--resume`, as a Slurm job (`--scheduler slurm`), continues from the last
+checkpoint to a clean exit and a COMPLETED job."""
 
 from __future__ import annotations
 
@@ -83,8 +84,14 @@ def test_two_vms_train_over_the_cluster_network_a_vm_dying_tears_down_the_run_an
     report = report_of(tmp_path / "first")
     assert report["failed_host"] == victim.name, report.get("failure")
 
+    first_run = report["run_id"]
+
+    # The resumed run goes through Slurm (--scheduler slurm): one job on both VMs, the same
+    # live logs and report, the checkpoint on NFS that the SSH run wrote, COMPLETED in Slurm.
     testbed.testbed.start_node(victim.name)
-    resumed = start(Path(testbed.inventory_path), tmp_path / "again", "--steps", "8", "--resume", *TRAINER)
+    resumed = start(
+        Path(testbed.inventory_path), tmp_path / "again", "--steps", "8", "--resume", "--scheduler", "slurm", *TRAINER
+    )
     assert resumed.wait(timeout=1800) == 0, (tmp_path / "again" / "err.txt").read_text()[-3000:]
     report = report_of(tmp_path / "again")
     assert report["world_size"] == 2
@@ -94,7 +101,10 @@ def test_two_vms_train_over_the_cluster_network_a_vm_dying_tears_down_the_run_an
     steps = [int(line.split("step ")[1].split("/")[0]) for line in logs.splitlines() if "| train loss" in line]
     assert steps, steps
     assert steps[0] > 1, steps
-    _privilege_drill(survivor, report["run_id"])
+    (job,) = [n.rsplit(" ", 1)[1] for n in report["notes"] if n.startswith("ran as Slurm job ")]
+    head = cluster.head_node()[0]
+    assert "JobState=COMPLETED" in sh(head, f"scontrol show job {job} -o"), job
+    _privilege_drill(survivor, first_run)
 
 
 def _privilege_drill(node, run_id: str) -> None:

@@ -1,0 +1,95 @@
+"""`train --scheduler slurm`'s shell (provision/launch/slurm_job.py): the submission, what each
+task runs, the controller's per-node stream, and the cancel, built from a two-node plan."""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+
+from provision.launch import plan, slurm_job
+from tests.unit.test_launch import two_node_plan
+
+
+def _with_gpus(p: plan.RunPlan, gpus: int, user: str | None = "train") -> plan.RunPlan:
+    nodes = tuple(dataclasses.replace(n, gpus=gpus, run_as=user) for n in p.nodes)
+    return dataclasses.replace(p, nodes=nodes)
+
+
+def test_the_job_asks_for_whole_named_nodes_one_task_each_and_their_gpus_as_the_training_user():
+    p = _with_gpus(two_node_plan(), 8)
+    argv = shlex.split(slurm_job.sbatch_command(p, "train", 8, None))
+    assert argv[:4] == ["runuser", "-u", "train", "--"]
+    assert argv[4:6] == ["sbatch", "--parsable"]
+    for flag in (
+        "--job-name=provision-r1",
+        "--nodes=2",
+        "--nodelist=n0,n1",
+        "--ntasks-per-node=1",
+        "--exclusive",
+        "--mem=0",
+        "--time=UNLIMITED",
+        "--gres=gpu:8",
+        "--chdir=/var/tmp/pt",
+    ):
+        assert flag in argv, flag
+    assert argv[-2] == "--wrap"
+    assert argv[-1].startswith("srun --kill-on-bad-exit=1 sh -c ")
+    # CPU nodes ask for no GPU; a run with --timeout gets that many minutes (and one more).
+    cpu = shlex.split(slurm_job.sbatch_command(two_node_plan(), None, 0, 90))
+    assert cpu[0] == "sbatch"
+    assert not [a for a in cpu if a.startswith("--gres")]
+    assert "--time=3" in cpu
+
+
+def test_each_task_runs_its_own_nodes_script_chosen_by_slurmds_name():
+    p = two_node_plan()
+    (_, _, script) = shlex.split(slurm_job.task_command(p))
+    assert "n0) exec sh /var/tmp/pt/runs/r1/n0/slurm-node.sh ;;" in script
+    assert "n1) exec sh /var/tmp/pt/runs/r1/n1/slurm-node.sh ;;" in script
+    assert script.startswith('case "$SLURMD_NODENAME" in ')
+
+
+def test_a_nodes_script_is_torchrun_as_over_ssh_with_its_output_and_status_in_the_users_log_dir():
+    p = two_node_plan()
+    text = slurm_job.node_script(p, p.nodes[1])
+    assert "cd /var/tmp/pt || exit 1\n" in text
+    run_line = next(line for line in text.splitlines() if line.startswith("env "))
+    argv = shlex.split(run_line.split(" > ")[0])
+    torchrun = plan.torchrun_argv(p, p.nodes[1])
+    assert argv[-len(torchrun) :] == torchrun
+    assert "PROVISION_RUN_ID=r1" in argv  # the reaper finds strays by the run's markers
+    assert run_line.endswith("> /var/tmp/pt/runs/r1/n1/torchrun-logs/slurm-task.log 2>&1")
+    assert "echo $rc > /var/tmp/pt/runs/r1/n1/torchrun-logs/slurm-task.exit\n" in text
+
+
+def test_the_stream_reads_the_users_files_as_that_user_and_their_status_only_as_a_number():
+    p = two_node_plan()
+    argv = shlex.split(slurm_job.stream_command(p.nodes[0], "4711", "train"))
+    assert argv[:7] == ["runuser", "-u", "train", "--", "sh", "-c", argv[6]]
+    script = argv[6]
+    assert "tail -n +1 -F /var/tmp/pt/runs/r1/n0/torchrun-logs/slurm-task.log" in script
+    assert "squeue --noheader --jobs=4711 --format=%T" in script
+    assert 'case "$rc" in ""|*[!0-9]*)' in script
+    assert f"exit {slurm_job.KILLED} ;; esac; exit $rc" in script
+    assert shlex.split(slurm_job.stream_command(p.nodes[0], "4711", None))[:2] == ["sh", "-c"]
+
+
+def test_the_job_id_is_read_from_sbatch_parsable_and_anything_else_is_none():
+    assert slurm_job.parse_job_id("4711\n") == "4711"
+    assert slurm_job.parse_job_id("4711;cluster\n") == "4711"
+    assert slurm_job.parse_job_id("sbatch: error: Batch job submission failed\n") is None
+    assert slurm_job.parse_job_id("") is None
+    assert slurm_job.cancel_command("4711", "train") == "runuser -u train -- scancel 4711"
+
+
+def test_train_scheduler_slurm_refuses_nodes_outside_slurm_and_unknown_schedulers_before_any_host(cli, tmp_path):
+    path = tmp_path / "inv.py"
+    path.write_text(
+        'nodes = [("n1", {"ssh_hostname": "192.0.2.1"}), ("n2", {"ssh_hostname": "192.0.2.2", "slurm": "skip"})]\n'
+    )
+    result = cli("train", str(path), "--scheduler", "slurm")
+    assert result.code == 2, result.err
+    assert "not Slurm compute nodes: n2" in result.err
+    result = cli("train", str(path), "--scheduler", "pbs")
+    assert result.code == 2, result.err
+    assert "unknown scheduler 'pbs'" in result.err
