@@ -91,16 +91,15 @@ def known_nodes(cluster: Cluster) -> dict[str, Known]:
         return {}
 
 
-def _describe(cluster: Cluster, h: Any) -> tuple[rules.SlurmNode, Any, str] | None:
-    """A host as slurm.conf describes it, its OS fact, and the driver version its declared
-    GPUs run ("" without any); None where a fact is missing."""
+def _describe(cluster: Cluster, h: Any) -> tuple[rules.SlurmNode, Any, int] | None:
+    """A host as slurm.conf describes it, its OS fact, and how many GPUs its driver reports;
+    None where a fact is missing."""
     node = cluster.node(h.name)
     os_info, cpu, memory, gpus = h.get_fact(Os), h.get_fact(Cpu), h.get_fact(Memory), h.get_fact(NvidiaDevices)
     if not (os_info and cpu and memory and gpus is not None):
         return None
-    driver = next((g.driver_version for g in gpus.nvml if g.device_file), "")
     described = rules.node_from_facts(node.name, node.cluster_address, cpu, memory, gpus)
-    return replace(described, weight=warn_weight(node)), os_info, driver
+    return replace(described, weight=warn_weight(node)), os_info, len(gpus.nvml)
 
 
 def warn_weight(node: Node) -> int:
@@ -236,16 +235,14 @@ def slurm() -> None:
 
 
 def health_script(cluster: Cluster, node: Node) -> str:
-    """This host's health check: its declared GPUs and their driver, from this pass's facts,
-    and the mounts the volumes and nfs steps make for it."""
+    """This host's health check: its GPUs (as many as its driver reports in this pass's
+    facts) held to the pinned driver, and the mounts the volumes and nfs steps make for it."""
     found = _describe(cluster, host)
-    described, _, driver = found if found else (None, None, "")
+    gpus = found[2] if found else 0  # no facts: the mounts are checked, not the GPUs
     settings = node.settings
     nfs_mounts = bool(settings.nfs_exports) and cluster.storage_node() is not None
     mounts = rules.health_mounts(settings, data_volume=bool(settings.data_disks), nfs=nfs_mounts)
-    if described is None:  # no facts: check the mounts only
-        described = rules.SlurmNode(node.name, node.cluster_address, 1, 1, 1, 1, 1, None, 0)
-    return rules.health_script(described, driver, mounts)
+    return rules.health_script(node.name, gpus, rules.driver_pattern(settings), mounts)
 
 
 def skip_reason(node: Node, head: Node, nodes: dict[str, Known]) -> str | None:

@@ -380,3 +380,23 @@ class UnconfinedRepositories(FactBase[list[str]]):
 
 def parse_unconfined(lines: list[str]) -> list[str]:
     return sorted({line.strip() for line in lines if line.strip()})
+
+
+class SlurmDrainReason(FactBase[str | None]):
+    """This host's reason in Slurm (a drain's or a DOWN's; "none" without one), where it is a
+    Slurm node: its name is the one the slurm step gave slurmd (-N, in /etc/default/slurmd,
+    root's). None where it is no Slurm node, or the controller does not answer. Never fails:
+    a reboot pass asks every host."""
+
+    def command(self) -> str:
+        return (
+            "f=/etc/default/slurmd; "
+            '{ [ -r "$f" ] && command -v sinfo >/dev/null; } || exit 0; '
+            """n=$(sed -n 's/^SLURMD_OPTIONS="-N \\(.*\\)"$/\\1/p' "$f" | head -n 1); """
+            '[ -n "$n" ] || exit 0; '
+            "timeout 30 sinfo --noheader --Node --nodes=\"$n\" --format='%E' 2>/dev/null | head -n 1; true"
+        )
+
+    def process(self, output: list[str]) -> str | None:
+        first = output[0].strip() if output else ""
+        return first or None

@@ -91,6 +91,9 @@ def sbatch_command(run: plan.RunPlan, user: str | None, gpus_per_node: int, time
         f"--time={time_limit(timeout_s)}",
         f"--chdir={first.work_dir}",
         "--output=/dev/null",
+        # A node lost mid-run ends the run (as over SSH); requeued, the job would restart the
+        # trainer behind the controller's back.
+        "--no-requeue",
         *([f"--gres=gpu:{gpus_per_node}"] if gpus_per_node else []),
         "--wrap",
         f"srun --kill-on-bad-exit=1 {task_command(run)}",
@@ -114,8 +117,13 @@ def stream_command(node: plan.NodePlan, job_id: str, user: str | None) -> str:
     job = shlex.quote(job_id)
     script = (
         f"tail -n +1 -F {log} 2>/dev/null & t=$!; "
-        f"while [ ! -e {status} ] && squeue --noheader --jobs={job} --format=%T 2>/dev/null | grep -q .; "
-        f"do sleep {POLL_S}; done; "
+        # Gone means squeue answered and named no such job (nothing listed, or the id purged
+        # from the controller's memory); a squeue that fails otherwise (the controller busy or
+        # restarting) is asked again, not taken for the job's end.
+        f"while [ ! -e {status} ]; do "
+        f'if q=$(squeue --noheader --jobs={job} --format=%T 2>&1); then [ -n "$q" ] || break; '
+        'else case "$q" in *"Invalid job id"*) break ;; esac; fi; '
+        f"sleep {POLL_S}; done; "
         # The last lines reach the log before the status is written; give tail a moment.
         "sleep 1; kill $t 2>/dev/null; wait $t 2>/dev/null; "
         f"rc=$(head -c 8 {status} 2>/dev/null); "
@@ -128,6 +136,13 @@ def stream_command(node: plan.NodePlan, job_id: str, user: str | None) -> str:
 
 def cancel_command(job_id: str, user: str | None) -> str:
     argv = ["scancel", job_id]
+    return shlex.join(["runuser", "-u", user, "--", *argv] if user else argv)
+
+
+def cancel_by_name_command(run_id: str, user: str | None) -> str:
+    """After a submission that failed or timed out: any job of this run the controller did
+    accept is cancelled by its name (the run id is unique)."""
+    argv = ["scancel", f"--name=provision-{run_id}", *([f"--user={user}"] if user else [])]
     return shlex.join(["runuser", "-u", user, "--", *argv] if user else argv)
 
 
@@ -160,12 +175,21 @@ def run(
     )
     job = parse_job_id(submitted.stdout) if submitted.ok else None
     if job is None:
+        # sbatch may have timed out after the controller took the job: none must run unwatched.
+        remote.run(first, cancel_by_name_command(run_plan.run_id, user), timeout=SUBMIT_TIMEOUT_S)
         why = (submitted.stderr or submitted.stdout).strip()[-400:]
         raise session.LaunchError(f"{first.name}: sbatch failed (exit {submitted.exited}): {why}")
     say(first.name, f"Slurm job {job} submitted: {len(run_plan.nodes)} nodes, {gpus} GPUs each")
 
     def cancel() -> None:
-        remote.run(first, cancel_command(job, user), timeout=SUBMIT_TIMEOUT_S)
+        """scancel from the first node that answers (the failed node may be the first)."""
+        tried = []
+        for n in nodes:
+            r = remote.run(n, cancel_command(job, user), timeout=SUBMIT_TIMEOUT_S)
+            if r.ok:
+                return
+            tried.append(f"{n.name}: exit {r.exited} {(r.stderr or r.stdout).strip()[-120:]}")
+        raise RuntimeError(f"scancel {job} failed everywhere ({'; '.join(tried)}); cancel it by hand")
 
     supervisor = session.Supervisor(
         nodes,

@@ -239,15 +239,35 @@ def health_mounts(settings: Settings, data_volume: bool, nfs: bool) -> list[str]
 HEALTH_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"  # the script's own PATH: root runs it
 
 
-def health_script(node: SlurmNode, driver: str, mounts: list[str], path: str = HEALTH_PATH) -> str:
+def driver_pattern(settings: Settings) -> str:
+    """What the health check holds a node's loaded driver to, as a shell pattern: the pinned
+    exact version, else the pinned branch ("580.*"); any version where provision does not
+    manage the driver (nvidia = skip)."""
+    if settings.nvidia == "skip":
+        return "*"
+    if settings.nvidia_driver_version:
+        return settings.nvidia_driver_version.split("-")[0]
+    return f"{settings.nvidia_driver_branch}.*"
+
+
+HEALTH_STATE = "/run/provision-health"  # the health check's probes (root's, 0700)
+
+
+def health_script(
+    name: str, gpus: int, driver: str, mounts: list[str], path: str = HEALTH_PATH, state_dir: str = HEALTH_STATE
+) -> str:
     """The node's health check program: its values rendered into the script, each quoted
-    for the shell (a node name, a path and a driver version are validated at load, and
-    quoted again here). ``path`` is the script's PATH (tests put stand-ins for a GPU first)."""
+    for the shell (a node name, a path and a driver pin are validated at load, and quoted
+    again here). ``gpus``: the GPUs the driver reported when `up` ran (all of them, declared
+    in gres.conf or not); ``driver``: driver_pattern; ``path``: the script's PATH and
+    ``state_dir`` where its probes live (tests put a stand-in for nvidia-smi first, and keep
+    their probes apart)."""
     return render_template(
         "slurm/health.sh.j2",
         path=shlex.quote(path),
-        node=shlex.quote(node.name),
-        gpus=int(node.gpu_count),
+        state_dir=shlex.quote(state_dir),
+        node=shlex.quote(name),
+        gpus=int(gpus),
         driver=shlex.quote(driver),
         mounts=" ".join(shlex.quote(m) for m in mounts),
         full_at=int(FULL_AT_PERCENT),
@@ -261,18 +281,34 @@ REBOOT_REASON = f"{REBOOT_PREFIX} up reboots it (driver or kernel change)"
 SLURM_CALL_S = 30  # each sinfo, squeue or scontrol the reboot's drain and resume make
 
 
+# Who owns a drain is in its reason (ownership by reason, not by state: a node an admin set
+# DOWN with "RMA pending" is the admin's as much as a drained one). provision's own reasons:
+# the health check's, validate's and a reboot's. A reason none of them wrote belongs to
+# someone else and is never replaced or lifted. The health check's may be taken over (by
+# validate or a reboot): it lifts only its own, so a taken-over drain stays until its new
+# owner lifts it.
+HEALTH_PREFIX = "provision: health:"
+VALIDATE_PREFIX = "provision: validate:"
+
 _DRAIN_FOR_REBOOT = """\
 systemctl is-enabled --quiet slurmd.service 2>/dev/null && command -v scontrol >/dev/null || exit 0
 n=@N@
-now=$(timeout @T@ sinfo --noheader --Node --nodes="$n" --format='%T|%E' | head -n 1)
+now=$(timeout @T@ sinfo --noheader --Node --nodes="$n" --format='%E' | head -n 1) \
+  && [ -n "$now" ] || { echo "cannot read $n's state in Slurm: not rebooted" >&2; exit 1; }
 case "$now" in
-  *drain*'|@PREFIX@'*) ;;
-  *drain*) echo "left drained as it was: ${now#*|}" ;;
-  *) timeout @T@ scontrol update NodeName="$n" State=DRAIN Reason=@REASON@ \
-       || { echo "could not drain $n in Slurm" >&2; exit 1; } ;;
+  '@PREFIX@'*) ;;
+  none|'@HEALTH@'*) timeout @T@ scontrol update NodeName="$n" State=DRAIN Reason=@REASON@ \
+       || { echo "could not drain $n in Slurm: not rebooted" >&2; exit 1; } ;;
+  *) echo "left as it was (someone else's): $now" ;;
 esac
 end=$(( $(date +%s) + @WAIT@ ))
-while jobs=$(timeout @T@ squeue --noheader --nodelist="$n" --format='%i(%u)' | xargs); [ -n "$jobs" ]; do
+while :; do
+  if out=$(timeout @T@ squeue --noheader --nodelist="$n" --format='%i(%u)'); then
+    jobs=$(echo "$out" | xargs)
+    [ -z "$jobs" ] && break
+  else
+    jobs="(squeue did not answer)"
+  fi
   if [ "$(date +%s)" -ge "$end" ]; then
     echo "jobs still running on $n after @WAIT@ s: $jobs (it stays drained; run up again once they end)" >&2
     exit 1
@@ -284,10 +320,17 @@ done
 _RESUME_AFTER_REBOOT = """\
 systemctl is-enabled --quiet slurmd.service 2>/dev/null && command -v scontrol >/dev/null || exit 0
 n=@N@
-reason=$(timeout @T@ sinfo --noheader --Node --nodes="$n" --format='%E' | head -n 1)
-case "$reason" in
-  '@PREFIX@'*) timeout @T@ scontrol update NodeName="$n" State=RESUME ;;
-esac
+for try in 1 2 3 4; do
+  if reason=$(timeout @T@ sinfo --noheader --Node --nodes="$n" --format='%E' | head -n 1) && [ -n "$reason" ]; then
+    case "$reason" in
+      '@PREFIX@'*) timeout @T@ scontrol update NodeName="$n" State=RESUME && exit 0 ;;
+      *) exit 0 ;;
+    esac
+  fi
+  sleep 5
+done
+echo "could not resume $n in Slurm (the controller did not answer): it stays drained; run up again" >&2
+exit 1
 """
 
 
@@ -296,21 +339,24 @@ def _fill(text: str, name: str, wait_s: int = 0) -> str:
         text.replace("@N@", shlex.quote(name))
         .replace("@REASON@", shlex.quote(REBOOT_REASON))
         .replace("@PREFIX@", REBOOT_PREFIX)
+        .replace("@HEALTH@", HEALTH_PREFIX)
         .replace("@WAIT@", str(int(wait_s)))
         .replace("@T@", str(SLURM_CALL_S))
     )
 
 
 def drain_for_reboot(name: str, wait_s: int) -> str:
-    """Shell (POSIX sh: pyinfra runs it with sh) on a node `up` is about to reboot. Where it is a Slurm node (slurmd
-    enabled), it is drained with REBOOT_REASON, unless someone else (an admin, the health
-    check, validate) drained it already, whose drain stays theirs; then it waits, at most
-    ``wait_s``, until no job runs on it. Past that it fails naming the jobs, and the node
-    stays drained so that no new job starts there before the next `up` reboots it."""
+    """Shell (POSIX sh: pyinfra runs it with sh) on a node `up` is about to reboot. Where it
+    is a Slurm node (slurmd enabled), it is drained with REBOOT_REASON (taking over a health
+    check's drain; a reason someone else wrote stays, in any state); then it waits, at most
+    ``wait_s``, until no job runs on it. It fails closed: when Slurm cannot say (sinfo or
+    squeue do not answer), or jobs still run at the end, the host fails unrebooted and stays
+    drained, its jobs named."""
     return _fill(_DRAIN_FOR_REBOOT, name, wait_s)
 
 
 def resume_after_reboot(name: str) -> str:
     """Shell run on a node after its reboot and driver check: resume it in Slurm if, and only
-    if, its drain is the reboot's (REBOOT_PREFIX)."""
+    if, its drain is the reboot's (REBOOT_PREFIX). The controller may still be starting (the
+    head rebooted in the same batch): a few tries, then the host fails, still drained."""
     return _fill(_RESUME_AFTER_REBOOT, name)

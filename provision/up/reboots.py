@@ -16,19 +16,21 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pyinfra.api import deploy
 from pyinfra.operations import server
 
 from provision import engine
 from provision.facts.gpus import Gpus, NvidiaDevices
-from provision.facts.probes import RebootProbe, RebootState
+from provision.facts.probes import RebootProbe, RebootState, SlurmDrainReason
 from provision.inventory import Node
 from provision.rules import slurm
 from provision.rules.packages import driver_version_ok
 
 # Seconds pyinfra waits after issuing the reboot before it tries to reconnect.
 RECONNECT_DELAY_S = 10
+STEP_MARGIN_S = 300  # the reboot step's own commands beside its two waits (jobs, SSH back)
 
 
 def batch_size(hosts: int, requested: int | None) -> int:
@@ -105,7 +107,12 @@ def _reboot_deploy() -> Callable[..., object]:
     @deploy("Reboot")
     def reboot() -> None:
         node = engine.current_node()
-        wait_s = node.settings.slurm_drain_wait_s
+        settings = node.settings
+        # The wait for jobs and the reboot share one step's deadline (step_timeout_s): the
+        # wait gets what the reboot leaves of it, so the step is never cut off midway.
+        wait_s = max(
+            0, min(settings.slurm_drain_wait_s, settings.step_timeout_s - settings.reboot_timeout_s - STEP_MARGIN_S)
+        )
         # On a Slurm node: drained first, and its running jobs waited for (bounded); the
         # host fails here, still drained and its jobs named, rather than reboot under them.
         server.shell(
@@ -136,7 +143,7 @@ def _resume_deploy() -> Callable[..., object]:
         server.shell(
             name="Slurm: resume the node the reboot drained",
             commands=[slurm.resume_after_reboot(node.name)],
-            _timeout=2 * slurm.SLURM_CALL_S + 30,
+            _timeout=4 * (slurm.SLURM_CALL_S + 5) + slurm.SLURM_CALL_S + 30,
         )
 
     return resume
@@ -163,7 +170,12 @@ def reboot_where_needed(
     alive = candidates(nodes, results)
     if not alive:
         return
-    facts = engine.gather_facts(alive, {"probe": (RebootProbe, {}), "gpus": (NvidiaDevices, {})})
+    wanted: dict[str, tuple[type, dict[str, Any]]] = {
+        "probe": (RebootProbe, {}),
+        "gpus": (NvidiaDevices, {}),
+        "slurm": (SlurmDrainReason, {}),
+    }
+    facts = engine.gather_facts(alive, wanted)
     # A host that cannot be asked whether it needs a reboot has not converged: it fails here
     # rather than passing as "no reboot needed".
     for name, why in facts.failed.items():
@@ -174,6 +186,17 @@ def reboot_where_needed(
     decision = plan(alive, probes, gpus, changed, controller_machine_id())
     for name, why in decision.refused.items():
         results[name].notes.append(f"reboot: {why}")
+    # A reboot's drain left from an earlier run (its reboot failed, or an admin rebooted the
+    # host since) has no other owner: a host that needs no reboot now is resumed from it.
+    leftover = [
+        n
+        for n in alive
+        if n.name not in decision.reboot and (facts.facts[n.name].get("slurm") or "").startswith(slurm.REBOOT_PREFIX)
+    ]
+    if leftover:
+        for n in leftover:
+            results[n.name].notes.append("slurm: resumed from an earlier run's reboot drain (no reboot needed now)")
+        engine.run_step(RESUME_STEP, leftover, results, on_event)
     groups = batches(list(decision.reboot), batch_size(len(nodes), batch))
     reboot_batches(groups, {n.name: n for n in alive}, decision, results, on_event)
 

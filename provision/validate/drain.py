@@ -1,11 +1,11 @@
 """`validate --drain`: the verdicts applied to Slurm through the head node. Node states come
 from provision.scheduler; the drains, resumes and weights go through scontrol.
 
-Whose drain is whose: provision's reasons start with ``provision:``; validate's with
-``provision: validate:``, the node health check's with ``provision: health:``
-(templates/slurm/health.sh.j2). Each lifts only its own: validate resumes a node it drained
-and leaves a health-check drain to the health check (which would drain the node again within
-a minute) and an admin's drain to the admin; the health check leaves validate's.
+Whose drain is whose is in its reason (provision/rules/slurm.py says so once): validate's
+start with ``provision: validate:``, the node health check's with ``provision: health:``.
+Validate drains a failed node that has no reason, its own, or the health check's (taken
+over); any other reason, in any state, is someone else's and stays. It resumes only its own
+drains.
 """
 
 from __future__ import annotations
@@ -15,12 +15,10 @@ from dataclasses import dataclass
 
 from provision import remote
 from provision.inventory import Cluster, Node
+from provision.rules.slurm import HEALTH_PREFIX, VALIDATE_PREFIX
 from provision.scheduler import SlurmState
 from provision.validate.records import NodeResult
 
-PREFIX = "provision:"
-VALIDATE_PREFIX = "provision: validate:"
-HEALTH_PREFIX = "provision: health:"
 REASON_MAX = 200  # characters of a drain reason (sinfo shows them whole; keep them readable)
 DEADLINE_S = 60  # the batch of scontrol updates on the head
 
@@ -64,10 +62,8 @@ def plan(
         update = f"scontrol update NodeName={shlex.quote(r.node)}"
         if r.verdict == "fail":
             reason = evidence(r, run)
-            if s.drained and s.reason.startswith(HEALTH_PREFIX):
-                actions.append(Action(r.node, "leave", f"drained by the health check: {s.reason}"))
-            elif s.drained and not s.reason.startswith(VALIDATE_PREFIX):
-                actions.append(Action(r.node, "leave", f"drained by someone else: {s.reason}"))
+            if not _ours_to_drain(s.reason):
+                actions.append(Action(r.node, "leave", f"{s.state}, someone else's: {s.reason}"))
             elif not (s.drained and s.reason == reason):
                 actions.append(Action(r.node, "drain", reason, f"{update} State=DRAIN Reason={shlex.quote(reason)}"))
             continue
@@ -81,6 +77,14 @@ def plan(
     return actions
 
 
+def _ours_to_drain(reason: str) -> bool:
+    """Whether validate may set its own reason over this one: none yet, validate's own, or
+    the health check's (taken over: the health check lifts only its own reasons, so a node
+    that failed validation is not put back in service when, say, NFS recovers). Any other
+    reason, in any state (an admin's DOWN "RMA pending" as much as a drain), stays."""
+    return reason in ("", "none") or reason.startswith((VALIDATE_PREFIX, HEALTH_PREFIX))
+
+
 def head_of(cluster: Cluster) -> Node:
     return cluster.head_node()[0]
 
@@ -91,13 +95,15 @@ def apply(cluster: Cluster, actions: list[Action]) -> list[str]:
     commands = [a for a in actions if a.command]
     if not commands:
         return []
-    # Each command's status on a line of its own, so one failure names its node.
-    script = "; ".join(f"{a.command} >/dev/null 2>&1; echo {shlex.quote(a.node)} $?" for a in commands)
+    # Each command's status on a line of its own, keyed by its place in the list (a node
+    # can have two actions: resume and weight), so one failure names its node and action.
+    script = "; ".join(f"{a.command} >/dev/null 2>&1; echo {i} $?" for i, a in enumerate(commands))
     head = head_of(cluster)
     result = remote.run(head, script, timeout=DEADLINE_S)
-    codes = dict(line.rsplit(" ", 1) for line in result.stdout.splitlines() if " " in line)
+    codes = dict(line.split(" ", 1) for line in result.stdout.splitlines() if " " in line)
     return [
-        f"{a.node}: {a.kind} failed on {head.name} (scontrol exit {codes.get(a.node, 'none: the head did not answer')})"
-        for a in commands
-        if codes.get(a.node) != "0"
+        f"{a.node}: {a.kind} failed on {head.name} "
+        f"(scontrol exit {codes.get(str(i), 'none: the head did not answer').strip()})"
+        for i, a in enumerate(commands)
+        if codes.get(str(i), "").strip() != "0"
     ]

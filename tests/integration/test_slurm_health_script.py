@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 
 from provision.rules import slurm
-from tests.unit.test_slurm_rules import CPU_NODE, GIB, _nvml
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 # What the captured H200 answered to the fact's query (tests/fixtures/gpu-facts_h200_580.159.04.txt).
@@ -31,7 +30,7 @@ REAL_TOOLS = (
     "cat",
     "mv",
     "rm",
-    "mktemp",
+    "mkdir",
     "sleep",
     "head",
     "tr",
@@ -52,6 +51,7 @@ STAND_IN = """#!/bin/bash
 # with the driver version captured on a real H200, once per GPU; in hang mode it ignores
 # SIGTERM and sleeps, as nvidia-smi on a wedged GPU does not return.
 [ "$*" = "--query-gpu=driver_version --format=csv,noheader" ] || exit 9
+echo $$ >> "{mode}/starts"
 if [ -e "{mode}/hang" ]; then
     echo $$ > "{mode}/hung.pid"
     trap '' TERM
@@ -76,12 +76,12 @@ def _path(tmp: Path, gpus_answering: int) -> str:
     return f"{stand_in}:{tools}"
 
 
-def _run(
-    tmp: Path, *, declared: int, answering: int, driver: str = CAPTURED_DRIVER, mounts=()
-) -> subprocess.CompletedProcess:
-    node = slurm.node_from_facts("n1", "10.0.0.1", CPU_NODE, 64 * GIB, _nvml(["NVIDIA H200"] * declared))
+def _run(tmp: Path, *, declared: int, answering: int, driver: str = "580.*", mounts=()) -> subprocess.CompletedProcess:
     script = tmp / "health.sh"
-    script.write_text(slurm.health_script(node, driver, list(mounts), path=_path(tmp, answering)))
+    probes = tmp / "probes"
+    script.write_text(
+        slurm.health_script("n1", declared, driver, list(mounts), path=_path(tmp, answering), state_dir=str(probes))
+    )
     # Slurm kills the program at 60 s: it must be done well before, whatever hangs.
     return subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60)
 
@@ -91,10 +91,10 @@ def test_a_node_whose_gpus_and_driver_answer_as_provisioned_passes(tmp_path):
     assert (p.returncode, p.stdout) == (0, ""), p.stdout + p.stderr
 
 
-def test_a_driver_other_than_the_provisioned_one_is_a_problem_and_no_drain_without_the_controller(tmp_path):
+def test_a_driver_other_than_the_pinned_one_is_a_problem_and_no_drain_without_the_controller(tmp_path):
     p = _run(tmp_path, declared=1, answering=1, driver="580.95.05")
     assert p.returncode == 1
-    assert f"n1: provision: health: driver {CAPTURED_DRIVER} loaded, 580.95.05 expected\n" in p.stdout
+    assert f"n1: provision: health: driver {CAPTURED_DRIVER} loaded, 580.95.05 pinned\n" in p.stdout
     # No sinfo on this PATH: the controller's answer is unknown, and nothing is drained.
     assert "the controller did not answer (sinfo 127); not drained this time" in p.stdout
 
@@ -113,6 +113,10 @@ def test_a_hung_nvidia_smi_is_abandoned_at_the_probe_deadline_and_named(tmp_path
         # Still running: the script left it behind rather than wait for it.
         hung = int((tmp_path / "hung.pid").read_text())
         os.kill(hung, 0)
+        # The next run finds it still hung and starts no second one beside it.
+        again = _run(tmp_path, declared=1, answering=1)
+        assert f"provision: health: nvidia-smi did not answer in {slurm.PROBE_S} s" in again.stdout
+        assert (tmp_path / "starts").read_text().split() == [str(hung)]
     finally:
         if (tmp_path / "hung.pid").exists():
             with contextlib.suppress(ProcessLookupError):

@@ -83,8 +83,14 @@ class StandInHosts:
     """Test stand-in for the fleet: reboot-probe answers before and after a reboot, and a
     record of each batch the stand-in reboot step was handed."""
 
-    def __init__(self, before: dict[str, RebootState], after: dict[str, RebootState] | None = None):
+    def __init__(
+        self,
+        before: dict[str, RebootState],
+        after: dict[str, RebootState] | None = None,
+        slurm: dict[str, str] | None = None,
+    ):
         self.before, self.after = before, after or {}
+        self.slurm = slurm or {}  # host -> its reason in Slurm (SlurmDrainReason)
         self.rebooted: set[str] = set()
         self.batches: list[list[str]] = []  # host names per reboot call, in order
         self.asked: list[list[str]] = []  # host names per gather_facts call
@@ -97,7 +103,7 @@ class StandInHosts:
         facts = {}
         for n in nodes:
             probe = self.after.get(n.name, DRIVER_UP) if n.name in self.rebooted else self.before[n.name]
-            facts[n.name] = {"probe": probe, "gpus": Gpus((H100,), ())}
+            facts[n.name] = {"probe": probe, "gpus": Gpus((H100,), ()), "slurm": self.slurm.get(n.name)}
         return engine.FactsResult(facts, {})
 
     def stand_in_reboot_step(self, step: engine.Step, nodes: list, results: dict, on_event: Callable) -> None:
@@ -111,8 +117,10 @@ class StandInHosts:
 
 @pytest.fixture
 def stand_in(monkeypatch: pytest.MonkeyPatch) -> Callable[..., StandInHosts]:
-    def install(before: dict[str, RebootState], after: dict[str, RebootState] | None = None) -> StandInHosts:
-        hosts = StandInHosts(before, after)
+    def install(
+        before: dict[str, RebootState], after: dict[str, RebootState] | None = None, slurm: dict[str, str] | None = None
+    ) -> StandInHosts:
+        hosts = StandInHosts(before, after, slurm)
         monkeypatch.setattr(engine, "gather_facts", hosts.stand_in_gather_facts)
         monkeypatch.setattr(engine, "run_step", hosts.stand_in_reboot_step)
         return hosts
@@ -170,3 +178,17 @@ def test_a_batch_that_fails_its_driver_check_stops_the_later_batches(stand_in) -
             "reboot: not rebooted because an earlier batch failed (node2); it still needs one "
             "(kernel runs NVIDIA module 570.195.03, 580.95.05 is installed): fix those hosts and re-run"
         ]
+
+
+def test_a_reboot_drain_left_by_an_earlier_run_is_resumed_where_no_reboot_is_needed_now(stand_in) -> None:
+    # node1 was drained for a reboot that failed (or an admin rebooted it since): it runs the
+    # installed driver now. node2 is drained by someone else, node3 needs its reboot still.
+    hosts = stand_in(
+        {"node1": DRIVER_UP, "node2": DRIVER_UP, "node3": MISMATCH},
+        slurm={"node1": "provision: reboot: up reboots it", "node2": "admin: fan", "node3": "none"},
+    )
+    results = results_after_nvidia("node1", "node2", "node3")
+    reboots.reboot_where_needed([node("node1"), node("node2"), node("node3")], results, {}, batch=None)
+    assert hosts.resumed == [["node1"], ["node3"]]  # the leftover first, then node3 after its reboot
+    assert hosts.batches == [["node3"]]
+    assert any("earlier run's reboot drain" in n for n in results["node1"].notes)

@@ -30,6 +30,7 @@ def test_the_job_asks_for_whole_named_nodes_one_task_each_and_their_gpus_as_the_
         "--time=UNLIMITED",
         "--gres=gpu:8",
         "--chdir=/var/tmp/pt",
+        "--no-requeue",
     ):
         assert flag in argv, flag
     assert argv[-2] == "--wrap"
@@ -68,7 +69,11 @@ def test_the_stream_reads_the_users_files_as_that_user_and_their_status_only_as_
     assert argv[:7] == ["runuser", "-u", "train", "--", "sh", "-c", argv[6]]
     script = argv[6]
     assert "tail -n +1 -F /var/tmp/pt/runs/r1/n0/torchrun-logs/slurm-task.log" in script
-    assert "squeue --noheader --jobs=4711 --format=%T" in script
+    assert "squeue --noheader --jobs=4711 --format=%T 2>&1" in script
+    # Only squeue's own word ends the stream: nothing listed, or the id purged; any other
+    # failure (the controller busy) is asked again.
+    assert '[ -n "$q" ] || break' in script
+    assert '*"Invalid job id"*) break ;;' in script
     assert 'case "$rc" in ""|*[!0-9]*)' in script
     assert f"exit {slurm_job.KILLED} ;; esac; exit $rc" in script
     assert shlex.split(slurm_job.stream_command(p.nodes[0], "4711", None))[:2] == ["sh", "-c"]
@@ -80,6 +85,9 @@ def test_the_job_id_is_read_from_sbatch_parsable_and_anything_else_is_none():
     assert slurm_job.parse_job_id("sbatch: error: Batch job submission failed\n") is None
     assert slurm_job.parse_job_id("") is None
     assert slurm_job.cancel_command("4711", "train") == "runuser -u train -- scancel 4711"
+    assert slurm_job.cancel_by_name_command("r1", "train") == (
+        "runuser -u train -- scancel --name=provision-r1 --user=train"
+    )
 
 
 def test_train_scheduler_slurm_refuses_nodes_outside_slurm_and_unknown_schedulers_before_any_host(cli, tmp_path):

@@ -189,17 +189,25 @@ def test_health_mounts_are_the_data_volume_and_every_share_where_those_steps_mak
 
 
 def test_the_health_script_quotes_every_rendered_value_and_knows_its_gpus_and_driver():
-    node = slurm.node_from_facts("gpu01", "10.0.0.11", DGX_H100, 2048 * GIB, _nvml(["NVIDIA H100 80GB HBM3"] * 8))
-    text = slurm.health_script(node, "580.95.05", ["/data", "/shared/it's"])
+    text = slurm.health_script("gpu01", 8, "580.*", ["/data", "/shared/it's"])
     assert text.startswith("#!/bin/bash\n")
-    assert "\nNODE=gpu01\nGPUS=8\nDRIVER=580.95.05\n" in text
+    assert "\nNODE=gpu01\nGPUS=8\nDRIVER='580.*'  # " in text
     assert "\nMOUNTS=(/data '/shared/it'\"'\"'s')\n" in text
     assert f"\nPATH={slurm.HEALTH_PATH}\n" in text
+    assert f"\nSTATE={slurm.HEALTH_STATE}\n" in text
     assert f"\nFULL_AT={slurm.FULL_AT_PERCENT}\nPROBE_S={slurm.PROBE_S}\nSLURM_S={slurm.SLURM_S}\n" in text
     # Slurm kills the program at 60 s: the probes, then sinfo, then one scontrol, each bounded.
     assert slurm.PROBE_S + 2 * slurm.SLURM_S <= 30
     assert "{{" not in text
     assert "{%" not in text
+
+
+def test_the_driver_is_held_to_the_pin_not_to_what_happened_to_be_loaded():
+    from provision.settings import Settings
+
+    assert slurm.driver_pattern(Settings()) == "580.*"
+    assert slurm.driver_pattern(Settings(nvidia_driver_version="580.95.05-0ubuntu0.24.04.1")) == "580.95.05"
+    assert slurm.driver_pattern(Settings(nvidia="skip")) == "*"  # not provision's driver: any
 
 
 def test_slurm_conf_runs_the_health_check_on_nodes_in_any_state_so_it_can_resume_them():
@@ -211,22 +219,27 @@ def test_slurm_conf_runs_the_health_check_on_nodes_in_any_state_so_it_can_resume
 # --- reboots on a running cluster --------------------------------------------------------------
 
 
-def test_a_reboot_drains_with_its_own_reason_waits_bounded_and_leaves_another_drain_alone():
+def test_a_reboot_drains_with_its_own_reason_takes_over_only_the_health_checks_and_fails_closed():
     text = slurm.drain_for_reboot("node-7", 900)
     assert text.startswith("systemctl is-enabled --quiet slurmd.service")  # not a Slurm node: nothing
     assert f"State=DRAIN Reason='{slurm.REBOOT_REASON}'" in text
-    assert '*drain*) echo "left drained as it was: ${now#*|}" ;;' in text
+    # Its own or no reason: drained; the health check's: taken over; anyone else's: left.
+    assert f"  none|'{slurm.HEALTH_PREFIX}'*) timeout 30 scontrol update" in text
+    assert '  *) echo "left as it was (someone else\'s): $now" ;;' in text
+    # Fails closed: no state read, or squeue not answering, is no reboot.
+    assert "cannot read $n's state in Slurm: not rebooted" in text
+    assert 'jobs="(squeue did not answer)"' in text
     assert "end=$(( $(date +%s) + 900 ))" in text
-    assert "n=node-7\n" in text
     assert "jobs still running on $n after 900 s" in text
     assert slurm.REBOOT_REASON.startswith("provision: reboot:")
 
 
-def test_after_a_reboot_only_the_reboots_own_drain_is_resumed():
+def test_after_a_reboot_only_the_reboots_own_drain_is_resumed_and_a_silent_controller_fails():
     text = slurm.resume_after_reboot("node-7")
     assert "n=node-7\n" in text
-    assert "'provision: reboot:'*) timeout 30 scontrol update NodeName=\"$n\" State=RESUME ;;" in text
+    assert "'provision: reboot:'*) timeout 30 scontrol update NodeName=\"$n\" State=RESUME && exit 0 ;;" in text
     assert text.count("State=RESUME") == 1
+    assert text.rstrip().endswith("exit 1")
 
 
 def test_a_node_name_enters_the_reboot_shell_once_quoted_and_is_used_only_as_a_variable():

@@ -43,13 +43,18 @@ def test_a_failed_node_is_drained_with_its_evidence_and_the_run():
     assert action.command.startswith("scontrol update NodeName=n1 State=DRAIN Reason='provision: validate: ")
 
 
-def test_someone_elses_drain_and_the_health_checks_drain_are_left_as_they_are():
+def test_someone_elses_reason_stays_in_any_state_and_the_health_checks_drain_is_taken_over():
     results = _results({"n2": [450.0], "n4": [450.0], "x": [800.0]})
     states = scheduler.parse_sinfo(SINFO_OUT)
     actions = slurm_nodes.plan([results["n2"], results["n4"]], states, "RUN1", {})
-    assert [(a.kind, a.command) for a in actions] == [("leave", ""), ("leave", "")]
-    assert actions[0].detail == "drained by someone else: admin: bad fan ticket 42"
-    assert actions[1].detail == "drained by the health check: provision: health: / 99% full"
+    assert [(a.node, a.kind) for a in actions] == [("n2", "leave"), ("n4", "drain")]
+    assert actions[0].detail == "drained, someone else's: admin: bad fan ticket 42"
+    assert actions[1].detail.startswith("provision: validate: ")  # the health check lifts only its own
+    # A node an admin set DOWN is theirs too, though not drained.
+    down = {"n1": scheduler.SlurmState("down", 1, "RMA pending")}
+    failed = _results({"n1": [450.0], "x": [800.0]})
+    (left,) = slurm_nodes.plan([failed["n1"]], down, "RUN1", {})
+    assert (left.kind, left.detail) == ("leave", "down, someone else's: RMA pending")
     # A node healthy again is not resumed from an admin's or the health check's drain either.
     passed = _results({"n2": [800.0], "n4": [800.0]})
     assert slurm_nodes.plan([passed["n2"], passed["n4"]], states, "RUN2", {}) == []
