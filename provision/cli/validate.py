@@ -178,8 +178,8 @@ def _drain(whole: Any, results: list[Any], run: str, reports: list[str]) -> int:
     from provision import scheduler
     from provision.validate import drain as slurm_nodes
 
-    head = slurm_nodes.head_of(whole).name
     seen = scheduler.view(whole)
+    head = seen.controller
     if seen.error:
         err.print(
             f"[bold red]--drain:[/] nothing drained or resumed: Slurm's controller did not answer: {safe(seen.error)}"

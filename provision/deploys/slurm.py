@@ -91,17 +91,6 @@ def known_nodes(cluster: Cluster) -> dict[str, Known]:
         return {}
 
 
-def _describe(cluster: Cluster, h: Any) -> tuple[rules.SlurmNode, Any, int] | None:
-    """A host as slurm.conf describes it, its OS fact, and how many GPUs its driver reports;
-    None where a fact is missing."""
-    node = cluster.node(h.name)
-    os_info, cpu, memory, gpus = h.get_fact(Os), h.get_fact(Cpu), h.get_fact(Memory), h.get_fact(NvidiaDevices)
-    if not (os_info and cpu and memory and gpus is not None):
-        return None
-    described = rules.node_from_facts(node.name, node.cluster_address, cpu, memory, gpus)
-    return replace(described, weight=warn_weight(node)), os_info, len(gpus.nvml)
-
-
 def warn_weight(node: Node) -> int:
     """The node's Weight: its slurm_warn_weight while its last validate warned (validate
     --drain sets the same at once; this keeps it across reconfigures), else 1."""
@@ -110,11 +99,13 @@ def warn_weight(node: Node) -> int:
 
 
 def _read(cluster: Cluster, h: Any) -> Known | None:
-    found = _describe(cluster, h)
-    if found is None:
-        return None
     node = cluster.node(h.name)
-    described, os_info, _ = found
+    os_info, cpu, memory, gpus = h.get_fact(Os), h.get_fact(Cpu), h.get_fact(Memory), h.get_fact(NvidiaDevices)
+    if not (os_info and cpu and memory and gpus is not None):
+        return None
+    described = replace(
+        rules.node_from_facts(node.name, node.cluster_address, cpu, memory, gpus), weight=warn_weight(node)
+    )
     why = rules.unsupported(os_info.id, os_info.version_id) if node.settings.slurm != "force" else None
     return Known(
         rules.node_line(described),
@@ -237,8 +228,8 @@ def slurm() -> None:
 def health_script(cluster: Cluster, node: Node) -> str:
     """This host's health check: its GPUs (as many as its driver reports in this pass's
     facts) held to the pinned driver, and the mounts the volumes and nfs steps make for it."""
-    found = _describe(cluster, host)
-    gpus = found[2] if found else 0  # no facts: the mounts are checked, not the GPUs
+    found = host.get_fact(NvidiaDevices)  # this pass's, cached: _read asked for it already
+    gpus = len(found.nvml) if found else 0  # no fact: the mounts are checked, not the GPUs
     settings = node.settings
     nfs_mounts = bool(settings.nfs_exports) and cluster.storage_node() is not None
     mounts = rules.health_mounts(settings, data_volume=bool(settings.data_disks), nfs=nfs_mounts)

@@ -14,13 +14,12 @@ import shlex
 from dataclasses import dataclass
 
 from provision import remote
-from provision.inventory import Cluster, Node
+from provision.inventory import Cluster
 from provision.rules.slurm import HEALTH_PREFIX, VALIDATE_PREFIX
-from provision.scheduler import SlurmState
+from provision.scheduler import DEADLINE_S, SlurmState
 from provision.validate.records import NodeResult
 
 REASON_MAX = 200  # characters of a drain reason (sinfo shows them whole; keep them readable)
-DEADLINE_S = 60  # the batch of scontrol updates on the head
 
 
 @dataclass(frozen=True)
@@ -85,10 +84,6 @@ def _ours_to_drain(reason: str) -> bool:
     return reason in ("", "none") or reason.startswith((VALIDATE_PREFIX, HEALTH_PREFIX))
 
 
-def head_of(cluster: Cluster) -> Node:
-    return cluster.head_node()[0]
-
-
 def apply(cluster: Cluster, actions: list[Action]) -> list[str]:
     """Run the actions' commands on the head, one after another in one call; the problems,
     one per action whose command failed (an empty list when all went through)."""
@@ -98,7 +93,7 @@ def apply(cluster: Cluster, actions: list[Action]) -> list[str]:
     # Each command's status on a line of its own, keyed by its place in the list (a node
     # can have two actions: resume and weight), so one failure names its node and action.
     script = "; ".join(f"{a.command} >/dev/null 2>&1; echo {i} $?" for i, a in enumerate(commands))
-    head = head_of(cluster)
+    head = cluster.head_node()[0]
     result = remote.run(head, script, timeout=DEADLINE_S)
     codes = dict(line.split(" ", 1) for line in result.stdout.splitlines() if " " in line)
     return [
