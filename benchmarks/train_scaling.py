@@ -47,6 +47,8 @@ def train(inventory: Path, runs: Path, steps: int, model: str, limit: str | None
         str(runs),
         "--quiet",
         "--json",
+        "--scheduler",
+        "ssh",  # the recorded scaling figures are SSH runs; auto would take Slurm where it runs
         *(["--limit", limit] if limit else []),
         "--",
         "--eval-interval",

@@ -91,3 +91,24 @@ def view(cluster: Cluster) -> SlurmView:
         return SlurmView(head.name, error=f"{head.name}: exit {result.exited}: {why[-1] if why else 'no output'}")
     sinfo, _, squeue = result.stdout.partition(QUEUE_SEPARATOR)
     return SlurmView(head.name, parse_sinfo(sinfo), parse_squeue(squeue))
+
+
+def why_not_slurm(cluster: Cluster, names: list[str]) -> str | None:
+    """Why a run on ``names`` cannot go through Slurm, or None when it can: Slurm is wanted
+    for the cluster (slurm is not "skip"), every host is a compute node, and the controller
+    answers with each of them in its node list (the slurm step has run). One bounded call
+    on the head (view); `train`'s default scheduler is chosen by it."""
+    head = cluster.head_node()[0]
+    if head.settings.slurm == "skip":
+        return "slurm = 'skip' in the inventory"
+    computes = {n.name for n in cluster.compute_nodes()}
+    outside = [n for n in names if n not in computes]
+    if outside:
+        return f"not Slurm compute nodes: {', '.join(outside)}"
+    seen = view(cluster)
+    if seen.error:
+        return f"Slurm does not answer on the head ({seen.error})"
+    missing = [n for n in names if n not in seen.nodes]
+    if missing:
+        return f"not in Slurm's node list yet (run `provision up`): {', '.join(missing)}"
+    return None

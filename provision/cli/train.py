@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -50,10 +50,11 @@ def train(
         None, "--timeout", min=1, help="stop the run (exit 1) after this many seconds"
     ),
     scheduler: str = typer.Option(
-        "ssh",
+        "auto",
         "--scheduler",
         help="ssh: torchrun started on every node over SSH; slurm: the same run as one Slurm job "
-        "(whole nodes, their GPUs; scancel on a failure or Ctrl-C)",
+        "(whole nodes, their GPUs; scancel on a failure or Ctrl-C); auto: slurm where the slurm "
+        "step provisioned every host of the run and the controller answers, else ssh",
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="do not echo the nodes' logs"),
     as_json: bool = typer.Option(False, "--json", help="print the report as JSON on stdout"),
@@ -69,7 +70,9 @@ def train(
 
     With --scheduler slurm (on a cluster the slurm step provisioned) the run is one job
     submitted as the training user: the same logs, report and exit codes; a failure or
-    Ctrl-C cancels the job, and the reaper checks every node as after an SSH run.
+    Ctrl-C cancels the job, and the reaper checks every node as after an SSH run. That is
+    the default (auto) where Slurm runs on every host of the run; the first line says which
+    scheduler was chosen, and why not Slurm when it was not.
 
     Example: provision train inventories/testbed.py --steps 200 --model small -- --lr 3e-4
     """
@@ -91,7 +94,9 @@ def train(
     )
     cluster = inventory_lib.load(inventory)
     nodes = host_limit.select(cluster, limit)
-    if scheduler == "slurm":
+    if scheduler == "auto":
+        opts = replace(opts, scheduler=_choose_scheduler(cluster, nodes))
+    elif scheduler == "slurm":
         outside = [n.name for n in nodes if n.name not in {c.name for c in cluster.compute_nodes()}]
         if outside:
             raise InputError(
@@ -144,8 +149,8 @@ def _options(
         problems.append(
             Problem(f"--runs-dir {runs_dir}", f"cannot write there ({why})", "pass a directory you can write")
         )
-    if scheduler not in ("ssh", "slurm"):
-        problems.append(Problem("--scheduler", f"unknown scheduler {scheduler!r}", "ssh or slurm"))
+    if scheduler not in ("auto", "ssh", "slurm"):
+        problems.append(Problem("--scheduler", f"unknown scheduler {scheduler!r}", "auto, ssh or slurm"))
     if problems:
         raise InputError(problems)
     return Options(
@@ -162,6 +167,20 @@ def _options(
         f"{inventory.stem}-{model}",
         scheduler,
     )
+
+
+def _choose_scheduler(cluster: inventory_lib.Cluster, nodes: list[inventory_lib.Node]) -> str:
+    """--scheduler auto: slurm where the cluster runs it for every host of the run, else ssh;
+    said either way, so a run is never on a scheduler nobody chose knowingly."""
+    from provision import scheduler
+
+    why = scheduler.why_not_slurm(cluster, [n.name for n in nodes])
+    head = cluster.head_node()[0].name
+    if why is None:
+        _say(head, "scheduler: slurm (every host is a Slurm compute node; --scheduler ssh to run over SSH)")
+        return "slurm"
+    _say(head, f"scheduler: ssh (not Slurm: {why})")
+    return "ssh"
 
 
 def _echo(quiet: bool) -> Callable[[str, str, str], None]:

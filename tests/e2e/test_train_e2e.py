@@ -1,7 +1,7 @@
 """`provision train` on the provisioned testbed, one drill: two VMs train together over the
 cluster network with checkpoints on NFS; a VM dies mid-run and the run is torn down on every
-host within 30 s; `--resume`, as a Slurm job (`--scheduler slurm`), continues from the last
-checkpoint to a clean exit and a COMPLETED job."""
+host within 30 s; `--resume`, as a Slurm job (the default scheduler on a cluster running
+Slurm), continues from the last checkpoint to a clean exit and a COMPLETED job."""
 
 from __future__ import annotations
 
@@ -62,7 +62,8 @@ def test_two_vms_train_over_the_cluster_network_a_vm_dying_tears_down_the_run_an
     survivor, victim = cluster.nodes[0], cluster.nodes[-1]
     (tmp_path / "first").mkdir()
     (tmp_path / "again").mkdir()
-    proc = start(Path(testbed.inventory_path), tmp_path / "first", "--steps", "100000", *TRAINER)
+    # Over SSH by choice: on the testbed, which runs Slurm, the default would be Slurm.
+    proc = start(Path(testbed.inventory_path), tmp_path / "first", "--steps", "100000", "--scheduler", "ssh", *TRAINER)
     run = _wait_for_checkpointed_step(tmp_path / "first", step=4)
     # While it trains, the other node's ranks talk to the first node's cluster address
     # (c10d store and gloo), not to anything on the SSH (management) side.
@@ -86,13 +87,14 @@ def test_two_vms_train_over_the_cluster_network_a_vm_dying_tears_down_the_run_an
 
     first_run = report["run_id"]
 
-    # The resumed run goes through Slurm (--scheduler slurm): one job on both VMs, the same
-    # live logs and report, the checkpoint on NFS that the SSH run wrote, COMPLETED in Slurm.
+    # The resumed run goes through Slurm, the default (--scheduler auto) where the slurm step
+    # provisioned every host: one job on both VMs, the same live logs and report, the
+    # checkpoint on NFS that the SSH run wrote, COMPLETED in Slurm.
     testbed.testbed.start_node(victim.name)
-    resumed = start(
-        Path(testbed.inventory_path), tmp_path / "again", "--steps", "8", "--resume", "--scheduler", "slurm", *TRAINER
-    )
-    assert resumed.wait(timeout=1800) == 0, (tmp_path / "again" / "err.txt").read_text()[-3000:]
+    resumed = start(Path(testbed.inventory_path), tmp_path / "again", "--steps", "8", "--resume", *TRAINER)
+    said = (tmp_path / "again" / "err.txt").read_text
+    assert resumed.wait(timeout=1800) == 0, said()[-3000:]
+    assert "scheduler: slurm" in said(), said()[:2000]
     report = report_of(tmp_path / "again")
     assert report["world_size"] == 2
     assert all(n["tokens_per_s"] > 0 and n["clean"] for n in report["nodes"]), report["nodes"]

@@ -101,3 +101,82 @@ def test_train_scheduler_slurm_refuses_nodes_outside_slurm_and_unknown_scheduler
     result = cli("train", str(path), "--scheduler", "pbs")
     assert result.code == 2, result.err
     assert "unknown scheduler 'pbs'" in result.err
+
+
+def _cluster(tmp_path, text: str):
+    from provision import inventory
+
+    path = tmp_path / "inv.py"
+    path.write_text(text)
+    return inventory.load(path)
+
+
+TWO = 'nodes = [("n1", {"ssh_hostname": "192.0.2.1"}), ("n2", {"ssh_hostname": "192.0.2.2"})]\n'
+
+
+def test_auto_takes_slurm_only_where_the_controller_lists_every_host_of_the_run(tmp_path, monkeypatch):
+    from provision import scheduler
+
+    cluster = _cluster(tmp_path, TWO)
+    asked = []
+
+    def answers(nodes: dict[str, scheduler.SlurmState], error: str | None = None):
+        def view(c):
+            asked.append(c.head_node()[0].name)
+            return scheduler.SlurmView("n1", nodes, [], error)
+
+        monkeypatch.setattr(scheduler, "view", view)
+
+    idle = scheduler.SlurmState("idle", 1, "none")
+    answers({"n1": idle, "n2": idle})
+    assert scheduler.why_not_slurm(cluster, ["n1", "n2"]) is None
+    assert asked == ["n1"]  # one call, on the head
+    # A drained node is still Slurm's: the job waits for it, as any user's job would.
+    answers({"n1": idle, "n2": scheduler.SlurmState("drained", 1, "admin: fan")})
+    assert scheduler.why_not_slurm(cluster, ["n1", "n2"]) is None
+    answers({"n1": idle})
+    assert scheduler.why_not_slurm(cluster, ["n1", "n2"]) == "not in Slurm's node list yet (run `provision up`): n2"
+    assert scheduler.why_not_slurm(cluster, ["n1"]) is None
+    answers({}, error="n1: exit 127: sinfo: command not found")
+    assert scheduler.why_not_slurm(cluster, ["n1"]) == (
+        "Slurm does not answer on the head (n1: exit 127: sinfo: command not found)"
+    )
+
+
+def test_auto_never_asks_the_head_when_the_inventory_rules_slurm_out(tmp_path, monkeypatch):
+    from provision import scheduler
+
+    def no_call(c):
+        raise AssertionError("the head was asked")
+
+    monkeypatch.setattr(scheduler, "view", no_call)
+    skipped = _cluster(tmp_path, TWO.replace('"}', '", "slurm": "skip"}'))
+    assert scheduler.why_not_slurm(skipped, ["n1", "n2"]) == "slurm = 'skip' in the inventory"
+    partial = _cluster(
+        tmp_path,
+        'nodes = [("n1", {"ssh_hostname": "192.0.2.1"}), ("n2", {"ssh_hostname": "192.0.2.2", "slurm": "skip"})]\n',
+    )
+    assert scheduler.why_not_slurm(partial, ["n1", "n2"]) == "not Slurm compute nodes: n2"
+
+
+def test_train_says_which_scheduler_auto_chose_and_why(cli, tmp_path, monkeypatch):
+    from provision import launch, scheduler
+
+    path = tmp_path / "inv.py"
+    path.write_text(TWO)
+    chosen = []
+
+    def fake_train(cluster, nodes, opts, on_line, say):
+        chosen.append(opts.scheduler)
+        raise launch.LaunchError("stopped here by the test")
+
+    monkeypatch.setattr(launch, "train", fake_train)
+    monkeypatch.setattr(scheduler, "view", lambda c: scheduler.SlurmView("n1", {}, [], "n1: exit 255: no route"))
+    result = cli("train", str(path))
+    said = " ".join(result.err.split())  # the console wraps long lines
+    assert "n1: scheduler: ssh (not Slurm: Slurm does not answer on the head (n1: exit 255: no route))" in said
+    idle = scheduler.SlurmState("idle", 1, "none")
+    monkeypatch.setattr(scheduler, "view", lambda c: scheduler.SlurmView("n1", {"n1": idle, "n2": idle}, []))
+    result = cli("train", str(path))
+    assert "scheduler: slurm" in result.err
+    assert chosen == ["ssh", "slurm"]
