@@ -310,8 +310,8 @@ class Settings:
     )
     slurm_drain_wait_s: int = knob(
         3600,
-        "how long a reboot by up waits for the jobs on the drained node; past it the host fails, drained, "
-        "its jobs named",
+        "how long a reboot or a driver change by up waits for the jobs on the drained node; past it the host "
+        "fails, drained, its jobs named",
         v.bounded(0, 7 * 86400),
     )
     slurm_health_interval_s: int = knob(

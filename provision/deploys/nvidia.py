@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from io import StringIO
+from typing import Any
 
 from pyinfra import host
 from pyinfra.api import deploy
@@ -24,6 +25,7 @@ from provision.operations.nvidia import apt_pinned, driver_daemon, fabricmanager
 from provision.operations.stamps import follow_up
 from provision.resources import render_template, templates_dir
 from provision.rules import packages as pkgs
+from provision.rules import slurm
 from provision.rules.nvidia import applies, driver_choice, other_sources, skip_reason, wants_fabricmanager
 from provision.settings import Settings, nccl_version_pattern
 
@@ -159,13 +161,34 @@ def wants_cuda_repository_extras(settings: Settings) -> bool:
     return bool(extra_packages(settings) or nccl_pins(settings))
 
 
-def driver(settings: Settings, choice: pkgs.DriverChoice, gpus: Gpus) -> list[str]:
+def drain_before_driver_change(settings: Settings, name: str) -> None:
+    """On a Slurm node whose driver packages are about to change: drained first (the reboot's
+    own reason) and its jobs waited for, bounded. The new userspace libraries beside the
+    still-loaded old module fail every CUDA call ("driver/library version mismatch") until
+    the reboot; provision.up.reboots then reboots and resumes the node, or resumes it at once
+    where no reboot is needed. It fails closed like the reboot's drain: Slurm not answering,
+    or jobs still running at the end, fails the host before any package changed. On a host
+    without slurmd the command does nothing."""
+    # The wait shares the step's deadline with the installs after it: it gets half of it.
+    wait_s = max(0, min(settings.slurm_drain_wait_s, settings.step_timeout_s // 2))
+    server.shell(
+        name="Slurm: drain before the driver changes, wait for the node's jobs",
+        commands=[slurm.drain_for_reboot(name, wait_s, held_back="driver not changed")],
+        _timeout=wait_s + 4 * slurm.SLURM_CALL_S + 60,
+    )
+
+
+def driver(settings: Settings, choice: pkgs.DriverChoice, gpus: Gpus, name: str) -> list[str]:
     """Install the driver (and fabric manager, toolkit, extras); return the names to hold."""
+    driver_packages: dict[str, Any] = {"packages": choice.install, "extra_install_args": "--allow-change-held-packages"}
+    # apt.packages' own decision, asked before its operation is made (pyinfra runs operations
+    # in the order they are made, and the drain must come first).
+    if any(True for _ in apt.packages._inner(**driver_packages)):
+        drain_before_driver_change(settings, name)
     apt.packages(
         name=f"NVIDIA driver {settings.nvidia_driver_branch} "
         f"({'open' if choice.open_modules else 'proprietary'} modules, {choice.source})",
-        packages=choice.install,
-        extra_install_args="--allow-change-held-packages",
+        **driver_packages,
     )
     hold = list(choice.hold)
     if wants_fabricmanager(settings, gpus):
@@ -244,7 +267,7 @@ def nvidia() -> None:
     if wants_repository and not repository(settings, os_info, probe.candidates.get(meta)):
         return
     kernel_side(settings, os_info, probe)
-    hold = driver(settings, choice, gpus)
+    hold = driver(settings, choice, gpus, node.name)
     daemons(settings, gpus, hold)
 
 

@@ -294,11 +294,11 @@ _DRAIN_FOR_REBOOT = """\
 systemctl is-enabled --quiet slurmd.service 2>/dev/null && command -v scontrol >/dev/null || exit 0
 n=@N@
 now=$(timeout @T@ sinfo --noheader --Node --nodes="$n" --format='%E' | head -n 1) \
-  && [ -n "$now" ] || { echo "cannot read $n's state in Slurm: not rebooted" >&2; exit 1; }
+  && [ -n "$now" ] || { echo "cannot read $n's state in Slurm: @NOT@" >&2; exit 1; }
 case "$now" in
   '@PREFIX@'*) ;;
   none|'@HEALTH@'*) timeout @T@ scontrol update NodeName="$n" State=DRAIN Reason=@REASON@ \
-       || { echo "could not drain $n in Slurm: not rebooted" >&2; exit 1; } ;;
+       || { echo "could not drain $n in Slurm: @NOT@" >&2; exit 1; } ;;
   *) echo "left as it was (someone else's): $now" ;;
 esac
 end=$(( $(date +%s) + @WAIT@ ))
@@ -310,7 +310,7 @@ while :; do
     jobs="(squeue did not answer)"
   fi
   if [ "$(date +%s)" -ge "$end" ]; then
-    echo "jobs still running on $n after @WAIT@ s: $jobs (it stays drained; run up again once they end)" >&2
+    echo "jobs still running on $n after @WAIT@ s: $jobs (@NOT@; it stays drained; run up again once they end)" >&2
     exit 1
   fi
   sleep 5
@@ -334,9 +334,10 @@ exit 1
 """
 
 
-def _fill(text: str, name: str, wait_s: int = 0) -> str:
+def _fill(text: str, name: str, wait_s: int = 0, held_back: str = "not rebooted") -> str:
     return (
         text.replace("@N@", shlex.quote(name))
+        .replace("@NOT@", held_back)
         .replace("@REASON@", shlex.quote(REBOOT_REASON))
         .replace("@PREFIX@", REBOOT_PREFIX)
         .replace("@HEALTH@", HEALTH_PREFIX)
@@ -345,14 +346,15 @@ def _fill(text: str, name: str, wait_s: int = 0) -> str:
     )
 
 
-def drain_for_reboot(name: str, wait_s: int) -> str:
+def drain_for_reboot(name: str, wait_s: int, held_back: str = "not rebooted") -> str:
     """Shell (POSIX sh: pyinfra runs it with sh) on a node `up` is about to reboot. Where it
     is a Slurm node (slurmd enabled), it is drained with REBOOT_REASON (taking over a health
     check's drain; a reason someone else wrote stays, in any state); then it waits, at most
     ``wait_s``, until no job runs on it. It fails closed: when Slurm cannot say (sinfo or
     squeue do not answer), or jobs still run at the end, the host fails unrebooted and stays
-    drained, its jobs named."""
-    return _fill(_DRAIN_FOR_REBOOT, name, wait_s)
+    drained, its jobs named. ``held_back`` says, in those messages, what did not happen
+    (the nvidia step drains the same way before a driver change: "driver not changed")."""
+    return _fill(_DRAIN_FOR_REBOOT, name, wait_s, held_back)
 
 
 def resume_after_reboot(name: str) -> str:

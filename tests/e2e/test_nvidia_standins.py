@@ -94,8 +94,10 @@ def first_and_second(standin_inventory, plan_before_first_run):
     cluster = inventory.load(standin_inventory)
     boots = {n.name: remote.run(n, BOOT_ID).stdout.strip() for n in cluster.nodes}
     reboots: dict[str, int] = {}  # host -> times the reboot operation started on it
+    started: list[str] = []  # every operation of the first run, in the order it started
 
     def count(host: str, text: str) -> None:
+        started.append(text)
         # Every event, timed: the first run is the e2e tier's costliest fixture, and its
         # breakdown (benchmarks/e2e_breakdown.py) says where to cut.
         clock.record("op", "nvidia first up", host=host, text=text)
@@ -115,7 +117,7 @@ def first_and_second(standin_inventory, plan_before_first_run):
         on_event=lambda host, text: clock.record("op", "nvidia second up", host=host, text=text),
     )
     boots_final = {n.name: remote.run(n, BOOT_ID).stdout.strip() for n in cluster.nodes}
-    return cluster, first, second, (boots, boots_after, boots_final), reboots, relocked
+    return cluster, first, second, (boots, boots_after, boots_final), reboots, relocked, started
 
 
 def sh(node, command: str) -> str:
@@ -133,7 +135,7 @@ def test_plan_before_first_run_shows_changes_and_changes_nothing(plan_before_fir
 
 
 def test_first_run_succeeds_and_reboots_every_host_once(first_and_second) -> None:
-    _, first, _, (before, after, _), reboots, _ = first_and_second
+    _, first, _, (before, after, _), reboots, _, _ = first_and_second
     assert first.exit_code == 0, first.as_json()
     assert set(first.hosts) == {HOST}
     for name, host in first.hosts.items():
@@ -147,8 +149,16 @@ def test_the_reboot_drained_the_slurm_node_first_and_resumed_it_after_the_driver
 ) -> None:
     """The shared `up` made the testbed a Slurm cluster; this run's reboot of HOST happened on
     it: drained (the reboot's own reason) before, resumed once its driver checked out."""
-    _, first, *_ = first_and_second
+    _, first, *_, started = first_and_second
     assert first.hosts[HOST].rebooted
+    # Drained before the driver packages changed, not only before the reboot: the new
+    # libraries beside the old module would fail a running job's CUDA calls.
+    drain = "Slurm: drain before the driver changes, wait for the node's jobs"
+    drained = [i for i, t in enumerate(started) if t.endswith(drain)]
+    installed = [i for i, t in enumerate(started) if "NVIDIA driver 580" in t]
+    assert drained, started
+    assert installed, started
+    assert drained[0] < installed[0], started
     head = inventory.load(testbed.inventory_path).head_node()[0]
     log = sh(head, f"grep -F 'node {HOST} reason set to: {REBOOT_PREFIX}' /var/log/slurm/slurmctld.log")
     assert log.strip(), "slurmctld never saw the reboot's drain"
@@ -157,7 +167,7 @@ def test_the_reboot_drained_the_slurm_node_first_and_resumed_it_after_the_driver
 
 
 def test_the_host_locks_are_taken_again_after_the_reboot(first_and_second) -> None:
-    cluster, first, *_, (token, held, refused, holders) = first_and_second
+    cluster, first, *_, (token, held, refused, holders), _ = first_and_second
     assert all(h.rebooted for h in first.hosts.values())
     assert refused == {}
     assert held == {n.name for n in cluster.nodes}
@@ -166,7 +176,7 @@ def test_the_host_locks_are_taken_again_after_the_reboot(first_and_second) -> No
 
 
 def test_second_run_changes_nothing_and_reboots_nothing(first_and_second) -> None:
-    _, _, second, (_, after, final), _, _ = first_and_second
+    _, _, second, (_, after, final), _, _, _ = first_and_second
     assert second.exit_code == 0, second.as_json()
     for name, host in second.hosts.items():
         assert host.changed == 0

@@ -21,6 +21,7 @@ from provision.operations import stamps
 from provision.resources import templates_dir
 from provision.rules import nvidia as nvidia_rules
 from provision.rules import packages as pkgs
+from provision.rules import slurm as slurm_rules
 from tests.helpers.deploy_facts import FIXTURES, H100, NVSWITCH, P100, FakeHost, node, os_info, plan_with_facts, probe
 
 INSTALL = (
@@ -60,6 +61,7 @@ def test_ubuntu_2204_hgx_host_gets_repo_open_driver_fabricmanager_toolkit() -> N
         "blacklist nouveau",
         "update initramfs (nouveau blacklisted)",
         "kernel headers for 5.15.0-185-generic",
+        "Slurm: drain before the driver changes, wait for the node's jobs",
         "NVIDIA driver 580 (open modules, cuda-repo)",
         "fabric manager nvidia-fabricmanager=580.*",
         "CUDA toolkit and extras",
@@ -84,6 +86,13 @@ def test_ubuntu_2204_hgx_host_gets_repo_open_driver_fabricmanager_toolkit() -> N
     ]
     assert ops["CUDA toolkit and extras"].commands == [f"{INSTALL} --no-install-recommends cuda-toolkit-12-8"]
     assert ops["update initramfs (nouveau blacklisted)"].commands == ["update-initramfs -u", NOUVEAU_STAMP]
+    # The driver changes: on a Slurm node, drained (the reboot's reason) and its jobs waited
+    # for first, within half the step's deadline.
+    settings = node().settings
+    wait_s = min(settings.slurm_drain_wait_s, settings.step_timeout_s // 2)
+    assert ops["Slurm: drain before the driver changes, wait for the node's jobs"].commands == [
+        slurm_rules.drain_for_reboot(node().name, wait_s, held_back="driver not changed").strip()
+    ]
     assert ops["nvidia-persistenced enabled"].commands == ["systemctl enable nvidia-persistenced.service"]
 
 
@@ -505,6 +514,8 @@ def test_rerun_changes_nothing_but_updates_apt_when_the_driver_has_no_candidate(
     # them: nothing differs on disk, and only the missing candidate tells.
     stale = {o.name: o for o in plan_with_facts(nvidia.step, node(), SetUpHost(Probe=probe()))[0]}
     assert stale["NVIDIA stack | apt update (CUDA repository not read yet)"].commands == ["apt-get update"]
+    # The driver is installed at its pin: no drain, whatever else runs.
+    assert not [name for name in stale if "drain" in name], list(stale)
 
 
 # NVIDIA's cuda-keyring package's list file (its documented content).
