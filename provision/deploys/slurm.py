@@ -34,7 +34,7 @@ from typing import Any
 
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.operations import files, systemd
+from pyinfra.operations import files, server, systemd
 
 from provision import state, verdicts
 from provision.engine import (
@@ -48,6 +48,7 @@ from provision.engine import (
     skip,
 )
 from provision.facts.gpus import NvidiaDevices
+from provision.facts.probes import LeavingNode, SlurmLeaving, SlurmRoster
 from provision.facts.system import Cpu, Memory, Os
 from provision.inventory import Cluster, Node
 from provision.operations.apt import install
@@ -129,11 +130,47 @@ def pass_nodes(cluster: Cluster) -> dict[str, Known]:
     return once_per_pass("slurm nodes", read)
 
 
-def slurm_conf(cluster: Cluster, nodes: dict[str, Known]) -> tuple[str, list[str]]:
-    """(slurm.conf text, compute nodes left out because no pass has seen them yet)."""
+def conf_computes(cluster: Cluster, nodes: dict[str, Known]) -> list[Node]:
+    """The inventory's compute nodes slurm.conf holds: those a pass has seen, where their
+    Slurm can run."""
+    return [n for n in cluster.compute_nodes() if n.name in nodes and not nodes[n.name].unsupported]
+
+
+def roster(cluster: Cluster, nodes: dict[str, Known]) -> SlurmRoster:
+    """Nodes the controller's slurm.conf holds that this pass's does not (removed from the
+    inventory, or no longer compute nodes), with their jobs, and compute nodes coming back
+    from such a removal: asked of the head once per pass (SlurmLeaving). Nothing where the
+    head is not in the pass: the decision is made where slurmctld's own file is written."""
+    head = cluster.head_node()[0]
+    computes = tuple(n.name for n in conf_computes(cluster, nodes))
+
+    def read() -> SlurmRoster:
+        found = each_connected_host(
+            lambda h: (
+                h.get_fact(SlurmLeaving, computes=computes, removed=rules.REMOVED_PREFIX)
+                if h.name == head.name
+                else None
+            )
+        )
+        return found.get(head.name) or SlurmRoster()
+
+    return once_per_pass("slurm roster", read)
+
+
+def kept_lines(gone: dict[str, LeavingNode]) -> dict[str, str]:
+    """Leaving nodes that stay in slurm.conf in this run, with their lines: those with jobs
+    (a node dropped from slurm.conf takes its running jobs with it at the restart) or whose
+    jobs Slurm could not list. They stay drained until a later run finds them empty."""
+    return {name: node.line for name, node in gone.items() if node.jobs is None or node.jobs}
+
+
+def slurm_conf(cluster: Cluster, nodes: dict[str, Known], kept: dict[str, str] | None = None) -> tuple[str, list[str]]:
+    """(slurm.conf text, compute nodes left out because no pass has seen them yet).
+    ``kept``: leaving nodes that stay for now, by name, with their lines (kept_lines)."""
     head, _ = cluster.head_node()
     settings = head.settings
-    computes = [n for n in cluster.compute_nodes() if n.name in nodes and not nodes[n.name].unsupported]
+    computes = conf_computes(cluster, nodes)
+    kept = kept or {}
     conf = rules.ClusterConf(
         name=settings.slurm_cluster_name,
         controller=nodes[head.name].hostname,
@@ -143,7 +180,9 @@ def slurm_conf(cluster: Cluster, nodes: dict[str, Known]) -> tuple[str, list[str
         health_program=rules.HEALTH_PROGRAM,
         health_interval_s=settings.slurm_health_interval_s,
     )
-    text = rules.slurm_conf_with_lines(conf, [nodes[n.name].line for n in computes], [n.name for n in computes])
+    text = rules.slurm_conf_with_lines(
+        conf, [nodes[n.name].line for n in computes] + list(kept.values()), [n.name for n in computes] + list(kept)
+    )
     unseen = [n.name for n in cluster.compute_nodes() if n.name not in nodes]
     return text, unseen
 
@@ -178,10 +217,19 @@ def slurm() -> None:
     if why:
         skip("slurm", why)
         return
+    seen = roster(cluster, nodes)
+    kept = kept_lines(seen.leaving)
     is_head = node.name == head.name
-    computes = node.name in {n.name for n in cluster.compute_nodes()}
-    daemons = [unit for unit, here in ((rules.CONTROLLER_PACKAGE, is_head), (rules.COMPUTE_PACKAGE, computes)) if here]
+    computes = node.name in {n.name for n in conf_computes(cluster, nodes)} or node.name in kept
+    roles = ((rules.CONTROLLER_PACKAGE, is_head), (rules.COMPUTE_PACKAGE, computes))
+    daemons = [unit for unit, here in roles if here]
     install("Install Slurm and munge", [*rules.NODE_PACKAGES, *daemons], settings.apt_lock_wait_s)
+    # A daemon of a role this host no longer has (another head; no longer a compute node) is
+    # stopped and disabled; its state stays on disk. A unit that is not installed is left be.
+    for unit in (unit for unit, here in roles if not here):
+        systemd.service(
+            name=f"{unit} stopped (not this host's role)", service=f"{unit}.service", running=False, enabled=False
+        )
 
     key = munge_key(cluster)
     key_op = put_secret("munge key (0400)", key, MUNGE_KEY, "munge", "munge", mode="400")
@@ -194,7 +242,9 @@ def slurm() -> None:
     )
     systemd.service(name="munge running", service="munge.service", running=True, enabled=True)
 
-    text, unseen = slurm_conf(cluster, nodes)
+    text, unseen = slurm_conf(cluster, nodes, kept)
+    if is_head:
+        _drain_leaving(seen.leaving, kept)
     if unseen:
         note(f"slurm: not in slurm.conf yet (no run has reached them): {', '.join(unseen)}")
     if mine is not None and mine.gpus_without_driver and computes:
@@ -223,6 +273,34 @@ def slurm() -> None:
         systemd.service(name=f"{unit} running", service=f"{unit}.service", running=True, enabled=True)
     if daemons:
         _reload_or_restart(daemons, text, gres, options, own)
+    if is_head and seen.returning:
+        # A node removed while it had jobs, now a compute node again: its removal drain lifted
+        # (only that one: SlurmLeaving names only nodes whose reason is the removal's).
+        server.shell(
+            name=f"Slurm: resume {', '.join(seen.returning)} (back in the inventory)",
+            commands=[rules.resume_returning(name) for name in seen.returning],
+            _timeout=len(seen.returning) * 2 * rules.SLURM_CALL_S + 30,
+        )
+
+
+def _drain_leaving(gone: dict[str, LeavingNode], kept: dict[str, str]) -> None:
+    """On the head, before its files change: every leaving node drained (REMOVED_REASON);
+    one dropped in this run checked for jobs started since the pass looked."""
+    for name, found in sorted(gone.items()):
+        server.shell(
+            name=f"Slurm: drain {name} (leaving Slurm)",
+            commands=[rules.drain_leaving(name, dropping=name not in kept)],
+            _timeout=3 * rules.SLURM_CALL_S + 30,
+        )
+        if name not in kept:
+            note(f"slurm: {name} leaves slurm.conf (no longer a compute node in the inventory; no jobs on it)")
+        elif found.jobs is None:
+            note(f"slurm: {name} stays in slurm.conf, drained: Slurm could not list its jobs; run up again")
+        else:
+            note(
+                f"slurm: {name} stays in slurm.conf, drained, until its jobs end ({' '.join(found.jobs)}); "
+                "run up again then"
+            )
 
 
 def health_script(cluster: Cluster, node: Node) -> str:

@@ -400,3 +400,74 @@ class SlurmDrainReason(FactBase[str | None]):
     def process(self, output: list[str]) -> str | None:
         first = output[0].strip() if output else ""
         return first or None
+
+
+@dataclass(frozen=True)
+class LeavingNode:
+    """A node the controller's slurm.conf holds that the inventory no longer makes a
+    compute node (removed, or its role changed)."""
+
+    line: str  # its NodeName line as the controller has it
+    jobs: list[str] | None  # the jobs on it; None: Slurm could not say (squeue failed)
+
+
+@dataclass(frozen=True)
+class SlurmRoster:
+    """What the head says of nodes joining and leaving Slurm (SlurmLeaving)."""
+
+    leaving: dict[str, LeavingNode] = field(default_factory=dict)
+    returning: list[str] = field(default_factory=list)  # compute nodes still drained as removed
+
+
+RETURNING = "back"  # SlurmLeaving's tag of a returning node's line
+
+
+class SlurmLeaving(FactBase[SlurmRoster]):
+    """On the head: the nodes its /etc/slurm/slurm.conf holds besides ``computes``, each with
+    its line and the jobs running on it (squeue, bounded); and the ``computes`` whose drain
+    is a removal's (``removed``: rules.slurm.REMOVED_PREFIX), which have come back. Empty
+    where there is no such file; never fails (the slurm step asks the head every pass).
+    Node names are read only as [A-Za-z0-9._-] words from root's own file, or compared with
+    ``computes``, which enter quoted."""
+
+    CONF = "/etc/slurm/slurm.conf"
+
+    def command(self, computes: tuple[str, ...] = (), removed: str = "", conf: str = CONF) -> str:
+        keep = "|".join(shlex.quote(name) for name in computes)
+        skip = f'case "$n" in {keep}) continue ;; esac; ' if keep else ""
+        back = (
+            f"timeout 30 sinfo --noheader --Node --format='%N|%E' 2>/dev/null | grep -F {shlex.quote('|' + removed)} "
+            f'| while IFS=\'|\' read -r n r; do case "$n" in {keep}) echo {RETURNING}"|$n" ;; esac; done; '
+            if keep and removed
+            else ""
+        )
+        return (
+            f'f={shlex.quote(conf)}; [ -r "$f" ] || exit 0; '
+            "grep -E '^NodeName=[A-Za-z0-9._-]+ ' \"$f\" | while read -r line; do "
+            "n=${line%% *}; n=${n#NodeName=}; "
+            f"{skip}"
+            'if jobs=$(timeout 30 squeue --noheader --nodelist="$n" --format=%i 2>/dev/null); '
+            # tr, not an unquoted $jobs: an array job's id ("12_[1-3]") is a glob pattern.
+            'then echo "$n|$(printf %s "$jobs" | tr "\\n" " ")|$line"; else echo "$n|?|$line"; fi; '
+            f"done; {back}true"
+        )
+
+    def process(self, output: list[str]) -> SlurmRoster:
+        return parse_roster(output)
+
+
+def parse_roster(lines: list[str]) -> SlurmRoster:
+    """SlurmLeaving's lines: "<name>|<job ids, or ?>|<NodeName line>" for a leaving node,
+    "back|<name>" for a returning one."""
+    roster = SlurmRoster()
+    for raw in lines:
+        parts = raw.strip().split("|", 2)
+        if len(parts) == 2 and parts[0] == RETURNING and parts[1]:
+            roster.returning.append(parts[1])
+            continue
+        if len(parts) != 3 or not parts[0] or not parts[2].startswith(f"NodeName={parts[0]} "):
+            continue
+        name, jobs, line = parts
+        ids = None if jobs.strip() == "?" else jobs.split()  # shown, never run
+        roster.leaving[name] = LeavingNode(line, ids)
+    return roster

@@ -362,3 +362,58 @@ def resume_after_reboot(name: str) -> str:
     if, its drain is the reboot's (REBOOT_PREFIX). The controller may still be starting (the
     head rebooted in the same batch): a few tries, then the host fails, still drained."""
     return _fill(_RESUME_AFTER_REBOOT, name)
+
+
+REMOVED_PREFIX = "provision: removed:"
+REMOVED_REASON = f"{REMOVED_PREFIX} no longer a compute node in the inventory"
+
+_DRAIN_LEAVING = """\
+n=@N@
+now=$(timeout @T@ sinfo --noheader --Node --nodes="$n" --format='%E' | head -n 1) && [ -n "$now" ] || exit 0
+case "$now" in
+  '@PREFIX@'*) ;;
+  none|'@HEALTH@'*|'@VALIDATE@'*|'@REBOOT@'*) timeout @T@ scontrol update NodeName="$n" State=DRAIN Reason=@REASON@ \
+       || { echo "could not drain $n in Slurm: it stays in slurm.conf" >&2; exit 1; } ;;
+  *) echo "left as it was (someone else's): $now" ;;
+esac
+"""
+
+# A node leaving with no jobs is dropped from slurm.conf in this run; a job that started on
+# it since SlurmLeaving looked would die in the restart: the head fails instead, the node
+# drained, and the next `up` keeps it until that job ends.
+_NO_JOB_SINCE = """\
+out=$(timeout @T@ squeue --noheader --nodelist="$n" --format='%i(%u)') \
+  || { echo "cannot read $n's jobs: it stays in slurm.conf; run up again" >&2; exit 1; }
+jobs=$(echo "$out" | xargs)
+[ -z "$jobs" ] || { echo "jobs started on $n while it was leaving: $jobs" \
+  "(drained; run up again once they end)" >&2; exit 1; }
+"""
+
+
+def drain_leaving(name: str, dropping: bool) -> str:
+    """Shell run on the head for a node leaving Slurm (SlurmLeaving): drained with
+    REMOVED_REASON, taking over provision's own drains and leaving anyone else's. Where it is
+    ``dropping`` from slurm.conf in this run (no jobs when the pass looked), it also checks
+    that no job started on it since, else the head fails before its files change. A node
+    Slurm no longer lists has nothing to drain."""
+    text = _DRAIN_LEAVING + (_NO_JOB_SINCE if dropping else "")
+    return (
+        text.replace("@N@", shlex.quote(name))
+        .replace("@REASON@", shlex.quote(REMOVED_REASON))
+        .replace("@PREFIX@", REMOVED_PREFIX)
+        .replace("@HEALTH@", HEALTH_PREFIX)
+        .replace("@VALIDATE@", VALIDATE_PREFIX)
+        .replace("@REBOOT@", REBOOT_PREFIX)
+        .replace("@T@", str(SLURM_CALL_S))
+    )
+
+
+def resume_returning(name: str) -> str:
+    """Shell run on the head for a compute node whose drain is still a removal's: resumed,
+    if its reason is still that (read again: an admin may have drained it since)."""
+    return (
+        f"n={shlex.quote(name)}; "
+        f"reason=$(timeout {SLURM_CALL_S} sinfo --noheader --Node --nodes=\"$n\" --format='%E' | head -n 1); "
+        f'case "$reason" in {shlex.quote(REMOVED_PREFIX)}*) timeout {SLURM_CALL_S} scontrol update '
+        'NodeName="$n" State=RESUME ;; esac'
+    )

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import time
+from pathlib import Path
 
 from provision import inventory, remote
 from provision.rules import slurm as rules
@@ -93,3 +94,72 @@ def test_the_health_check_drains_a_full_node_resumes_it_and_leaves_an_admins_dra
         assert _state(head, node.name) == ("drained", "admin: bad fan ticket 42")
     finally:
         sh(head, f"scontrol update NodeName={node.name} State=RESUME")
+
+
+def _sinfo_when_up(node) -> dict[str, str]:
+    """_sinfo, or nothing while the controller does not answer (restarting)."""
+    out = remote.run(node, "sinfo --noheader --Node --format='%N %t'", timeout=60)
+    return dict(line.split() for line in out.stdout.splitlines() if line.strip()) if out.ok else {}
+
+
+def _unit(node, unit: str) -> list[str]:
+    return sh(node, f"systemctl is-active {unit} || true; systemctl is-enabled {unit} || true").split()
+
+
+def test_a_node_leaving_the_compute_nodes_is_drained_kept_while_its_job_runs_then_dropped_and_taken_back(
+    provisioned, testbed
+) -> None:
+    """The inventory edited so that only the head computes: node2 leaves Slurm. With a job on
+    it, it stays in slurm.conf, drained, and the job runs on; put back in the inventory, that
+    drain is lifted. Without jobs it leaves slurm.conf and its slurmd stops; put back, it
+    rejoins idle."""
+    path = Path(testbed.inventory_path)
+    original = path.read_text()
+    cluster = inventory.load(path)
+    head, node = cluster.head_node()[0], cluster.nodes[-1]
+    assert head.name != node.name
+    only_head = original + f"\ncompute = [{head.name!r}]  # e2e: {node.name} leaves Slurm\n"
+
+    def up_with(text: str):
+        path.write_text(text)
+        report = pipeline.up(inventory.load(path), pipeline.select(only="slurm"))
+        assert report.exit_code == 0, report.as_json()
+        return report
+
+    job = sh(head, f"sbatch --parsable --nodelist={node.name} --time=10 --wrap 'sleep 600'").strip().split(";")[0]
+    try:
+        deadline = time.monotonic() + IDLE_WITHIN_S
+        while sh(head, f"squeue --noheader --jobs={job} --format=%T").strip() != "RUNNING":
+            assert time.monotonic() < deadline, sh(head, f"scontrol show job {job}")
+            time.sleep(2)
+        kept = up_with(only_head)
+        said = " ".join(kept.hosts[head.name].notes)
+        assert f"slurm: {node.name} stays in slurm.conf, drained, until its jobs end ({job})" in said, said
+        state, reason = _state(head, node.name)
+        assert ("drain" in state, reason) == (True, rules.REMOVED_REASON), (state, reason)
+        assert sh(head, f"squeue --noheader --jobs={job} --format=%T").strip() == "RUNNING"
+        assert _unit(node, "slurmd") == ["active", "enabled"]  # its job's slurmstepd answers to it
+        # Back in the inventory while it still has the job: the removal's drain is lifted.
+        up_with(original)
+        assert "drain" not in _state(head, node.name)[0]
+    finally:
+        sh(head, f"scancel {job} || true")
+        path.write_text(original)
+    try:
+        # No jobs: it leaves slurm.conf, and its slurmd (no longer its role) stops.
+        dropped = up_with(only_head)
+        said = " ".join(dropped.hosts[head.name].notes)
+        assert f"slurm: {node.name} leaves slurm.conf" in said, said
+        deadline = time.monotonic() + IDLE_WITHIN_S  # slurmctld restarted: a moment until it answers
+        while list(_sinfo_when_up(head)) != [head.name]:
+            assert time.monotonic() < deadline, sh(head, "sinfo -N; tail -20 /var/log/slurm/slurmctld.log")
+            time.sleep(3)
+        assert _unit(node, "slurmd") == ["inactive", "disabled"]
+    finally:
+        path.write_text(original)
+    up_with(original)
+    deadline = time.monotonic() + IDLE_WITHIN_S
+    while _sinfo_when_up(head) != {n.name: "idle" for n in cluster.nodes}:
+        assert time.monotonic() < deadline, sh(head, "sinfo -R; sinfo -N")
+        time.sleep(3)
+    assert _unit(node, "slurmd") == ["active", "enabled"]

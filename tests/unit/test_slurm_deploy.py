@@ -90,3 +90,34 @@ def test_a_node_whose_last_validate_warned_keeps_its_warn_weight_in_slurm_conf(t
     assert step.warn_weight(cluster.node("n3")) == 1  # its own setting: the default 1
     history.append([NodeResult("n2", "pass")], "2026-12-04T01:00:00+00:00", "quick")
     assert step.warn_weight(cluster.node("n2")) == 1
+
+
+def test_a_leaving_node_with_jobs_or_unknown_jobs_stays_in_the_file_and_an_empty_one_leaves(tmp_path):
+    from provision.facts.probes import LeavingNode
+
+    cluster = load(write(tmp_path / "inv.py", INVENTORY))
+    nodes = {n: _known(n, f"10.0.0.{i}") for i, n in enumerate(("n1", "n2", "n3"), start=1)}
+    gone = {
+        "old4": LeavingNode("NodeName=old4 NodeAddr=10.0.0.4 CPUs=8", ["4711", "4712_[1-3]"]),
+        "old5": LeavingNode("NodeName=old5 NodeAddr=10.0.0.5 CPUs=8", None),  # squeue did not answer
+        "old6": LeavingNode("NodeName=old6 NodeAddr=10.0.0.6 CPUs=8", []),
+    }
+    kept = step.kept_lines(gone)
+    assert list(kept) == ["old4", "old5"]
+    text, _ = step.slurm_conf(cluster, nodes, kept)
+    names = [line.split()[0] for line in text.splitlines() if line.startswith("NodeName=")]
+    assert names == ["NodeName=n1", "NodeName=n2", "NodeName=n3", "NodeName=old4", "NodeName=old5"]
+    # Its running jobs keep their partition; the node itself is drained (rules.drain_leaving).
+    assert "PartitionName=main Nodes=n1,n2,n3,old4,old5 " in text
+    # Without leaving nodes the file is as it always was.
+    assert step.slurm_conf(cluster, nodes, {})[0] == step.slurm_conf(cluster, nodes)[0]
+
+
+def test_the_head_is_asked_only_for_nodes_beyond_the_files_compute_nodes_and_names_enter_quoted():
+    from provision.facts.probes import SlurmLeaving
+
+    command = SlurmLeaving().command(("n1", "n-2.x"), removed=rules.REMOVED_PREFIX)
+    assert "case \"$n\" in n1|n-2.x) continue ;; esac" in command
+    assert "grep -F '|provision: removed:'" in command
+    # Names that would need quoting are quoted (the inventory refuses them before this).
+    assert "'a b'" in SlurmLeaving().command(("a b",))
