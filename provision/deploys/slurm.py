@@ -21,6 +21,11 @@ compute node, and the same slurm.conf everywhere, written from the facts provisi
   when nothing changed.
 - Ubuntu 22.04's Slurm (21.08) has no cgroup v2 support: such hosts are skipped with the
   reason unless ``slurm = "force"``.
+- With ``slurm_accounting`` the head also runs slurmdbd over a MariaDB bound to loopback
+  (provision.rules.slurm_accounting), slurm.conf names it on every node, and the cluster is
+  registered in it before slurmctld restarts once. Its database password is made once on the
+  controller, like the munge key. Turned off, slurm.conf loses the lines and slurmdbd stops;
+  MariaDB and the data stay.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from typing import Any
 
 from pyinfra import host
 from pyinfra.api import deploy
+from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import files, systemd
 
 from provision import state, verdicts
@@ -48,11 +54,13 @@ from provision.engine import (
     skip,
 )
 from provision.facts.gpus import NvidiaDevices
+from provision.facts.stamps import Stamp
 from provision.facts.system import Cpu, Memory, Os
 from provision.inventory import Cluster, Node
 from provision.operations.apt import install
-from provision.operations.stamps import follow_up
+from provision.operations.stamps import digest, follow_up
 from provision.rules import slurm as rules
+from provision.rules import slurm_accounting as accounting
 
 CONF_DIR = "/etc/slurm"
 SLURM_CONF = f"{CONF_DIR}/slurm.conf"
@@ -60,6 +68,8 @@ GRES_CONF = f"{CONF_DIR}/gres.conf"
 CGROUP_CONF = f"{CONF_DIR}/cgroup.conf"
 MUNGE_KEY = "/etc/munge/munge.key"
 SLURMD_DEFAULTS = "/etc/default/slurmd"
+ACCOUNTING_STAMP = "slurm-accounting"  # the head's stamp: slurmctld restarted for accounting on (or off)
+ACCOUNTING_OFF = ["off"]  # that stamp's inputs once accounting was turned off
 
 
 @dataclass(frozen=True)
@@ -76,6 +86,16 @@ class Known:
 def munge_key(cluster: Cluster) -> str:
     """The cluster's munge key on the controller, made once per inventory."""
     return str(state.generated_secret(state.inventory_dir(cluster.path) / "munge.key"))
+
+
+def db_password(cluster: Cluster) -> str:
+    """slurmdbd's MariaDB password on the controller, made once per inventory."""
+    path = state.generated_secret(state.inventory_dir(cluster.path) / "slurmdbd-db.password")
+    return accounting.check_password(path.read_text().strip())
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _known_file(cluster: Cluster) -> Path:
@@ -142,6 +162,9 @@ def slurm_conf(cluster: Cluster, nodes: dict[str, Known]) -> tuple[str, list[str
         default_time=settings.slurm_default_time,
         health_program=rules.HEALTH_PROGRAM,
         health_interval_s=settings.slurm_health_interval_s,
+        # The address, as for the controller: the head's own hostname need not resolve on the
+        # other nodes (their /etc/hosts has the inventory's names).
+        accounting_host=head.cluster_address if settings.slurm_accounting else None,
     )
     text = rules.slurm_conf_with_lines(conf, [nodes[n.name].line for n in computes], [n.name for n in computes])
     unseen = [n.name for n in cluster.compute_nodes() if n.name not in nodes]
@@ -181,7 +204,9 @@ def slurm() -> None:
     is_head = node.name == head.name
     computes = node.name in {n.name for n in cluster.compute_nodes()}
     daemons = [unit for unit, here in ((rules.CONTROLLER_PACKAGE, is_head), (rules.COMPUTE_PACKAGE, computes)) if here]
-    install("Install Slurm and munge", [*rules.NODE_PACKAGES, *daemons], settings.apt_lock_wait_s)
+    keeps_accounting = is_head and head.settings.slurm_accounting
+    extra = list(accounting.PACKAGES) if keeps_accounting else []
+    install("Install Slurm and munge", [*rules.NODE_PACKAGES, *daemons, *extra], settings.apt_lock_wait_s)
 
     key = munge_key(cluster)
     key_op = put_secret("munge key (0400)", key, MUNGE_KEY, "munge", "munge", mode="400")
@@ -219,10 +244,100 @@ def slurm() -> None:
             group="root",
             mode="755",
         )
+    if keeps_accounting:
+        accounting_daemons(cluster, head, nodes[head.name].hostname)
+    elif is_head:
+        accounting_stopped()
     for unit in daemons:
         systemd.service(name=f"{unit} running", service=f"{unit}.service", running=True, enabled=True)
     if daemons:
         _reload_or_restart(daemons, text, gres, options, own)
+    if is_head:
+        controller_accounting(cluster, keeps_accounting)
+
+
+def accounting_daemons(cluster: Cluster, head: Node, dbd_host: str) -> None:
+    """The head's slurmdbd over MariaDB (slurm_accounting), answering before slurmctld
+    starts or restarts: the database on loopback, its account made from a root-only SQL file
+    (the password never on a command line), slurmdbd.conf readable by slurm alone, and the
+    cluster registered in it (sacctmgr reads slurm.conf, already in place)."""
+    password = db_password(cluster)
+    db_conf = accounting.mariadb_conf()
+    db_op = files.put(name="MariaDB on loopback", src=StringIO(db_conf), dest=accounting.MARIADB_CONF, mode="644")
+    unit = accounting.DATABASE_UNIT
+    follow_up(
+        "Restart MariaDB (its settings changed)",
+        "mariadb-conf",
+        [db_conf],
+        [f"systemctl restart {unit}"],
+        db_op.did_change,
+    )
+    systemd.service(name="MariaDB running", service=unit, running=True, enabled=True)
+    sql = accounting.grants_sql(password)
+    sql_op = put_secret(
+        "slurmdbd's account (SQL)", StringIO(sql), accounting.GRANTS_SQL, "root", "root", owns_dir=False
+    )
+    # The stamps hold a hash of a hash: no part of the password.
+    follow_up(
+        "Create slurmdbd's database and account",
+        "slurmdbd-grants",
+        [_sha256(sql)],
+        [accounting.grants_command()],
+        sql_op.did_change,
+    )
+    conf = accounting.slurmdbd_conf(dbd_host, password)
+    conf_op = put_secret(
+        "slurmdbd.conf (0600, slurm)", StringIO(conf), accounting.SLURMDBD_CONF, "slurm", "slurm", owns_dir=False
+    )
+    dbd = accounting.DBD_UNIT
+    follow_up(
+        "Restart slurmdbd (slurmdbd.conf changed)",
+        "slurmdbd-conf",
+        [_sha256(conf)],
+        [f"systemctl restart {dbd}"],
+        conf_op.did_change,
+    )
+    systemd.service(name="slurmdbd running", service=dbd, running=True, enabled=True)
+    # Registering waits until slurmdbd answers (its first start creates the tables). It must
+    # answer before slurmctld's first start with accounting: with neither slurmdbd nor state
+    # files of its own, slurmctld has no TRES list and exits.
+    name = head.settings.slurm_cluster_name
+    register = [accounting.register_cluster_command(name)]
+    follow_up("Register the cluster in slurmdbd", "slurmdbd-cluster", [name], register, lambda: False)
+
+
+def accounting_stopped() -> None:
+    """slurm_accounting off on a head where slurmdbd is installed: it is stopped and kept
+    from starting at boot; MariaDB and the data are left as they are."""
+    if accounting.DBD_PACKAGE in (host.get_fact(DebPackages) or {}):
+        systemd.service(
+            name="slurmdbd stopped (slurm_accounting off)", service=accounting.DBD_UNIT, running=False, enabled=False
+        )
+
+
+def controller_accounting(cluster: Cluster, on: bool) -> None:
+    """After slurm.conf is in place and slurmdbd answers: slurmctld restarted once for
+    accounting (it reads AccountingStorageType at start only), and once when accounting is
+    turned off after it was on. A run stopped before it restarts on the next run (the
+    stamp); a cluster that never kept accounting sees nothing here."""
+    head, _ = cluster.head_node()
+    ctld = f"{rules.CONTROLLER_PACKAGE}.service"
+    if on:
+        inputs = [head.settings.slurm_cluster_name, head.cluster_address]
+        follow_up(
+            "Restart slurmctld (accounting on)", ACCOUNTING_STAMP, inputs, [f"systemctl restart {ctld}"], lambda: False
+        )
+        return
+    was = host.get_fact(Stamp, stamp=ACCOUNTING_STAMP)
+    if was is not None and was != digest(ACCOUNTING_OFF):
+        note("slurm: accounting off: slurmdbd stopped and disabled; MariaDB and its slurm_acct_db are left in place")
+        follow_up(
+            "Restart slurmctld (accounting off)",
+            ACCOUNTING_STAMP,
+            ACCOUNTING_OFF,
+            [f"systemctl restart {ctld}"],
+            lambda: False,
+        )
 
 
 def health_script(cluster: Cluster, node: Node) -> str:
