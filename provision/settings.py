@@ -317,6 +317,11 @@ class Settings:
     slurm_health_interval_s: int = knob(
         60, "seconds between runs of provision's node health check (HealthCheckInterval)", v.bounded(10, 86400)
     )
+    slurm_accounting: bool = knob(
+        False,
+        "the head keeps job accounting (slurmdbd, MariaDB on localhost) so sacct works; "
+        "turned off later, slurmdbd stops and its database stays",
+    )
 
     # --- backups ---
     backup_repository: str | None = knob(

@@ -9,7 +9,7 @@ runs (a plan inside a test, say) never see each other's notes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import IO, Any, cast
 
 from provision.inventory import Cluster, Node
 
@@ -97,22 +97,28 @@ def secret_upload(dest: str) -> str:
 UPLOAD_DIR = ".provision-upload"
 
 
-def put_secret(name: str, src: str, dest: str, user: str, group: str, mode: str = "600") -> Any:
-    """Inside a deploy: upload a secret (a private key, a password) so that no other user can
-    read it at any moment, and `provision plan` shows no diff of it.
+def put_secret(
+    name: str, src: str | IO[str], dest: str, user: str, group: str, mode: str = "600", owns_dir: bool = True
+) -> Any:
+    """Inside a deploy: upload a secret (a private key, a password; ``src`` a controller file
+    or the text itself, in a StringIO) so that no other user can read it at any moment, and
+    `provision plan` shows no diff of it.
 
     pyinfra's files.put writes through ``/tmp/pyinfra-<sha1 of dest>`` with the default
     mode when ``_sudo`` is used, and creates ``dest`` with that mode before its chmod. Here
     ``dest`` exists first, empty, with mode 0600 and its owner (the upload then only
     replaces its content: neither SFTP nor ``cp`` changes an existing file's mode), and the
     temporary file lives in the SSH user's 0700 UPLOAD_DIR. ``mode`` is the owner's alone
-    (600, or 400 for a key its daemon only reads)."""
+    (600, or 400 for a key its daemon only reads). ``owns_dir``: the file's directory is
+    made and given to ``user`` too (pyinfra's default: /etc/munge is munge's); False for a
+    file in a directory that exists and is someone else's (slurmdbd.conf in root's /etc/slurm)."""
     from pyinfra.operations import files
 
     secret_upload(dest)
     files.directory(name=f"{name}: private upload directory", path=UPLOAD_DIR, mode="700", _sudo=False)
-    files.file(name=f"{name}: 0{mode} before any content", path=dest, user=user, group=group, mode=mode)
-    return files.put(name=name, src=src, dest=dest, user=user, group=group, mode=mode, _temp_dir=UPLOAD_DIR)
+    owner: dict[str, Any] = {"user": user, "group": group, "mode": mode, "create_remote_dir": owns_dir}
+    files.file(name=f"{name}: 0{mode} before any content", path=dest, **owner)
+    return files.put(name=name, src=src, dest=dest, _temp_dir=UPLOAD_DIR, **owner)
 
 
 def refuse(step: str, reason: str) -> None:

@@ -178,6 +178,7 @@ class ClusterConf:
     default_time: str  # DefaultTime of the partition, Slurm's time format
     health_program: str | None = None  # HealthCheckProgram path on every node; None: no health check
     health_interval_s: int = 60  # HealthCheckInterval
+    accounting_host: str | None = None  # AccountingStorageHost: where slurmdbd listens; None: no accounting
 
 
 def slurm_conf(conf: ClusterConf, nodes: list[SlurmNode]) -> str:
@@ -219,6 +220,13 @@ def slurm_conf_with_lines(conf: ClusterConf, lines: list[str], names: list[str])
             f"HealthCheckProgram={conf.health_program}",
             f"HealthCheckInterval={conf.health_interval_s}",
             "HealthCheckNodeState=ANY",
+        ]
+    if conf.accounting_host:
+        out += [
+            "AccountingStorageType=accounting_storage/slurmdbd",
+            f"AccountingStorageHost={conf.accounting_host}",
+            # GPUs are what a GPU cluster's users share: count them in sacct and sreport too.
+            "AccountingStorageTRES=gres/gpu",
         ]
     out += lines
     joined = ",".join(names)

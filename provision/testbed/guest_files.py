@@ -120,6 +120,11 @@ MASKED_UNITS = (
     "networking.service",
 )
 
+# Units the image's packages enable that must not start on every node: MariaDB, baked in
+# for the head's slurm_accounting, is the head's alone (`up` enables it there). slurmdbd
+# needs no entry: its unit waits for /etc/slurm/slurmdbd.conf, which only the head gets.
+DISABLED_UNITS = ("mariadb.service",)
+
 # Units enabled in the image: (wanted-by target, unit file path in the image).
 ENABLED_UNITS = (
     ("multi-user.target", "/etc/systemd/system/provision-seed.service"),

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from provision.errors import TestbedError
-from provision.rules import slurm
+from provision.rules import slurm, slurm_accounting
 from provision.rules.packages import BASE_PACKAGES
 from provision.testbed import guest_files, tools
 from provision.testbed.apt_sources import Mirror, guest_sources
@@ -65,6 +65,11 @@ PRESEEDED = tuple(p for p in BASE_PACKAGES if p in {"build-essential", "python3-
 # stays out: once slurm.conf exists its unit would start on every node; `up` installs it on
 # the head only, so that install path still runs in every suite and demo.
 PRESEEDED_SLURM = (*slurm.NODE_PACKAGES, slurm.COMPUTE_PACKAGE)
+# The head's accounting packages too (the testbed keeps slurm_accounting): MariaDB and its
+# dependencies are the costliest install of the slurm step under TCG. On the nodes that are
+# not the head they stay idle: MariaDB is disabled here (guest_files.DISABLED_UNITS) and
+# slurmdbd's unit waits for a slurmdbd.conf that only the head gets.
+PRESEEDED_ACCOUNTING = slurm_accounting.PACKAGES
 
 DEBOOTSTRAP_TIMEOUT_S = 1800  # a cold build downloads ~200 packages
 Progress = Callable[[str], None]
@@ -83,7 +88,8 @@ class Recipe:
 
     def digest(self) -> str:
         files = guest_files.image_files("LABEL", self.apt_sources)
-        blob = json.dumps([asdict(self), sorted(files.items()), guest_files.MASKED_UNITS, guest_files.ENABLED_UNITS])
+        units = [guest_files.MASKED_UNITS, guest_files.ENABLED_UNITS, guest_files.DISABLED_UNITS]
+        blob = json.dumps([asdict(self), sorted(files.items()), *units])
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
     @property
@@ -97,7 +103,8 @@ class Recipe:
 
 
 def recipe_for(mirror: Mirror, size: str = "8G") -> Recipe:
-    return Recipe(mirror.suite, PACKAGES + PRESEEDED + PRESEEDED_SLURM, mirror.uri, guest_sources(mirror), size)
+    packages = PACKAGES + PRESEEDED + PRESEEDED_SLURM + PRESEEDED_ACCOUNTING
+    return Recipe(mirror.suite, packages, mirror.uri, guest_sources(mirror), size)
 
 
 @dataclass(frozen=True)
@@ -283,6 +290,11 @@ def configure_rootfs(rootfs: Path, recipe: Recipe) -> None:
         _symlink(wants / Path(unit_path).name, unit_path)
     for unit in guest_files.MASKED_UNITS:
         _symlink(units / unit, "/dev/null")
+    # The links point into the image's /lib (absolute): dangling seen from here, so they are
+    # looked for by name, not by glob (which skips a link whose target it cannot stat).
+    for unit in guest_files.DISABLED_UNITS:
+        for wants in units.glob("*.wants"):
+            (wants / unit).unlink(missing_ok=True)
     for deb in rootfs.glob("var/cache/apt/archives/*.deb"):
         deb.unlink()
 

@@ -33,6 +33,9 @@ def host_data(node: NodeRecord, ssh_key: Path, known_hosts: Path, wheelhouse: Pa
         # Byte-compiling torch's thousands of files costs minutes per VM under emulation;
         # Python compiles what it imports on first use instead.
         "pip_compile": False,
+        # The shared `up` keeps Slurm accounting, so every suite exercises slurmdbd and sacct
+        # (the head's value decides; every host carries it, as a group setting would).
+        "slurm_accounting": True,
     }
     if wheelhouse is not None:
         data["wheelhouse"] = str(wheelhouse)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from pyinfra.connectors.fake import FakeConnector
@@ -32,6 +33,7 @@ class FakeRun:
 
     results: dict[str, engine.HostResult]  # per host, as `provision up` reports them
     commands: dict[str, list[str]] = field(default_factory=dict)  # host -> every command sent
+    uploads: dict[str, dict[str, str]] = field(default_factory=dict)  # host -> remote path -> text uploaded
 
     def ran(self, host: str, pattern: str) -> list[str]:
         """Commands sent to host that match a regular expression."""
@@ -48,16 +50,30 @@ def fake_node(
     return Node(f"@fake/{name}", ssh, groups, settings, data)
 
 
-def run_fake(step: engine.Step, nodes: list[Node], monkeypatch: Any) -> FakeRun:
-    """Run one step through engine.run_steps on fake hosts, recording commands."""
+def run_fake(step: engine.Step, nodes: list[Node], monkeypatch: Any, path: Path | None = None) -> FakeRun:
+    """Run one step through engine.run_steps on fake hosts, recording commands and uploads.
+    ``path``: the inventory file the cluster is loaded from, for a step that keeps state per
+    inventory on the controller (the slurm step's munge key)."""
     commands: dict[str, list[str]] = {}
+    uploads: dict[str, dict[str, str]] = {}
     original = FakeConnector.run_shell_command
+    original_put = FakeConnector.put_file
 
     def recording(self: FakeConnector, command: Any, *args: Any, **kwargs: Any) -> Any:
         text = command if isinstance(command, str) else command.get_masked_value()
         commands.setdefault(self.host.name, []).append(text)
         return original(self, command, *args, **kwargs)
 
+    def uploading(self: FakeConnector, src: Any, dest: str, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(src, str):
+            text = Path(src).read_text()
+        else:
+            text = src.read()
+            src.seek(0)
+        uploads.setdefault(self.host.name, {})[dest] = text.decode() if isinstance(text, bytes) else text
+        return original_put(self, src, dest, *args, **kwargs)
+
     monkeypatch.setattr(FakeConnector, "run_shell_command", recording)
-    report = engine.run_steps(Cluster(path=None, nodes=tuple(nodes)), [step])  # type: ignore[arg-type]
-    return FakeRun(report.hosts, commands)
+    monkeypatch.setattr(FakeConnector, "put_file", uploading)
+    report = engine.run_steps(Cluster(path=path, nodes=tuple(nodes)), [step])  # type: ignore[arg-type]
+    return FakeRun(report.hosts, commands, uploads)

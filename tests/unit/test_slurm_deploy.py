@@ -5,6 +5,8 @@ is (the head's own hostname), what restarts the daemons, and when a host is skip
 from __future__ import annotations
 
 from provision.deploys import slurm as step
+from provision.deploys.slurm import accounting as deploy_accounting
+from provision.deploys.slurm import roster
 from provision.inventory import load
 from provision.rules import slurm as rules
 from tests.unit.test_inventory import write
@@ -102,7 +104,7 @@ def test_a_leaving_node_with_jobs_or_unknown_jobs_stays_in_the_file_and_an_empty
         "old5": LeavingNode("NodeName=old5 NodeAddr=10.0.0.5 CPUs=8", None),  # squeue did not answer
         "old6": LeavingNode("NodeName=old6 NodeAddr=10.0.0.6 CPUs=8", []),
     }
-    kept = step.kept_lines(gone)
+    kept = roster.kept_lines(gone)
     assert list(kept) == ["old4", "old5"]
     text, _ = step.slurm_conf(cluster, nodes, kept)
     names = [line.split()[0] for line in text.splitlines() if line.startswith("NodeName=")]
@@ -117,7 +119,131 @@ def test_the_head_is_asked_only_for_nodes_beyond_the_files_compute_nodes_and_nam
     from provision.facts.probes import SlurmLeaving
 
     command = SlurmLeaving().command(("n1", "n-2.x"), removed=rules.REMOVED_PREFIX)
-    assert "case \"$n\" in n1|n-2.x) continue ;; esac" in command
+    assert 'case "$n" in n1|n-2.x) continue ;; esac' in command
     assert "grep -F '|provision: removed:'" in command
     # Names that would need quoting are quoted (the inventory refuses them before this).
     assert "'a b'" in SlurmLeaving().command(("a b",))
+
+
+# --- accounting (slurm_accounting): the step's operations on fake hosts ----------------------
+
+HEAD, COMPUTE = "@fake/node1", "@fake/node2"
+ACCOUNTING = r"mariadb|mysql|slurmdbd|sacctmgr"
+
+
+def _fake_cluster(tmp_path, monkeypatch, accounting: bool, head_answers: dict | None = None):
+    """A head (the storage host) and a compute node on pyinfra's @fake connector, both
+    already seen by a pass (their lines kept), with the controller's state in tmp_path."""
+    from dataclasses import replace
+
+    from provision.settings import Settings
+    from tests.helpers.pyinfra_fake import fake_node
+
+    monkeypatch.setenv("PROVISION_STATE_DIR", str(tmp_path / "state"))
+    nodes = []
+    for name, address, groups, answers in (
+        ("node1", "10.77.0.1", ("storage",), head_answers or {}),
+        ("node2", "10.77.0.2", (), {}),
+    ):
+        settings = Settings(slurm_accounting=accounting, cluster_address=address)  # type: ignore[call-arg]
+        nodes.append(replace(fake_node(name, settings, answers, groups=groups, address=address)))
+    known = {n.name: step.Known(_known(n.name, n.cluster_address).line, n.name[6:] + "-host", None, 0) for n in nodes}
+    monkeypatch.setattr(step, "pass_nodes", lambda cluster: known)
+    return nodes
+
+
+def _run(tmp_path, monkeypatch, accounting: bool, head_answers: dict | None = None):
+    from tests.helpers.pyinfra_fake import run_fake
+
+    nodes = _fake_cluster(tmp_path, monkeypatch, accounting, head_answers)
+    run = run_fake(step.step, nodes, monkeypatch, path=tmp_path / "inv.py")
+    for name in (HEAD, COMPUTE):
+        assert run.results[name].ok, run.results[name].failures
+    return run
+
+
+def _index(run, host: str, pattern: str) -> int:
+    import re
+
+    return next(i for i, c in enumerate(run.commands[host]) if re.search(pattern, c))
+
+
+def test_accounting_puts_slurmdbd_and_mariadb_on_the_head_alone_and_registers_the_cluster(tmp_path, monkeypatch):
+    run = _run(tmp_path, monkeypatch, accounting=True)
+    assert run.ran(HEAD, r"apt-get .*install.* mariadb-server slurmdbd")
+    assert run.ran(HEAD, r"^mysql --batch < /etc/mysql/provision-slurm-grants\.sql$")
+    assert run.ran(HEAD, r"chown slurm:slurm /etc/slurm/slurmdbd\.conf")
+    assert run.ran(HEAD, r"chmod 600 /etc/slurm/slurmdbd\.conf")
+    assert run.ran(HEAD, r"chmod 600 /etc/mysql/provision-slurm-grants\.sql")
+    assert not run.ran(HEAD, r"chown \S+ /etc/(slurm|mysql)$")  # root's directories stay root's
+    assert run.ran(HEAD, r"sacctmgr -i add cluster \"\$name\"")
+    assert run.ran(HEAD, r"^name=provision\n")
+    # MariaDB, then slurmdbd, then the cluster registered in it (which waits until slurmdbd
+    # answers), all before slurmctld starts; then slurmctld's one restart for accounting.
+    assert _index(run, HEAD, "restart mariadb.service") < _index(run, HEAD, "mysql --batch")
+    assert _index(run, HEAD, "mysql --batch") < _index(run, HEAD, "restart slurmdbd.service")
+    assert _index(run, HEAD, "restart slurmdbd.service") < _index(run, HEAD, "sacctmgr -i add cluster")
+    assert _index(run, HEAD, "sacctmgr -i add cluster") < _index(run, HEAD, "start slurmctld.service")
+    assert _index(run, HEAD, "start slurmctld.service") < _index(run, HEAD, "^systemctl restart slurmctld.service$")
+    assert run.ran(HEAD, "stamps/slurmdbd-cluster")
+    assert run.ran(HEAD, "stamps/slurm-accounting")
+    assert not run.ran(COMPUTE, ACCOUNTING)
+
+    password = (step.state.inventory_dir(tmp_path / "inv.py") / "slurmdbd-db.password").read_text().strip()
+    assert not [c for c in run.commands[HEAD] if password in c]  # never on a command line
+    uploaded = run.uploads[HEAD]
+    conf = next(text for dest, text in uploaded.items() if dest.endswith("slurmdbd.conf"))
+    assert f"StoragePass={password}\n" in conf
+    assert "DbdHost=node1-host\n" in conf
+    assert "bind-address = 127.0.0.1\n" in uploaded["/etc/mysql/mariadb.conf.d/60-provision-slurm.cnf"]
+    for host in (HEAD, COMPUTE):
+        assert "AccountingStorageHost=10.77.0.1\n" in run.uploads[host]["/etc/slurm/slurm.conf"]
+    assert run.uploads[HEAD]["/etc/slurm/slurm.conf"] == run.uploads[COMPUTE]["/etc/slurm/slurm.conf"]
+
+
+def test_without_accounting_no_host_gets_any_of_it(tmp_path, monkeypatch):
+    run = _run(tmp_path, monkeypatch, accounting=False)
+    for host in (HEAD, COMPUTE):
+        assert not run.ran(host, ACCOUNTING)
+        assert "Accounting" not in run.uploads[host]["/etc/slurm/slurm.conf"]
+    assert not (step.state.inventory_dir(tmp_path / "inv.py") / "slurmdbd-db.password").exists()
+    assert not [n for n in run.results[HEAD].notes if "accounting" in n]
+
+
+def test_a_second_run_with_accounting_in_place_registers_and_restarts_nothing(tmp_path, monkeypatch):
+    from provision.operations.stamps import digest
+
+    current = {
+        "stamps/slurm-accounting": [digest(["provision", "10.77.0.1"])],
+        "stamps/slurmdbd-cluster": [digest(["provision"])],
+        "dpkg -l": ["ii  mariadb-server 1:10.11.6-0+deb12u1 all x", "ii  slurmdbd 22.05.8-4+deb12u3 amd64 x"],
+    }
+    run = _run(tmp_path, monkeypatch, accounting=True, head_answers=current)
+    assert not run.ran(HEAD, r"sacctmgr|^systemctl restart slurmctld\.service$|install.*(mariadb|slurmdbd)")
+
+
+def test_turning_accounting_off_stops_slurmdbd_once_and_leaves_the_data(tmp_path, monkeypatch):
+    import re
+
+    from provision.operations.stamps import digest
+
+    was_on = {
+        "stamps/slurm-accounting": [digest(["provision", "10.77.0.1"])],
+        "dpkg -l": ["ii  slurmdbd 22.05.8-4+deb12u3 amd64 x"],
+        re.compile(r"--property SubState slurmdbd\.service"): ["Id=slurmdbd.service", "SubState=running"],
+        re.compile(r"--property UnitFileState slurmdbd\.service"): ["Id=slurmdbd.service", "UnitFileState=enabled"],
+    }
+    run = _run(tmp_path, monkeypatch, accounting=False, head_answers=was_on)
+    assert run.ran(HEAD, r"systemctl stop slurmdbd\.service")
+    assert run.ran(HEAD, r"systemctl disable slurmdbd\.service")
+    assert run.ran(HEAD, r"^systemctl restart slurmctld\.service$")
+    assert not run.ran(HEAD, r"mariadb\.service|mysql|sacctmgr|DROP")
+    assert "Accounting" not in run.uploads[HEAD]["/etc/slurm/slurm.conf"]
+    assert [n for n in run.results[HEAD].notes if "left in place" in n]
+    assert not run.ran(COMPUTE, ACCOUNTING)
+
+    once = {**was_on, "stamps/slurm-accounting": [digest(deploy_accounting.ACCOUNTING_OFF)]}
+    monkeypatch.undo()
+    again = _run(tmp_path, monkeypatch, accounting=False, head_answers=once)
+    assert not again.ran(HEAD, r"^systemctl restart slurmctld\.service$")
+    assert not [n for n in again.results[HEAD].notes if "accounting" in n]

@@ -61,6 +61,23 @@ def test_the_image_bakes_in_part_of_the_base_set_and_leaves_up_the_rest_to_insta
     # once slurm.conf exists, is the head's alone and left to `up`.
     assert set(image.PRESEEDED_SLURM) == {"munge", "slurm-client", "slurmd"} <= set(_recipe().packages)
     assert "slurmctld" not in _recipe().packages
+    # The testbed keeps accounting: its head's MariaDB and slurmdbd are baked in as well.
+    assert set(image.PRESEEDED_ACCOUNTING) == {"mariadb-server", "slurmdbd"} <= set(_recipe().packages)
+
+
+def test_baked_mariadb_starts_on_no_node_until_up_enables_it_on_the_head(tmp_path: Path) -> None:
+    # The package's postinst enabled it in the chroot; the image leaves it disabled, not
+    # masked (the head's `systemctl enable` and `start` must still work). The links are
+    # absolute, into the image's /lib: dangling seen from the build host, as here.
+    wants = tmp_path / "etc/systemd/system/multi-user.target.wants"
+    wants.mkdir(parents=True)
+    (wants / "mariadb.service").symlink_to("/lib/systemd/system/mariadb.service")
+    (wants / "slurmdbd.service").symlink_to("/lib/systemd/system/slurmdbd.service")
+    image.configure_rootfs(tmp_path, _recipe())
+    assert not (wants / "mariadb.service").is_symlink()
+    assert not (tmp_path / "etc/systemd/system/mariadb.service").is_symlink()
+    # slurmdbd stays as the package left it: its unit needs /etc/slurm/slurmdbd.conf, the head's alone.
+    assert (wants / "slurmdbd.service").is_symlink()
 
 
 def test_unbuilt_image_is_not_found_in_the_cache(tmp_path: Path) -> None:

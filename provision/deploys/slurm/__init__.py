@@ -21,6 +21,11 @@ compute node, and the same slurm.conf everywhere, written from the facts provisi
   when nothing changed.
 - Ubuntu 22.04's Slurm (21.08) has no cgroup v2 support: such hosts are skipped with the
   reason unless ``slurm = "force"``.
+- With ``slurm_accounting`` the head also runs slurmdbd over a MariaDB bound to loopback
+  (provision.rules.slurm_accounting), slurm.conf names it on every node, and the cluster is
+  registered in it before slurmctld restarts once. Its database password is made once on the
+  controller, like the munge key. Turned off, slurm.conf loses the lines and slurmdbd stops;
+  MariaDB and the data stay.
 """
 
 from __future__ import annotations
@@ -34,9 +39,10 @@ from typing import Any
 
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.operations import files, server, systemd
+from pyinfra.operations import files, systemd
 
 from provision import state, verdicts
+from provision.deploys.slurm import accounting, roster
 from provision.engine import (
     Step,
     current_cluster,
@@ -48,12 +54,12 @@ from provision.engine import (
     skip,
 )
 from provision.facts.gpus import NvidiaDevices
-from provision.facts.probes import LeavingNode, SlurmLeaving, SlurmRoster
 from provision.facts.system import Cpu, Memory, Os
 from provision.inventory import Cluster, Node
 from provision.operations.apt import install
 from provision.operations.stamps import follow_up
 from provision.rules import slurm as rules
+from provision.rules import slurm_accounting as accounting_rules
 
 CONF_DIR = "/etc/slurm"
 SLURM_CONF = f"{CONF_DIR}/slurm.conf"
@@ -136,34 +142,6 @@ def conf_computes(cluster: Cluster, nodes: dict[str, Known]) -> list[Node]:
     return [n for n in cluster.compute_nodes() if n.name in nodes and not nodes[n.name].unsupported]
 
 
-def roster(cluster: Cluster, nodes: dict[str, Known]) -> SlurmRoster:
-    """Nodes the controller's slurm.conf holds that this pass's does not (removed from the
-    inventory, or no longer compute nodes), with their jobs, and compute nodes coming back
-    from such a removal: asked of the head once per pass (SlurmLeaving). Nothing where the
-    head is not in the pass: the decision is made where slurmctld's own file is written."""
-    head = cluster.head_node()[0]
-    computes = tuple(n.name for n in conf_computes(cluster, nodes))
-
-    def read() -> SlurmRoster:
-        found = each_connected_host(
-            lambda h: (
-                h.get_fact(SlurmLeaving, computes=computes, removed=rules.REMOVED_PREFIX)
-                if h.name == head.name
-                else None
-            )
-        )
-        return found.get(head.name) or SlurmRoster()
-
-    return once_per_pass("slurm roster", read)
-
-
-def kept_lines(gone: dict[str, LeavingNode]) -> dict[str, str]:
-    """Leaving nodes that stay in slurm.conf in this run, with their lines: those with jobs
-    (a node dropped from slurm.conf takes its running jobs with it at the restart) or whose
-    jobs Slurm could not list. They stay drained until a later run finds them empty."""
-    return {name: node.line for name, node in gone.items() if node.jobs is None or node.jobs}
-
-
 def slurm_conf(cluster: Cluster, nodes: dict[str, Known], kept: dict[str, str] | None = None) -> tuple[str, list[str]]:
     """(slurm.conf text, compute nodes left out because no pass has seen them yet).
     ``kept``: leaving nodes that stay for now, by name, with their lines (kept_lines)."""
@@ -179,6 +157,9 @@ def slurm_conf(cluster: Cluster, nodes: dict[str, Known], kept: dict[str, str] |
         default_time=settings.slurm_default_time,
         health_program=rules.HEALTH_PROGRAM,
         health_interval_s=settings.slurm_health_interval_s,
+        # The address, as for the controller: the head's own hostname need not resolve on the
+        # other nodes (their /etc/hosts has the inventory's names).
+        accounting_host=head.cluster_address if settings.slurm_accounting else None,
     )
     text = rules.slurm_conf_with_lines(
         conf, [nodes[n.name].line for n in computes] + list(kept.values()), [n.name for n in computes] + list(kept)
@@ -217,34 +198,21 @@ def slurm() -> None:
     if why:
         skip("slurm", why)
         return
-    seen = roster(cluster, nodes)
-    kept = kept_lines(seen.leaving)
+    seen = roster.roster(cluster, tuple(n.name for n in conf_computes(cluster, nodes)))
+    kept = roster.kept_lines(seen.leaving)
     is_head = node.name == head.name
     computes = node.name in {n.name for n in conf_computes(cluster, nodes)} or node.name in kept
     roles = ((rules.CONTROLLER_PACKAGE, is_head), (rules.COMPUTE_PACKAGE, computes))
     daemons = [unit for unit, here in roles if here]
-    install("Install Slurm and munge", [*rules.NODE_PACKAGES, *daemons], settings.apt_lock_wait_s)
-    # A daemon of a role this host no longer has (another head; no longer a compute node) is
-    # stopped and disabled; its state stays on disk. A unit that is not installed is left be.
-    for unit in (unit for unit, here in roles if not here):
-        systemd.service(
-            name=f"{unit} stopped (not this host's role)", service=f"{unit}.service", running=False, enabled=False
-        )
-
-    key = munge_key(cluster)
-    key_op = put_secret("munge key (0400)", key, MUNGE_KEY, "munge", "munge", mode="400")
-    follow_up(
-        "Restart munge (key changed)",
-        "munge-key",
-        [hashlib.sha256(Path(key).read_bytes()).hexdigest()],  # the stamp holds no part of the key
-        ["systemctl restart munge.service"],
-        key_op.did_change,
-    )
-    systemd.service(name="munge running", service="munge.service", running=True, enabled=True)
+    keeps_accounting = is_head and head.settings.slurm_accounting
+    extra = list(accounting_rules.PACKAGES) if keeps_accounting else []
+    install("Install Slurm and munge", [*rules.NODE_PACKAGES, *daemons, *extra], settings.apt_lock_wait_s)
+    _stop_lost_roles([unit for unit, here in roles if not here])
+    _munge(cluster)
 
     text, unseen = slurm_conf(cluster, nodes, kept)
     if is_head:
-        _drain_leaving(seen.leaving, kept)
+        roster.drain_leaving(seen.leaving, kept)
     if unseen:
         note(f"slurm: not in slurm.conf yet (no run has reached them): {', '.join(unseen)}")
     if mine is not None and mine.gpus_without_driver and computes:
@@ -269,38 +237,39 @@ def slurm() -> None:
             group="root",
             mode="755",
         )
+    if is_head:
+        accounting.head_daemons(cluster, head, nodes[head.name].hostname, keeps_accounting)
     for unit in daemons:
         systemd.service(name=f"{unit} running", service=f"{unit}.service", running=True, enabled=True)
     if daemons:
         _reload_or_restart(daemons, text, gres, options, own)
-    if is_head and seen.returning:
-        # A node removed while it had jobs, now a compute node again: its removal drain lifted
-        # (only that one: SlurmLeaving names only nodes whose reason is the removal's).
-        server.shell(
-            name=f"Slurm: resume {', '.join(seen.returning)} (back in the inventory)",
-            commands=[rules.resume_returning(name) for name in seen.returning],
-            _timeout=len(seen.returning) * 2 * rules.SLURM_CALL_S + 30,
+    if is_head:
+        roster.resume_returning(seen.returning)
+        accounting.controller_accounting(cluster, keeps_accounting)
+
+
+def _stop_lost_roles(units: list[str]) -> None:
+    """A daemon of a role this host no longer has (another host is the head; no longer a
+    compute node) is stopped and disabled; its state stays on disk. A unit that is not
+    installed is left be."""
+    for unit in units:
+        systemd.service(
+            name=f"{unit} stopped (not this host's role)", service=f"{unit}.service", running=False, enabled=False
         )
 
 
-def _drain_leaving(gone: dict[str, LeavingNode], kept: dict[str, str]) -> None:
-    """On the head, before its files change: every leaving node drained (REMOVED_REASON);
-    one dropped in this run checked for jobs started since the pass looked."""
-    for name, found in sorted(gone.items()):
-        server.shell(
-            name=f"Slurm: drain {name} (leaving Slurm)",
-            commands=[rules.drain_leaving(name, dropping=name not in kept)],
-            _timeout=3 * rules.SLURM_CALL_S + 30,
-        )
-        if name not in kept:
-            note(f"slurm: {name} leaves slurm.conf (no longer a compute node in the inventory; no jobs on it)")
-        elif found.jobs is None:
-            note(f"slurm: {name} stays in slurm.conf, drained: Slurm could not list its jobs; run up again")
-        else:
-            note(
-                f"slurm: {name} stays in slurm.conf, drained, until its jobs end ({' '.join(found.jobs)}); "
-                "run up again then"
-            )
+def _munge(cluster: Cluster) -> None:
+    """The cluster's one munge key on this host; munged restarted when it changed."""
+    key = munge_key(cluster)
+    key_op = put_secret("munge key (0400)", key, MUNGE_KEY, "munge", "munge", mode="400")
+    follow_up(
+        "Restart munge (key changed)",
+        "munge-key",
+        [hashlib.sha256(Path(key).read_bytes()).hexdigest()],  # the stamp holds no part of the key
+        ["systemctl restart munge.service"],
+        key_op.did_change,
+    )
+    systemd.service(name="munge running", service="munge.service", running=True, enabled=True)
 
 
 def health_script(cluster: Cluster, node: Node) -> str:
