@@ -55,6 +55,12 @@ def train(
         help="ssh: torchrun started on every node over SSH; slurm: the same run as one Slurm job "
         "(whole nodes, their GPUs; scancel on a failure or Ctrl-C)",
     ),
+    requeue: bool = typer.Option(
+        False,
+        "--requeue",
+        help="with --scheduler slurm: let Slurm requeue the job (scontrol requeue, preemption); each start "
+        "resumes from the run's last checkpoint (give -- --ckpt-interval N)",
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="do not echo the nodes' logs"),
     as_json: bool = typer.Option(False, "--json", help="print the report as JSON on stdout"),
 ) -> None:
@@ -70,8 +76,13 @@ def train(
     With --scheduler slurm (on a cluster the slurm step provisioned) the run is one job
     submitted as the training user: the same logs, report and exit codes; a failure or
     Ctrl-C cancels the job, and the reaper checks every node as after an SSH run.
+    --requeue submits it requeueable: when Slurm requeues it, the logs go on across the
+    attempts, every attempt resumes from the run's newest checkpoint, and the report says
+    how many times it was requeued.
 
     Example: provision train inventories/testbed.py --steps 200 --model small -- --lr 3e-4
+
+    Example: provision train inventories/testbed.py --scheduler slurm --requeue --steps 2000 -- --ckpt-interval 100
     """
     from provision import launch
 
@@ -88,6 +99,7 @@ def train(
         timeout,
         inventory,
         scheduler,
+        requeue,
     )
     cluster = inventory_lib.load(inventory)
     nodes = host_limit.select(cluster, limit)
@@ -126,6 +138,7 @@ def _options(
     timeout: float | None,
     inventory: Path,
     scheduler: str = "ssh",
+    requeue: bool = False,
 ) -> Options:
     from provision.launch import Options, logs, plan
 
@@ -146,6 +159,14 @@ def _options(
         )
     if scheduler not in ("ssh", "slurm"):
         problems.append(Problem("--scheduler", f"unknown scheduler {scheduler!r}", "ssh or slurm"))
+    elif requeue and scheduler != "slurm":
+        problems.append(
+            Problem(
+                "--requeue",
+                f"only a Slurm job can be requeued, not a run with --scheduler {scheduler}",
+                "add --scheduler slurm, or leave --requeue out",
+            )
+        )
     if problems:
         raise InputError(problems)
     return Options(
@@ -161,6 +182,7 @@ def _options(
         timeout,
         f"{inventory.stem}-{model}",
         scheduler,
+        requeue,
     )
 
 
@@ -213,6 +235,9 @@ def _print(r: Any) -> None:
     if r.final_val_loss is not None:
         out.print(f"loss: train {r.final_train_loss:.4f}, validation {r.final_val_loss:.4f}")
     out.print(f"stragglers: {safe(', '.join(r.stragglers) or 'none')}")
+    if r.requeues is not None:
+        resumed = ", each next attempt resumed from the run's last checkpoint" if r.requeues else ""
+        out.print(f"Slurm job requeued: {r.requeues} time(s){resumed}")
     if r.failure:
         out.print(f"[bold red]failed:[/] {safe(r.failure)}")
         if r.teardown_s is not None:

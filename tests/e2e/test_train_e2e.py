@@ -1,13 +1,16 @@
 """`provision train` on the provisioned testbed, one drill: two VMs train together over the
 cluster network with checkpoints on NFS; a VM dies mid-run and the run is torn down on every
 host within 30 s; `--resume`, as a Slurm job (`--scheduler slurm`), continues from the last
-checkpoint to a clean exit and a COMPLETED job."""
+checkpoint to a clean exit and a COMPLETED job. And `--requeue`: a job requeued mid-run is
+followed into its second attempt, which resumes from the run's checkpoint."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -105,6 +108,55 @@ def test_two_vms_train_over_the_cluster_network_a_vm_dying_tears_down_the_run_an
     head = cluster.head_node()[0]
     assert "JobState=COMPLETED" in sh(head, f"scontrol show job {job} -o"), job
     _privilege_drill(survivor, first_run)
+
+
+def test_a_requeued_slurm_job_is_followed_into_its_next_attempt_which_resumes_from_the_checkpoint(
+    provisioned, testbed, tmp_path
+):
+    # Requeued by hand (as an admin, or a preemption, would) once the run's first checkpoint
+    # is on NFS. Slurm holds a requeued job back for its credentials' lifetime (about two
+    # minutes by default) before it starts again; the run waits through that as one run.
+    cluster = inventory.load(testbed.inventory_path)
+    head = cluster.head_node()[0]
+    proc = start(Path(testbed.inventory_path), tmp_path, "--steps", "20", "--scheduler", "slurm", "--requeue", *TRAINER)
+    try:
+        text = _wait_for_text(tmp_path, "checkpoint step ")  # rank 0's line, after the save
+        job = re.search(r"\[provision\] Slurm job (\d+) started \(attempt 1\)", text)[1]
+        node = cluster.nodes[0]
+        listing = sh(node, f"ls {node.settings.nfs_mount_root}/checkpoints")
+        assert ".pt" in listing, listing
+        sh(head, f"scontrol requeue {job}")
+        code = proc.wait(timeout=1500)
+    finally:
+        if proc.poll() is None:  # Ctrl-C: the run cancels its job and cleans the nodes
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=300)
+    assert code == 0, (tmp_path / "err.txt").read_text()[-3000:]
+    report = report_of(tmp_path)
+    assert report["requeues"] == 1, report
+    assert all(n["clean"] for n in report["nodes"]), report["nodes"]
+    assert f"ran as Slurm job {job}" in report["notes"]
+    logs = {p.stem: p.read_text() for p in Path(report["out_dir"]).glob("*.log")}
+    for name, text in logs.items():
+        assert f"[provision] Slurm job {job} started (attempt 2)" in text, name
+    resumed = [int(n) for n in re.findall(r"resumed from \S+ at step (\d+)", "\n".join(logs.values()))]
+    assert resumed, logs
+    assert min(resumed) > 0, resumed
+    shown = sh(head, f"scontrol show job {job} -o")
+    assert "JobState=COMPLETED" in shown, shown
+    assert "Restarts=1" in shown, shown
+
+
+def _wait_for_text(cwd: Path, needle: str, timeout: float = 900) -> str:
+    """The run's node logs, once one of them holds ``needle``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for run in [p for p in (cwd / "runs").glob("train-*") if p.is_dir()]:
+            text = "\n".join(log.read_text() for log in run.glob("*.log"))
+            if needle in text:
+                return text
+        time.sleep(1)
+    raise AssertionError(f"no {needle!r} within {timeout}s: {(cwd / 'err.txt').read_text()[-2000:]}")
 
 
 def _privilege_drill(node, run_id: str) -> None:
