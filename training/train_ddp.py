@@ -32,7 +32,9 @@ Resume: add ``--resume``; the run continues from the newest good checkpoint's st
 same data order, learning rate and optimizer state, so its losses match an uninterrupted
 run, also on another number of ranks: the global batch is the checkpoint's, and every
 sequence of it counts the same however it splits over the ranks. ``--auto-resume`` does
-the same when a checkpoint exists and starts at step 0 when none does (for restarts).
+the same when a checkpoint exists and starts at step 0 when none does (for restarts);
+``--auto-resume-own`` likewise, from a checkpoint this ``--run-id`` wrote only (a requeued
+Slurm job's restart, which must not continue an earlier run's checkpoint of the same name).
 Checkpoints are ``<ckpt-dir>/<ckpt-name>-step<N>.pt``, written atomically; the newest two
 are kept, and a torn one is skipped with a note.
 """
@@ -557,6 +559,7 @@ def save_checkpoint(d: Dist, directory: Path, name: str, model, opt, step: int, 
         "config": asdict(cfg),
         "global_batch": args.global_batch,
         "world": d.world,
+        "run_id": args.run_id,  # --auto-resume-own continues only its own run's checkpoints
     }
     with open(tmp, "wb") as f:
         torch.save(state, f)
@@ -572,10 +575,12 @@ def save_checkpoint(d: Dist, directory: Path, name: str, model, opt, step: int, 
             old.unlink()
 
 
-def newest_good_checkpoint(directory: Path, name: str, say=print) -> tuple[Path, dict] | None:
+def newest_good_checkpoint(
+    directory: Path, name: str, say=print, run_id: str | None = None
+) -> tuple[Path, dict] | None:
     """The newest checkpoint that loads whole and says the step its name says, with its
     state; each one passed over is named with why (a save torn by a crash, a file copied
-    in by hand). None when there is none."""
+    in by hand, with ``run_id``: another run's). None when there is none."""
     for step, path in checkpoint_files(directory, name):
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
@@ -588,15 +593,21 @@ def newest_good_checkpoint(directory: Path, name: str, say=print) -> tuple[Path,
         if state["step"] != step:
             say(f"note: skipped checkpoint {path}: it holds step {state['step']}, its name says {step}")
             continue
+        if run_id is not None and state.get("run_id") != run_id:
+            say(f"note: skipped checkpoint {path}: run {state.get('run_id') or 'unknown'}'s, not this run's ({run_id})")
+            continue
         return path, state
     return None
 
 
-def load_checkpoint(d: Dist, directory: Path, name: str, cfg: GPTConfig, required: bool) -> dict | None:
+def load_checkpoint(
+    d: Dist, directory: Path, name: str, cfg: GPTConfig, required: bool, run_id: str | None = None
+) -> dict | None:
     """Every rank gets the newest good checkpoint, as rank 0 chose it: read locally where
     that file is visible on every node (shared directory), else broadcast from rank 0.
-    None when there is none and ``required`` is False."""
-    chosen = newest_good_checkpoint(directory, name, lambda text: log(d, text)) if d.rank == 0 else None
+    None when there is none and ``required`` is False. With ``run_id``, only that run's
+    checkpoints count."""
+    chosen = newest_good_checkpoint(directory, name, lambda text: log(d, text), run_id) if d.rank == 0 else None
     box: list = [str(chosen[0]) if chosen else None]
     if d.world > 1:
         dist.broadcast_object_list(box, src=0)
@@ -739,6 +750,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="continue from the newest good checkpoint if there is one, else start at step 0 (restarts)",
     )
+    arg(
+        "--auto-resume-own",
+        action="store_true",
+        help="as --auto-resume, from a checkpoint of this --run-id only (a requeued job's restart)",
+    )
     arg("--data", help="directory of text files (default: Python's standard library)")
     arg("--data-cache", help="where token files go (default /shared/datasets/train_ddp if writable, else ./data)")
     arg("--data-max-mb", type=int, default=DATA_MAX_MB, help="text to read, in MiB")
@@ -807,8 +823,11 @@ def main(argv: list[str] | None = None) -> dict:
     cfg = model_config(args)
     ckpt_dir = Path(args.ckpt_dir or default_ckpt_dir(d))
     state = None
-    if args.resume or args.auto_resume:
-        state = load_checkpoint(d, ckpt_dir, args.ckpt_name, cfg, required=args.resume)
+    # --resume and --auto-resume take any checkpoint of the name; --auto-resume-own alone
+    # only this run's (an earlier run's checkpoint is not where a restart left off).
+    own = args.run_id if args.auto_resume_own and not (args.resume or args.auto_resume) else None
+    if args.resume or args.auto_resume or args.auto_resume_own:
+        state = load_checkpoint(d, ckpt_dir, args.ckpt_name, cfg, required=args.resume, run_id=own)
     # A resumed run keeps the checkpoint's global batch unless one is given: on another
     # number of ranks the steps are then the same steps.
     given_batch = args.global_batch
@@ -831,8 +850,9 @@ def main(argv: list[str] | None = None) -> dict:
         moved = f"; world size {was} -> {d.world}, global batch {args.global_batch} kept" if was != d.world else ""
         log(d, f"resumed from {state['path']} at step {start}{moved}")
         del state
-    elif args.auto_resume:
-        log(d, f"no checkpoint in {ckpt_dir} yet: starting at step 0")
+    elif args.auto_resume or args.auto_resume_own:
+        mine = f" of run {own}" if own else ""
+        log(d, f"no checkpoint{mine} in {ckpt_dir} yet: starting at step 0")
     if args.compile:
         model = torch.compile(model)
     if d.world > 1:

@@ -56,6 +56,12 @@ def train(
         "(whole nodes, their GPUs; scancel on a failure or Ctrl-C); auto: slurm where the slurm "
         "step provisioned every host of the run and the controller answers, else ssh",
     ),
+    requeue: bool = typer.Option(
+        False,
+        "--requeue",
+        help="through Slurm only: let Slurm requeue the job (scontrol requeue, preemption); each start "
+        "resumes from the run's last checkpoint (give -- --ckpt-interval N)",
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="do not echo the nodes' logs"),
     as_json: bool = typer.Option(False, "--json", help="print the report as JSON on stdout"),
 ) -> None:
@@ -73,8 +79,13 @@ def train(
     Ctrl-C cancels the job, and the reaper checks every node as after an SSH run. That is
     the default (auto) where Slurm runs on every host of the run; the first line says which
     scheduler was chosen, and why not Slurm when it was not.
+    --requeue submits it requeueable: when Slurm requeues it, the logs go on across the
+    attempts, every attempt resumes from the run's newest checkpoint, and the report says
+    how many times it was requeued.
 
     Example: provision train inventories/testbed.py --steps 200 --model small -- --lr 3e-4
+
+    Example: provision train inventories/testbed.py --scheduler slurm --requeue --steps 2000 -- --ckpt-interval 100
     """
     from provision import launch
 
@@ -91,11 +102,16 @@ def train(
         timeout,
         inventory,
         scheduler,
+        requeue,
     )
     cluster = inventory_lib.load(inventory)
     nodes = host_limit.select(cluster, limit)
     if scheduler == "auto":
         opts = replace(opts, scheduler=_choose_scheduler(cluster, nodes))
+        if requeue and opts.scheduler != "slurm":
+            raise InputError(
+                Problem("--requeue", "only a Slurm job can be requeued, and this run would go over SSH (above)")
+            )
     elif scheduler == "slurm":
         outside = [n.name for n in nodes if n.name not in {c.name for c in cluster.compute_nodes()}]
         if outside:
@@ -131,6 +147,7 @@ def _options(
     timeout: float | None,
     inventory: Path,
     scheduler: str = "ssh",
+    requeue: bool = False,
 ) -> Options:
     from provision.launch import Options, logs, plan
 
@@ -151,6 +168,14 @@ def _options(
         )
     if scheduler not in ("auto", "ssh", "slurm"):
         problems.append(Problem("--scheduler", f"unknown scheduler {scheduler!r}", "auto, ssh or slurm"))
+    elif requeue and scheduler == "ssh":
+        problems.append(
+            Problem(
+                "--requeue",
+                f"only a Slurm job can be requeued, not a run with --scheduler {scheduler}",
+                "leave --scheduler ssh out, or --requeue",
+            )
+        )
     if problems:
         raise InputError(problems)
     return Options(
@@ -166,6 +191,7 @@ def _options(
         timeout,
         f"{inventory.stem}-{model}",
         scheduler,
+        requeue,
     )
 
 
@@ -232,6 +258,9 @@ def _print(r: Any) -> None:
     if r.final_val_loss is not None:
         out.print(f"loss: train {r.final_train_loss:.4f}, validation {r.final_val_loss:.4f}")
     out.print(f"stragglers: {safe(', '.join(r.stragglers) or 'none')}")
+    if r.requeues is not None:
+        resumed = ", each next attempt resumed from the run's last checkpoint" if r.requeues else ""
+        out.print(f"Slurm job requeued: {r.requeues} time(s){resumed}")
     if r.failure:
         out.print(f"[bold red]failed:[/] {safe(r.failure)}")
         if r.teardown_s is not None:

@@ -38,6 +38,12 @@ class Curves:
     def feed(self, text: str) -> None:
         if m := _STEP.match(text):
             step = int(m.group(1))
+            if self.train and step <= self.train[-1][0]:
+                # A restart (a requeued Slurm job) trains again from its checkpoint: the
+                # steps since then are the new attempt's, the earlier ones are dropped.
+                self.train = [p for p in self.train if p[0] < step]
+                self.tokens_per_s = [p for p in self.tokens_per_s if p[0] < step]
+                self.val = [p for p in self.val if p[0] < step]
             self.train.append((step, float(m.group(2))))
             self.tokens_per_s.append((step, float(m.group(3))))
         elif m := _VAL.match(text):

@@ -128,11 +128,19 @@ def trainer_args(
     summary: str,
     shared: tuple[str, ...] = (),
     extra: tuple[str, ...] = (),
+    requeue: bool = False,
 ) -> tuple[str, ...]:
     """train_ddp.py arguments. The global batch grows with the world (weak scaling), so a
     rank does the same work on 1 node or on N, which is what scaling efficiency compares.
     ``shared`` are the directories on NFS (``share_args``). ``extra`` comes last, so the
-    user's own flags win."""
+    user's own flags win.
+
+    ``requeue`` (a Slurm job that may be requeued): every start of the trainer, the first
+    and each restart, takes the same arguments, so each continues from the newest
+    checkpoint this run wrote (--auto-resume-own; none yet: step 0). Not any checkpoint of
+    the name: the name is shared by runs of one inventory and model, and a restart before
+    this run's first save must not continue an earlier run. With ``resume`` the run
+    continues an earlier checkpoint anyway, and --resume does so on every start."""
     args = [
         "--steps",
         str(steps),
@@ -152,6 +160,8 @@ def trainer_args(
     ]
     if resume:
         args.append("--resume")
+    elif requeue:
+        args.append("--auto-resume-own")
     return (*args, *extra)
 
 

@@ -51,6 +51,7 @@ class TrainReport:
     plot: str | None = None  # PNG with loss curves and throughput
     mfu: float | None = None  # model FLOPs utilisation (GPU runs)
     notes: list[str] = field(default_factory=list)  # anything else worth saying
+    requeues: int | None = None  # --requeue: times the Slurm job was requeued and started again; else None
 
 
 def stragglers(forward_ms: dict[str, float], ratio: float = STRAGGLER_RATIO) -> list[str]:
@@ -129,6 +130,7 @@ def build(out: Outcome, records_path: Path, sig: str) -> TrainReport:
         out.teardown_s,
         str(out.out_dir),
         mfu=summary.get("mfu"),
+        requeues=out.requeues,
     )
     if out.failure is None and not summary:
         report.notes.append("the trainer ended without its summary line")

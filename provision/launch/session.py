@@ -51,6 +51,7 @@ class Options:
     timeout_s: float | None  # stop the run after this long; None: no limit
     ckpt_name: str  # checkpoint file name on the nodes
     scheduler: str = "ssh"  # ssh: torchrun started over SSH; slurm: one Slurm job (launch.slurm_job)
+    requeue: bool = False  # slurm only: the job may be requeued; each start resumes the run's checkpoint
 
 
 @dataclass
@@ -78,6 +79,7 @@ class Outcome:
     curves: logs.Curves = field(default_factory=logs.Curves)  # rank 0's loss and speed
     samples: dict[str, list[monitor.Sample]] = field(default_factory=dict)  # per host
     slurm_job: str | None = None  # the Slurm job id of a --scheduler slurm run
+    requeues: int | None = None  # --requeue: times the job was requeued and started again; else None
 
 
 def prepare(
@@ -119,6 +121,7 @@ def prepare(
         summary="summary.json",
         shared=shared,
         extra=opts.extra_args,
+        requeue=opts.requeue,
     )
     return plan.RunPlan(run_id, first.cluster_address, first.settings.train_master_port, node_plans, args)
 

@@ -16,12 +16,20 @@ as an SSH run, and ends a node's stream with the task's exit status once it has 
 once the job has left the queue without it (cancelled, killed). A failure or Ctrl-C
 cancels the job (scancel), then the reaper checks each node as after an SSH run.
 
+With --requeue the job may be requeued (by an admin's `scontrol requeue`, a preemption):
+Slurm ends the tasks, the job goes back to PENDING and then runs again. Each start of a
+node's script clears the previous attempt's exit status, appends to the same log (so the
+stream keeps following it) under a line naming the attempt, and the trainer resumes the
+run's newest checkpoint (plan.trainer_args). The stream then trusts an exit status only
+once the job can no longer run again (stream_command).
+
 Everything here builds shell text from the plan; names and paths enter it quoted.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import shlex
 from collections.abc import Callable
 from io import StringIO
@@ -44,19 +52,38 @@ def logs_dir(node: plan.NodePlan) -> str:
 
 def node_script(run: plan.RunPlan, node: plan.NodePlan) -> str:
     """The script a node's task runs, as the job's user: torchrun with the node's
-    environment and the run's markers (the reaper finds strays by them), its output to
-    TASK_LOG, its exit status to TASK_EXIT."""
+    environment and the run's markers (the reaper finds strays by them), its output
+    appended to TASK_LOG, its exit status to TASK_EXIT.
+
+    Every start of the task runs it again, the first and each after a requeue: it removes
+    the previous attempt's exit status first, and appends (never truncates) the log, after
+    a line naming the attempt (ATTEMPT_LINE), so the stream's tail -F reads on. Slurm
+    exports SLURM_RESTART_COUNT to a job that was requeued (unset or 0 on its first run)."""
     log, status = shlex.quote(f"{logs_dir(node)}/{TASK_LOG}"), shlex.quote(f"{logs_dir(node)}/{TASK_EXIT}")
     env = [f"{k}={v}" for k, v in plan.node_env(run, node).items()]
     argv = shlex.join(["env", *env, *plan.torchrun_argv(run, node)])
     return (
         "# Written by provision train (--scheduler slurm); run by this node's Slurm task.\n"
         f"cd {shlex.quote(node.work_dir)} || exit 1\n"
-        f"{argv} > {log} 2>&1\n"
+        f"rm -f {status} || exit 1\n"
+        'case "${SLURM_RESTART_COUNT:-0}" in ""|*[!0-9]*) restarts=0 ;; *) restarts=${SLURM_RESTART_COUNT:-0} ;; esac\n'
+        f'echo "[provision] Slurm job ${{SLURM_JOB_ID:-?}} started (attempt $((restarts + 1)))" >> {log}\n'
+        f"{argv} >> {log} 2>&1\n"
         "rc=$?\n"
         f"echo $rc > {status}\n"
         "exit $rc\n"
     )
+
+
+# The line node_script writes at each start; the controller counts a run's requeues by it.
+ATTEMPT_LINE = re.compile(r"^\[provision\] Slurm job \S+ started \(attempt (\d+)\)$")
+
+
+def attempt_of(text: str) -> int | None:
+    """The attempt number of a node's ATTEMPT_LINE (1: the job's first start); None for
+    any other line."""
+    m = ATTEMPT_LINE.match(text.strip())
+    return int(m.group(1)) if m else None
 
 
 def task_command(run: plan.RunPlan) -> str:
@@ -75,7 +102,9 @@ def time_limit(timeout_s: float | None) -> str:
     return "UNLIMITED" if timeout_s is None else str(math.ceil(timeout_s / 60) + 1)
 
 
-def sbatch_command(run: plan.RunPlan, user: str | None, gpus_per_node: int, timeout_s: float | None) -> str:
+def sbatch_command(
+    run: plan.RunPlan, user: str | None, gpus_per_node: int, timeout_s: float | None, requeue: bool = False
+) -> str:
     """The submission, run on the first node as the training user (root reaches it with
     runuser; a non-root SSH user submits as itself). Prints the job id (--parsable)."""
     first = run.nodes[0]
@@ -91,9 +120,10 @@ def sbatch_command(run: plan.RunPlan, user: str | None, gpus_per_node: int, time
         f"--time={time_limit(timeout_s)}",
         f"--chdir={first.work_dir}",
         "--output=/dev/null",
-        # A node lost mid-run ends the run (as over SSH); requeued, the job would restart the
-        # trainer behind the controller's back.
-        "--no-requeue",
+        # Without --requeue a node lost mid-run ends the run (as over SSH). With it, Slurm may
+        # start the job again (scontrol requeue, preemption); the stream follows each attempt
+        # (stream_command) and the trainer resumes the run's newest checkpoint.
+        "--requeue" if requeue else "--no-requeue",
         *([f"--gres=gpu:{gpus_per_node}"] if gpus_per_node else []),
         "--wrap",
         f"srun --kill-on-bad-exit=1 {task_command(run)}",
@@ -108,24 +138,79 @@ def parse_job_id(stdout: str) -> str | None:
     return job if job.isdigit() else None
 
 
-def stream_command(node: plan.NodePlan, job_id: str, user: str | None) -> str:
+# Job states (squeue %T) after which the job cannot run again: its end. Any other state
+# (PENDING, RUNNING, COMPLETING, REQUEUED, REQUEUE_HOLD, SPECIAL_EXIT, SUSPENDED, ...) may
+# still lead to a (further) attempt; a state unknown here counts as such too, and the job
+# leaves the queue in the end anyway (then squeue lists nothing). Slurm's own names.
+ENDED_STATES = (
+    "BOOT_FAIL",
+    "CANCELLED",
+    "COMPLETED",
+    "DEADLINE",
+    "FAILED",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "PREEMPTED",
+    "TIMEOUT",
+)
+# States in which the job waits to start (again): ended from one of these, the exit status
+# on the node (if any) is an earlier attempt's, not the last one's.
+WAITING_STATES = ("PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "SPECIAL_EXIT")
+
+
+def stream_command(node: plan.NodePlan, job_id: str, user: str | None, requeue: bool = False) -> str:
     """Run over SSH on a node for the length of the run: its task's log as it grows, then
     the task's exit status as this command's own; KILLED when the job left the queue
     without one. Both files are the training user's, so they are read as that user (a link
-    it put there reaches nothing root alone may read), and the status only as a number."""
+    it put there reaches nothing root alone may read), and the status only as a number.
+
+    Without ``requeue`` the exit status ends the stream as soon as it is written (a failed
+    rank ends the run at once). With ``requeue`` it cannot: an attempt that Slurm ends for
+    a requeue may leave an exit status (torchrun killed) moments before the job goes back
+    to PENDING, and a stream that trusted it would end a run that is about to continue.
+    Keying the file by SLURM_RESTART_COUNT would not help, since the stream cannot know
+    whether the attempt it belongs to is the last one. So the stream asks the controller
+    instead: the status counts once squeue says the job can no longer run again (an
+    ENDED_STATES state, or no longer listed), and it is then the last attempt's, because
+    every start of a node's script removes the previous one first (node_script). A job
+    that ended while it waited to start again (cancelled while PENDING after a requeue)
+    has no status of its last attempt: KILLED, whatever an earlier attempt left. A failed
+    rank still ends the run within seconds: srun --kill-on-bad-exit ends the job, and a
+    job that fails is not requeued. The run's --timeout bounds the wait in every case."""
     log, status = shlex.quote(f"{logs_dir(node)}/{TASK_LOG}"), shlex.quote(f"{logs_dir(node)}/{TASK_EXIT}")
     job = shlex.quote(job_id)
+    ask = f"q=$(squeue --noheader --jobs={job} --format=%T 2>&1)"
+    # Gone means squeue answered and named no such job (nothing listed, or the id purged
+    # from the controller's memory); a squeue that fails otherwise (the controller busy or
+    # restarting) is asked again, not taken for the job's end.
+    gone = 'else case "$q" in *"Invalid job id"*) break ;; esac; fi; '
+    if requeue:
+        ended = "|".join(f"*{s}*" for s in ENDED_STATES)
+        waiting = "|".join(f"{s}*" for s in WAITING_STATES)
+        watch = (
+            "last=; "
+            f'while :; do if {ask}; then [ -n "$q" ] || break; '
+            f'case "$q" in {ended}) break ;; esac; '
+            # Said once a requeue: when a job that had started waits again.
+            f'case "$last" in ""|{waiting}) ;; *) case "$q" in {waiting}) '
+            f'echo "[provision] Slurm job {job_id} requeued ($q): following its next attempt" ;; esac ;; esac; '
+            "last=$q; "
+            f"{gone}sleep {POLL_S}; done; "
+        )
+        stale = (
+            f'case "$last" in {waiting}) '
+            f'echo "[provision] Slurm job {job_id} ended while waiting to start ($last)"; '
+            f"exit {KILLED} ;; esac; "
+        )
+    else:
+        watch = f'while [ ! -e {status} ]; do if {ask}; then [ -n "$q" ] || break; {gone}sleep {POLL_S}; done; '
+        stale = ""
     script = (
         f"tail -n +1 -F {log} 2>/dev/null & t=$!; "
-        # Gone means squeue answered and named no such job (nothing listed, or the id purged
-        # from the controller's memory); a squeue that fails otherwise (the controller busy or
-        # restarting) is asked again, not taken for the job's end.
-        f"while [ ! -e {status} ]; do "
-        f'if q=$(squeue --noheader --jobs={job} --format=%T 2>&1); then [ -n "$q" ] || break; '
-        'else case "$q" in *"Invalid job id"*) break ;; esac; fi; '
-        f"sleep {POLL_S}; done; "
+        f"{watch}"
         # The last lines reach the log before the status is written; give tail a moment.
         "sleep 1; kill $t 2>/dev/null; wait $t 2>/dev/null; "
+        f"{stale}"
         f"rc=$(head -c 8 {status} 2>/dev/null); "
         'case "$rc" in ""|*[!0-9]*) '
         f'echo "[provision] Slurm job {job_id} ended without this node\'s exit status (cancelled or killed)"; '
@@ -147,6 +232,23 @@ def cancel_by_name_command(run_id: str, user: str | None) -> str:
 
 
 SUBMIT_TIMEOUT_S = 60  # sbatch, and scancel, on the first node
+REQUEUE_WITHOUT_CHECKPOINTS = (
+    "note: --requeue without `-- --ckpt-interval N`: the trainer checkpoints only at its last step, "
+    "so a requeued job starts again from step 0"
+)
+
+
+class Attempts:
+    """Passes the nodes' lines on, counting the job's starts by their attempt lines."""
+
+    def __init__(self, on_line: Callable[[str, str, str], None]):
+        self._on_line = on_line
+        self.most = 1  # the highest attempt any node has started
+
+    def line(self, host: str, who: str, text: str) -> None:
+        if (n := attempt_of(text)) is not None:
+            self.most = max(self.most, n)
+        self._on_line(host, who, text)
 
 
 def run(
@@ -171,7 +273,10 @@ def run(
     first, user = nodes[0], run_plan.nodes[0].run_as
     gpus = min(p.gpus for p in run_plan.nodes)
     submitted = remote.run(
-        first, sbatch_command(run_plan, user, gpus, opts.timeout_s), timeout=SUBMIT_TIMEOUT_S, conn=conns[first.name]
+        first,
+        sbatch_command(run_plan, user, gpus, opts.timeout_s, opts.requeue),
+        timeout=SUBMIT_TIMEOUT_S,
+        conn=conns[first.name],
     )
     job = parse_job_id(submitted.stdout) if submitted.ok else None
     if job is None:
@@ -180,6 +285,9 @@ def run(
         why = (submitted.stderr or submitted.stdout).strip()[-400:]
         raise session.LaunchError(f"{first.name}: sbatch failed (exit {submitted.exited}): {why}")
     say(first.name, f"Slurm job {job} submitted: {len(run_plan.nodes)} nodes, {gpus} GPUs each")
+    if opts.requeue and not any(a.startswith("--ckpt-interval") for a in run_plan.trainer_args):
+        say(first.name, REQUEUE_WITHOUT_CHECKPOINTS)
+    attempts = Attempts(on_line)
 
     def cancel() -> None:
         """scancel from the first node that answers (the failed node may be the first)."""
@@ -196,10 +304,12 @@ def run(
         conns,
         run_plan,
         opts,
-        on_line,
-        command_for=lambda p: stream_command(p, job, p.run_as),
+        attempts.line,
+        command_for=lambda p: stream_command(p, job, p.run_as, opts.requeue),
         on_stop=cancel,
     )
     outcome = supervisor.run()
     outcome.slurm_job = job
+    if opts.requeue:
+        outcome.requeues = attempts.most - 1
     return outcome

@@ -1,13 +1,17 @@
 """`provision train` on the provisioned testbed, one drill: two VMs train together over the
 cluster network with checkpoints on NFS; a VM dies mid-run and the run is torn down on every
 host within 30 s; `--resume`, as a Slurm job (the default scheduler on a cluster running
-Slurm), continues from the last checkpoint to a clean exit and a COMPLETED job."""
+Slurm), continues from the last checkpoint to a clean exit and a COMPLETED job, and with
+`--requeue` is followed across a requeue into a second attempt that resumes from the run's
+newer checkpoint."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -91,22 +95,59 @@ def test_two_vms_train_over_the_cluster_network_a_vm_dying_tears_down_the_run_an
     # provisioned every host: one job on both VMs, the same live logs and report, the
     # checkpoint on NFS that the SSH run wrote, COMPLETED in Slurm.
     testbed.testbed.start_node(victim.name)
-    resumed = start(Path(testbed.inventory_path), tmp_path / "again", "--steps", "8", "--resume", *TRAINER)
+    # And --requeue: once this run has checkpointed, the job is requeued by hand (as an admin,
+    # or a preemption, would); the run follows it into its second attempt, which resumes from
+    # this run's newest checkpoint. Slurm holds a requeued job back a while before it starts
+    # it again; the run waits through that as one run.
+    resumed = start(
+        Path(testbed.inventory_path), tmp_path / "again", "--steps", "24", "--resume", "--requeue", *TRAINER
+    )
+    head = cluster.head_node()[0]
     said = (tmp_path / "again" / "err.txt").read_text
-    assert resumed.wait(timeout=1800) == 0, said()[-3000:]
+    try:
+        text = _wait_for_text(tmp_path / "again", "checkpoint step ")  # rank 0's line, after the save
+        job = re.search(r"\[provision\] Slurm job (\d+) started \(attempt 1\)", text)
+        assert job, text[-2000:]
+        sh(head, f"scontrol requeue {job[1]}")
+        code = resumed.wait(timeout=1800)
+    finally:
+        if resumed.poll() is None:  # Ctrl-C: the run cancels its job and cleans the nodes
+            resumed.send_signal(signal.SIGINT)
+            resumed.wait(timeout=300)
+    assert code == 0, said()[-3000:]
     assert "scheduler: slurm" in said(), said()[:2000]
     report = report_of(tmp_path / "again")
     assert report["world_size"] == 2
     assert all(n["tokens_per_s"] > 0 and n["clean"] for n in report["nodes"]), report["nodes"]
-    logs = "\n".join(p.read_text() for p in Path(report["out_dir"]).glob("*.log"))
-    assert "resumed from" in logs
+    assert report["requeues"] == 1, report
+    node_logs = {p.stem: p.read_text() for p in Path(report["out_dir"]).glob("*.log")}
+    for name, text in node_logs.items():
+        assert f"[provision] Slurm job {job[1]} started (attempt 2)" in text, name
+    logs = "\n".join(node_logs.values())
+    # Resumed twice: from the SSH run's checkpoint, then (attempt 2) from this run's newer one.
+    resumed_at = [int(n) for n in re.findall(r"resumed from \S+ at step (\d+)", logs)]
+    assert len(set(resumed_at)) >= 2, resumed_at
+    assert min(resumed_at) > 1, resumed_at
     steps = [int(line.split("step ")[1].split("/")[0]) for line in logs.splitlines() if "| train loss" in line]
     assert steps, steps
     assert steps[0] > 1, steps
-    (job,) = [n.rsplit(" ", 1)[1] for n in report["notes"] if n.startswith("ran as Slurm job ")]
-    head = cluster.head_node()[0]
-    assert "JobState=COMPLETED" in sh(head, f"scontrol show job {job} -o"), job
+    assert f"ran as Slurm job {job[1]}" in report["notes"]
+    shown = sh(head, f"scontrol show job {job[1]} -o")
+    assert "JobState=COMPLETED" in shown, shown
+    assert "Restarts=1" in shown, shown
     _privilege_drill(survivor, first_run)
+
+
+def _wait_for_text(cwd: Path, needle: str, timeout: float = 900) -> str:
+    """The run's node logs, once one of them holds ``needle``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for run in [p for p in (cwd / "runs").glob("train-*") if p.is_dir()]:
+            text = "\n".join(log.read_text() for log in run.glob("*.log"))
+            if needle in text:
+                return text
+        time.sleep(1)
+    raise AssertionError(f"no {needle!r} within {timeout}s: {(cwd / 'err.txt').read_text()[-2000:]}")
 
 
 def _privilege_drill(node, run_id: str) -> None:

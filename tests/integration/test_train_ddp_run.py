@@ -114,6 +114,20 @@ def test_a_run_resumed_on_another_number_of_ranks_continues_the_same_steps(tmp_p
     )
 
 
+def test_a_restart_with_auto_resume_own_continues_its_own_run_never_an_earlier_one(tmp_path, cache):
+    """A requeued Slurm job's starts (--auto-resume-own, the same arguments every time): the
+    first starts at step 0 although an earlier run left checkpoints of the same name; a
+    restart after its own first checkpoint continues from that one."""
+    common = [*BASE, "--data-cache", str(cache), "--ckpt-dir", str(tmp_path), "--ckpt-interval", "2"]
+    earlier = single([*common, "--steps", "4", "--run-id", "earlier"], tmp_path)
+    assert earlier["final_train_loss"] > 0
+    mine = [*common, "--run-id", "mine", "--auto-resume-own"]
+    first = single([*mine, "--steps", "2"], tmp_path)  # an attempt ended after its first save
+    again = single([*mine, "--steps", "4"], tmp_path)
+    assert [s for s, _ in first["train_losses"]] == [1, 2]
+    assert [s for s, _ in again["train_losses"]] == [3, 4]
+
+
 def test_resume_without_a_checkpoint_fails_with_a_message(tmp_path, cache):
     proc = subprocess.run(
         [

@@ -322,6 +322,31 @@ def test_rank0_lines_give_loss_curves_throughput_and_the_summary():
     assert curves.train[-1][1] == pytest.approx(curves.summary["final_train_loss"], abs=1e-4)
 
 
+def test_a_restart_from_a_checkpoint_replaces_the_curves_points_it_trains_again():
+    """A requeued Slurm job's next attempt resumes at its checkpoint (step 4 here) after the
+    first reached step 6: steps 5 and 6 are trained again, and the curves keep the new ones."""
+    curves = logs.Curves()
+    lines = [f"step {n}/8 | train loss {9 - n}.0 | lr 1e-3 | {100 * n} tok/s | 5.0 ms" for n in range(1, 7)]
+    lines.insert(4, "step 4/8 | val loss 5.5")
+    lines += [f"step {n}/8 | train loss {n}.5 | lr 1e-3 | {1000 * n} tok/s | 5.0 ms" for n in range(5, 9)]
+    lines += ["step 8/8 | val loss 4.4"]
+    for line in lines:
+        curves.feed(line)
+    assert [s for s, _ in curves.train] == list(range(1, 9))
+    assert curves.train[4] == (5, 5.5)
+    assert [s for s, _ in curves.tokens_per_s] == list(range(1, 9))
+    assert curves.tokens_per_s[-1] == (8, 8000.0)
+    assert curves.val == [(4, 5.5), (8, 4.4)]
+
+
+def test_the_report_says_how_many_times_a_requeueable_job_was_requeued(tmp_path):
+    p = two_node_plan()
+    r = report.build(Outcome("r1", p, tmp_path, requeues=1), tmp_path / "rec.json", "sig")
+    assert r.requeues == 1
+    assert report.to_json(r)["requeues"] == 1
+    assert report.build(Outcome("r1", p, tmp_path), tmp_path / "rec.json", "sig").requeues is None
+
+
 def test_torchrun_lines_without_a_rank_prefix_are_torchruns_own():
     assert logs.split_rank("[rank12]:step 1/2 | x") == ("rank12", "step 1/2 | x")
     assert logs.split_rank("Root Cause (first observed failure):") == (

@@ -55,12 +55,46 @@ def test_a_nodes_script_is_torchrun_as_over_ssh_with_its_output_and_status_in_th
     text = slurm_job.node_script(p, p.nodes[1])
     assert "cd /var/tmp/pt || exit 1\n" in text
     run_line = next(line for line in text.splitlines() if line.startswith("env "))
-    argv = shlex.split(run_line.split(" > ")[0])
+    argv = shlex.split(run_line.split(" >> ")[0])
     torchrun = plan.torchrun_argv(p, p.nodes[1])
     assert argv[-len(torchrun) :] == torchrun
     assert "PROVISION_RUN_ID=r1" in argv  # the reaper finds strays by the run's markers
-    assert run_line.endswith("> /var/tmp/pt/runs/r1/n1/torchrun-logs/slurm-task.log 2>&1")
+    assert run_line.endswith(" >> /var/tmp/pt/runs/r1/n1/torchrun-logs/slurm-task.log 2>&1")
     assert "echo $rc > /var/tmp/pt/runs/r1/n1/torchrun-logs/slurm-task.exit\n" in text
+
+
+def test_every_start_of_a_nodes_script_clears_the_last_status_and_appends_to_the_log_under_its_attempt():
+    """A requeued job runs the script again: the previous attempt's exit status goes first,
+    the log is appended to (the stream's tail -F reads on), after a line naming the attempt."""
+    p = two_node_plan()
+    lines = slurm_job.node_script(p, p.nodes[0]).splitlines()
+    clear = lines.index("rm -f /var/tmp/pt/runs/r1/n0/torchrun-logs/slurm-task.exit || exit 1")
+    (announce,) = [i for i, line in enumerate(lines) if "started (attempt" in line]
+    (run,) = [i for i, line in enumerate(lines) if line.startswith("env ")]
+    assert clear < announce < run
+    assert lines[announce].endswith(">> /var/tmp/pt/runs/r1/n0/torchrun-logs/slurm-task.log")
+    assert "SLURM_RESTART_COUNT" in "\n".join(lines[:announce])
+    assert not [line for line in lines if "slurm-task.log" in line and " > " in line]  # never truncated
+    assert slurm_job.attempt_of("[provision] Slurm job 4711 started (attempt 2)") == 2
+    assert slurm_job.attempt_of("[provision] Slurm job 4711 started (attempt 1)\n") == 1
+    assert slurm_job.attempt_of("step 2/8 | train loss 5.1 (attempt 2)") is None
+
+
+def test_with_requeue_the_job_is_requeueable_and_every_start_resumes_the_runs_own_checkpoint():
+    argv = shlex.split(slurm_job.sbatch_command(two_node_plan(), "train", 0, None, requeue=True))
+    assert "--requeue" in argv
+    assert "--no-requeue" not in argv
+
+    def args(**kw):
+        return plan.trainer_args(
+            steps=8, model="tiny", world=2, batch_per_rank=4, run_id="r1", ckpt_name="c", summary="s", **kw
+        )
+
+    assert "--auto-resume-own" in args(resume=False, requeue=True)
+    # --resume continues an earlier run's checkpoint: on every start, as the first did.
+    assert "--resume" in args(resume=True, requeue=True)
+    assert "--auto-resume-own" not in args(resume=True, requeue=True)
+    assert not {"--resume", "--auto-resume-own"} & set(args(resume=False))
 
 
 def test_the_stream_reads_the_users_files_as_that_user_and_their_status_only_as_a_number():
@@ -77,6 +111,46 @@ def test_the_stream_reads_the_users_files_as_that_user_and_their_status_only_as_
     assert 'case "$rc" in ""|*[!0-9]*)' in script
     assert f"exit {slurm_job.KILLED} ;; esac; exit $rc" in script
     assert shlex.split(slurm_job.stream_command(p.nodes[0], "4711", None))[:2] == ["sh", "-c"]
+
+
+def test_with_requeue_the_stream_trusts_an_exit_status_only_once_the_job_cannot_run_again():
+    p = two_node_plan()
+    plain = shlex.split(slurm_job.stream_command(p.nodes[0], "4711", "train"))[6]
+    script = shlex.split(slurm_job.stream_command(p.nodes[0], "4711", "train", requeue=True))[6]
+    # Without requeue an exit status ends the stream when it appears; with it, it does not.
+    assert "while [ ! -e /var/tmp/pt/runs/r1/n0/torchrun-logs/slurm-task.exit ]" in plain
+    assert "[ ! -e" not in script
+    for state in slurm_job.ENDED_STATES:
+        assert f"*{state}*" in script
+    for state in ("PENDING", "RUNNING", "COMPLETING", "REQUEUED"):
+        assert state not in slurm_job.ENDED_STATES
+    assert '[ -n "$q" ] || break' in script
+    assert '*"Invalid job id"*) break ;;' in script
+    assert "ended while waiting to start" in script
+
+
+def test_the_run_counts_the_jobs_requeues_by_the_attempt_lines_of_every_node_and_says_them(tmp_path, capsys):
+    seen: list[str] = []
+    attempts = slurm_job.Attempts(lambda host, who, text: seen.append(f"{host} {text}"))
+    for host, text in (
+        ("n0", "[provision] Slurm job 4711 started (attempt 1)"),
+        ("n1", "[provision] Slurm job 4711 started (attempt 1)"),
+        ("n0", "step 2/8 | train loss 5.0 | lr 1e-3 | 10 tok/s | 5.0 ms"),
+        ("n1", "[provision] Slurm job 4711 started (attempt 2)"),
+        ("n0", "[provision] Slurm job 4711 started (attempt 2)"),
+    ):
+        attempts.line(host, "torchrun", text)
+    assert attempts.most - 1 == 1
+    assert len(seen) == 5  # every line still reaches the console and the parsers
+
+    from provision.cli.train import _print
+    from provision.launch import report
+    from provision.launch.session import Outcome
+
+    r = report.build(Outcome("r1", two_node_plan(), tmp_path, requeues=1), tmp_path / "rec.json", "sig")
+    _print(r)
+    printed = " ".join(capsys.readouterr().out.split())  # rich wraps at the terminal's width
+    assert "Slurm job requeued: 1 time(s), each next attempt resumed from the run's last checkpoint" in printed
 
 
 def test_the_job_id_is_read_from_sbatch_parsable_and_anything_else_is_none():
@@ -180,3 +254,28 @@ def test_train_says_which_scheduler_auto_chose_and_why(cli, tmp_path, monkeypatc
     result = cli("train", str(path))
     assert "scheduler: slurm" in result.err
     assert chosen == ["ssh", "slurm"]
+
+
+def test_requeue_without_slurm_is_bad_input_before_any_host(cli, tmp_path):
+    path = tmp_path / "inv.py"
+    path.write_text('nodes = [("n1", {"ssh_hostname": "192.0.2.1"})]\n')
+    result = cli("train", str(path), "--requeue", "--scheduler", "ssh")
+    assert result.code == 2, result.err
+    assert "--requeue" in result.err
+    assert "only a Slurm job can be requeued" in result.err
+
+
+def test_requeue_where_auto_chooses_ssh_is_bad_input_before_the_run(cli, tmp_path, monkeypatch):
+    from provision import launch, scheduler
+
+    path = tmp_path / "inv.py"
+    path.write_text('nodes = [("n1", {"ssh_hostname": "192.0.2.1"})]\n')
+    monkeypatch.setattr(scheduler, "view", lambda c: scheduler.SlurmView("n1", {}, [], "n1: exit 127: no sinfo"))
+
+    def no_run(*args, **kwargs):
+        raise AssertionError("the run started")
+
+    monkeypatch.setattr(launch, "train", no_run)
+    result = cli("train", str(path), "--requeue")
+    assert result.code == 2, result.err
+    assert "only a Slurm job can be requeued" in " ".join(result.err.split())

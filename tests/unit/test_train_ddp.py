@@ -379,6 +379,33 @@ def test_a_run_started_afresh_supersedes_an_earlier_runs_later_checkpoints(tmp_p
     assert [s for s, _ in trainer.checkpoint_files(tmp_path, "run")] == [2]
 
 
+def test_a_restart_of_a_run_continues_only_that_runs_own_checkpoints(tmp_path):
+    """--auto-resume-own (a requeued Slurm job): checkpoints of the same name that another
+    run wrote are passed over with a note, so a restart before the run's own first save
+    starts at step 0 rather than continuing the earlier run; after it, its own is taken."""
+    trainer = load_trainer()
+    model, opt, cfg = _tiny(trainer)
+
+    def save(step: int, run: str) -> None:
+        args = trainer.parse_args(["--global-batch", "8", "--run-id", run])
+        trainer.save_checkpoint(trainer.Dist(0, 0, 1, None, "n"), tmp_path, "run", model, opt, step, cfg, args)
+
+    save(6, "earlier")
+    said: list[str] = []
+    assert trainer.newest_good_checkpoint(tmp_path, "run", said.append, run_id="mine") is None
+    assert len(said) == 1
+    assert "run earlier's, not this run's (mine)" in said[0]
+    assert trainer.newest_good_checkpoint(tmp_path, "run")[1]["step"] == 6  # --resume: any run's
+    save(2, "earlier")
+    save(4, "mine")
+    said = []
+    path, state = trainer.newest_good_checkpoint(tmp_path, "run", said.append, run_id="mine")
+    assert (path.name, state["step"], state["run_id"]) == ("run-step00000004.pt", 4, "mine")
+    assert said == []
+    path, state = trainer.newest_good_checkpoint(tmp_path, "run", said.append, run_id="earlier")
+    assert (path.name, state["step"]) == ("run-step00000002.pt", 2)
+
+
 def test_a_torn_checkpoint_is_skipped_with_a_note_and_the_one_before_it_is_used(tmp_path):
     trainer = load_trainer()
     model, opt, cfg = _tiny(trainer)
