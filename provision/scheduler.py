@@ -93,22 +93,46 @@ def view(cluster: Cluster) -> SlurmView:
     return SlurmView(head.name, parse_sinfo(sinfo), parse_squeue(squeue))
 
 
-def why_not_slurm(cluster: Cluster, names: list[str]) -> str | None:
-    """Why a run on ``names`` cannot go through Slurm, or None when it can: Slurm is wanted
-    for the cluster (slurm is not "skip"), every host is a compute node, and the controller
-    answers with each of them in its node list (the slurm step has run). One bounded call
-    on the head (view); `train`'s default scheduler is chosen by it."""
+# sinfo states (%T, '*' or '~' and the like stripped) in which a node takes no new job now.
+UNAVAILABLE = ("drain", "down", "fail", "maint", "reserved", "future", "unknown", "powered_down", "power_down")
+
+
+def waits_for(seen: SlurmView, names: list[str]) -> dict[str, str]:
+    """The nodes of a run that Slurm cannot give a new job now (drained, down, not
+    responding, ...), with their state as status shows it: a job pends until they are back."""
+    out = {}
+    for name in names:
+        node = seen.nodes.get(name)
+        if node and (node.state.endswith("*") or any(word in node.state for word in UNAVAILABLE)):
+            out[name] = node.text()
+    return out
+
+
+@dataclass(frozen=True)
+class Choice:
+    """Whether a run on some hosts can go through Slurm (why_not_slurm)."""
+
+    why_not: str | None  # why it cannot; None: it can
+    waits_for: dict[str, str] = field(default_factory=dict)  # its nodes Slurm cannot use now, and why
+
+
+def why_not_slurm(cluster: Cluster, names: list[str]) -> Choice:
+    """Whether a run on ``names`` can go through Slurm: Slurm is wanted for the cluster
+    (slurm is not "skip"), every host is a compute node, and the controller answers with
+    each of them in its node list (the slurm step has run). One bounded call on the head
+    (view); `train`'s default scheduler is chosen by it. A node that is drained or down is
+    still Slurm's: the job waits for it, as any user's job would; ``waits_for`` names them."""
     head = cluster.head_node()[0]
     if head.settings.slurm == "skip":
-        return "slurm = 'skip' in the inventory"
+        return Choice("slurm = 'skip' in the inventory")
     computes = {n.name for n in cluster.compute_nodes()}
     outside = [n for n in names if n not in computes]
     if outside:
-        return f"not Slurm compute nodes: {', '.join(outside)}"
+        return Choice(f"not Slurm compute nodes: {', '.join(outside)}")
     seen = view(cluster)
     if seen.error:
-        return f"Slurm does not answer on the head ({seen.error})"
+        return Choice(f"Slurm does not answer on the head ({seen.error})")
     missing = [n for n in names if n not in seen.nodes]
     if missing:
-        return f"not in Slurm's node list yet (run `provision up`): {', '.join(missing)}"
-    return None
+        return Choice(f"not in Slurm's node list yet (run `provision up`): {', '.join(missing)}")
+    return Choice(None, waits_for(seen, names))

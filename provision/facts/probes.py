@@ -409,6 +409,7 @@ class LeavingNode:
 
     line: str  # its NodeName line as the controller has it
     jobs: list[str] | None  # the jobs on it; None: Slurm could not say (squeue failed)
+    reason: str = ""  # its drain or down reason ("none" without one; "" where sinfo did not say)
 
 
 @dataclass(frozen=True)
@@ -446,9 +447,10 @@ class SlurmLeaving(FactBase[SlurmRoster]):
             "grep -E '^NodeName=[A-Za-z0-9._-]+ ' \"$f\" | while read -r line; do "
             "n=${line%% *}; n=${n#NodeName=}; "
             f"{skip}"
+            'r=$(timeout 30 sinfo --noheader --Node --nodes="$n" --format=%E 2>/dev/null | head -n 1); '
             'if jobs=$(timeout 30 squeue --noheader --nodelist="$n" --format=%i 2>/dev/null); '
             # tr, not an unquoted $jobs: an array job's id ("12_[1-3]") is a glob pattern.
-            'then echo "$n|$(printf %s "$jobs" | tr "\\n" " ")|$line"; else echo "$n|?|$line"; fi; '
+            'then echo "$n|$(printf %s "$jobs" | tr "\\n" " ")|$line|$r"; else echo "$n|?|$line|$r"; fi; '
             f"done; {back}true"
         )
 
@@ -457,17 +459,18 @@ class SlurmLeaving(FactBase[SlurmRoster]):
 
 
 def parse_roster(lines: list[str]) -> SlurmRoster:
-    """SlurmLeaving's lines: "<name>|<job ids, or ?>|<NodeName line>" for a leaving node,
-    "back|<name>" for a returning one."""
+    """SlurmLeaving's lines: "<name>|<job ids, or ?>|<NodeName line>|<reason>" for a leaving
+    node (the reason last: anyone's free text, it may hold '|'), "back|<name>" for a
+    returning one."""
     roster = SlurmRoster()
     for raw in lines:
-        parts = raw.strip().split("|", 2)
+        parts = raw.strip().split("|", 3)
         if len(parts) == 2 and parts[0] == RETURNING and parts[1]:
             roster.returning.append(parts[1])
             continue
-        if len(parts) != 3 or not parts[0] or not parts[2].startswith(f"NodeName={parts[0]} "):
+        if len(parts) != 4 or not parts[0] or not parts[2].startswith(f"NodeName={parts[0]} "):
             continue
-        name, jobs, line = parts
+        name, jobs, line, reason = parts
         ids = None if jobs.strip() == "?" else jobs.split()  # shown, never run
-        roster.leaving[name] = LeavingNode(line, ids)
+        roster.leaving[name] = LeavingNode(line, ids, reason.strip())
     return roster

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from provision import remote
@@ -40,6 +41,15 @@ def train(
         run_plan = session.prepare(nodes, conns, opts, run_id, say, nfs_server=cluster.storage_node() is not None)
         for p in run_plan.nodes:
             say(p.name, f"starting {p.nproc} rank(s) on {p.interface}")
+        if opts.scheduler == "slurm" and opts.chosen and not opts.requeue:
+            from provision.launch import slurm_job
+
+            # --scheduler auto took Slurm before the plan was known; a plan one job cannot
+            # run (ranks differ per node) runs over SSH, as before auto, and says so.
+            why = slurm_job.unfit(run_plan)
+            if why:
+                say(run_plan.nodes[0].name, f"scheduler: ssh after all (a Slurm job {why})")
+                opts = replace(opts, scheduler="ssh")
         if opts.scheduler == "slurm":
             from provision.launch import slurm_job
 

@@ -52,6 +52,7 @@ class Options:
     ckpt_name: str  # checkpoint file name on the nodes
     scheduler: str = "ssh"  # ssh: torchrun started over SSH; slurm: one Slurm job (launch.slurm_job)
     requeue: bool = False  # slurm only: the job may be requeued; each start resumes the run's checkpoint
+    chosen: bool = False  # the scheduler was --scheduler auto's choice: Slurm may still give way to SSH
 
 
 @dataclass

@@ -251,6 +251,16 @@ class Attempts:
         self._on_line(host, who, text)
 
 
+def unfit(run_plan: plan.RunPlan) -> str | None:
+    """Why this prepared run cannot be one Slurm job, or None: the job starts one task per
+    node, the same torchrun on each, so every node must run the same number of ranks."""
+    ranks = {p.nproc for p in run_plan.nodes}
+    if len(ranks) == 1:
+        return None
+    differ = ", ".join(f"{p.name} {p.nproc}" for p in run_plan.nodes)
+    return f"starts the same number of ranks on every node (one task each); these nodes differ: {differ}"
+
+
 def run(
     nodes: list[Node],
     conns: dict[str, Any],
@@ -261,12 +271,10 @@ def run(
 ) -> session.Outcome:
     """Submit the prepared run as one job and supervise it like an SSH run. Raises
     session.LaunchError when the job could not be submitted (nothing was started)."""
-    ranks = {p.nproc for p in run_plan.nodes}
-    if len(ranks) != 1:
+    why = unfit(run_plan)
+    if why:
         raise session.LaunchError(
-            "--scheduler slurm starts the same number of ranks on every node (one task each); "
-            f"these nodes differ: {', '.join(f'{p.name} {p.nproc}' for p in run_plan.nodes)}; "
-            "give --nproc-per-node, or run them over SSH (--scheduler ssh)"
+            f"--scheduler slurm {why}; give --nproc-per-node, or run them over SSH (--scheduler ssh)"
         )
     for p in run_plan.nodes:
         conns[p.name].put(StringIO(node_script(run_plan, p)), f"{p.run_dir}/{NODE_SCRIPT}")

@@ -375,14 +375,20 @@ def resume_after_reboot(name: str) -> str:
 REMOVED_PREFIX = "provision: removed:"
 REMOVED_REASON = f"{REMOVED_PREFIX} no longer a compute node in the inventory"
 
+# Only an unclaimed node or the health check's drain is taken over: validate's and a reboot's
+# drains stay theirs (drained all the same), so a node that comes back is resumed by the owner
+# that knows whether it is fit, not by its return.
 _DRAIN_LEAVING = """\
 n=@N@
-now=$(timeout @T@ sinfo --noheader --Node --nodes="$n" --format='%E' | head -n 1) && [ -n "$now" ] || exit 0
+out=$(timeout @T@ sinfo --noheader --Node --nodes="$n" --format='%E') \
+  || { echo "cannot read $n's state in Slurm: it stays in slurm.conf; run up again" >&2; exit 1; }
+now=$(printf '%s\\n' "$out" | head -n 1)
+[ -n "$now" ] || exit 0
 case "$now" in
   '@PREFIX@'*) ;;
-  none|'@HEALTH@'*|'@VALIDATE@'*|'@REBOOT@'*) timeout @T@ scontrol update NodeName="$n" State=DRAIN Reason=@REASON@ \
+  none|'@HEALTH@'*) timeout @T@ scontrol update NodeName="$n" State=DRAIN Reason=@REASON@ \
        || { echo "could not drain $n in Slurm: it stays in slurm.conf" >&2; exit 1; } ;;
-  *) echo "left as it was (someone else's): $now" ;;
+  *) echo "left as it was (drained by its owner): $now" ;;
 esac
 """
 
@@ -400,7 +406,8 @@ jobs=$(echo "$out" | xargs)
 
 def drain_leaving(name: str, dropping: bool) -> str:
     """Shell run on the head for a node leaving Slurm (SlurmLeaving): drained with
-    REMOVED_REASON, taking over provision's own drains and leaving anyone else's. Where it is
+    REMOVED_REASON where it has no reason or the health check's; any other reason stays (the
+    node is drained or down by its owner already). It fails when Slurm cannot say. Where it is
     ``dropping`` from slurm.conf in this run (no jobs when the pass looked), it also checks
     that no job started on it since, else the head fails before its files change. A node
     Slurm no longer lists has nothing to drain."""
@@ -410,8 +417,6 @@ def drain_leaving(name: str, dropping: bool) -> str:
         .replace("@REASON@", shlex.quote(REMOVED_REASON))
         .replace("@PREFIX@", REMOVED_PREFIX)
         .replace("@HEALTH@", HEALTH_PREFIX)
-        .replace("@VALIDATE@", VALIDATE_PREFIX)
-        .replace("@REBOOT@", REBOOT_PREFIX)
         .replace("@T@", str(SLURM_CALL_S))
     )
 

@@ -187,11 +187,15 @@ def reboot_where_needed(
     for name, why in decision.refused.items():
         results[name].notes.append(f"reboot: {why}")
     # A reboot's drain left from an earlier run (its reboot failed, or an admin rebooted the
-    # host since) has no other owner: a host that needs no reboot now is resumed from it.
+    # host since) has no other owner: a host that needs no reboot now is resumed from it. One
+    # that needs a reboot it may not get here (refused: the controller's own machine) stays
+    # drained: its driver and libraries still disagree.
     leftover = [
         n
         for n in alive
-        if n.name not in decision.reboot and (facts.facts[n.name].get("slurm") or "").startswith(slurm.REBOOT_PREFIX)
+        if n.name not in decision.reboot
+        and n.name not in decision.refused
+        and (facts.facts[n.name].get("slurm") or "").startswith(slurm.REBOOT_PREFIX)
     ]
     if leftover:
         for n in leftover:

@@ -115,8 +115,8 @@ def test_a_node_leaving_the_compute_nodes_is_drained_kept_while_its_job_runs_the
 ) -> None:
     """The inventory edited so that only the head computes: node2 leaves Slurm. With a job on
     it, it stays in slurm.conf, drained, and the job runs on; put back in the inventory, that
-    drain is lifted. Without jobs it leaves slurm.conf and its slurmd stops; put back, it
-    rejoins idle."""
+    drain is lifted. Without jobs it leaves slurm.conf, and the next up stops its slurmd; put
+    back, it rejoins idle."""
     path = Path(testbed.inventory_path)
     original = path.read_text()
     cluster = inventory.load(path)
@@ -150,10 +150,14 @@ def test_a_node_leaving_the_compute_nodes_is_drained_kept_while_its_job_runs_the
         sh(head, f"scancel {job} || true")
         path.write_text(original)
     try:
-        # No jobs: it leaves slurm.conf, and its slurmd (no longer its role) stops.
+        # No jobs: it leaves slurm.conf; its slurmd (no longer its role) stops on the next up,
+        # once the head's file no longer holds it (hosts do not wait for each other in a pass,
+        # and the head drains it and checks its jobs first).
         dropped = up_with(only_head)
         said = " ".join(dropped.hosts[head.name].notes)
         assert f"slurm: {node.name} leaves slurm.conf" in said, said
+        assert _unit(node, "slurmd") == ["active", "enabled"]
+        up_with(only_head)
         deadline = time.monotonic() + IDLE_WITHIN_S  # slurmctld restarted: a moment until it answers
         while list(_sinfo_when_up(head)) != [head.name]:
             assert time.monotonic() < deadline, sh(head, "sinfo -N; tail -20 /var/log/slurm/slurmctld.log")

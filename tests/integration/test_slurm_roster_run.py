@@ -22,7 +22,9 @@ pytestmark = pytest.mark.skipif(shutil.which("dash") is None, reason="dash is th
 # does not know the node), <state>/jobs.<node> its job ids, <state>/down makes squeue fail.
 STANDINS = {
     "sinfo": """#!/bin/sh
-# Test stand-in for sinfo: --nodes=<n> --format='%E', or every node with --format='%N|%E'.
+# Test stand-in for sinfo: --nodes=<n> --format='%E', or every node with --format='%N|%E';
+# fails while <state>/sinfo-down exists.
+[ -e "$S/sinfo-down" ] && { echo "sinfo: error: Unable to contact slurm controller" >&2; exit 1; }
 for a in "$@"; do case "$a" in --nodes=*) n=${a#--nodes=} ;; esac; done
 if [ -n "$n" ]; then [ -e "$S/reason.$n" ] && cat "$S/reason.$n"; exit 0; fi
 for f in "$S"/reason.*; do [ -e "$f" ] && echo "${f##*/reason.}|$(cat "$f")"; done; exit 0
@@ -85,6 +87,7 @@ def test_the_head_names_leaving_nodes_with_their_jobs_and_returning_ones(fake_sl
     roster = parse_roster(out.stdout.splitlines())
     assert {n: v.jobs for n, v in roster.leaving.items()} == {"node2": ["4711", "4712_[1-3]"], "node3": []}
     assert roster.leaving["node3"].line.startswith("NodeName=node3 NodeAddr=10.0.0.3 ")
+    assert roster.leaving["node3"].reason == "none"
     assert roster.returning == ["node4"]  # a compute node whose drain is still the removal's
     # squeue not answering: the node's jobs are unknown (None), so it is kept.
     (state / "down").write_text("")
@@ -95,17 +98,27 @@ def test_the_head_names_leaving_nodes_with_their_jobs_and_returning_ones(fake_sl
     assert (missing.returncode, missing.stdout) == (0, "")
 
 
-def test_a_leaving_node_is_drained_only_over_provisions_own_reasons_and_a_new_job_fails_the_head(fake_slurm) -> None:
+def test_a_leaving_node_is_drained_over_no_reason_or_the_health_checks_and_a_new_job_fails_the_head(
+    fake_slurm,
+) -> None:
     state, run = fake_slurm
     (state / "reason.node3").write_text("provision: health: / 99% full\n")
     assert run(slurm.drain_leaving("node3", dropping=True)).returncode == 0
     assert (state / "reason.node3").read_text().strip() == slurm.REMOVED_REASON
-    # An admin's drain stays; the node still leaves (no jobs).
-    (state / "reason.node3").write_text("admin: RMA 42\n")
+    # An admin's drain, validate's and a reboot's stay theirs (the node is drained already):
+    # a node put back is resumed by the owner that knows whether it is fit.
+    for reason in ("admin: RMA 42", "provision: validate: gpu_bf16_tflops 512 < 742", "provision: reboot: up"):
+        (state / "reason.node3").write_text(reason + "\n")
+        out = run(slurm.drain_leaving("node3", dropping=True))
+        assert out.returncode == 0
+        assert f"left as it was (drained by its owner): {reason}" in out.stdout
+        assert (state / "reason.node3").read_text().strip() == reason
+    # Slurm not answering: fails, and nothing is dropped on a guess.
+    (state / "sinfo-down").write_text("")
     out = run(slurm.drain_leaving("node3", dropping=True))
-    assert out.returncode == 0
-    assert "left as it was (someone else's): admin: RMA 42" in out.stdout
-    assert (state / "reason.node3").read_text().strip() == "admin: RMA 42"
+    assert out.returncode == 1
+    assert "cannot read node3's state in Slurm: it stays in slurm.conf" in out.stderr
+    (state / "sinfo-down").unlink()
     # A job that started since the head looked: the head fails, the node drained, named.
     (state / "reason.node3").write_text("none\n")
     (state / "jobs.node3").write_text("4800(bob)\n")

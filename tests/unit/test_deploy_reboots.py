@@ -192,3 +192,17 @@ def test_a_reboot_drain_left_by_an_earlier_run_is_resumed_where_no_reboot_is_nee
     assert hosts.resumed == [["node1"], ["node3"]]  # the leftover first, then node3 after its reboot
     assert hosts.batches == [["node3"]]
     assert any("earlier run's reboot drain" in n for n in results["node1"].notes)
+
+
+def test_a_reboot_drain_stays_on_a_host_that_needs_a_reboot_it_may_not_get_here(stand_in, monkeypatch) -> None:
+    # node1 is the controller's own machine: its driver changed (drained first by the nvidia
+    # step) and it needs a reboot provision refuses to do. Resuming it would put jobs on a
+    # node whose libraries and module disagree.
+    monkeypatch.setattr(reboots, "controller_machine_id", lambda: "ctrl")
+    mine = state(loaded_module="570.195.03", installed_module="580.95.05", machine_id="ctrl")
+    hosts = stand_in({"node1": mine}, slurm={"node1": "provision: reboot: up reboots it"})
+    results = results_after_nvidia("node1")
+    reboots.reboot_where_needed([node("node1")], results, {}, batch=None)
+    assert hosts.resumed == []
+    assert hosts.batches == []
+    assert any("reboot it by hand" in n for n in results["node1"].notes)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import shlex
 
+import pytest
+
 from provision.launch import plan, slurm_job
 from tests.unit.test_launch import two_node_plan
 
@@ -203,16 +205,28 @@ def test_auto_takes_slurm_only_where_the_controller_lists_every_host_of_the_run(
 
     idle = scheduler.SlurmState("idle", 1, "none")
     answers({"n1": idle, "n2": idle})
-    assert scheduler.why_not_slurm(cluster, ["n1", "n2"]) is None
+    assert scheduler.why_not_slurm(cluster, ["n1", "n2"]) == scheduler.Choice(None, {})
     assert asked == ["n1"]  # one call, on the head
-    # A drained node is still Slurm's: the job waits for it, as any user's job would.
-    answers({"n1": idle, "n2": scheduler.SlurmState("drained", 1, "admin: fan")})
-    assert scheduler.why_not_slurm(cluster, ["n1", "n2"]) is None
+    # A drained or unresponsive node is still Slurm's: the job waits for it, as any user's
+    # job would, and the choice names it.
+    answers(
+        {
+            "n1": scheduler.SlurmState("idle*", 1, "Not responding"),
+            "n2": scheduler.SlurmState("drained", 1, "admin: fan"),
+        }
+    )
+    assert scheduler.why_not_slurm(cluster, ["n1", "n2"]) == scheduler.Choice(
+        None, {"n1": "idle*: Not responding", "n2": "drained: admin: fan"}
+    )
+    answers({"n1": scheduler.SlurmState("mixed", 1, "none"), "n2": scheduler.SlurmState("allocated", 1, "none")})
+    assert scheduler.why_not_slurm(cluster, ["n1", "n2"]).waits_for == {}  # busy: the job queues, as it should
     answers({"n1": idle})
-    assert scheduler.why_not_slurm(cluster, ["n1", "n2"]) == "not in Slurm's node list yet (run `provision up`): n2"
-    assert scheduler.why_not_slurm(cluster, ["n1"]) is None
+    assert scheduler.why_not_slurm(cluster, ["n1", "n2"]).why_not == (
+        "not in Slurm's node list yet (run `provision up`): n2"
+    )
+    assert scheduler.why_not_slurm(cluster, ["n1"]).why_not is None
     answers({}, error="n1: exit 127: sinfo: command not found")
-    assert scheduler.why_not_slurm(cluster, ["n1"]) == (
+    assert scheduler.why_not_slurm(cluster, ["n1"]).why_not == (
         "Slurm does not answer on the head (n1: exit 127: sinfo: command not found)"
     )
 
@@ -225,12 +239,12 @@ def test_auto_never_asks_the_head_when_the_inventory_rules_slurm_out(tmp_path, m
 
     monkeypatch.setattr(scheduler, "view", no_call)
     skipped = _cluster(tmp_path, TWO.replace('"}', '", "slurm": "skip"}'))
-    assert scheduler.why_not_slurm(skipped, ["n1", "n2"]) == "slurm = 'skip' in the inventory"
+    assert scheduler.why_not_slurm(skipped, ["n1", "n2"]).why_not == "slurm = 'skip' in the inventory"
     partial = _cluster(
         tmp_path,
         'nodes = [("n1", {"ssh_hostname": "192.0.2.1"}), ("n2", {"ssh_hostname": "192.0.2.2", "slurm": "skip"})]\n',
     )
-    assert scheduler.why_not_slurm(partial, ["n1", "n2"]) == "not Slurm compute nodes: n2"
+    assert scheduler.why_not_slurm(partial, ["n1", "n2"]).why_not == "not Slurm compute nodes: n2"
 
 
 def test_train_says_which_scheduler_auto_chose_and_why(cli, tmp_path, monkeypatch):
@@ -279,3 +293,44 @@ def test_requeue_where_auto_chooses_ssh_is_bad_input_before_the_run(cli, tmp_pat
     result = cli("train", str(path), "--requeue")
     assert result.code == 2, result.err
     assert "only a Slurm job can be requeued" in " ".join(result.err.split())
+
+
+def test_auto_gives_way_to_ssh_when_the_nodes_run_different_rank_counts(tmp_path, monkeypatch):
+    """--scheduler auto chose Slurm before the plan was known; one job cannot start 8 ranks on
+    one node and 4 on the other, so that run goes over SSH, said; asked for by name
+    (--scheduler slurm), it is refused instead."""
+    from dataclasses import replace
+
+    from provision import launch, remote
+    from provision.launch import plan, report, session, slurm_job
+
+    cluster = _cluster(tmp_path, TWO)
+    node = plan.NodePlan("n1", "10.0.0.1", "eth1", "/opt/v/bin/python", 8, "/r/n1", "/w", True)
+    run_plan = plan.RunPlan("r1", "10.0.0.1", 29500, (node, replace(node, name="n2", nproc=4, is_host=False)), ())
+    ran: list[str] = []
+    said: list[str] = []
+
+    class Conn:
+        def close(self) -> None:
+            pass
+
+    class Supervisor:
+        def __init__(self, nodes, conns, run_plan, opts, on_line, **kw):
+            pass
+
+        def run(self):
+            ran.append("ssh")
+            raise session.LaunchError("stopped here by the test")
+
+    monkeypatch.setattr(remote, "connection", lambda n: Conn())
+    monkeypatch.setattr(session, "prepare", lambda *a, **k: run_plan)
+    monkeypatch.setattr(session, "Supervisor", Supervisor)
+    monkeypatch.setattr(slurm_job, "run", lambda *a, **k: ran.append("slurm"))
+    monkeypatch.setattr(report, "build", lambda *a, **k: None)
+    opts = session.Options(1, "tiny", None, 1, False, (), None, tmp_path, 1.0, None, "c", "slurm", chosen=True)
+    with pytest.raises(session.LaunchError):
+        launch.train(cluster, list(cluster.nodes), opts, lambda *a: None, lambda h, t: said.append(t))
+    assert ran == ["ssh"]
+    assert any(t.startswith("scheduler: ssh after all (a Slurm job starts the same number of ranks") for t in said)
+    assert slurm_job.unfit(run_plan) is not None
+    assert slurm_job.unfit(replace(run_plan, nodes=run_plan.nodes[:1])) is None

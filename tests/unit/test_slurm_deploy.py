@@ -247,3 +247,26 @@ def test_turning_accounting_off_stops_slurmdbd_once_and_leaves_the_data(tmp_path
     again = _run(tmp_path, monkeypatch, accounting=False, head_answers=once)
     assert not again.ran(HEAD, r"^systemctl restart slurmctld\.service$")
     assert not [n for n in again.results[HEAD].notes if "accounting" in n]
+
+
+def test_lost_roles_stop_only_once_the_head_has_answered_and_a_leaving_node_keeps_slurmd_for_its_drain():
+    from provision.facts.probes import LeavingNode, SlurmRoster
+
+    both = [rules.CONTROLLER_PACKAGE, rules.COMPUTE_PACKAGE]
+    # The head did not answer (not in the pass): who leaves is unknown, nothing stops.
+    assert roster.lost_roles(None, "n3", both) == []
+    leaving = SlurmRoster({"n3": LeavingNode("NodeName=n3 NodeAddr=10.0.0.3", [])})
+    # n3 leaves in this pass: the head drains it and checks its jobs first; its slurmd stops
+    # on the next pass, when the head's file no longer holds it.
+    assert roster.lost_roles(leaving, "n3", both) == [rules.CONTROLLER_PACKAGE]
+    assert roster.lost_roles(SlurmRoster(), "n3", both) == both
+
+
+def test_a_pass_without_the_head_writes_the_kept_nodes_the_head_last_answered(tmp_path, monkeypatch):
+    monkeypatch.setenv("PROVISION_STATE_DIR", str(tmp_path / "state"))
+    cluster = load(write(tmp_path / "inv.py", INVENTORY))
+    assert roster.last_kept(cluster) == {}
+    roster._kept_file(cluster).write_text('{"old4": "NodeName=old4 NodeAddr=10.0.0.4 CPUs=8"}')
+    assert roster.last_kept(cluster) == {"old4": "NodeName=old4 NodeAddr=10.0.0.4 CPUs=8"}
+    roster._kept_file(cluster).write_text("[1, 2]")  # not what it writes: as good as none
+    assert roster.last_kept(cluster) == {}

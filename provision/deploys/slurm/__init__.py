@@ -199,7 +199,7 @@ def slurm() -> None:
         skip("slurm", why)
         return
     seen = roster.roster(cluster, tuple(n.name for n in conf_computes(cluster, nodes)))
-    kept = roster.kept_lines(seen.leaving)
+    kept = roster.kept_lines(seen.leaving) if seen else roster.last_kept(cluster)
     is_head = node.name == head.name
     computes = node.name in {n.name for n in conf_computes(cluster, nodes)} or node.name in kept
     roles = ((rules.CONTROLLER_PACKAGE, is_head), (rules.COMPUTE_PACKAGE, computes))
@@ -207,11 +207,11 @@ def slurm() -> None:
     keeps_accounting = is_head and head.settings.slurm_accounting
     extra = list(accounting_rules.PACKAGES) if keeps_accounting else []
     install("Install Slurm and munge", [*rules.NODE_PACKAGES, *daemons, *extra], settings.apt_lock_wait_s)
-    _stop_lost_roles([unit for unit, here in roles if not here])
+    _stop_lost_roles(roster.lost_roles(seen, node.name, [unit for unit, here in roles if not here]))
     _munge(cluster)
 
     text, unseen = slurm_conf(cluster, nodes, kept)
-    if is_head:
+    if is_head and seen:
         roster.drain_leaving(seen.leaving, kept)
     if unseen:
         note(f"slurm: not in slurm.conf yet (no run has reached them): {', '.join(unseen)}")
@@ -244,7 +244,7 @@ def slurm() -> None:
     if daemons:
         _reload_or_restart(daemons, text, gres, options, own)
     if is_head:
-        roster.resume_returning(seen.returning)
+        roster.resume_returning(seen.returning if seen else [])
         accounting.controller_accounting(cluster, keeps_accounting)
 
 

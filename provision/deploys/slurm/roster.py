@@ -10,22 +10,31 @@ drained as removed is resumed.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from pyinfra.operations import server
 
+from provision import state
 from provision.engine import each_connected_host, note, once_per_pass
 from provision.facts.probes import LeavingNode, SlurmLeaving, SlurmRoster
 from provision.inventory import Cluster
 from provision.rules import slurm as rules
 
 
-def roster(cluster: Cluster, computes: tuple[str, ...]) -> SlurmRoster:
+def _kept_file(cluster: Cluster) -> Path:
+    return state.inventory_dir(cluster.path) / "slurm-kept.json"
+
+
+def roster(cluster: Cluster, computes: tuple[str, ...]) -> SlurmRoster | None:
     """Nodes the controller's slurm.conf holds that this pass's does not (removed from the
     inventory, or no longer compute nodes), with their jobs, and compute nodes coming back
-    from such a removal: asked of the head once per pass (SlurmLeaving). Nothing where the
-    head is not in the pass: the decision is made where slurmctld's own file is written."""
+    from such a removal: asked of the head once per pass (SlurmLeaving). None where the head
+    is not in the pass or did not answer: then nobody knows who leaves, and nothing is
+    decided (last_kept keeps the file as the head last had it)."""
     head = cluster.head_node()[0]
 
-    def read() -> SlurmRoster:
+    def read() -> SlurmRoster | None:
         found = each_connected_host(
             lambda h: (
                 h.get_fact(SlurmLeaving, computes=computes, removed=rules.REMOVED_PREFIX)
@@ -33,9 +42,22 @@ def roster(cluster: Cluster, computes: tuple[str, ...]) -> SlurmRoster:
                 else None
             )
         )
-        return found.get(head.name) or SlurmRoster()
+        seen = found.get(head.name)
+        if seen is not None:
+            state.write_atomic(_kept_file(cluster), json.dumps(kept_lines(seen.leaving), indent=1))
+        return seen
 
     return once_per_pass("slurm roster", read)
+
+
+def last_kept(cluster: Cluster) -> dict[str, str]:
+    """The leaving nodes the head's last answer kept in slurm.conf, with their lines: what a
+    pass without the head writes, so every node's file stays the head's."""
+    try:
+        data = json.loads(_kept_file(cluster).read_text())
+        return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
 
 
 def kept_lines(gone: dict[str, LeavingNode]) -> dict[str, str]:
@@ -47,15 +69,21 @@ def kept_lines(gone: dict[str, LeavingNode]) -> dict[str, str]:
 
 def drain_leaving(gone: dict[str, LeavingNode], kept: dict[str, str]) -> None:
     """On the head, before its files change: every leaving node drained (REMOVED_REASON);
-    one dropped in this run checked for jobs started since the pass looked."""
+    one dropped in this run checked for jobs started since the pass looked. A kept node
+    already drained as removed needs nothing (the run changes nothing while it waits)."""
     for name, found in sorted(gone.items()):
-        server.shell(
-            name=f"Slurm: drain {name} (leaving Slurm)",
-            commands=[rules.drain_leaving(name, dropping=name not in kept)],
-            _timeout=3 * rules.SLURM_CALL_S + 30,
-        )
-        if name not in kept:
-            note(f"slurm: {name} leaves slurm.conf (no longer a compute node in the inventory; no jobs on it)")
+        dropping = name not in kept
+        if dropping or not found.reason.startswith(rules.REMOVED_PREFIX):
+            server.shell(
+                name=f"Slurm: drain {name} (leaving Slurm)",
+                commands=[rules.drain_leaving(name, dropping=dropping)],
+                _timeout=3 * rules.SLURM_CALL_S + 30,
+            )
+        if dropping:
+            note(
+                f"slurm: {name} leaves slurm.conf (no longer a compute node in the inventory; no jobs on it); "
+                "its slurmd stops on the next up"
+            )
         elif found.jobs is None:
             note(f"slurm: {name} stays in slurm.conf, drained: Slurm could not list its jobs; run up again")
         else:
@@ -63,6 +91,16 @@ def drain_leaving(gone: dict[str, LeavingNode], kept: dict[str, str]) -> None:
                 f"slurm: {name} stays in slurm.conf, drained, until its jobs end ({' '.join(found.jobs)}); "
                 "run up again then"
             )
+
+
+def lost_roles(seen: SlurmRoster | None, name: str, units: list[str]) -> list[str]:
+    """Of the daemons this host has no role for, those to stop now. Nothing while the head
+    did not answer (who leaves is unknown; another head may not be running yet). A node
+    leaving in this pass keeps its slurmd: the head drains it and checks its jobs first, and
+    hosts do not wait for each other within a pass; the next pass stops it."""
+    if seen is None:
+        return []
+    return [u for u in units if not (u == rules.COMPUTE_PACKAGE and name in seen.leaving)]
 
 
 def resume_returning(returning: list[str]) -> None:
