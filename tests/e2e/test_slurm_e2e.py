@@ -116,7 +116,7 @@ def test_a_node_leaving_the_compute_nodes_is_drained_kept_while_its_job_runs_the
     """The inventory edited so that only the head computes: node2 leaves Slurm. With a job on
     it, it stays in slurm.conf, drained, and the job runs on; put back in the inventory, that
     drain is lifted. Without jobs it leaves slurm.conf, and the next up stops its slurmd; put
-    back, it rejoins idle."""
+    back, it rejoins idle, and a job running on the head meanwhile is never restarted."""
     path = Path(testbed.inventory_path)
     original = path.read_text()
     cluster = inventory.load(path)
@@ -165,7 +165,24 @@ def test_a_node_leaving_the_compute_nodes_is_drained_kept_while_its_job_runs_the
         assert _unit(node, "slurmd") == ["inactive", "disabled"]
     finally:
         path.write_text(original)
-    up_with(original)
+    # Put back: it joins while a job runs on the head, and that job runs on, never restarted
+    # (the daemons restart for the new node list; the job lives in its slurmstepd).
+    running = sh(head, f"sbatch --parsable --nodelist={head.name} --time=10 --wrap 'sleep 600'").strip().split(";")[0]
+    try:
+        deadline = time.monotonic() + IDLE_WITHIN_S
+        while sh(head, f"squeue --noheader --jobs={running} --format=%T").strip() != "RUNNING":
+            assert time.monotonic() < deadline, sh(head, f"scontrol show job {running}")
+            time.sleep(2)
+        up_with(original)
+        deadline = time.monotonic() + IDLE_WITHIN_S
+        while _sinfo_when_up(head).get(node.name) != "idle":
+            assert time.monotonic() < deadline, sh(head, "sinfo -R; sinfo -N")
+            time.sleep(3)
+        shown = sh(head, f"scontrol show job {running} -o")
+        assert "JobState=RUNNING" in shown, shown
+        assert "Restarts=0" in shown, shown
+    finally:
+        sh(head, f"scancel {running} || true")
     deadline = time.monotonic() + IDLE_WITHIN_S
     while _sinfo_when_up(head) != {n.name: "idle" for n in cluster.nodes}:
         assert time.monotonic() < deadline, sh(head, "sinfo -R; sinfo -N")
