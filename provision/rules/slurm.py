@@ -430,3 +430,17 @@ def resume_returning(name: str) -> str:
         f'case "$reason" in {shlex.quote(REMOVED_PREFIX)}*) timeout {SLURM_CALL_S} scontrol update '
         'NodeName="$n" State=RESUME ;; esac'
     )
+
+
+CONTROLLER_DROPIN = "/etc/systemd/system/slurmctld.service.d/provision.conf"
+
+
+def controller_dropin(accounting: bool) -> str:
+    """slurmctld's systemd drop-in on the head. Restarted on failure: at boot it may start
+    before the cluster network has its address or (with accounting) before slurmdbd answers,
+    and slurmctld 22.05 then exits for good (seen on the testbed: "Unable to resolve" its own
+    address, then DBD_GET_TRES failures, exit 1), leaving the cluster without a controller.
+    With accounting it is also ordered after slurmdbd."""
+    unit = ["[Unit]", "After=slurmdbd.service", "Wants=slurmdbd.service", ""] if accounting else []
+    lines = ["# Managed by provision (slurm step).", *unit, "[Service]", "Restart=on-failure", "RestartSec=10"]
+    return "\n".join(lines) + "\n"

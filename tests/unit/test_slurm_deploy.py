@@ -270,3 +270,16 @@ def test_a_pass_without_the_head_writes_the_kept_nodes_the_head_last_answered(tm
     assert roster.last_kept(cluster) == {"old4": "NodeName=old4 NodeAddr=10.0.0.4 CPUs=8"}
     roster._kept_file(cluster).write_text("[1, 2]")  # not what it writes: as good as none
     assert roster.last_kept(cluster) == {}
+
+
+def test_slurmctld_is_restarted_on_failure_and_after_slurmdbd_where_accounting_runs(tmp_path, monkeypatch):
+    """At boot slurmctld may start before its address or slurmdbd is up, and 22.05 then exits
+    for good: the head's drop-in restarts it, and orders it after slurmdbd with accounting."""
+    run = _run(tmp_path, monkeypatch, accounting=True)
+    dropin = run.uploads[HEAD][rules.CONTROLLER_DROPIN]
+    assert "Restart=on-failure\n" in dropin
+    assert "After=slurmdbd.service\n" in dropin
+    assert run.ran(HEAD, r"^systemctl daemon-reload$")
+    assert rules.CONTROLLER_DROPIN not in run.uploads[COMPUTE]
+    assert "slurmdbd" not in rules.controller_dropin(accounting=False)
+    assert "Restart=on-failure\n" in rules.controller_dropin(accounting=False)

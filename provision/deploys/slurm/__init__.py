@@ -239,6 +239,7 @@ def slurm() -> None:
         )
     if is_head:
         accounting.head_daemons(cluster, head, nodes[head.name].hostname, keeps_accounting)
+        _controller_unit(keeps_accounting)
     for unit in daemons:
         systemd.service(name=f"{unit} running", service=f"{unit}.service", running=True, enabled=True)
     if daemons:
@@ -246,6 +247,25 @@ def slurm() -> None:
     if is_head:
         roster.resume_returning(seen.returning if seen else [])
         accounting.controller_accounting(cluster, keeps_accounting)
+
+
+def _controller_unit(accounting: bool) -> None:
+    """slurmctld's drop-in (rules.controller_dropin): restarted on failure, after slurmdbd
+    where accounting runs; systemd reloaded when it changed (in this run or one cut short)."""
+    text = rules.controller_dropin(accounting)
+    op = files.put(
+        name="slurmctld: restarted on failure (systemd drop-in)",
+        src=StringIO(text),
+        dest=rules.CONTROLLER_DROPIN,
+        mode="644",
+    )
+    follow_up(
+        "systemd daemon-reload (slurmctld drop-in)",
+        "slurmctld-dropin",
+        [text],
+        ["systemctl daemon-reload"],
+        op.did_change,
+    )
 
 
 def _stop_lost_roles(units: list[str]) -> None:
