@@ -454,6 +454,13 @@ class SlurmLeaving(FactBase[SlurmRoster]):
             f"done; {back}true"
         )
 
+    @staticmethod
+    def default() -> SlurmRoster:
+        # pyinfra answers a fact whose command printed nothing with default(), not process():
+        # an empty answer is "nobody leaves or comes back", not "the head did not answer"
+        # (that one raises, and the slurm step then decides nothing).
+        return SlurmRoster()
+
     def process(self, output: list[str]) -> SlurmRoster:
         return parse_roster(output)
 

@@ -283,3 +283,13 @@ def test_slurmctld_is_restarted_on_failure_and_after_slurmdbd_where_accounting_r
     assert rules.CONTROLLER_DROPIN not in run.uploads[COMPUTE]
     assert "slurmdbd" not in rules.controller_dropin(accounting=False)
     assert "Restart=on-failure\n" in rules.controller_dropin(accounting=False)
+
+
+def test_an_empty_answer_from_the_head_is_an_empty_roster_not_no_answer():
+    """pyinfra gives a fact that printed nothing its default(): the head's SlurmLeaving with
+    nobody leaving must still count as an answer, or no pass would ever stop a lost role's
+    daemon (found on the testbed: slurmd kept running on a node that had left)."""
+    from provision.facts.probes import SlurmLeaving, SlurmRoster
+
+    assert SlurmLeaving().default() == SlurmRoster()
+    assert roster.lost_roles(SlurmLeaving().default(), "n3", [rules.COMPUTE_PACKAGE]) == [rules.COMPUTE_PACKAGE]
