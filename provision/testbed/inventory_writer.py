@@ -33,9 +33,9 @@ def host_data(node: NodeRecord, ssh_key: Path, known_hosts: Path, wheelhouse: Pa
         # Byte-compiling torch's thousands of files costs minutes per VM under emulation;
         # Python compiles what it imports on first use instead.
         "pip_compile": False,
-        # The shared `up` keeps Slurm accounting, so every suite exercises slurmdbd and sacct
-        # (the head's value decides; every host carries it, as a group setting would).
-        "slurm_accounting": True,
+        # Slurm accounting stays off in the shared `up` until MariaDB's socket activation is
+        # verified closed (it listened on every address; see deploys/slurm/accounting.py).
+        "slurm_accounting": False,
     }
     if wheelhouse is not None:
         data["wheelhouse"] = str(wheelhouse)

@@ -281,6 +281,9 @@ def test_slurmctld_is_restarted_on_failure_and_after_slurmdbd_where_accounting_r
     assert "After=slurmdbd.service\n" in dropin
     assert run.ran(HEAD, r"^systemctl daemon-reload$")
     assert rules.CONTROLLER_DROPIN not in run.uploads[COMPUTE]
+    # MariaDB's socket activation listens on every address: masked, once, on the head.
+    assert run.ran(HEAD, r"^systemctl mask mariadb\.socket mariadb-extra\.socket$")
+    assert not run.ran(COMPUTE, "mariadb")
     assert "slurmdbd" not in rules.controller_dropin(accounting=False)
     assert "Restart=on-failure\n" in rules.controller_dropin(accounting=False)
 

@@ -54,6 +54,20 @@ def accounting_daemons(cluster: Cluster, head: Node, dbd_host: str) -> None:
     db_conf = accounting.mariadb_conf()
     db_op = files.put(name="MariaDB on loopback", src=StringIO(db_conf), dest=accounting.MARIADB_CONF, mode="644")
     unit = accounting.DATABASE_UNIT
+    # Debian's MariaDB 10.11 starts by systemd socket activation, and mariadb.socket listens
+    # on every address whatever bind-address says (found on the testbed: *:3306). Masked, so
+    # MariaDB binds as its settings say; done once (the stamp), then MariaDB restarted.
+    follow_up(
+        "MariaDB without socket activation (it listens on every address)",
+        "mariadb-socket",
+        ["masked"],
+        [
+            "systemctl disable --now mariadb.socket mariadb-extra.socket 2>/dev/null || true",
+            "systemctl mask mariadb.socket mariadb-extra.socket",
+            f"systemctl restart {unit}",
+        ],
+        lambda: False,
+    )
     follow_up(
         "Restart MariaDB (its settings changed)",
         "mariadb-conf",
