@@ -19,7 +19,7 @@ from pathlib import Path
 
 from provision import remote
 from provision.inventory import Cluster, Node
-from provision.launch import plan, report, session
+from provision.launch import plan, report, session, slurm_job
 from provision.launch.session import LaunchError, Options
 
 __all__ = ["LaunchError", "Options", "train"]
@@ -42,8 +42,6 @@ def train(
         for p in run_plan.nodes:
             say(p.name, f"starting {p.nproc} rank(s) on {p.interface}")
         if opts.scheduler == "slurm" and opts.chosen and not opts.requeue:
-            from provision.launch import slurm_job
-
             # --scheduler auto took Slurm before the plan was known; a plan one job cannot
             # run (ranks differ per node) runs over SSH, as before auto, and says so.
             why = slurm_job.unfit(run_plan)
@@ -51,8 +49,6 @@ def train(
                 say(run_plan.nodes[0].name, f"scheduler: ssh after all (a Slurm job {why})")
                 opts = replace(opts, scheduler="ssh")
         if opts.scheduler == "slurm":
-            from provision.launch import slurm_job
-
             outcome = slurm_job.run(nodes, conns, run_plan, opts, on_line, say)
         else:
             outcome = session.Supervisor(nodes, conns, run_plan, opts, on_line).run()

@@ -198,10 +198,11 @@ def slurm() -> None:
     if why:
         skip("slurm", why)
         return
-    seen = roster.roster(cluster, tuple(n.name for n in conf_computes(cluster, nodes)))
+    in_conf = tuple(n.name for n in conf_computes(cluster, nodes))
+    seen = roster.roster(cluster, in_conf)
     kept = roster.kept_lines(seen.leaving) if seen else roster.last_kept(cluster)
     is_head = node.name == head.name
-    computes = node.name in {n.name for n in conf_computes(cluster, nodes)} or node.name in kept
+    computes = node.name in in_conf or node.name in kept
     roles = ((rules.CONTROLLER_PACKAGE, is_head), (rules.COMPUTE_PACKAGE, computes))
     daemons = [unit for unit, here in roles if here]
     keeps_accounting = is_head and head.settings.slurm_accounting
