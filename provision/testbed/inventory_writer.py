@@ -33,6 +33,11 @@ def host_data(node: NodeRecord, ssh_key: Path, known_hosts: Path, wheelhouse: Pa
         # Byte-compiling torch's thousands of files costs minutes per VM under emulation;
         # Python compiles what it imports on first use instead.
         "pip_compile": False,
+        # The VMs share one host's CPUs and disks, so a gap between them is the host's
+        # scheduling, not a faulty node: on a busy host one VM's emulated random reads came
+        # out 3x the other's, and the demo failed. A node fails here only 4x below the fleet
+        # median (the throttled-disk drill, 100x, still fails); real fleets keep the defaults.
+        "validate_expect": {"fleet.warn_drop": 0.2, "fleet.fail_drop": 0.75},
         # Slurm accounting stays off in the shared `up` until MariaDB's socket activation is
         # verified closed (it listened on every address; see deploys/slurm/accounting.py).
         "slurm_accounting": False,

@@ -19,6 +19,15 @@ from tests.e2e.storage_helpers import sh
 IDLE_WITHIN_S = 120  # slurmd registers within seconds of its start; a TCG guest is slow
 
 
+# What the head knows of a node not idle: its state and reason, and slurmctld's own log of
+# state changes (a CI run once found the head drained with no reason; this says by whom).
+WHO_DRAINED = (
+    "sinfo -R; scontrol show nodes | head -60; "
+    "grep -E 'drain|DRAIN|reason|Reason|state set|not responding|unexpectedly|rebooted' "
+    "/var/log/slurm/slurmctld.log | tail -40; journalctl -b -u slurmctld --no-pager | tail -15"
+)
+
+
 def _sinfo(node) -> dict[str, str]:
     out = sh(node, "sinfo --noheader --Node --format='%N %t'")
     return dict(line.split() for line in out.splitlines() if line.strip())
@@ -33,7 +42,7 @@ def test_every_node_registers_with_the_controller_and_is_idle(provisioned, testb
     while set(states.values()) != {"idle"} and time.monotonic() < deadline:
         time.sleep(3)
         states = _sinfo(head)
-    assert states == {n.name: "idle" for n in cluster.nodes}, sh(head, "sinfo -R; scontrol show nodes | head -60")
+    assert states == {n.name: "idle" for n in cluster.nodes}, sh(head, WHO_DRAINED)
 
 
 def test_one_munge_key_and_one_slurm_conf_on_every_node(provisioned, testbed) -> None:
