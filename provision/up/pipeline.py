@@ -2,7 +2,9 @@
 
 preflight, base, nvidia, frameworks (this module's owners), then volumes, nfs and backups
 (the storage deploys). Hosts that need it reboot right after the nvidia step, so the
-frameworks step can check that torch sees CUDA.
+frameworks step can check that torch sees CUDA. After the slurm step the head alone runs
+its second pass (deploys/slurm/controller.py): slurmctld's restart or reconfigure waits
+until every host of the wave has written its Slurm files.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from pathlib import Path
 
 from provision import engine
 from provision.deploys import backups, base, frameworks, nfs, nvidia, preflight, slurm, volumes
+from provision.deploys.slurm import controller as slurm_controller
 from provision.engine import HostResult, RunReport, Step
 from provision.errors import InputError, Problem
 from provision.inventory import Cluster, Node
@@ -238,6 +241,8 @@ def _up_wave(
     before: dict[str, int] = {}
 
     def after_step(step: Step, results: dict[str, HostResult]) -> None:
+        if step.name == slurm.step.name:
+            slurm_after(cluster, results, on_event)
         if step.name != "nvidia":  # the counts just before the nvidia step
             before.update({n: r.changed for n, r in results.items()})
             return
@@ -253,9 +258,27 @@ def _up_wave(
     return engine.run_steps(cluster, steps, on_event, after_step)
 
 
+def slurm_after(cluster: Cluster, results: dict[str, HostResult], on_event: Callable[[str, str], None]) -> None:
+    """After the slurm step on every host of the wave: the head's second pass (slurmctld
+    restarted or reconfigured for the files the hosts wrote), where the head is in the wave
+    and its slurm step ran to the end (not skipped, not failed). Its changes count as the
+    slurm step's."""
+    head, _ = cluster.head_node()
+    here = [n for n in cluster.nodes if n.name == head.name]
+    if not here or not results[head.name].ok or slurm.step.name not in results[head.name].steps:
+        return
+    run = engine.RunContext(cluster, (slurm_controller.CONTROLLER_STEP.name,))
+    engine.run_step(slurm_controller.CONTROLLER_STEP, here, results, on_event, run=run)
+
+
 def plan(
     cluster: Cluster, steps: list[Step], on_event: Callable[[str, str], None] = lambda host, text: None
 ) -> dict[str, engine.HostPlan]:
-    """What `up` would change, per host and step; changes nothing."""
+    """What `up` would change, per host and step; changes nothing.
+
+    No after_step runs here: no reboots, and no head's second pass after the slurm step
+    (slurm_after). The slurm step itself shows the head's reconfigure as "scontrol
+    reconfigure due" where slurm.conf or cgroup.conf would change; slurmctld's restarts (a
+    changed node list, accounting turned on or off) are not shown."""
     check_inputs(cluster, steps)
     return engine.plan_steps(cluster, steps, on_event)

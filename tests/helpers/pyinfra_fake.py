@@ -8,11 +8,13 @@ real deploy code runs, through the real runner, and only the host is simulated.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pyinfra.connectors.fake import FakeConnector
+from pyinfra.connectors.util import CommandOutput, OutputLine
 
 from provision import engine
 from provision.inventory import Cluster, Node, SshTarget
@@ -50,10 +52,24 @@ def fake_node(
     return Node(f"@fake/{name}", ssh, groups, settings, data)
 
 
-def run_fake(step: engine.Step, nodes: list[Node], monkeypatch: Any, path: Path | None = None) -> FakeRun:
-    """Run one step through engine.run_steps on fake hosts, recording commands and uploads.
-    ``path``: the inventory file the cluster is loaded from, for a step that keeps state per
-    inventory on the controller (the slurm step's munge key)."""
+# pyinfra's FileContents fact: `( test -e PATH && cat PATH ) || echo <missing flag>`.
+_READ_FILE = re.compile(r"^\( test -e (\S+) && cat \1 \) \|\| echo ")
+
+Runner = Callable[[Cluster, list[engine.Step]], engine.RunReport]
+
+
+def run_fake(
+    step: engine.Step,
+    nodes: list[Node],
+    monkeypatch: Any,
+    path: Path | None = None,
+    runner: Runner | None = None,
+) -> FakeRun:
+    """Run one step through engine.run_steps (or ``runner``: the pipeline's wave, with its
+    after_step) on fake hosts, recording commands and uploads. A file uploaded to a host
+    reads back from it (FileContents) in a later pass of the same run. ``path``: the
+    inventory file the cluster is loaded from, for a step that keeps state per inventory on
+    the controller (the slurm step's munge key)."""
     commands: dict[str, list[str]] = {}
     uploads: dict[str, dict[str, str]] = {}
     original = FakeConnector.run_shell_command
@@ -62,12 +78,17 @@ def run_fake(step: engine.Step, nodes: list[Node], monkeypatch: Any, path: Path 
     def recording(self: FakeConnector, command: Any, *args: Any, **kwargs: Any) -> Any:
         text = command if isinstance(command, str) else command.get_masked_value()
         commands.setdefault(self.host.name, []).append(text)
+        read = _READ_FILE.match(text)
+        uploaded = uploads.get(self.host.name, {})
+        if read and read[1] in uploaded:
+            return True, CommandOutput([OutputLine("stdout", line) for line in uploaded[read[1]].splitlines()])
         return original(self, command, *args, **kwargs)
 
     def uploading(self: FakeConnector, src: Any, dest: str, *args: Any, **kwargs: Any) -> Any:
         if isinstance(src, str):
             text = Path(src).read_text()
-        else:
+        else:  # read whole: pyinfra may have read it already (its sha1, for a file the host has)
+            src.seek(0)
             text = src.read()
             src.seek(0)
         uploads.setdefault(self.host.name, {})[dest] = text.decode() if isinstance(text, bytes) else text
@@ -75,5 +96,6 @@ def run_fake(step: engine.Step, nodes: list[Node], monkeypatch: Any, path: Path 
 
     monkeypatch.setattr(FakeConnector, "run_shell_command", recording)
     monkeypatch.setattr(FakeConnector, "put_file", uploading)
-    report = engine.run_steps(Cluster(path=path, nodes=tuple(nodes)), [step])  # type: ignore[arg-type]
+    run = runner or engine.run_steps  # looked up now: a test may stand in for it
+    report = run(Cluster(path=path, nodes=tuple(nodes)), [step])  # type: ignore[arg-type]
     return FakeRun(report.hosts, commands, uploads)

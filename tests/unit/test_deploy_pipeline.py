@@ -170,3 +170,49 @@ def test_hosts_sharing_a_wheelhouse_have_it_hashed_once(tmp_path, monkeypatch) -
     monkeypatch.setattr(framework_rules, "sums_problem", lambda d: hashed.append(d) or real(d))
     pipeline.check_inputs(_hosts(tmp_path, 4, f", 'wheelhouse': '{house}'"), pipeline.select(only="frameworks"))
     assert hashed == [str(house)]
+
+
+def test_after_the_slurm_step_the_head_alone_runs_its_second_pass(tmp_path, monkeypatch) -> None:
+    """deploys/slurm/controller.py: slurmctld's restart or reconfigure once every host of the
+    wave has written its Slurm files; on the head alone, where its slurm step ran to the end."""
+    from provision.deploys.slurm import controller
+    from provision.engine import HostResult, RunReport
+
+    ran: list[tuple[object, list[str]]] = []
+    outcome: dict[str, object] = {}
+
+    def run_steps_stand_in(cluster, steps, on_event, after_step):  # test stand-in: every host ends each step
+        results = {n.name: HostResult(n.name) for n in cluster.nodes}
+        for step in steps:
+            for r in results.values():
+                r.steps.append(step.name)
+            for name, change in outcome.items():
+                if step.name == "slurm" and name in results:
+                    change(results[name])  # type: ignore[operator]
+            after_step(step, results)
+        return RunReport(results)
+
+    monkeypatch.setattr(pipeline.engine, "run_steps", run_steps_stand_in)
+    monkeypatch.setattr(
+        pipeline.engine,
+        "run_step",
+        lambda step, nodes, results, on_event, run: ran.append((step, [n.name for n in nodes])),
+    )  # test stand-in
+    cluster = _hosts(tmp_path, 3)  # no head group, no storage host: n1 is the head
+
+    def wave(nodes=None) -> list[tuple[object, list[str]]]:
+        ran.clear()
+        part = cluster if nodes is None else cluster.part([cluster.node(n) for n in nodes])
+        pipeline._up_wave(part, pipeline.select(only="slurm"), lambda h, t: None, None, None)
+        return ran[:]
+
+    assert wave() == [(controller.CONTROLLER_STEP, ["n1"])]
+    assert wave(["n2", "n3"]) == []  # the head is not in this wave: its files did not change
+    outcome["n1"] = lambda r: r.fail("slurm", "apt-get failed")
+    assert wave() == []
+    outcome["n1"] = lambda r: r.steps.remove("slurm")  # skipped on the head (Ubuntu 22.04, say)
+    assert wave() == []
+    outcome.clear()
+    ran.clear()
+    pipeline._up_wave(cluster, pipeline.select(only="base"), lambda h, t: None, None, None)
+    assert ran == []  # only after the slurm step

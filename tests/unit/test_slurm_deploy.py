@@ -4,6 +4,8 @@ is (the head's own hostname), what restarts the daemons, and when a host is skip
 
 from __future__ import annotations
 
+import re
+
 from provision.deploys import slurm as step
 from provision.deploys.slurm import accounting as deploy_accounting
 from provision.deploys.slurm import roster
@@ -131,9 +133,12 @@ HEAD, COMPUTE = "@fake/node1", "@fake/node2"
 ACCOUNTING = r"mariadb|mysql|slurmdbd|sacctmgr"
 
 
-def _fake_cluster(tmp_path, monkeypatch, accounting: bool, head_answers: dict | None = None):
+def _fake_cluster(
+    tmp_path, monkeypatch, accounting: bool, head_answers: dict | None = None, compute: tuple[dict, str] = ({}, "")
+):
     """A head (the storage host) and a compute node on pyinfra's @fake connector, both
-    already seen by a pass (their lines kept), with the controller's state in tmp_path."""
+    already seen by a pass (their lines kept), with the controller's state in tmp_path.
+    ``compute``: the compute node's answers, and its gres.conf from this pass's facts."""
     from dataclasses import replace
 
     from provision.settings import Settings
@@ -143,23 +148,56 @@ def _fake_cluster(tmp_path, monkeypatch, accounting: bool, head_answers: dict | 
     nodes = []
     for name, address, groups, answers in (
         ("node1", "10.77.0.1", ("storage",), head_answers or {}),
-        ("node2", "10.77.0.2", (), {}),
+        ("node2", "10.77.0.2", (), compute[0]),
     ):
         settings = Settings(slurm_accounting=accounting, cluster_address=address)  # type: ignore[call-arg]
         nodes.append(replace(fake_node(name, settings, answers, groups=groups, address=address)))
     known = {n.name: step.Known(_known(n.name, n.cluster_address).line, n.name[6:] + "-host", None, 0) for n in nodes}
+    known[COMPUTE] = replace(known[COMPUTE], gres=compute[1])
     monkeypatch.setattr(step, "pass_nodes", lambda cluster: known)
     return nodes
 
 
-def _run(tmp_path, monkeypatch, accounting: bool, head_answers: dict | None = None):
+def _wave(events: list | None = None):
+    """The pipeline's own wave (up/pipeline.py): the step, then its after_step, where the
+    head's second pass (deploys/slurm/controller.py) runs after the slurm step."""
+    from provision.up import pipeline
+
+    def on_event(host: str, text: str) -> None:
+        if events is not None:
+            events.append((host, text))
+
+    return lambda cluster, steps: pipeline._up_wave(cluster, steps, on_event, None, None)
+
+
+def _run(
+    tmp_path,
+    monkeypatch,
+    accounting: bool,
+    head_answers: dict | None = None,
+    compute: tuple[dict, str] = ({}, ""),
+    runner=None,
+):
+    """The slurm step as `up` runs it (the pipeline's wave, unless ``runner`` says otherwise)."""
     from tests.helpers.pyinfra_fake import run_fake
 
-    nodes = _fake_cluster(tmp_path, monkeypatch, accounting, head_answers)
-    run = run_fake(step.step, nodes, monkeypatch, path=tmp_path / "inv.py")
+    nodes = _fake_cluster(tmp_path, monkeypatch, accounting, head_answers, compute)
+    run = run_fake(step.step, nodes, monkeypatch, path=tmp_path / "inv.py", runner=runner or _wave())
     for name in (HEAD, COMPUTE):
         assert run.results[name].ok, run.results[name].failures
     return run
+
+
+def _settled(run) -> dict:
+    """The head's stamps once its second pass ran for the files ``run`` wrote: a run after
+    it restarts and reconfigures nothing there."""
+    from provision.operations.stamps import digest
+
+    text = run.uploads[HEAD]["/etc/slurm/slurm.conf"]
+    return {
+        "stamps/slurmctld-nodes": [digest(step.restart_inputs(text))],
+        "stamps/slurm-conf": [digest([text, rules.cgroup_conf()])],
+    }
 
 
 def _index(run, host: str, pattern: str) -> int:
@@ -218,7 +256,9 @@ def test_a_second_run_with_accounting_in_place_registers_and_restarts_nothing(tm
         "stamps/slurmdbd-cluster": [digest(["provision"])],
         "dpkg -l": ["ii  mariadb-server 1:10.11.6-0+deb12u1 all x", "ii  slurmdbd 22.05.8-4+deb12u3 amd64 x"],
     }
-    run = _run(tmp_path, monkeypatch, accounting=True, head_answers=current)
+    first = _run(tmp_path, monkeypatch, accounting=True, head_answers=current)
+    monkeypatch.undo()
+    run = _run(tmp_path, monkeypatch, accounting=True, head_answers={**current, **_settled(first)})
     assert not run.ran(HEAD, r"sacctmgr|^systemctl restart slurmctld\.service$|install.*(mariadb|slurmdbd)")
 
 
@@ -242,7 +282,7 @@ def test_turning_accounting_off_stops_slurmdbd_once_and_leaves_the_data(tmp_path
     assert [n for n in run.results[HEAD].notes if "left in place" in n]
     assert not run.ran(COMPUTE, ACCOUNTING)
 
-    once = {**was_on, "stamps/slurm-accounting": [digest(deploy_accounting.ACCOUNTING_OFF)]}
+    once = {**was_on, "stamps/slurm-accounting": [digest(deploy_accounting.ACCOUNTING_OFF)], **_settled(run)}
     monkeypatch.undo()
     again = _run(tmp_path, monkeypatch, accounting=False, head_answers=once)
     assert not again.ran(HEAD, r"^systemctl restart slurmctld\.service$")
@@ -296,3 +336,165 @@ def test_an_empty_answer_from_the_head_is_an_empty_roster_not_no_answer():
 
     assert SlurmLeaving().default() == SlurmRoster()
     assert roster.lost_roles(SlurmLeaving().default(), "n3", [rules.COMPUTE_PACKAGE]) == [rules.COMPUTE_PACKAGE]
+
+
+# --- the head's second pass (deploys/slurm/controller.py) and slurmd's restarts ---------------
+
+GRES_2 = rules.GRES_HEAD + "".join(
+    f"NodeName=node2 Name=gpu Type=h200 File=/dev/nvidia{i}\n" for i in (1, 0)
+)  # two GPUs in this pass's facts
+
+
+def _on_host(path: str, text: str) -> dict:
+    """Answers for a file the host already has (0644 root:root, with this text, in a folder
+    that is there): files.put leaves it be."""
+    import hashlib
+
+    folder = path.rsplit("/", 1)[0]
+    stat = "user=root group=root mode={} atime=0 mtime=0 ctime=0 size={} '{}'"
+    return {
+        re.compile(rf"test -L {re.escape(path)} "): [stat.format("-rw-r--r--", len(text), path)],
+        re.compile(rf"test -L {re.escape(folder)} \)"): [stat.format("drwxr-xr-x", 4096, folder)],
+        re.compile(rf"sha1sum {re.escape(path)}"): [f"{hashlib.sha1(text.encode()).hexdigest()}  {path}"],
+    }
+
+
+def _step_alone(cluster, steps):
+    """The step with no after_step, as `provision plan` prepares it."""
+    from provision import engine
+
+    return engine.run_steps(cluster, steps)
+
+
+def test_the_head_reconfigures_in_its_own_pass_after_every_node_wrote_its_files(tmp_path, monkeypatch):
+    """The slurm step on the head no longer restarts slurmctld or reconfigures: it clears the
+    reconfigure's stamp, and the pipeline's after_step runs the head's second pass once the
+    step ended on every host (a host does not wait for the others within a pass)."""
+    alone = _run(tmp_path, monkeypatch, accounting=False, runner=_step_alone)
+    assert not alone.ran(HEAD, r"scontrol reconfigure|restart slurmctld")
+    assert alone.ran(HEAD, r"^rm -f /var/lib/provision/stamps/slurm-conf$")
+
+    monkeypatch.undo()
+    events: list[tuple[str, str]] = []
+    run = _run(tmp_path, monkeypatch, accounting=False, runner=_wave(events))
+    assert run.ran(HEAD, r"^scontrol reconfigure$")
+    assert run.ran(HEAD, r"^systemctl restart slurmctld\.service$")  # a first run: no stamp yet
+    assert not run.ran(COMPUTE, r"scontrol|restart slurmctld|cat /etc/slurm/slurm\.conf")
+    # Every host's slurm step ended before the head's second pass started.
+    second = [i for i, e in enumerate(events) if e == (HEAD, "slurm: started")][1]
+    assert max(i for i, (h, t) in enumerate(events) if t.startswith("slurm: done") and h == COMPUTE) < second
+    assert run.results[HEAD].steps == ["slurm"]  # one step in the summary, not two
+    # The reconfigure's stamp is the one the slurm step used to write, over the same inputs.
+    from provision.operations.stamps import digest, stamp_command
+
+    text = run.uploads[HEAD]["/etc/slurm/slurm.conf"]
+    assert run.ran(HEAD, "^" + re.escape(stamp_command("slurm-conf", digest([text, rules.cgroup_conf()]))) + "$")
+
+
+def test_the_heads_second_pass_acts_per_stamp_and_a_second_run_changes_nothing(tmp_path, monkeypatch):
+    from provision.deploys.slurm import controller
+    from provision.operations.stamps import digest
+    from tests.helpers.pyinfra_fake import run_fake
+
+    first = _run(tmp_path, monkeypatch, accounting=False)
+    text = first.uploads[HEAD]["/etc/slurm/slurm.conf"]
+    on_head = {"cat /etc/slurm/slurm.conf": text.splitlines()}
+
+    def second_pass(answers: dict):
+        monkeypatch.undo()
+        head, _ = _fake_cluster(tmp_path, monkeypatch, False, {**on_head, **answers})
+        run = run_fake(controller.CONTROLLER_STEP, [head], monkeypatch, path=tmp_path / "inv.py")
+        assert run.results[HEAD].ok, run.results[HEAD].failures
+        return run
+
+    settled = second_pass(_settled(first))
+    assert not settled.ran(HEAD, r"^(scontrol|systemctl|mkdir)")
+    assert settled.results[HEAD].changed == 0
+    # The node list changed since slurmctld's last restart: it restarts; the reconfigure's
+    # stamp holds this file, so no reconfigure on top.
+    moved = second_pass({**_settled(first), "stamps/slurmctld-nodes": [digest(["SlurmctldHost=old(10.0.0.9)"])]})
+    assert moved.ran(HEAD, r"^systemctl restart slurmctld\.service$")
+    assert not moved.ran(HEAD, r"scontrol reconfigure")
+    # slurm.conf changed (or the slurm step cleared the stamp): reconfigured, no restart.
+    changed = second_pass({**_settled(first), "stamps/slurm-conf": []})
+    assert changed.ran(HEAD, r"^scontrol reconfigure$")
+    assert not changed.ran(HEAD, r"restart slurmctld")
+
+
+def test_a_head_set_up_before_the_second_pass_does_not_restart_slurmctld_for_nothing(tmp_path, monkeypatch):
+    """The earlier slurm step restarted slurmctld and slurmd under one stamp (slurm-nodes):
+    where it holds this node list, the new slurmctld stamp is written from it."""
+    from provision.operations.stamps import digest, stamp_command
+
+    first = _run(tmp_path, monkeypatch, accounting=False)
+    text = first.uploads[HEAD]["/etc/slurm/slurm.conf"]
+    options = first.uploads[HEAD]["/etc/default/slurmd"]
+    old = {
+        "stamps/slurm-nodes": [digest([*step.restart_inputs(text), options])],
+        "stamps/slurm-conf": [digest([text, rules.cgroup_conf()])],
+    }
+    monkeypatch.undo()
+    run = _run(tmp_path, monkeypatch, accounting=False, head_answers=old)
+    adopted = "^" + re.escape(stamp_command("slurmctld-nodes", digest(step.restart_inputs(text)))) + "$"
+    # Written in the slurm step, before the second pass reads it. (A fake host's stamps do
+    # not read back: that pass restarts here, and writes the stamp again.)
+    assert _index(run, HEAD, adopted) < _index(run, HEAD, r"^systemctl restart slurmctld\.service$")
+    monkeypatch.undo()
+    stale = {**old, "stamps/slurm-nodes": [digest(["SlurmctldHost=old(10.0.0.9)", options])]}
+    run = _run(tmp_path, monkeypatch, accounting=False, head_answers=stale)
+    # Not proven by the old stamp: slurmctld restarts in the second pass, then its stamp.
+    assert _index(run, HEAD, adopted) > _index(run, HEAD, r"^systemctl restart slurmctld\.service$")
+    assert len(run.ran(HEAD, adopted)) == 1
+
+
+def test_a_node_whose_gres_changed_restarts_its_slurmd_and_other_changes_reload_it(tmp_path, monkeypatch):
+    """slurmd counts its GPUs at start only: a reload left it reporting the old count, and
+    slurmctld drained the node ("gres/gpu count reported lower than configured")."""
+    from provision.operations.stamps import digest
+
+    def settled_compute(first, gres: str) -> dict:
+        text = first.uploads[COMPUTE]["/etc/slurm/slurm.conf"]
+        options = first.uploads[COMPUTE]["/etc/default/slurmd"]
+        return {
+            "stamps/slurm-nodes": [digest([*step.restart_inputs(text), options])],
+            "stamps/slurmd-files": [digest([text, gres, rules.cgroup_conf()])],
+            "stamps/slurmd-gres": [digest([gres])],
+        }
+
+    first = _run(tmp_path, monkeypatch, accounting=False, compute=({}, GRES_2))
+    assert first.uploads[COMPUTE]["/etc/slurm/gres.conf"] == GRES_2
+    stamps = settled_compute(first, GRES_2)
+
+    # Its gres.conf already holds these GPUs; slurm.conf changes: a reload, no restart.
+    monkeypatch.undo()
+    same = _run(tmp_path, monkeypatch, False, compute=({**stamps, **_on_host("/etc/slurm/gres.conf", GRES_2)}, GRES_2))
+    assert "/etc/slurm/gres.conf" not in same.uploads[COMPUTE]
+    assert same.ran(COMPUTE, r"^systemctl reload slurmd\.service$")
+    assert not same.ran(COMPUTE, r"^systemctl restart slurmd\.service$")
+
+    # Its gres.conf had no GPUs (the driver just came, or the stand-ins): slurmd restarts,
+    # even where the stamp already holds the new file (written by hand, say).
+    monkeypatch.undo()
+    grew = _run(
+        tmp_path, monkeypatch, False, compute=({**stamps, **_on_host("/etc/slurm/gres.conf", rules.GRES_HEAD)}, GRES_2)
+    )
+    assert grew.uploads[COMPUTE]["/etc/slurm/gres.conf"] == GRES_2
+    restart = _index(grew, COMPUTE, r"^systemctl restart slurmd\.service$")
+    assert _index(grew, COMPUTE, r"^systemctl reload slurmd\.service$") < restart
+    assert _index(grew, COMPUTE, r"> /var/lib/provision/stamps/slurmd-gres\.tmp") > restart
+
+
+def test_a_plan_shows_the_heads_reconfigure_as_due_and_not_its_second_pass(tmp_path, monkeypatch):
+    """`provision plan` runs no after_step (up/pipeline.py plan): the head's reconfigure shows
+    as the slurm step's "scontrol reconfigure due"; slurmctld's restarts do not show."""
+    from provision import engine
+    from provision.inventory import Cluster
+
+    nodes = _fake_cluster(tmp_path, monkeypatch, accounting=True)
+    plans = engine.plan_steps(Cluster(path=tmp_path / "inv.py", nodes=tuple(nodes)), [step.step])
+    names = [op.name for op in plans[HEAD].steps["slurm"]]
+    assert [n for n in names if "reconfigure" in n] == [
+        "Slurm | scontrol reconfigure due (the head runs it once every node has written its files)"
+    ]
+    assert not [n for n in names if "slurmctld" in n and "restart" in n.lower() and "drop-in" not in n]
+    assert not [n for n in (op.name for op in plans[COMPUTE].steps["slurm"]) if "reconfigure" in n]

@@ -16,22 +16,26 @@ compute node, and the same slurm.conf everywhere, written from the facts provisi
 - A change of the node list or of the controller restarts the daemons (Slurm 22.05 reads
   them only at start; running jobs live on in their slurmstepd). Any other change is an
   ``scontrol reconfigure`` from the head, and each compute node whose own files changed
-  reloads its slurmd: a host's operations do not wait for the other hosts' (engine/deadlines),
-  so the head's reconfigure may come before another node wrote its file. Nothing restarts
-  when nothing changed.
+  reloads its slurmd, or restarts it where its gres.conf changed (slurmd counts its GPUs at
+  start). slurmctld's restart and the reconfigure are a second pass on the head
+  (controller.py, run by the pipeline once this step ended on every host): a host's
+  operations do not wait for the other hosts' (engine/deadlines), and a reconfigure that
+  reached a node before it wrote its new gres.conf drained it. Nothing restarts when
+  nothing changed.
 - Ubuntu 22.04's Slurm (21.08) has no cgroup v2 support: such hosts are skipped with the
   reason unless ``slurm = "force"``.
 - With ``slurm_accounting`` the head also runs slurmdbd over a MariaDB bound to loopback
   (provision.rules.slurm_accounting), slurm.conf names it on every node, and the cluster is
-  registered in it before slurmctld restarts once. Its database password is made once on the
-  controller, like the munge key. Turned off, slurm.conf loses the lines and slurmdbd stops;
-  MariaDB and the data stay.
+  registered in it before slurmctld restarts once (in the head's second pass). Its database
+  password is made once on the controller, like the munge key. Turned off, slurm.conf loses
+  the lines and slurmdbd stops; MariaDB and the data stay.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 from dataclasses import asdict, dataclass, replace
 from io import StringIO
 from pathlib import Path
@@ -39,7 +43,7 @@ from typing import Any
 
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.operations import files, systemd
+from pyinfra.operations import files, server, systemd
 
 from provision import state, verdicts
 from provision.deploys.slurm import accounting, roster
@@ -54,10 +58,11 @@ from provision.engine import (
     skip,
 )
 from provision.facts.gpus import NvidiaDevices
+from provision.facts.stamps import Stamp, stamp_path
 from provision.facts.system import Cpu, Memory, Os
 from provision.inventory import Cluster, Node
 from provision.operations.apt import install
-from provision.operations.stamps import follow_up
+from provision.operations.stamps import digest, follow_up, stamp_command
 from provision.rules import slurm as rules
 from provision.rules import slurm_accounting as accounting_rules
 
@@ -67,6 +72,11 @@ GRES_CONF = f"{CONF_DIR}/gres.conf"
 CGROUP_CONF = f"{CONF_DIR}/cgroup.conf"
 MUNGE_KEY = "/etc/munge/munge.key"
 SLURMD_DEFAULTS = "/etc/default/slurmd"
+
+# Stamps (operations/stamps.py) of the restarts and the reconfigure.
+NODES_STAMP = "slurm-nodes"  # slurmd restarted for this controller, node list and NodeName
+CONF_STAMP = "slurm-conf"  # the head's scontrol reconfigure ran for this slurm.conf and cgroup.conf
+CTLD_RESTART_STAMP = "slurmctld-nodes"  # slurmctld restarted for this controller and node list
 
 
 @dataclass(frozen=True)
@@ -222,11 +232,10 @@ def slurm() -> None:
     # never one an older state file lacked.
     gres = (mine.gres if mine and computes else "") or rules.GRES_HEAD
     files.directory(name=CONF_DIR, path=CONF_DIR, mode="755")
-    own = [
-        files.put(name="slurm.conf (the same on every node)", src=StringIO(text), dest=SLURM_CONF, mode="644"),
-        files.put(name="gres.conf (this node's GPUs)", src=StringIO(gres), dest=GRES_CONF, mode="644"),
-        files.put(name="cgroup.conf", src=StringIO(rules.cgroup_conf()), dest=CGROUP_CONF, mode="644"),
-    ]
+    conf_op = files.put(name="slurm.conf (the same on every node)", src=StringIO(text), dest=SLURM_CONF, mode="644")
+    gres_op = files.put(name="gres.conf (this node's GPUs)", src=StringIO(gres), dest=GRES_CONF, mode="644")
+    cgroup_op = files.put(name="cgroup.conf", src=StringIO(rules.cgroup_conf()), dest=CGROUP_CONF, mode="644")
+    own = [conf_op, gres_op, cgroup_op]
     options = slurmd_options(node)
     if computes:
         own.append(files.put(name="slurmd's NodeName", src=StringIO(options), dest=SLURMD_DEFAULTS, mode="644"))
@@ -243,11 +252,13 @@ def slurm() -> None:
         _controller_unit(keeps_accounting)
     for unit in daemons:
         systemd.service(name=f"{unit} running", service=f"{unit}.service", running=True, enabled=True)
-    if daemons:
-        _reload_or_restart(daemons, text, gres, options, own)
     if is_head:
+        _controller_due(text, options, [conf_op, cgroup_op])
         roster.resume_returning(seen.returning if seen else [])
-        accounting.controller_accounting(cluster, keeps_accounting)
+        # slurmctld's restart for accounting (accounting.controller_accounting) is in the
+        # head's second pass (controller.py), after every host's files, like its other restart.
+    if computes:
+        _slurmd_reload_or_restart(is_head, text, gres, options, own, gres_op)
 
 
 def _controller_unit(accounting: bool) -> None:
@@ -316,33 +327,57 @@ def skip_reason(node: Node, head: Node, nodes: dict[str, Known]) -> str | None:
     return None
 
 
-def _reload_or_restart(daemons: list[str], text: str, gres: str, options: str, own: list[Any]) -> None:
-    """Restart the daemons when what they read only at start changed; else the head
-    reconfigures the cluster and a compute node reloads its own slurmd."""
-    units = " ".join(f"{u}.service" for u in daemons)
+def _controller_due(text: str, options: str, confs: list[Any]) -> None:
+    """On the head: what its second pass (controller.py, after every host's files) acts on.
+    The reconfigure's stamp is cleared where slurm.conf or cgroup.conf changed in this run, so
+    that pass reconfigures even where the new text is the one the stamp holds (an edit by hand
+    put back), and a run stopped before that pass reconfigures on the next one. A head set up
+    before that pass existed has slurmctld's restart recorded in "slurm-nodes" (both daemons
+    restarted there): where that stamp holds this node list, the new stamp is written from it
+    rather than slurmctld restarting for nothing."""
+    server.shell(
+        name="scontrol reconfigure due (the head runs it once every node has written its files)",
+        commands=[f"rm -f {shlex.quote(stamp_path(CONF_STAMP))}"],
+        _if=lambda: any(op.did_change() for op in confs),
+    )
+    restart = restart_inputs(text)
+    recorded = host.get_fact(Stamp, stamp=NODES_STAMP) == digest([*restart, options])
+    if recorded and host.get_fact(Stamp, stamp=CTLD_RESTART_STAMP) is None:
+        server.shell(
+            name="slurmctld's restart stamp (from the slurm-nodes stamp of an earlier version)",
+            commands=[stamp_command(CTLD_RESTART_STAMP, digest(restart))],
+        )
+
+
+def _slurmd_reload_or_restart(is_head: bool, text: str, gres: str, options: str, own: list[Any], gres_op: Any) -> None:
+    """On a compute node: slurmd restarted when what it reads only at start changed (the node
+    list, the controller, its NodeName, its GPUs), else reloaded when its files changed. On
+    the head the second pass's reconfigure stands for the reload."""
     follow_up(
-        "Restart Slurm (the controller or the node list changed)",
-        "slurm-nodes",
+        "Restart slurmd (the controller or the node list changed)",
+        NODES_STAMP,
         [*restart_inputs(text), options],
-        [f"systemctl restart {units}"],
+        [f"systemctl restart {rules.COMPUTE_PACKAGE}.service"],
         lambda: False,  # a first run has no stamp: the restart runs after the first start
     )
-    if "slurmctld" in daemons:
-        follow_up(
-            "scontrol reconfigure (slurm.conf changed)",
-            "slurm-conf",
-            [text, rules.cgroup_conf()],
-            ["scontrol reconfigure"],
-            lambda: any(op.did_change() for op in own),
-        )
-    else:
+    if not is_head:
         follow_up(
             "Reload slurmd (its files changed)",
             "slurmd-files",
             [text, gres, rules.cgroup_conf()],
-            ["systemctl reload slurmd.service"],
+            [f"systemctl reload {rules.COMPUTE_PACKAGE}.service"],
             lambda: any(op.did_change() for op in own),
         )
+    # slurmd reads its GPUs (gres.conf) at start only: a reload or the controller's
+    # reconfigure leaves it reporting the old count, and slurmctld drains the node when that
+    # is lower than slurm.conf's. Restarted before the head's second pass reconfigures.
+    follow_up(
+        "Restart slurmd (gres.conf changed)",
+        "slurmd-gres",
+        [gres],
+        [f"systemctl restart {rules.COMPUTE_PACKAGE}.service"],
+        gres_op.did_change,
+    )
 
 
 def applies(node: Node) -> str | None:

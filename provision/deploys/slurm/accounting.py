@@ -2,7 +2,8 @@
 loopback on the head (provision.rules.slurm_accounting), the cluster registered in it before
 slurmctld restarts once. Its database password is made once on the controller, like the munge
 key. Turned off, slurmdbd stops, slurmctld restarts once without it; MariaDB and the data
-stay. Called from the slurm step (deploys/slurm/__init__.py) on the head only.
+stay. Called on the head only: from the slurm step (deploys/slurm/__init__.py), and
+controller_accounting from its second pass there (controller.py), after every host's files.
 """
 
 from __future__ import annotations
