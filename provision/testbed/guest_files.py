@@ -121,9 +121,11 @@ MASKED_UNITS = (
 )
 
 # Units the image's packages enable that must not start on every node: MariaDB, baked in
-# for the head's slurm_accounting, is the head's alone (`up` enables it there). slurmdbd
-# needs no entry: its unit waits for /etc/slurm/slurmdbd.conf, which only the head gets.
-DISABLED_UNITS = ("mariadb.service",)
+# for the head's slurm_accounting, is the head's alone (`up` enables it there), and its
+# socket units too: socket activation listens on every address, bind-address or not (the
+# accounting e2e test found *:3306 on a node that runs no accounting). slurmdbd needs no
+# entry: its unit waits for /etc/slurm/slurmdbd.conf, which only the head gets.
+DISABLED_UNITS = ("mariadb.service", "mariadb.socket", "mariadb-extra.socket")
 
 # Units enabled in the image: (wanted-by target, unit file path in the image).
 ENABLED_UNITS = (

@@ -38,9 +38,8 @@ def host_data(node: NodeRecord, ssh_key: Path, known_hosts: Path, wheelhouse: Pa
         # out 3x the other's, and the demo failed. A node fails here only 4x below the fleet
         # median (the throttled-disk drill, 100x, still fails); real fleets keep the defaults.
         "validate_expect": {"fleet.warn_drop": 0.2, "fleet.fail_drop": 0.75},
-        # Slurm accounting stays off in the shared `up` until MariaDB's socket activation is
-        # verified closed (it listened on every address; see deploys/slurm/accounting.py).
-        "slurm_accounting": False,
+        # Slurm accounting on, so the shared `up` and its tests cover slurmdbd and MariaDB.
+        "slurm_accounting": True,
     }
     if wheelhouse is not None:
         data["wheelhouse"] = str(wheelhouse)

@@ -18,6 +18,7 @@ from tests.e2e.storage_helpers import sh
 from tests.standins import gpu_devices
 
 IDLE_WITHIN_S = 120  # slurmd registers within seconds of its start; a TCG guest is slow
+ACCOUNTED_WITHIN_S = 60  # slurmctld hands a finished job to slurmdbd asynchronously
 
 
 # What the head knows of a node not idle: its state and reason, and slurmctld's own log of
@@ -294,3 +295,46 @@ def test_slurmd_own_health_check_drains_a_node_whose_data_volume_is_unmounted_wi
         sh(node, f"mountpoint -q {shlex.quote(mount)} || mount {shlex.quote(mount)}")
     assert _health(node)[0] == 0
     assert _state(head, node.name)[0] == "idle"
+
+
+def _sacct_state(node, job: str) -> str:
+    """The job's state in accounting as sacct on ``node`` has it ("" while not there yet)."""
+    result = remote.run(node, f"sacct -n -X -j {job} --format=State", timeout=60)
+    return result.stdout.strip() if result.ok else ""
+
+
+def test_accounting_keeps_a_finished_job_for_sacct(provisioned, testbed) -> None:
+    cluster = inventory.load(testbed.inventory_path)
+    head = cluster.head_node()[0]
+    assert head.settings.slurm_accounting  # the testbed's inventory turns it on
+    assert sh(head, "stat -c '%a %U:%G' /etc/slurm/slurmdbd.conf").strip() == "600 slurm:slurm"
+    # MariaDB listens on loopback only, and neither it nor slurmdbd runs on the other nodes.
+    listening = sh(head, "ss -H -ltn '( sport = :3306 )'").splitlines()
+    assert {line.split()[3] for line in listening} == {"127.0.0.1:3306"}, listening
+    for node in cluster.nodes:
+        if node.name != head.name:
+            assert sh(node, "systemctl is-active mariadb.service slurmdbd.service || true").split() == [
+                "inactive",
+                "inactive",
+            ]
+            # Nor does anything listen for it there (the image's MariaDB socket units are off).
+            assert sh(node, "ss -H -ltn '( sport = :3306 )'").strip() == "", node.name
+    clusters = sh(head, "sacctmgr -n -P list cluster format=cluster").split()
+    assert head.settings.slurm_cluster_name in clusters, clusters
+
+    out = sh(head, "srun --nodes=2 --ntasks-per-node=1 --time=2 sh -c 'echo \"$SLURM_JOB_ID $(hostname)\"'")
+    jobs = {line.split()[0] for line in out.splitlines() if line.strip()}
+    assert len(out.splitlines()) == 2, out  # one task on each node
+    assert len(jobs) == 1, out
+    (job,) = jobs
+    deadline = time.monotonic() + ACCOUNTED_WITHIN_S
+    state = _sacct_state(head, job)
+    while state != "COMPLETED" and time.monotonic() < deadline:
+        time.sleep(3)
+        state = _sacct_state(head, job)
+    assert state == "COMPLETED", (
+        state,
+        sh(head, "tail -n 30 /var/log/slurm/slurmdbd.log; systemctl status slurmdbd | cat"),
+    )
+    # A compute node asks the head's slurmdbd too (AccountingStorageHost, by address).
+    assert _sacct_state(cluster.nodes[-1], job) == "COMPLETED"

@@ -41,7 +41,7 @@ def test_written_inventory_loads_with_every_host_and_setting(tmp_path: Path) -> 
     assert node2.settings.cluster_interface == "eth1"
     assert node2.settings.data_disks == ["/dev/disk/by-id/virtio-NVME-node2-1", "/dev/disk/by-id/virtio-NVME-node2-2"]
     # The shared `up` keeps Slurm accounting, so the e2e suite exercises slurmdbd and sacct.
-    assert not any(n.settings.slurm_accounting for n in cluster.nodes)  # off until MariaDB's socket is closed
+    assert all(n.settings.slurm_accounting for n in cluster.nodes)
 
 
 def test_first_node_is_the_storage_node(tmp_path: Path) -> None:
