@@ -253,22 +253,35 @@ def test_a_job_asking_for_one_gpu_sees_only_its_device(provisioned, testbed) -> 
         assert visible == "0,1", visible
         assert set(opened.values()) == {"No such device or address"}, opened
     finally:
+        # Whatever failed above, node2 goes back to no GPUs for the tests after this one: its
+        # files written again without them, its health check lifting the drain it made while
+        # the stand-ins went, and Slurm's own drain for the vanished GPUs resumed (below).
         gpu_devices.remove(node)
-    report = pipeline.up(cluster, pipeline.select(only="slurm"))
+        report = pipeline.up(cluster, pipeline.select(only="slurm"))
+        health = _health(node)
+        back = _gpus_gone_and_resumed(head, cluster)
     assert report.exit_code == 0, report.as_json()
     assert "Gres=gpu" not in sh(node, "cat /etc/slurm/slurm.conf")
-    assert _health(node)[0] == 0  # lifts a drain the check made while the stand-ins went
+    assert health[0] == 0, health
+    assert back, sh(head, "sinfo -R; sinfo -N")
+
+
+def _gpus_gone_and_resumed(head, cluster) -> bool:
+    """Every node idle again after the stand-in GPUs went, within IDLE_WITHIN_S. The node's
+    slurmd restarted with none (its gres.conf changed) while slurmctld still counted two, so
+    slurmctld may drain it ("gres/gpu count reported lower than configured (0 < 2)"): right
+    for GPUs that vanish, the node stays out until an admin resumes it, as this does
+    (README, Slurm). Whether the drain comes depends on when slurmd registers against the
+    head's restart."""
     deadline = time.monotonic() + IDLE_WITHIN_S
     while _sinfo_when_up(head) != {n.name: "idle" for n in cluster.nodes}:
-        assert time.monotonic() < deadline, sh(head, "sinfo -R; sinfo -N")
-        # The node's GPUs went away: its slurmd restarted with none (its gres.conf changed)
-        # while slurmctld still counted two, and slurmctld drained it ("gres/gpu count
-        # reported lower than configured (0 < 2)"). Right for GPUs that vanish: the node stays
-        # out until an admin resumes it, as this test does (README, Slurm). Whether the drain
-        # comes depends on when slurmd registers against the head's reconfigure.
-        if "count reported lower than configured" in _state(head, node.name)[1]:
-            sh(head, f"scontrol update NodeName={node.name} State=RESUME")
+        if time.monotonic() > deadline:
+            return False
+        for name in _sinfo_when_up(head):
+            if "count reported lower than configured" in _state(head, name)[1]:
+                sh(head, f"scontrol update NodeName={name} State=RESUME")
         time.sleep(3)
+    return True
 
 
 def test_slurmd_own_health_check_drains_a_node_whose_data_volume_is_unmounted_within_one_interval(

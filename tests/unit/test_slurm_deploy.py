@@ -498,3 +498,16 @@ def test_a_plan_shows_the_heads_reconfigure_as_due_and_not_its_second_pass(tmp_p
     ]
     assert not [n for n in names if "slurmctld" in n and "restart" in n.lower() and "drop-in" not in n]
     assert not [n for n in (op.name for op in plans[COMPUTE].steps["slurm"]) if "reconfigure" in n]
+
+
+def test_a_nodes_gpu_count_restarts_slurmctld_and_a_memory_change_only_reconfigures():
+    """slurmctld 22.05's reconfigure refuses a GPU count that changes to anything but 0 where
+    gres.conf names files (seen on the testbed: 0 -> 2 left the node with no GPUs): the
+    count is among what restarts it. Other nodes' slurmd keep running (restart_inputs)."""
+    from provision.deploys.slurm import controller_restart_inputs, restart_inputs
+
+    base = "SlurmctldHost=node1(10.77.0.11)\nNodeName=node2 NodeAddr=10.77.0.12 CPUs=2 RealMemory=1710{}\n"
+    none, two, more_memory = base.format(""), base.format(" Gres=gpu:h200:2"), base.format("0")
+    assert controller_restart_inputs(none) != controller_restart_inputs(two)
+    assert controller_restart_inputs(none) == controller_restart_inputs(more_memory)
+    assert restart_inputs(none) == restart_inputs(two)

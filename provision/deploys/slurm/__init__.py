@@ -178,16 +178,25 @@ def slurm_conf(cluster: Cluster, nodes: dict[str, Known], kept: dict[str, str] |
     return text, unseen
 
 
-def restart_inputs(text: str) -> list[str]:
+def restart_inputs(text: str, keys: tuple[str, ...] = ("NodeName=", "NodeAddr=")) -> list[str]:
     """What Slurm 22.05 reads only when its daemons start: the controller and each node's
-    name and address."""
+    name and address (``keys``: the parts of a node's line that count)."""
     out = []
     for line in text.splitlines():
         if line.startswith("SlurmctldHost="):
             out.append(line)
         elif line.startswith("NodeName="):
-            out.append(" ".join(p for p in line.split() if p.startswith(("NodeName=", "NodeAddr="))))
+            out.append(" ".join(p for p in line.split() if p.startswith(keys)))
     return out
+
+
+def controller_restart_inputs(text: str) -> list[str]:
+    """What slurmctld 22.05 takes only at its start: restart_inputs, and each node's GPU
+    count. A reconfigure refuses a GPU count that changes to anything but 0 where gres.conf
+    names device files ("Attempt to change gres/gpu Count on node node2 from 0 to 2 invalid
+    with File configuration", found by the testbed's GPU job test), and the node is then
+    left with no GPUs to schedule; the driver's first install (0 -> 8) is exactly that."""
+    return restart_inputs(text, ("NodeName=", "NodeAddr=", "Gres="))
 
 
 def slurmd_options(node: Node) -> str:
@@ -340,12 +349,11 @@ def _controller_due(text: str, options: str, confs: list[Any]) -> None:
         commands=[f"rm -f {shlex.quote(stamp_path(CONF_STAMP))}"],
         _if=lambda: any(op.did_change() for op in confs),
     )
-    restart = restart_inputs(text)
-    recorded = host.get_fact(Stamp, stamp=NODES_STAMP) == digest([*restart, options])
+    recorded = host.get_fact(Stamp, stamp=NODES_STAMP) == digest([*restart_inputs(text), options])
     if recorded and host.get_fact(Stamp, stamp=CTLD_RESTART_STAMP) is None:
         server.shell(
             name="slurmctld's restart stamp (from the slurm-nodes stamp of an earlier version)",
-            commands=[stamp_command(CTLD_RESTART_STAMP, digest(restart))],
+            commands=[stamp_command(CTLD_RESTART_STAMP, digest(controller_restart_inputs(text)))],
         )
 
 

@@ -1,8 +1,9 @@
 """The slurm step's second pass, on the head alone (``CONTROLLER_STEP``): what slurmctld does
 about the files every host of the pass has now written.
 
-- slurmctld restarted when the controller or the node list changed (Slurm 22.05 reads them
-  only at start; stamp "slurmctld-nodes", ``restart_inputs`` of the head's slurm.conf);
+- slurmctld restarted when the controller, the node list or a node's GPU count changed
+  (Slurm 22.05 reads the first two only at start, and a reconfigure refuses the third);
+  stamp "slurmctld-nodes", ``controller_restart_inputs`` of the head's slurm.conf;
 - else ``scontrol reconfigure`` when slurm.conf or cgroup.conf changed (stamp "slurm-conf",
   the same stamp and inputs the slurm step used before this pass existed, so a cluster set
   up by an earlier version does not reconfigure again);
@@ -30,7 +31,7 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.facts.files import FileContents
 
-from provision.deploys.slurm import CONF_STAMP, CTLD_RESTART_STAMP, SLURM_CONF, accounting, restart_inputs
+from provision.deploys.slurm import CONF_STAMP, CTLD_RESTART_STAMP, SLURM_CONF, accounting, controller_restart_inputs
 from provision.engine import Step, current_cluster, refuse
 from provision.operations.stamps import follow_up
 from provision.rules import slurm as rules
@@ -51,9 +52,9 @@ def controller() -> None:
     text = file_text(lines)
     ctld = f"{rules.CONTROLLER_PACKAGE}.service"
     follow_up(
-        "Restart slurmctld (the controller or the node list changed)",
+        "Restart slurmctld (the controller, the node list or a node's GPU count changed)",
         CTLD_RESTART_STAMP,
-        restart_inputs(text),
+        controller_restart_inputs(text),
         [f"systemctl restart {ctld}"],
         lambda: False,  # a first run has no stamp: the restart runs after the first start
     )
