@@ -107,7 +107,7 @@ def _finish(step: Step, result: HostResult, run: RunContext, on_event: OnEvent) 
     if step.name in run.take_skips(result.name):
         on_event(result.name, f"{step.name}: skipped")
     elif result.ok and not result.failed_in(step.name):
-        if step.name not in result.steps:  # a second pass of a step (reboot's resume) is the same step
+        if step.name not in result.steps:  # a step's second pass (a reboot's, the Slurm head's) is one step
             result.steps.append(step.name)
         on_event(result.name, f"{step.name}: done, {result.changed_by_step.get(step.name, 0)} changed")
 

@@ -14,7 +14,8 @@ compute node, and the same slurm.conf everywhere, written from the facts provisi
   host writes the same file. A node never seen yet is left out, and the summary says so
   (the next `up` that reaches it adds it).
 - A change of the node list or of the controller restarts the daemons (Slurm 22.05 reads
-  them only at start; running jobs live on in their slurmstepd). Any other change is an
+  them only at start; running jobs live on in their slurmstepd), and a node's GPU count
+  changing restarts slurmctld (its reconfigure refuses the new count). Any other change is an
   ``scontrol reconfigure`` from the head, and each compute node whose own files changed
   reloads its slurmd, or restarts it where its gres.conf changed (slurmd counts its GPUs at
   start). slurmctld's restart and the reconfigure are a second pass on the head
@@ -76,7 +77,7 @@ SLURMD_DEFAULTS = "/etc/default/slurmd"
 # Stamps (operations/stamps.py) of the restarts and the reconfigure.
 NODES_STAMP = "slurm-nodes"  # slurmd restarted for this controller, node list and NodeName
 CONF_STAMP = "slurm-conf"  # the head's scontrol reconfigure ran for this slurm.conf and cgroup.conf
-CTLD_RESTART_STAMP = "slurmctld-nodes"  # slurmctld restarted for this controller and node list
+CTLD_RESTART_STAMP = "slurmctld-nodes"  # slurmctld restarted for this controller, node list and GPU counts
 
 
 @dataclass(frozen=True)
