@@ -14,6 +14,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from provision.engine.op_order import host_op_order
 from provision.pyinfra_context import held
 
 DISCONNECT_TIMEOUT_S = 30.0  # closing a wedged connection must not hang the caller
@@ -123,7 +124,7 @@ def _host_ops(state: Any, host: Any) -> None:
     from pyinfra.api.operations import run_host_op
     from pyinfra.context import ctx_host
 
-    for op_hash in state.get_op_order():
+    for op_hash in host_op_order(host):
         with held(ctx_host, host):
             if not run_host_op(state, host, op_hash):
                 return

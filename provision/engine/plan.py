@@ -12,6 +12,7 @@ from provision.engine.connect import connect_all
 from provision.engine.context import RunContext
 from provision.engine.deadlines import HostClocks, disconnect_bounded, in_parallel
 from provision.engine.fact_watch import FactWatch
+from provision.engine.op_order import host_op_order
 from provision.engine.pyinfra_state import new_state
 from provision.engine.results import HostPlan, HostResult, OnEvent, PlannedOp, Step, TimedOut, no_events
 from provision.engine.run import targets_of
@@ -100,7 +101,7 @@ def changing_ops(state: Any, host: Any, run: RunContext) -> list[PlannedOp]:
     from pyinfra.context import ctx_host, ctx_state
 
     planned: list[PlannedOp] = []
-    for op_hash in state.get_op_order():
+    for op_hash in host_op_order(host):
         op_data = state.ops[host].get(op_hash)
         if op_data is None or not op_data.operation_meta.will_change:
             continue
