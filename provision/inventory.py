@@ -265,11 +265,17 @@ def _network_problems(inventory_path: Path, nodes: list[Node]) -> list[Problem]:
     """A cluster_cidr must hold every cluster address: NFS exports and the firewall-free
     cluster traffic go to that network only, so a node outside it is locked out."""
     problems = []
+    # Each address parsed once and each network's outsiders found once: asked per node of
+    # per node, a 1,000-node inventory took a million parses (BENCHMARKS.md, issue 20).
+    addresses = [(n.name, _address(n.cluster_address)) for n in nodes]
+    outsiders: dict[str, list[str]] = {}
     for node in nodes:
         if not node.settings.cluster_cidr:
             continue
-        net = ipaddress.ip_network(node.settings.cluster_cidr, strict=False)
-        outside = [n.name for n in nodes if not _in_network(n.cluster_address, net)]
+        if node.settings.cluster_cidr not in outsiders:
+            net = ipaddress.ip_network(node.settings.cluster_cidr, strict=False)
+            outsiders[node.settings.cluster_cidr] = [name for name, a in addresses if a is not None and a not in net]
+        outside = outsiders[node.settings.cluster_cidr]
         if outside:
             problems.append(
                 Problem(
@@ -282,11 +288,11 @@ def _network_problems(inventory_path: Path, nodes: list[Node]) -> list[Problem]:
     return problems
 
 
-def _in_network(address: str, net: ipaddress.IPv4Network | ipaddress.IPv6Network) -> bool:
+def _address(address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     try:
-        return ipaddress.ip_address(address) in net
-    except ValueError:  # a DNS name: its address is not known here
-        return True
+        return ipaddress.ip_address(address)
+    except ValueError:  # a DNS name: its address is not known here, so it is not refused
+        return None
 
 
 def _duplicates(inventory_path: Path, nodes: list[Node], attrs: dict[str, Any]) -> list[Problem]:

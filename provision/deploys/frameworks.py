@@ -23,6 +23,7 @@ from pyinfra.operations import files, pip
 
 from provision.engine import Step, current_node, note, refuse
 from provision.facts.gpus import NvidiaDevices
+from provision.facts.venv import WheelSizes
 from provision.operations.venv import torch_works, venv_packages, wheel_file
 from provision.rules.frameworks import (
     REMOTE_LOCK,
@@ -46,8 +47,14 @@ def upload_wheelhouse(directory: str) -> bool:
         refuse("frameworks", problem)
         return False
     files.directory(name="wheelhouse directory", path=REMOTE_WHEELHOUSE, mode="755")
+    there = host.get_fact(WheelSizes, directory=REMOTE_WHEELHOUSE)  # one listing for every wheel
     for wheel in wheel_files(directory):
-        wheel_file(name=f"wheel {wheel.name}", src=str(wheel), dest=f"{REMOTE_WHEELHOUSE}/{wheel.name}")
+        wheel_file(
+            name=f"wheel {wheel.name}",
+            src=str(wheel),
+            dest=f"{REMOTE_WHEELHOUSE}/{wheel.name}",
+            size_there=there.get(wheel.name),
+        )
     files.put(
         name="requirements.txt: the wheels' hashes",
         src=StringIO(hashed_requirements(directory)),

@@ -14,7 +14,7 @@ from pyinfra.api.command import FileUploadCommand
 from pyinfra.api.state import StateStage
 from pyinfra.context import ctx_state
 
-from provision.facts.venv import TorchCheck, VenvPackages, WheelSizes
+from provision.facts.venv import TorchCheck, VenvPackages
 from provision.rules.frameworks import missing, torch_problem
 
 
@@ -49,14 +49,14 @@ def torch_works(python: str, version: str, need_cuda: bool) -> Generator[Any, No
 
 
 @operation()
-def wheel_file(src: str, dest: str) -> Generator[Any, None, None]:
-    """Upload a wheel unless the host has a file of that name and size. A wheel's name
-    carries its version and build (PEP 427), so name and size identify it: unlike
-    files.put, no sha1 of a 190 MB torch wheel is computed on the host at every run
-    (about 10 s on a small node), and one listing answers for every wheel. A torn upload
-    has another size and is sent again."""
-    directory, _, name = dest.rpartition("/")
-    if host.get_fact(WheelSizes, directory=directory).get(name) == Path(src).stat().st_size:
+def wheel_file(src: str, dest: str, size_there: int | None) -> Generator[Any, None, None]:
+    """Upload a wheel unless the host has a file of that name and size (``size_there``,
+    from one WheelSizes listing the deploy asks for all its wheels: pyinfra does not keep
+    facts, and a listing a wheel made a converged up list the wheelhouse 24 times a host).
+    A wheel's name carries its version and build (PEP 427), so name and size identify it:
+    unlike files.put, no sha1 of a 190 MB torch wheel is computed on the host at every run
+    (about 10 s on a small node). A torn upload has another size and is sent again."""
+    if size_there == Path(src).stat().st_size:
         return
     yield FileUploadCommand(src, dest)
     yield f"chmod 644 {shlex.quote(dest)}"

@@ -71,6 +71,18 @@ def test_installed_pins_change_nothing(tmp_path: Path) -> None:
     assert asked == [framework_rules.REMOTE_REQUIREMENTS]
 
 
+def test_the_hosts_wheelhouse_is_listed_once_for_all_its_wheels(tmp_path: Path) -> None:
+    # pyinfra keeps no facts: a listing asked by each wheel's operation was 24 round trips
+    # a host on every converged up (BENCHMARKS.md, issue 20). One wheel the host has, one
+    # torn, one missing: only the last two are sent.
+    wheelhouse(tmp_path, WHEELS)
+    fake = FakeHost(Directory={"mode": 755}, File={"mode": 644}, WheelSizes={WHEELS[0]: 5, WHEELS[1]: 2})
+    ops, _ = plan_with_facts(frameworks.step, node(wheelhouse=str(tmp_path)), fake)
+    assert [name for name, _ in fake.asked].count("WheelSizes") == 1
+    sent = sorted(o.name.removeprefix("Frameworks | wheel ") for o in ops if " wheel " in o.name)
+    assert sent == sorted(WHEELS[1:])
+
+
 def test_a_torn_wheel_upload_is_sent_again(tmp_path: Path) -> None:
     wheelhouse(tmp_path, WHEELS[:1])
     torn = FakeHost(Directory={"mode": 755}, File={"mode": 644}, WheelSizes={WHEELS[0]: 2})

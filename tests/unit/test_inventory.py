@@ -169,6 +169,27 @@ def test_duplicate_ssh_address(tmp_path):
     assert "duplicate SSH address 192.0.2.1:22" in line
 
 
+def test_a_cluster_cidr_must_hold_every_cluster_address(tmp_path):
+    # Checked once per network, not per node of per node; each node whose cidr misses an
+    # address is named, with the addresses outside.
+    inv = write(
+        tmp_path / "inv.py",
+        """
+        nodes = [("a", {"cluster_address": "10.0.0.1", "cluster_cidr": "10.0.0.0/24"}),
+                 ("b", {"cluster_address": "10.0.1.2", "cluster_cidr": "10.0.0.0/24"}),
+                 ("c", {"cluster_address": "10.0.0.3", "cluster_cidr": "10.0.0.0/16"}),
+                 ("d", {"cluster_address": "10.0.0.4"})]
+    """,
+    )
+    problems = problems_of(inv)
+    assert len(problems) == 2, problems
+    for node in ("a", "b"):
+        (line,) = [p for p in problems if f"host {node}" in p]
+        assert "10.0.0.0/24 does not contain the cluster address of b" in line, line
+    inv.write_text(inv.read_text().replace("10.0.0.0/24", "10.0.0.0/16"))
+    assert [n.name for n in inventory.load(inv).nodes] == ["a", "b", "c", "d"]
+
+
 def test_empty_inventory(tmp_path):
     inv = write(tmp_path / "inv.py", "# nothing here\nx = 1\n")
     (line,) = problems_of(inv)
