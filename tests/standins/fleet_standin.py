@@ -207,8 +207,10 @@ class SimulatedFleet:
         for line in lines:
             if line == BLOCK:
                 out += self._hosts_block()
-            else:
+            elif "{{" in line:  # most captured lines name no host: kept as they are, cheaply
                 out.append(self._expand(line, host))
+            else:
+                out.append(line)
         return out
 
     def _hosts_block(self) -> list[str]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 
 def test_pyinfras_global_arguments_are_worked_out_once_and_unchanged():
     # new_state caches pyinfra's all_global_arguments (a typing.get_type_hints per fact
@@ -71,6 +73,8 @@ def test_merged_host_data_answers_every_key_as_pyinfras_layers_do():
     assert (merged.deploy_default, merged.everywhere) == (3, "global")
     a.current_deploy_data = None
     assert not hasattr(merged, "deploy_default")
+    with pytest.raises(AttributeError, match=r"^Host `a` has no data `nowhere`$"):
+        merged.nowhere  # noqa: B018  # a deploy reading a key no layer has
 
     # A value is handed out as a copy, as pyinfra does: changing it does not stick.
     listed = Inventory(([("c", {"items": [1]})], {}))
