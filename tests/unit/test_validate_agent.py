@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import threading
 import time
 import types
 from dataclasses import replace
@@ -150,6 +151,10 @@ class StandInTorch:
         self.cached: list[int] = []  # NUMA nodes of the free cached pinned blocks
         self.copies: list[tuple[int, int]] = []  # (GPU, NUMA node of the host block) per copy
         self.busy = False  # host copies queued and not yet synchronized
+        # Set by a stand-in NVML once it has read the link while copies were queued: the
+        # copies then last until that read (at most 10 s), however slowly a loaded machine
+        # schedules the poll thread. Code that never polls during the copies still fails.
+        self.link_read_while_busy: threading.Event | None = None
         self.cuda = types.SimpleNamespace(device=self._device, synchronize=self._synchronize, Event=self._event)
         self._C = types.SimpleNamespace(_host_emptyCache=self.cached.clear) if with_empty_cache else object()
         self._current = 0
@@ -168,7 +173,10 @@ class StandInTorch:
         yield
 
     def _synchronize(self, i=None):
-        time.sleep(0.05)  # the queued copies take a while on a real GPU
+        if self.busy and self.link_read_while_busy is not None:
+            self.link_read_while_busy.wait(10)
+        else:
+            time.sleep(0.05)  # the queued copies take a while on a real GPU
         self.busy = False
 
     def _event(self):
@@ -237,16 +245,24 @@ class StandInNvmlLinkTrainsDown(nvml.StandInNvmlLibrary):
     def __init__(self, torch):
         super().__init__(nvml.load_capture("h100-sxm"))
         self.torch = torch
+        torch.link_read_while_busy = threading.Event()
+        self.gen_read_busy = False
 
     def c_nvmlInitWithFlags(self, flags):
         self.torch.busy = False
         return super().c_nvmlInitWithFlags(flags)
 
     def c_nvmlDeviceGetCurrPcieLinkGeneration(self, h, ref):
+        self.gen_read_busy = self.torch.busy
         return nvml._set(ref, 5 if self.torch.busy else 1)
 
     def c_nvmlDeviceGetCurrPcieLinkWidth(self, h, ref):
-        return nvml._set(ref, 16 if self.torch.busy else 4)
+        if not self.torch.busy:
+            return nvml._set(ref, 4)
+        result = nvml._set(ref, 16)
+        if self.gen_read_busy:  # generation and width were both read while busy
+            self.torch.link_read_while_busy.set()
+        return result
 
 
 def test_pcie_link_is_polled_while_the_copies_run(two_numa_nodes, stand_in_nvml):
