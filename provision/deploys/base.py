@@ -8,6 +8,7 @@ unattended-upgrades blacklist for NVIDIA/CUDA packages.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from io import BytesIO, StringIO
 from pathlib import Path
 
@@ -87,12 +88,18 @@ def cluster_host_keys() -> dict[str, list[str]]:
     return once_per_pass("host keys", lambda: each_connected_host(lambda h: h.get_fact(HostKeys)))
 
 
-def pass_known_hosts(by_node: dict[str, tuple[str, list[str]]]) -> bytes:
+def keys_by_node(nodes: Iterable[Node], keys: dict[str, list[str]]) -> dict[str, tuple[str, list[str]]]:
+    """name -> (cluster address, host keys) of the nodes whose keys are known."""
+    return {n.name: (n.cluster_address, keys[n.name]) for n in nodes if keys.get(n.name)}
+
+
+def pass_known_hosts(by_node: Callable[[], dict[str, tuple[str, list[str]]]]) -> bytes:
     """The training user's known_hosts when every node's keys were read in this pass: the
     same text for every host, so made once per pass and shared. Each host's own copy (a
     StringIO per host, four bytes a character) made the controller hold the fleet's size
-    squared: 650 MB at 1,000 simulated hosts (BENCHMARKS.md, issue 20)."""
-    return once_per_pass("known_hosts", lambda: known_hosts_lines(by_node).encode())
+    squared: 650 MB at 1,000 simulated hosts (BENCHMARKS.md, issue 20); each host's own
+    name-to-keys map was the fleet's size squared in CPU."""
+    return once_per_pass("known_hosts", lambda: known_hosts_lines(by_node()).encode())
 
 
 def apt_lock_conf(seconds: int) -> str:
@@ -205,10 +212,10 @@ def cloud_init_leaves_hosts() -> None:
 def cluster_names() -> None:
     cloud_init_leaves_hosts()
     cluster = current_cluster()
-    block = hosts_block(list(cluster.all_nodes))  # every node, also on a --limit run
-    shadowed = shadowing_lines(
-        host.get_fact(FileContents, path="/etc/hosts"), {n.name: n.cluster_address for n in cluster.all_nodes}
-    )
+    # The same for every host: made once per pass (per host, the fleet's size squared).
+    block = once_per_pass("hosts block", lambda: hosts_block(list(cluster.all_nodes)))  # also on --limit
+    addresses = once_per_pass("cluster addresses", lambda: {n.name: n.cluster_address for n in cluster.all_nodes})
+    shadowed = shadowing_lines(host.get_fact(FileContents, path="/etc/hosts"), addresses)
     if shadowed:
         hosts_first(
             name="/etc/hosts: cluster nodes first (above " + "; ".join(s.strip() for s in shadowed) + ")",
@@ -238,13 +245,13 @@ def training_user() -> None:
         group=user,
         mode="600",
     )
-    keys = dict(cluster_host_keys())
-    unread = [n.name for n in cluster.all_nodes if not keys.get(n.name)]
+    keys = cluster_host_keys()
+    unread = once_per_pass("unread host keys", lambda: [n.name for n in cluster.all_nodes if not keys.get(n.name)])
     if unread:
-        keys |= carried_keys(unread, host.get_fact(FileContents, path=f"{home}/.ssh/known_hosts"))
-    by_node = {n.name: (n.cluster_address, keys[n.name]) for n in cluster.all_nodes if keys.get(n.name)}
-    # BytesIO shares the bytes it is given: one copy of the text for the whole pass.
-    text = known_hosts_lines(by_node).encode() if unread else pass_known_hosts(by_node)
+        keys = keys | carried_keys(unread, host.get_fact(FileContents, path=f"{home}/.ssh/known_hosts"))
+        text = known_hosts_lines(keys_by_node(cluster.all_nodes, keys)).encode()
+    else:  # BytesIO shares the bytes it is given: one copy of the text for the whole pass.
+        text = pass_known_hosts(lambda: keys_by_node(cluster.all_nodes, keys))
     files.put(
         name="training user: known_hosts (every node's host keys)",
         src=BytesIO(text),

@@ -15,13 +15,15 @@ After the install, torch is imported with the venv's python; on GPU hosts
 from __future__ import annotations
 
 import posixpath
+from dataclasses import dataclass
 from io import StringIO
+from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import files, pip
 
-from provision.engine import Step, current_node, note, refuse
+from provision.engine import Step, current_node, note, once_per_pass, refuse
 from provision.facts.gpus import NvidiaDevices
 from provision.facts.venv import WheelSizes
 from provision.operations.venv import torch_works, venv_packages, wheel_file
@@ -39,29 +41,50 @@ from provision.rules.frameworks import (
 )
 
 
-def upload_wheelhouse(directory: str) -> bool:
-    """Upload the wheels and their hash-pinned requirements; False (the host refused) when
-    a wheel does not match the wheelhouse's SHA256SUMS."""
+@dataclass(frozen=True)
+class Wheelhouse:
+    """A controller wheelhouse as checked for this pass: the same for every host."""
+
+    problem: str | None  # why its wheels cannot be trusted (sums_problem), or None
+    wheels: tuple[tuple[Path, int], ...] = ()  # each wheel and its size here
+    requirements: str = ""  # pip's --require-hashes lines for them
+
+
+def checked_wheelhouse(directory: str) -> Wheelhouse:
+    """The wheelhouse checked against its SHA256SUMS, listed and sized: once per pass, as
+    every host of a pass is sent the same wheels (per host, the listing, the check and a
+    stat of each wheel were the controller's CPU a thousand times over: issue 20)."""
     problem = sums_problem(directory)
     if problem:
-        refuse("frameworks", problem)
-        return False
+        return Wheelhouse(problem)
+    wheels = tuple((w, w.stat().st_size) for w in wheel_files(directory))
+    return Wheelhouse(None, wheels, hashed_requirements(directory))
+
+
+def upload_wheelhouse(directory: str) -> list[str] | None:
+    """Upload the wheels and their hash-pinned requirements: the wheels' names, or None (the
+    host refused) when a wheel does not match the wheelhouse's SHA256SUMS."""
+    wheelhouse = once_per_pass(f"wheelhouse {directory}", lambda: checked_wheelhouse(directory))
+    if wheelhouse.problem:
+        refuse("frameworks", wheelhouse.problem)
+        return None
     files.directory(name="wheelhouse directory", path=REMOTE_WHEELHOUSE, mode="755")
     there = host.get_fact(WheelSizes, directory=REMOTE_WHEELHOUSE)  # one listing for every wheel
-    for wheel in wheel_files(directory):
+    for wheel, size in wheelhouse.wheels:
         wheel_file(
             name=f"wheel {wheel.name}",
             src=str(wheel),
             dest=f"{REMOTE_WHEELHOUSE}/{wheel.name}",
+            size_here=size,
             size_there=there.get(wheel.name),
         )
     files.put(
         name="requirements.txt: the wheels' hashes",
-        src=StringIO(hashed_requirements(directory)),
+        src=StringIO(wheelhouse.requirements),
         dest=REMOTE_REQUIREMENTS,
         mode="644",
     )
-    return True
+    return [wheel.name for wheel, _ in wheelhouse.wheels]
 
 
 @deploy("Frameworks")
@@ -70,9 +93,10 @@ def frameworks() -> None:
     venv = settings.venv_path
     wheels = []
     if settings.wheelhouse:
-        wheels = [w.name for w in wheel_files(settings.wheelhouse)]
-        if not upload_wheelhouse(settings.wheelhouse):
+        uploaded = upload_wheelhouse(settings.wheelhouse)
+        if uploaded is None:
             return
+        wheels = uploaded
     elif settings.pip_lock_file:
         # Checked on the controller (pipeline.check_inputs): pinned, hashed lines only.
         wheels = lock_candidates(settings.pip_lock_file)

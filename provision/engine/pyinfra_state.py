@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import functools
 import logging
-import types
 from collections.abc import Iterable
 from copy import copy
 from typing import Any
 
 from provision import hostkeys, openfiles
+from provision.engine import pyinfra_cpu
 from provision.engine.context import NODE_KEY, RUN_KEY, RunContext
 from provision.engine.deadlines import quiet_interrupts
 from provision.inventory import Node
@@ -86,12 +86,24 @@ def _merged_host_data_class() -> Any:
             # The same layers in pyinfra's shape, so its dict() and str() still work.
             super().__init__(host, lambda: fixed, host.get_deploy_data)
             self.__dict__["fixed"] = fixed
+            names = pyinfra_cpu.global_argument_names()
+            self.__dict__["fixed_globals"] = {k: v for k, v in fixed.items() if k in names}
 
         def __getattr__(self, key: str) -> Any:
             for layer in (self.override_datas, self.fixed, self.host.get_deploy_data()):
                 if key in layer:
                     return copy(layer[key])  # as pyinfra: changing the value does not stick
             raise _NoData(self.host, key)
+
+        def global_argument_values(self) -> dict[str, Any]:
+            """The values, copied, of pyinfra's global arguments this host's data sets, in
+            __getattr__'s order of precedence; one it does not set is simply absent, where
+            __getattr__ would raise (pyinfra_cpu.pop_global_arguments)."""
+            names = pyinfra_cpu.global_argument_names()
+            found = {k: v for k, v in self.host.get_deploy_data().items() if k in names}
+            found.update(self.fixed_globals)
+            found.update((k, v) for k, v in self.override_datas.items() if k in names)
+            return {k: copy(v) for k, v in found.items()}
 
     return MergedHostData
 
@@ -103,57 +115,6 @@ def _host_keys(filenames: tuple[str, ...]) -> Any:
 def _host_key_policy(mode: str | None) -> Any:
     """pyinfra's "ask" (its default) would prompt; provision sets the mode on every host."""
     return hostkeys.policy(mode if mode in ("accept-new", "no", "off") else "yes")
-
-
-def cache_global_arguments() -> None:
-    """pyinfra works out its global arguments' names and types (typing.get_type_hints of a
-    fixed TypedDict) afresh for every fact asked and every host connected: at 1,000 hosts,
-    a sixth of the controller's CPU in `provision facts` (BENCHMARKS.md, issue 20). The
-    answer never changes within a process, so it is worked out once. Its callers only
-    iterate over the list."""
-    from pyinfra.api import arguments
-
-    if not hasattr(arguments.all_global_arguments, "cache_info"):
-        arguments.all_global_arguments = functools.cache(arguments.all_global_arguments)
-
-
-def cache_command_templates() -> None:
-    """pyinfra builds the command of many of its facts (File, Directory, Sha1File...) from
-    a fixed template it shlex-splits afresh at each call: 12 % of the controller's CPU in
-    a converged `up` of 400 simulated hosts (BENCHMARKS.md, issue 20). A split depends only
-    on its template, so it is kept; bounded, as a caller could pass a string of its own."""
-    import shlex
-
-    from pyinfra.api import command
-
-    if getattr(command.shlex, "provision_cached", False):
-        return
-
-    @functools.lru_cache(maxsize=512)
-    def split(text: str) -> tuple[str, ...]:
-        return tuple(shlex.split(text))  # a tuple: a caller cannot change the kept answer
-
-    cached = types.ModuleType("shlex")  # the real module's every name, with split kept
-    cached.__dict__.update(vars(shlex))
-    cached.__dict__.update(split=split, provision_cached=True)
-    command.shlex = cached
-
-
-def collect_garbage_less_often() -> None:
-    """Python's default collector thresholds (700 new objects) run a young collection every
-    few hundred allocations and, now and then, a full one over the whole heap, which grows
-    with the fleet: in a converged `up` of 1,000 simulated hosts, 10,620 collections took
-    6.6 of its 45 s of controller CPU (15 %; 5 % at 100 hosts). Every 10,000 allocations:
-    248 collections, 1.6 s, peak RSS 259 MiB (every 50,000: 0.8 s, but 379 MiB). A
-    controller's objects live for a pass and go. Process-wide, so set once, as pyinfra's
-    own patches are; a threshold already higher (an embedding program's) stays."""
-    import gc
-
-    if gc.get_threshold()[0] < GC_YOUNG_THRESHOLD:
-        gc.set_threshold(GC_YOUNG_THRESHOLD, 20, 10)
-
-
-GC_YOUNG_THRESHOLD = 10_000
 
 
 def pass_parallel(nodes: list[Node]) -> int:
@@ -170,9 +131,7 @@ def new_state(nodes: list[Node], run: RunContext | None = None) -> Any:
     from pyinfra.connectors.sshuserclient import client
 
     openfiles.ensure(len(nodes))  # every host of the pass is connected at once
-    cache_global_arguments()
-    cache_command_templates()
-    collect_garbage_less_often()
+    pyinfra_cpu.apply()
 
     # pyinfra's own loader stops at known_hosts' marker lines and memoizes the file for the
     # life of the process; its accept-new rewrites the file without them. provision reads

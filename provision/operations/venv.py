@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Generator
-from pathlib import Path
 from typing import Any
 
 from pyinfra import host
@@ -49,14 +48,15 @@ def torch_works(python: str, version: str, need_cuda: bool) -> Generator[Any, No
 
 
 @operation()
-def wheel_file(src: str, dest: str, size_there: int | None) -> Generator[Any, None, None]:
+def wheel_file(src: str, dest: str, size_here: int, size_there: int | None) -> Generator[Any, None, None]:
     """Upload a wheel unless the host has a file of that name and size (``size_there``,
     from one WheelSizes listing the deploy asks for all its wheels: pyinfra does not keep
     facts, and a listing a wheel made a converged up list the wheelhouse 24 times a host).
     A wheel's name carries its version and build (PEP 427), so name and size identify it:
     unlike files.put, no sha1 of a 190 MB torch wheel is computed on the host at every run
-    (about 10 s on a small node). A torn upload has another size and is sent again."""
-    if size_there == Path(src).stat().st_size:
+    (about 10 s on a small node). A torn upload has another size and is sent again.
+    ``size_here`` is the wheel's size on the controller, taken once per pass."""
+    if size_there == size_here:
         return
     yield FileUploadCommand(src, dest)
     yield f"chmod 644 {shlex.quote(dest)}"

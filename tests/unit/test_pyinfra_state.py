@@ -5,22 +5,6 @@ from __future__ import annotations
 import pytest
 
 
-def test_pyinfras_global_arguments_are_worked_out_once_and_unchanged():
-    # new_state caches pyinfra's all_global_arguments (a typing.get_type_hints per fact
-    # and per connection otherwise); the answer is what pyinfra itself computes.
-    from typing import get_type_hints
-
-    from pyinfra.api import arguments
-
-    from provision.engine.pyinfra_state import cache_global_arguments
-
-    cache_global_arguments()
-    cache_global_arguments()  # twice: wrapped once, not a cache of a cache
-    assert arguments.all_global_arguments() == list(get_type_hints(arguments.AllArguments).items())
-    assert arguments.all_global_arguments() is arguments.all_global_arguments()
-    assert not hasattr(arguments.all_global_arguments.__wrapped__, "cache_info")
-
-
 def test_a_pass_works_on_as_many_hosts_at_once_as_the_smallest_parallel_setting_asks():
     from dataclasses import replace
 
@@ -100,43 +84,3 @@ def test_a_hosts_operations_run_in_the_order_pyinfra_would_give_them():
     everything = State.get_op_order(state)  # type: ignore[arg-type]
     for host in hosts:
         assert host_op_order(host) == [op for op in everything if op in host.op_hash_order]
-
-
-def test_pyinfras_command_templates_are_split_once_and_build_the_same_commands():
-    # new_state keeps the shlex split of pyinfra's command templates (12 % of a converged
-    # up's CPU); the commands built must be exactly pyinfra's own.
-    import shlex
-
-    from pyinfra.api import command
-    from pyinfra.api.command import QuoteString, make_formatted_string_command
-
-    from provision.engine.pyinfra_state import cache_command_templates
-
-    template = "! (test -e {0} || test -L {0} ) || ( stat -c 'x=%U' {0} 2> /dev/null )"
-    path = "/home/o'brien/a b"
-    before = make_formatted_string_command(template, QuoteString(path)).get_raw_value()
-    cache_command_templates()
-    cache_command_templates()  # twice: patched once
-    assert command.shlex.split is not shlex.split
-    assert make_formatted_string_command(template, QuoteString(path)).get_raw_value() == before
-    assert make_formatted_string_command(template, QuoteString("/x")).get_raw_value() != before
-    assert command.shlex.split(template) is command.shlex.split(template)  # kept, not split again
-    assert command.shlex.quote is shlex.quote
-    assert shlex.split("a 'b c'") == ["a", "b c"]  # the real module is untouched
-
-
-def test_the_collector_runs_less_often_and_is_never_made_more_frequent():
-    import gc
-
-    from provision.engine.pyinfra_state import GC_YOUNG_THRESHOLD, collect_garbage_less_often
-
-    before = gc.get_threshold()
-    try:
-        gc.set_threshold(700, 10, 10)
-        collect_garbage_less_often()
-        assert gc.get_threshold() == (GC_YOUNG_THRESHOLD, 20, 10)
-        gc.set_threshold(GC_YOUNG_THRESHOLD * 2, 5, 5)  # an embedding program's own choice stays
-        collect_garbage_less_often()
-        assert gc.get_threshold() == (GC_YOUNG_THRESHOLD * 2, 5, 5)
-    finally:
-        gc.set_threshold(*before)
