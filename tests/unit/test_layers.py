@@ -24,6 +24,7 @@ LAYERS: list[tuple[str, ...]] = [
         "provision.testbed",
         "provision.demo",
         "provision.verify",
+        "provision.tune",
     ),
     ("provision.deploys",),
     ("provision.scheduler",),
