@@ -35,9 +35,17 @@ def trainer():
 
 @pytest.fixture
 def trainer_parser(trainer, monkeypatch):
-    """The trainer's own argparse parser (its parse_args handed back unparsed)."""
-    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", lambda self, argv=None: self)
-    return trainer.parse_args([])
+    """The trainer's own argparse parser, kept as the trainer parses its defaults."""
+    parsers: list[argparse.ArgumentParser] = []
+    parse = argparse.ArgumentParser.parse_args
+
+    def keep(self, *args, **kwargs):
+        parsers.append(self)
+        return parse(self, *args, **kwargs)
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", keep)
+    trainer.parse_args([])
+    return parsers[0]
 
 
 def test_every_tunable_flag_is_the_trainers_with_the_same_type(trainer, trainer_parser):
