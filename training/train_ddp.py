@@ -701,6 +701,7 @@ def finish(d: Dist, args, history: dict, rate: dict, params: int) -> dict:
         "threads": torch.get_num_threads(),
         "train_losses": history["train"],
         "val_losses": history["val"],
+        "stopped": history.get("stopped"),  # {"step", "reason"} when --stop-file ended it early
     }
     if d.rank == 0:
         short = {k: v for k, v in summary.items() if k not in ("train_losses", "val_losses")}
@@ -767,6 +768,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     arg("--compile", action="store_true", help="torch.compile the model")
     arg("--peak-tflops", type=float, help="peak FLOP/s (in TFLOP/s) for MFU; default by GPU name")
     arg("--summary", help="write the JSON summary here (rank 0)")
+    arg(
+        "--stop-file",
+        help="stop cleanly after an evaluation once this file exists, its first line the reason (tune's pruner)",
+    )
     arg("--run-id", default="local", help="run identifier, echoed in the summary")
     return p.parse_args(argv)
 
@@ -910,9 +915,37 @@ def run(d, model, opt, sampler, train, val, cfg, args, start: int, ckpt_dir: Pat
             vloss = evaluate(d, model, val, cfg, args)
             history["val"].append([n, vloss])
             log(d, f"step {n}/{args.steps} | val loss {vloss:.4f}")
+            stop = stop_requested(d, args.stop_file) if args.stop_file and n < args.steps else None
+            if stop is not None:
+                history["stopped"] = {"step": n, "reason": stop}
+                log(d, f"step {n}/{args.steps} | stopped: {stop}")
+                break
         if (args.ckpt_interval and n % args.ckpt_interval == 0) or n == args.steps:
             save_checkpoint(d, ckpt_dir, args.ckpt_name, model, opt, n, cfg, args)
     return history
+
+
+def stop_requested(d: Dist, path: str) -> str | None:
+    """The reason to stop now, or None: rank 0 looks for ``path`` (provision tune writes it
+    when its pruner gives up on a trial; the first line is the reason) and every rank gets
+    the same answer, so all stop after the same step and none waits in a collective."""
+    reason = None
+    if d.rank == 0 and os.path.exists(path):
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                first = f.readline(STOP_REASON_CHARS + 1)
+        except OSError as e:
+            first = f"{path} exists but cannot be read ({e.strerror})"
+        reason = "".join(c for c in first.strip() if c.isprintable())[:STOP_REASON_CHARS] or f"{path} exists"
+    if d.world > 1:
+        flag = torch.tensor([1 if reason is not None else 0], device=d.device)
+        dist.broadcast(flag, 0)
+        if flag.item() and reason is None:
+            reason = "rank 0 was asked to stop"
+    return reason
+
+
+STOP_REASON_CHARS = 200
 
 
 def own_rate(tokens: int, step_s: float, wait_s: float) -> float:

@@ -163,3 +163,31 @@ def test_threads_option_sets_the_ranks_cpu_threads(tmp_path, cache):
 def cache(tmp_path_factory) -> Path:
     """One token cache for the module, so the stdlib is read once."""
     return tmp_path_factory.mktemp("tokens")
+
+
+def test_a_stop_file_ends_the_run_cleanly_after_the_evaluation_that_finds_it(tmp_path, cache):
+    # provision tune's pruner writes the file; the trainer stops after the next evaluation
+    # (every 4 steps here), says why, and exits 0 with the steps it ran in its summary.
+    stop = tmp_path / "stop"
+    common = [*BASE, "--data-cache", str(cache), "--steps", "12", "--stop-file", str(stop)]
+    (tmp_path / "full").mkdir()
+    full = single([*common, "--ckpt-dir", str(tmp_path / "full")], tmp_path / "full")
+    assert (full["stopped"], full["steps"]) == (None, 12)  # no file: the whole run
+    stop.write_text("pruned: val loss 5.1 at step 4 is above the median\x1b[31m\nnot read\n")
+    (tmp_path / "pruned").mkdir()
+    pruned = single([*common, "--ckpt-dir", str(tmp_path / "pruned")], tmp_path / "pruned")
+    assert pruned["stopped"] == {"step": 4, "reason": "pruned: val loss 5.1 at step 4 is above the median[31m"}
+    assert pruned["steps"] == 4
+    assert [s for s, _ in pruned["val_losses"]] == [4]
+    assert pruned["train_losses"] == full["train_losses"][:4]
+
+
+def test_two_ranks_stop_after_the_same_step_when_rank_0_finds_the_stop_file(tmp_path, cache):
+    # Only rank 0 reads the file; the other rank learns it from rank 0, so neither waits in
+    # a collective the other never joins (two_nodes fails on a non-zero exit or a hang).
+    stop = tmp_path / "stop"
+    stop.write_text("pruned\n")
+    summary = two_nodes([*BASE, "--data-cache", str(cache), "--steps", "12", "--stop-file", str(stop)], tmp_path)
+    assert summary["stopped"] == {"step": 4, "reason": "pruned"}
+    assert summary["world_size"] == 2
+    assert [r["rank"] for r in summary["ranks"]] == [0, 1]

@@ -88,7 +88,13 @@ def two_nodes(args: list[str], cwd: Path) -> dict:
         agents.append(
             subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         )
-    outputs = [a.communicate(timeout=TIMEOUT_S)[0] for a in agents]
+    try:
+        outputs = [a.communicate(timeout=TIMEOUT_S)[0] for a in agents]
+    finally:  # a hung run fails the test without leaving its agents and ranks behind
+        for a in agents:
+            if a.poll() is None:
+                a.kill()  # torchrun's workers die with their agent (pdeathsig)
+                a.wait()
     for a, out in zip(agents, outputs, strict=True):
         assert a.returncode == 0, out[-3000:]
     return json.loads(summary.read_text())
