@@ -160,18 +160,15 @@ def _argument_table() -> tuple[tuple[str, Any, Callable[[Any], Any], Callable[[A
 
 def _check_type(value: Any, type_: Any, key: str) -> None:
     """pyinfra's raise_if_bad_type (typeguard), which every operation's name and every fact
-    asked inside it went through: a value that is an instance of a plain class is what
-    typeguard would accept, and is taken without it. Anything else is typeguard's."""
+    asked inside it went through. For a plain class typeguard accepts every instance (and,
+    for int, float and complex, some more), so an instance is taken without it; anything
+    else is typeguard's to accept or refuse."""
     from pyinfra.api.arguments import ArgumentTypeError
     from pyinfra.api.util import raise_if_bad_type
 
-    if type(type_) is type and type_ not in _NUMERIC_TOWER and isinstance(value, type_):
+    if type(type_) is type and isinstance(value, type_):
         return
     raise_if_bad_type(value, type_, ArgumentTypeError, f"Invalid argument `{key}`:")
-
-
-# typeguard's own rules for these (a bool is an int, an int a float) are left to typeguard.
-_NUMERIC_TOWER = (bool, int, float, complex)
 
 
 def cache_fact_signatures() -> None:
