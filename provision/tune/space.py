@@ -21,11 +21,14 @@ space where the study starts; this module only reads and checks."""
 
 from __future__ import annotations
 
+import functools
 import math
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from provision.launch import plan
 
 # Trainer flags a sweep may set, and their types ("choice": only the values listed).
 # Not here: what a trial's budget, checkpoints, data or logging depend on (--steps,
@@ -45,7 +48,13 @@ TUNABLE: dict[str, str] = {
     "seed": "int",
     "model": "choice",
 }
-MODEL_PRESETS = ("gpt2", "medium", "small", "tiny")  # the trainer's MODEL_SIZES (unit test)
+
+
+@functools.cache
+def model_presets() -> tuple[str, ...]:
+    """The trainer's size presets (its MODEL_SIZES, read from its source by launch)."""
+    return tuple(sorted(plan.model_sizes()))
+
 
 # Where a flag has a natural lower bound, a range that crosses it is refused here rather
 # than by the trainer on a node, trials into the study.
@@ -168,7 +177,7 @@ def _param(flag: str, table: Any, problems: list[str]) -> Param | None:
     if "choices" in table:
         return _choices(flag, kind, table, problems)
     if kind == "choice":
-        problems.append(f"{flag}: give choices (one or more of {', '.join(MODEL_PRESETS)})")
+        problems.append(f"{flag}: give choices (one or more of {', '.join(model_presets())})")
         return None
     return _range(flag, kind, table, problems)
 
@@ -186,7 +195,7 @@ def _choices(flag: str, kind: str, table: dict[str, Any], problems: list[str]) -
         return None
     bad = [v for v in values if not _of_kind(v, kind)]
     if bad:
-        want = {"float": "numbers", "int": "whole numbers", "choice": f"one of {', '.join(MODEL_PRESETS)}"}[kind]
+        want = {"float": "numbers", "int": "whole numbers", "choice": f"one of {', '.join(model_presets())}"}[kind]
         problems.append(f"{flag}: choices must be {want}; not {', '.join(repr(v) for v in bad[:3])}")
         return None
     if len(set(values)) != len(values):
@@ -257,7 +266,7 @@ def _of_kind(value: Any, kind: str) -> bool:
         return isinstance(value, int)
     if kind == "float":
         return isinstance(value, (int, float)) and math.isfinite(value)
-    return value in MODEL_PRESETS
+    return value in model_presets()
 
 
 def _within(flag: str, value: float) -> bool:

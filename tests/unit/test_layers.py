@@ -51,6 +51,10 @@ LAYERS: list[tuple[str, ...]] = [
 # Imports between siblings of one layer that the architecture allows, each with its reason.
 ALLOWED: dict[tuple[str, str], str] = {
     ("provision.status", "provision.validate"): "status reports the last verdict validate recorded (its history)",
+    (
+        "provision.tune",
+        "provision.launch",
+    ): "a sweep's trial is a train launch: tune takes the trainer's presets from it",
 }
 
 

@@ -54,7 +54,7 @@ def test_every_tunable_flag_is_the_trainers_with_the_same_type(trainer, trainer_
         action = actions.get(f"--{flag}")
         assert action is not None, flag
         if kind == "choice":
-            assert tuple(action.choices) == space.MODEL_PRESETS == tuple(sorted(trainer.MODEL_SIZES))
+            assert tuple(action.choices) == space.model_presets() == tuple(sorted(trainer.MODEL_SIZES))
         else:
             assert action.type is {"int": int, "float": float}[kind], flag
     assert set(space.BOUNDS) == {f for f, k in space.TUNABLE.items() if k != "choice"}
