@@ -542,13 +542,13 @@ def checkpoint_files(directory: Path, name: str) -> list[tuple[int, Path]]:
     return sorted(found, reverse=True)
 
 
-def save_checkpoint(d: Dist, directory: Path, name: str, model, opt, step: int, cfg: GPTConfig, args) -> None:
+def save_checkpoint(d: Dist, directory: Path, name: str, model, opt, step: int, cfg: GPTConfig, args) -> Path | None:
     """Rank 0 writes a temporary file, fsyncs it and renames it to the step's name, so a
     crash mid-save leaves the checkpoints before it whole. Then checkpoints of later steps
     are removed (they are an earlier run's: this run started afresh below them, and a
     --resume must continue this one), and only the newest CKPT_KEEP are kept."""
     if d.rank != 0:
-        return
+        return None
     directory.mkdir(parents=True, exist_ok=True)
     path = checkpoint_path(directory, name, step)
     tmp = path.with_name(f".{path.name}.tmp")
@@ -573,6 +573,7 @@ def save_checkpoint(d: Dist, directory: Path, name: str, model, opt, step: int, 
     for old in stale:
         with contextlib.suppress(OSError):
             old.unlink()
+    return path
 
 
 def newest_good_checkpoint(
@@ -702,6 +703,7 @@ def finish(d: Dist, args, history: dict, rate: dict, params: int) -> dict:
         "train_losses": history["train"],
         "val_losses": history["val"],
         "stopped": history.get("stopped"),  # {"step", "reason"} when --stop-file ended it early
+        "checkpoint": history.get("checkpoint"),  # the newest checkpoint this run wrote (tune keeps the best trial's)
     }
     if d.rank == 0:
         short = {k: v for k, v in summary.items() if k not in ("train_losses", "val_losses")}
@@ -772,8 +774,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--stop-file",
         help="stop cleanly after an evaluation once this file exists, its first line the reason (tune's pruner)",
     )
+    arg(
+        "--eval-only",
+        action="store_true",
+        help="with --resume: evaluate the newest checkpoint of --ckpt-name on the validation split, no training",
+    )
     arg("--run-id", default="local", help="run identifier, echoed in the summary")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.eval_only and not args.resume:
+        p.error("--eval-only evaluates a checkpoint: give --resume (and --ckpt-dir/--ckpt-name to pick it)")
+    return args
 
 
 def batch_sizes(world: int, global_batch: int | None, micro_batch: int | None) -> tuple[int, int, str | None]:
@@ -827,12 +837,7 @@ def main(argv: list[str] | None = None) -> dict:
     d = setup_distributed()
     cfg = model_config(args)
     ckpt_dir = Path(args.ckpt_dir or default_ckpt_dir(d))
-    state = None
-    # --resume and --auto-resume take any checkpoint of the name; --auto-resume-own alone
-    # only this run's (an earlier run's checkpoint is not where a restart left off).
-    own = args.run_id if args.auto_resume_own and not (args.resume or args.auto_resume) else None
-    if args.resume or args.auto_resume or args.auto_resume_own:
-        state = load_checkpoint(d, ckpt_dir, args.ckpt_name, cfg, required=args.resume, run_id=own)
+    state, own = resume_state(d, args, cfg, ckpt_dir)
     # A resumed run keeps the checkpoint's global batch unless one is given: on another
     # number of ranks the steps are then the same steps.
     given_batch = args.global_batch
@@ -847,10 +852,11 @@ def main(argv: list[str] | None = None) -> dict:
     params = sum(p.numel() for p in model.parameters())
     opt = make_optimizer(model, args)
     start = 0
+    resumed_from = None
     if state is not None:
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
-        start = state["step"]
+        start, resumed_from = state["step"], state["path"]
         was = state.get("world", d.world)
         moved = f"; world size {was} -> {d.world}, global batch {args.global_batch} kept" if was != d.world else ""
         log(d, f"resumed from {state['path']} at step {start}{moved}")
@@ -858,6 +864,8 @@ def main(argv: list[str] | None = None) -> dict:
     elif args.auto_resume or args.auto_resume_own:
         mine = f" of run {own}" if own else ""
         log(d, f"no checkpoint{mine} in {ckpt_dir} yet: starting at step 0")
+    if args.eval_only and resumed_from is not None:  # --resume made sure there was a checkpoint
+        return evaluate_only(d, model, val, cfg, args, start, resumed_from)
     if args.compile:
         model = torch.compile(model)
     if d.world > 1:
@@ -880,6 +888,36 @@ def main(argv: list[str] | None = None) -> dict:
         # ("terminate called without an active exception", SIGABRT) now and then, failing
         # a run that had finished. Free it here, while the interpreter is whole.
         del model, opt
+        gc.collect()
+        dist.destroy_process_group()
+    return summary
+
+
+def resume_state(d: Dist, args, cfg: GPTConfig, ckpt_dir: Path) -> tuple[dict | None, str | None]:
+    """(the checkpoint's state to continue from or None, the run id it must belong to)."""
+    # --resume and --auto-resume take any checkpoint of the name; --auto-resume-own alone
+    # only this run's (an earlier run's checkpoint is not where a restart left off).
+    own = args.run_id if args.auto_resume_own and not (args.resume or args.auto_resume) else None
+    if not (args.resume or args.auto_resume or args.auto_resume_own):
+        return None, own
+    return load_checkpoint(d, ckpt_dir, args.ckpt_name, cfg, required=args.resume, run_id=own), own
+
+
+def evaluate_only(d: Dist, model: nn.Module, val: np.ndarray, cfg: GPTConfig, args, step: int, path: str) -> dict:
+    """--eval-only: the loaded checkpoint's validation loss, as a training run at that step
+    reported it (the same fixed sequences; tune checks its best trial's copy with this)."""
+    vloss = evaluate(d, model, val, cfg, args)
+    log(d, f"step {step}/{step} | val loss {vloss:.4f}")
+    where = os.path.abspath(path)
+    summary = {"run_id": args.run_id, "eval_only": True, "steps": step, "final_val_loss": vloss, "checkpoint": where}
+    if d.rank == 0:
+        print("summary " + json.dumps(summary), flush=True)
+        if args.summary:
+            Path(args.summary).parent.mkdir(parents=True, exist_ok=True)
+            _atomic_write(Path(args.summary), json.dumps(summary, indent=1).encode())
+    if d.world > 1:
+        barrier(d)
+        del model
         gc.collect()
         dist.destroy_process_group()
     return summary
@@ -921,7 +959,9 @@ def run(d, model, opt, sampler, train, val, cfg, args, start: int, ckpt_dir: Pat
                 log(d, f"step {n}/{args.steps} | stopped: {stop}")
                 break
         if (args.ckpt_interval and n % args.ckpt_interval == 0) or n == args.steps:
-            save_checkpoint(d, ckpt_dir, args.ckpt_name, model, opt, n, cfg, args)
+            saved = save_checkpoint(d, ckpt_dir, args.ckpt_name, model, opt, n, cfg, args)
+            if saved is not None:
+                history["checkpoint"] = os.path.abspath(saved)
     return history
 
 

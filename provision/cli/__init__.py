@@ -49,6 +49,9 @@ def _register() -> None:
     from provision.cli import train
 
     app.command("train")(train.train)
+    from provision.cli import tune
+
+    app.command("tune")(tune.tune)
 
 
 def _quiet_paramiko() -> None:

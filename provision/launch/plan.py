@@ -46,6 +46,7 @@ class RunPlan:
     port: int  # rendezvous port (settings.train_master_port of the first node)
     nodes: tuple[NodePlan, ...]  # in inventory order
     trainer_args: tuple[str, ...]  # arguments of train_ddp.py, the same on every node
+    env: tuple[tuple[str, str], ...] = ()  # more environment for torchrun (a tune trial's CUDA_VISIBLE_DEVICES)
 
     @property
     def world_size(self) -> int:
@@ -174,6 +175,7 @@ def node_env(plan: RunPlan, node: NodePlan) -> dict[str, str]:
         "PROVISION_NODE": node.name,
         "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": LOG_PREFIX_TEMPLATE,
         "PYTHONUNBUFFERED": "1",
+        **dict(plan.env),
     }
 
 
@@ -240,6 +242,13 @@ def node_command(plan: RunPlan, node: NodePlan) -> str:
         *torchrun_argv(plan, node),
     ]
     return f"cd {shlex.quote(node.work_dir)} && exec {shlex.join(inner)} 2>&1"
+
+
+def run_dir(train_dir: str, run_id: str, node: str) -> str:
+    """A node's directory of one run (trainer copy, reaper, pid file): root's, not the
+    training user's, so what root later reads or writes there (a tune trial's stop file)
+    cannot be swapped for a link by that user."""
+    return f"{train_dir}/runs/{run_id}/{node}"
 
 
 def work_dir(train_dir: str) -> str:

@@ -145,7 +145,7 @@ def _prepare_node(
 ) -> plan.NodePlan:
     s = node.settings
     python = opts.python or f"{s.venv_path}/bin/python"
-    run_dir = f"{s.train_dir}/runs/{run_id}/{node.name}"
+    run_dir = plan.run_dir(s.train_dir, run_id, node.name)
     say(node.name, "checking python, interface and GPUs")
     # test -w asks the NFS server (root_squash), and touching an automount point mounts it;
     # it is asked as the user the trainer will run as.
@@ -243,15 +243,28 @@ class Supervisor:
         self._ended: queue.Queue[tuple[str, HostEnd]] = queue.Queue()
         self._texts: dict[str, list[str]] = {n: [] for n in self.nodes}
         self._failed_at = 0.0  # controller clock when the first failure was seen
+        self._requested: str | None = None  # request_stop's reason
+        self.done = threading.Event()  # set when run() has returned
+
+    def request_stop(self, why: str) -> None:
+        """Stop the run from another thread (a sweep's Ctrl-C, whose trials run off the
+        main thread, where no signal reaches the watch loop): torn down as on a failure."""
+        self._requested = why
 
     def run(self) -> Outcome:
+        try:
+            return self._run()
+        finally:
+            self.done.set()
+
+    def _run(self) -> Outcome:
         mon = monitor.Monitor(self._sample, list(self.nodes), self.opts.monitor_interval)
         streams = [threading.Thread(target=self._stream, args=(p,), daemon=True) for p in self.plan.nodes]
         for t in streams:
             t.start()
         mon.start()
         try:
-            with _stop_signals() as stop:
+            with stop_signals() as stop:
                 self._watch(stop)
         except KeyboardInterrupt:  # off the main thread, where no handler of ours is installed
             self._fail(None, "interrupted (Ctrl-C)")
@@ -276,8 +289,8 @@ class Supervisor:
         pending = set(self.nodes)
         deadline = time.monotonic() + self.opts.timeout_s if self.opts.timeout_s else None
         while pending:
-            if stop.why:
-                self._fail(None, stop.why)
+            if stop.why or self._requested:
+                self._fail(None, stop.why or self._requested or "")
                 return
             try:
                 host, end = self._ended.get(timeout=0.2)
@@ -393,7 +406,7 @@ class StopRequest:
 
 
 @contextlib.contextmanager
-def _stop_signals() -> Iterator[StopRequest]:
+def stop_signals() -> Iterator[StopRequest]:
     """While the run is watched, Ctrl-C (SIGINT) and SIGTERM stop it on every host.
 
     Installed here rather than inherited: a shell that starts a command in the background

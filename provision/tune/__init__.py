@@ -1,5 +1,6 @@
-"""`provision tune` (issue 19, in progress): hyperparameter sweeps of the reference trainer
-over the cluster, on Optuna. Built so far: the search-space file (space.py), the queue
-that feeds trials to free slots (slots.py), and the trainer's side of pruning (its
---stop-file: every rank stops after the evaluation that finds the file, exit 0, the
-reason in its summary); the command itself is not wired yet."""
+"""`provision tune`: hyperparameter sweeps of the reference trainer over the cluster, on
+Optuna. ``space`` reads the search-space file; ``study`` makes the Optuna study (journal
+storage on the controller, sampler, pruner, the trainer's defaults as the first trial);
+``slots`` hands free slots (a node, or one GPU) to trials; ``trial`` runs one trial on one
+slot as a one-node train launch and reports its evaluations; ``sweep`` runs the workers,
+retries and Ctrl-C; ``results`` keeps the best checkpoint and writes the table and report."""

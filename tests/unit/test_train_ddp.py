@@ -442,3 +442,12 @@ def test_two_files_that_claim_the_same_step_the_one_whose_content_agrees_wins(tm
     assert (path.name, state["step"]) == ("run-step00000004.pt", 4)
     assert said == [f"note: skipped checkpoint {tmp_path}/run-step00000009.pt: it holds step 4, its name says 9"]
     assert trainer.newest_good_checkpoint(tmp_path / "none", "run") is None
+
+
+def test_eval_only_needs_a_checkpoint_to_evaluate(capsys):
+    trainer = load_trainer()
+    with pytest.raises(SystemExit):
+        trainer.parse_args(["--eval-only"])
+    assert "give --resume" in capsys.readouterr().err
+    args = trainer.parse_args(["--eval-only", "--resume", "--ckpt-name", "best"])
+    assert (args.eval_only, args.resume, args.ckpt_name) == (True, True, "best")

@@ -1,0 +1,242 @@
+"""`provision tune`: a hyperparameter sweep of the reference trainer over the cluster."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.table import Table
+
+from provision import inventory as inventory_lib
+from provision import limit as host_limit
+from provision.cli.console import err, out, print_json, safe
+from provision.cli.options import InventoryArg, LimitOpt
+from provision.errors import EXIT_FAILED, InputError, Problem, ProvisionError
+
+STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+class TuneFailed(ProvisionError):
+    """The sweep could not start; nothing ran."""
+
+
+def tune(
+    inventory: Path = InventoryArg,
+    extra: list[str] | None = typer.Argument(
+        None, help="more train_ddp.py flags for every trial, after `--`, e.g. -- --data-max-mb 1"
+    ),
+    space_file: Path = typer.Option(..., "--space", help="the search space: a TOML file of trainer flags and ranges"),
+    trials: int = typer.Option(..., "--trials", min=1, max=10_000, help="trials the study should finish"),
+    parallel: int = typer.Option(2, "--parallel", min=1, help="trials running at once, at most (one per slot)"),
+    sampler: str = typer.Option("tpe", "--sampler", help="tpe, random or grid"),
+    pruner: str = typer.Option("median", "--pruner", help="median, hyperband or none"),
+    study: str = typer.Option("sweep", "--study", help="the study's name: runs/tune/<study>/"),
+    resume: bool = typer.Option(False, "--resume", help="continue the study: interrupted trials first"),
+    steps: int = typer.Option(100, "--steps", min=1, help="optimizer steps of a trial that is not pruned"),
+    eval_interval: int = typer.Option(10, "--eval-interval", min=1, help="steps between evaluations (pruning points)"),
+    model: str = typer.Option("tiny", "--model", help="size preset unless the space searches model"),
+    batch_per_rank: int = typer.Option(8, "--batch-per-rank", min=1, help="sequences per step (a trial is one rank)"),
+    threads: int | None = typer.Option(
+        None, "--threads", min=1, help="CPU threads per trial (the trainer's --threads); default: torch's"
+    ),
+    per: str = typer.Option("gpu", "--slot", help="gpu: a slot per GPU on GPU nodes (node without GPUs: one); node"),
+    retries: int = typer.Option(2, "--retries", min=0, max=20, help="tries after a trial's first failure, elsewhere"),
+    trial_timeout: float = typer.Option(
+        7200, "--trial-timeout", min=10, help="seconds a trial may run before it is stopped and failed"
+    ),
+    node_timeout: float = typer.Option(
+        90, "--node-timeout", min=5, help="seconds a node may not answer SSH before its trial fails as lost"
+    ),
+    seed: int | None = typer.Option(None, "--seed", help="the sampler's seed (reproducible suggestions)"),
+    limit: str | None = LimitOpt,
+    python: str | None = typer.Option(
+        None, "--python", help="interpreter on the nodes; default <venv_path>/bin/python"
+    ),
+    runs_dir: Path = typer.Option(Path("runs"), "--runs-dir", help="controller directory; the study goes to tune/"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="do not echo the trials' logs"),
+    as_json: bool = typer.Option(False, "--json", help="print the summary as JSON on stdout"),
+) -> None:
+    """Search the trainer's hyperparameters with Optuna, trials spread over the nodes.
+
+    Each trial is the reference trainer on one slot (a node, or one GPU of a GPU node),
+    with flags sampled from the --space file; at most --parallel run at once. The first
+    trial is the trainer's defaults, so the study shows what tuning gained. Each
+    evaluation's validation loss goes to the study as it is printed; the pruner stops a
+    hopeless trial (the trainer stops cleanly after its next evaluation). A trial whose
+    node or rank fails is retried on another slot (--retries), and the study goes on.
+    Ctrl-C stops every running trial on every node; --resume continues the study.
+
+    At the end: a table of every trial, the best trial's checkpoint copied as the study's
+    best (<checkpoint dir>/tune-<study>/best-step<N>.pt, with best.json) and evaluated
+    again from the copy, runs/tune/<study>/report.html with Optuna's plots, and the
+    optuna-dashboard command that opens the study. Exit 1 when no trial completed.
+
+    Example: provision tune inventories/testbed.py --space space.toml --trials 8 --parallel 2 -- --data-max-mb 1
+
+    A space file: [lr] low = 1e-4 high = 3e-3 log = true / [warmup-steps] low = 0 high = 20 /
+    [model] choices = ["tiny", "small"] (one table per trainer flag).
+    """
+    from provision.tune import results, space, sweep, trial
+    from provision.tune import study as study_lib
+
+    problems = _check(sampler, pruner, study, per, model, python, runs_dir, eval_interval, steps)
+    try:
+        searched = space.load(space_file, trials=trials, sampler=sampler) if not problems else None
+    except space.SpaceError as e:
+        problems += [Problem(f"{space_file}: {p.split(':', 1)[0]}", p.split(":", 1)[-1].strip()) for p in e.problems]
+        searched = None
+    if problems or searched is None:
+        raise InputError(problems)
+    cluster = inventory_lib.load(inventory)
+    nodes = host_limit.select(cluster, limit) if limit else (cluster.with_role("compute") or list(cluster.nodes))
+    study_dir = runs_dir / "tune" / study
+    settings = trial.TrialSettings(
+        study=study,
+        steps=steps,
+        model=model,
+        batch_per_rank=batch_per_rank,
+        eval_interval=eval_interval,
+        threads=threads,
+        extra=tuple(extra or ()),
+        python=python,
+        runs_dir=study_dir / "trials",
+        timeout_s=trial_timeout,
+        node_timeout_s=node_timeout,
+    )
+    opts = sweep.SweepOptions(
+        trials=trials,
+        parallel=parallel,
+        sampler=sampler,
+        pruner=pruner,
+        study=study,
+        resume=resume,
+        retries=retries,
+        seed=seed,
+        per_gpu=per == "gpu",
+        study_dir=study_dir,
+        settings=settings,
+    )
+    on_line = _echo(quiet)
+    try:
+        result, st = sweep.run(cluster, nodes, searched, opts, on_line, _say)
+    except sweep.SweepError as e:
+        raise TuneFailed(str(e)) from None
+    by_name = {n.name: n for n in nodes}
+    best = None
+    if not result.interrupted:
+        best = results.keep_best(
+            st, study, by_name, settings, nfs_server=cluster.storage_node() is not None, on_line=on_line, say=_say
+        )
+    rows = results.rows(st)
+    summary = results.Summary(
+        study=study,
+        study_dir=str(study_dir),
+        rows=rows,
+        best=best,
+        default_value=results.default_value(st),
+        counts=results.counts(rows),
+        dashboard=study_lib.dashboard_command(study_dir),
+        notes=[*result.notes, *([f"stopped: {result.stopped_why}"] if result.stopped_why else [])],
+    )
+    if result.lost_nodes:
+        summary.notes.append(f"lost: {', '.join(result.lost_nodes)}")
+    results.write(summary, st, study_dir)
+    if as_json:
+        from dataclasses import asdict
+
+        print_json(asdict(summary))
+    else:
+        _print(summary)
+    if result.interrupted:
+        err.print(f"interrupted: continue with --resume --study {safe(study)}")
+        raise typer.Exit(EXIT_FAILED)
+    if best is None or best.problem:
+        raise typer.Exit(EXIT_FAILED)
+
+
+def _check(
+    sampler: str,
+    pruner: str,
+    study: str,
+    per: str,
+    model: str,
+    python: str | None,
+    runs_dir: Path,
+    eval_interval: int,
+    steps: int,
+) -> list[Problem]:
+    from provision.launch import logs, plan
+    from provision.tune import study as study_lib
+
+    problems = []
+    if sampler not in study_lib.SAMPLERS:
+        problems.append(Problem("--sampler", f"unknown sampler {sampler!r}", ", ".join(study_lib.SAMPLERS)))
+    if pruner not in study_lib.PRUNERS:
+        problems.append(Problem("--pruner", f"unknown pruner {pruner!r}", ", ".join(study_lib.PRUNERS)))
+    if not STUDY_NAME.fullmatch(study):
+        problems.append(Problem("--study", f"{study!r}: letters, digits, '.', '_' and '-', at most 64, no leading dot"))
+    if per not in ("gpu", "node"):
+        problems.append(Problem("--slot", f"{per!r} is not gpu or node"))
+    if model not in plan.model_sizes():
+        problems.append(Problem("--model", f"unknown size {model!r}", f"one of {', '.join(plan.model_sizes())}"))
+    if python is not None and not python.startswith("/"):
+        problems.append(Problem("--python", f"{python!r} must be an absolute path on the nodes"))
+    if eval_interval > steps:
+        problems.append(
+            Problem("--eval-interval", f"{eval_interval} is more than --steps {steps}: no trial could be pruned")
+        )
+    if why := logs.unwritable(runs_dir):
+        problems.append(Problem(f"--runs-dir {runs_dir}", f"cannot write there ({why})"))
+    return problems
+
+
+def _echo(quiet: bool) -> Any:
+    def on_line(slot: str, who: str, text: str) -> None:
+        if not quiet:
+            err.print(f"[dim]{safe(slot)} {safe(who)} |[/] {safe(text)}", soft_wrap=True)
+
+    return on_line
+
+
+def _say(who: str, text: str) -> None:
+    err.print(f"[bold]{safe(who)}[/]: {safe(text)}", soft_wrap=True)
+
+
+def _print(s: Any) -> None:
+    table = Table(title=f"study {s.study}: " + ", ".join(f"{k.lower()} {v}" for k, v in sorted(s.counts.items())))
+    for column in ("#", "state", "val loss", "flags", "slot", "s", "note"):
+        table.add_column(column)
+    from provision.tune import trial
+
+    for r in s.rows:
+        note = "defaults" if r.default else (f"retry of {r.retry_of}" if r.retry_of is not None else "")
+        if r.reason and r.state != "COMPLETE":
+            note = f"{note}; {r.reason}" if note else r.reason
+        table.add_row(
+            str(r.number),
+            r.state.lower(),
+            "-" if r.value is None else f"{r.value:.4f}",
+            safe(" ".join(trial.trainer_flags(r.params))),
+            safe(r.slot or "-"),
+            "-" if r.seconds is None else f"{r.seconds:.0f}",
+            safe(note[:120]),
+        )
+    out.print(table)
+    b = s.best
+    if b is None:
+        out.print("best: no trial completed")
+    else:
+        gained = f" (the defaults: {s.default_value:.4f})" if s.default_value is not None else ""
+        flags = safe(" ".join(trial.trainer_flags(b.params)))
+        out.print(f"best: trial {b.number}, val loss {b.value:.4f}{gained}: {flags}")
+        if b.checkpoint:
+            again = f"; evaluated again from it: {b.evaluated:.4f}" if b.evaluated is not None else ""
+            out.print(f"kept as {safe(b.checkpoint)} on {safe(b.slot)}{again}")
+        if b.problem:
+            out.print(f"[bold red]best not kept whole:[/] {safe(b.problem)}")
+    for note in s.notes:
+        out.print(f"note: {safe(note)}")
+    out.print(f"report: {safe(s.report_html)}")
+    out.print(f"live study: {safe(s.dashboard)}")
