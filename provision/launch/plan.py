@@ -211,7 +211,14 @@ def torchrun_argv(plan: RunPlan, node: NodePlan) -> list[str]:
     ]
 
 
-def node_command(plan: RunPlan, node: NodePlan) -> str:
+def trainer_argv(plan: RunPlan, node: NodePlan) -> list[str]:
+    """The trainer alone, one process without torchrun (a sweep's one-rank trial): its
+    lines carry no rank prefix, and a torch import is saved (tens of seconds on an
+    emulated node)."""
+    return [node.python, f"{node.run_dir}/train_ddp.py", *plan.trainer_args]
+
+
+def node_command(plan: RunPlan, node: NodePlan, argv: list[str] | None = None) -> str:
     """The shell command that starts torchrun on a node.
 
     torchrun runs under ``setsid`` in a session and process group of its own, whose id
@@ -220,7 +227,8 @@ def node_command(plan: RunPlan, node: NodePlan) -> str:
     open until torchrun exits, with its exit status. The run's markers are set before
     setsid, so every process of the chain (the recorded pid included) carries them in its
     environment: the reaper signals a recorded pid only when it does. The directories
-    exist already (``node_dirs_command``); nothing here changes an owner.
+    exist already (``node_dirs_command``); nothing here changes an owner. ``argv``: what
+    runs instead of torchrun (``trainer_argv``), under the same setsid, user and markers.
     """
     markers = [f"{k}={v}" for k, v in node_env(plan, node).items() if k in MARKERS]
     env = [f"{k}={v}" for k, v in node_env(plan, node).items()]
@@ -239,7 +247,7 @@ def node_command(plan: RunPlan, node: NodePlan) -> str:
         *user,
         "env",
         *env,
-        *torchrun_argv(plan, node),
+        *(argv if argv is not None else torchrun_argv(plan, node)),
     ]
     return f"cd {shlex.quote(node.work_dir)} && exec {shlex.join(inner)} 2>&1"
 

@@ -53,6 +53,10 @@ class Options:
     scheduler: str = "ssh"  # ssh: torchrun started over SSH; slurm: one Slurm job (launch.slurm_job)
     requeue: bool = False  # slurm only: the job may be requeued; each start resumes the run's checkpoint
     chosen: bool = False  # the scheduler was --scheduler auto's choice: Slurm may still give way to SSH
+    # Import torch on each node before starting (a broken venv is named then, not by a rank).
+    # A sweep's later trials on a node that already ran one skip it: on an emulated node the
+    # import alone takes tens of seconds, and torchrun imports torch again anyway.
+    check_torch: bool = True
 
 
 @dataclass
@@ -158,7 +162,8 @@ def _prepare_node(
     probe = remote.run(
         node,
         (
-            f"{shlex.quote(python)} -c 'import torch' && echo PY_OK; ip -j addr; echo '--gpus--'; "
+            f"{shlex.quote(python)} -c {shlex.quote(_python_check(opts.check_torch))} && echo PY_OK; ip -j addr; "
+            "echo '--gpus--'; "
             f"nvidia-smi -L 2>/dev/null; echo '--run-as--'; RUN_AS=$({plan.run_as_probe(s.training_user)}); "
             f"export RUN_AS; echo \"$RUN_AS\"; echo '--writable--'; {writable}echo '--dirs--'; "
             f"{plan.node_dirs_command(s.train_dir, run_dir, s.training_user)}"
@@ -216,6 +221,10 @@ def _prepare_node(
         run_as,
         plan.gpu_count(gpus),
     )
+
+
+def _python_check(torch: bool) -> str:
+    return "import torch" if torch else "pass"
 
 
 class Supervisor:

@@ -183,6 +183,7 @@ class _Sweep:
         self._lock = threading.Lock()
         self._fresh_left = max(0, opts.trials - finished(st) - requeued)
         self._nfs = cluster.storage_node() is not None
+        self._torch_ok: set[str] = set()  # nodes whose venv imported torch for an earlier trial
 
     def worker(self) -> None:
         while not self.stop.is_set():
@@ -213,7 +214,10 @@ class _Sweep:
                     stop=self.stop,
                     on_line=self.on_line,
                     say=self.say,
+                    check_torch=slot.node not in self._torch_ok,
                 )
+                if end.prepared:
+                    self._torch_ok.add(slot.node)
             except Exception as e:  # a bug or a broken connection setup: this trial fails, the study goes on
                 end = trial_lib.TrialEnd("failed", None, 0, f"{type(e).__name__}: {e}")
             self._end(trial, slot, end)

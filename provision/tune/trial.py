@@ -66,6 +66,7 @@ class TrialEnd:
     checkpoint: str | None = None  # complete: the trial's final checkpoint on its node
     seconds: float = 0.0
     interrupted: bool = False  # stopped by Ctrl-C / SIGTERM: not the trial's fault
+    prepared: bool = False  # the node passed the launch's checks (its venv imports torch)
 
 
 def trainer_flags(params: dict[str, Any]) -> list[str]:
@@ -161,6 +162,7 @@ def run(
     stop: threading.Event,
     on_line: Callable[[str, str, str], None],
     say: Callable[[str, str], None],
+    check_torch: bool = True,
 ) -> TrialEnd:
     """Run one attempt of ``trial`` (an Optuna trial, asked by the sweep) on ``slot``.
     Never raises for the trial's own failure: a TrialEnd says how it went. ``stop`` set
@@ -173,6 +175,7 @@ def run(
         params,
         ckpt_name(settings.study, trial.number),
         before=("--eval-interval", str(settings.eval_interval), "--stop-file", stop_file),
+        check_torch=check_torch,
     )
     holder: dict[str, Any] = {}
 
@@ -191,9 +194,18 @@ def run(
         )
     except session.LaunchError as e:
         return _failed(node, run_id, f"could not start: {e}", started)
+    end = _ended(outcome, reporter, run_id, node, started, stop.is_set())
+    end.prepared = True
+    return end
+
+
+def _ended(
+    outcome: session.Outcome, reporter: Reporter, run_id: str, node: Node, started: float, interrupted: bool
+) -> TrialEnd:
+    """How a trial that started ended: failed, pruned (the trainer stopped on its stop
+    file) or complete (its final validation loss)."""
     seconds = time.monotonic() - started
     if outcome.failure:
-        interrupted = stop.is_set()
         end = _failed(node, run_id, outcome.failure, started, probe=not interrupted)
         end.interrupted = interrupted
         return end
@@ -217,6 +229,7 @@ def _options(
     before: tuple[str, ...] = (),
     after: tuple[str, ...] = (),
     resume: bool = False,
+    check_torch: bool = True,
 ) -> session.Options:
     """A one-rank run of the trainer with the trial's flags: the sweep's trainer flags
     (after `--`), then the sampled values, which win; checkpoints named ``name``."""
@@ -238,6 +251,7 @@ def _options(
         monitor_interval=settings.monitor_interval,
         timeout_s=settings.timeout_s,
         ckpt_name=name,
+        check_torch=check_torch,
     )
 
 
@@ -260,12 +274,23 @@ def _launch(
     holder["conn"] = conn
 
     def line(host: str, who: str, text: str) -> None:
+        who = "rank0" if who == "torchrun" else who  # the one process's lines carry no rank prefix
         reporter.feed(who, text)
         on_line(str(slot), who, text)
 
     try:
         run_plan = session.prepare([node], {node.name: conn}, opts, run_id, lambda _h, m: say(str(slot), m), nfs_server)
-        sup = session.Supervisor([node], {node.name: conn}, _on_slot(run_plan, node, slot), opts, line)
+        run_plan = _on_slot(run_plan, slot)
+        # One rank: the trainer runs alone, without torchrun (the same setsid, user, markers
+        # and teardown), which saves a torch import per trial.
+        sup = session.Supervisor(
+            [node],
+            {node.name: conn},
+            run_plan,
+            opts,
+            line,
+            lambda p: plan.node_command(run_plan, p, plan.trainer_argv(run_plan, p)),
+        )
         threading.Thread(target=_stop_on_event, args=(stop, sup), daemon=True).start()
         threading.Thread(target=_watch_node, args=(conn, node, sup, silent_s), daemon=True).start()
         return sup.run()
@@ -273,16 +298,12 @@ def _launch(
         conn.close()
 
 
-def _on_slot(run_plan: plan.RunPlan, node: Node, slot: Slot) -> plan.RunPlan:
-    """A trial on one GPU sees only that GPU, and its rendezvous (a one-node c10d store)
-    takes a port of its own, so trials on the GPUs of one node do not meet."""
+def _on_slot(run_plan: plan.RunPlan, slot: Slot) -> plan.RunPlan:
+    """A trial on one GPU sees only that GPU (as cuda:0), so trials on the GPUs of one node
+    do not meet."""
     if slot.gpu is None:
         return run_plan
-    return replace(
-        run_plan,
-        port=node.settings.train_master_port + 1 + slot.gpu,
-        env=(("CUDA_VISIBLE_DEVICES", str(slot.gpu)),),
-    )
+    return replace(run_plan, env=(("CUDA_VISIBLE_DEVICES", str(slot.gpu)),))
 
 
 def _watch_node(conn: Any, node: Node, sup: session.Supervisor, silent_s: float) -> None:
@@ -340,7 +361,10 @@ def evaluate(
     loaded by the trainer with the trial's flags (--resume --eval-only): (loss, "") or
     (None, why not)."""
     run_id = f"tune-{plan.new_run_id().removeprefix('train-')}-eval"
-    opts = _options(settings, params, name, after=("--eval-only", "--ckpt-dir", ckpt_dir), resume=True)
+    # The node ran the trial whose checkpoint this is: its venv imports torch.
+    opts = _options(
+        settings, params, name, after=("--eval-only", "--ckpt-dir", ckpt_dir), resume=True, check_torch=False
+    )
     reporter = Reporter(_NoTrial(), lambda _s, _w: None)
     try:
         outcome = _launch(

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from types import SimpleNamespace
 
 import optuna
 import pytest
@@ -271,17 +270,18 @@ def test_param_defaults_hold_for_a_grid_of_one_param():
     assert study.grid_values(p) == [0, 1, 2, 3]
 
 
-def test_a_gpu_slot_sees_its_gpu_and_has_a_rendezvous_port_of_its_own():
+def test_a_gpu_slot_sees_its_gpu_and_the_trainer_runs_alone():
     from provision.launch import plan
     from provision.tune.slots import Slot
 
     node_plan = plan.NodePlan("n1", "10.0.0.1", "eth0", "/py", 1, "/r", "/w", True)
-    run = plan.RunPlan("tune-x", "10.0.0.1", 29500, (node_plan,), ())
-    node = SimpleNamespace(settings=SimpleNamespace(train_master_port=29500))
-    assert trial._on_slot(run, node, Slot("n1")) is run  # type: ignore[arg-type]
-    on_gpu = trial._on_slot(run, node, Slot("n1", 2))  # type: ignore[arg-type]
-    assert on_gpu.port == 29503
-    env = plan.node_env(on_gpu, node_plan)
-    assert env["CUDA_VISIBLE_DEVICES"] == "2"
-    assert "CUDA_VISIBLE_DEVICES=2" in plan.node_command(on_gpu, node_plan)
-    assert "29503" in " ".join(plan.torchrun_argv(on_gpu, node_plan))
+    run = plan.RunPlan("tune-x", "10.0.0.1", 29500, (node_plan,), ("--steps", "5"))
+    assert trial._on_slot(run, Slot("n1")) is run
+    on_gpu = trial._on_slot(run, Slot("n1", 2))
+    assert plan.node_env(on_gpu, node_plan)["CUDA_VISIBLE_DEVICES"] == "2"
+    alone = plan.node_command(on_gpu, node_plan, plan.trainer_argv(on_gpu, node_plan))
+    assert "CUDA_VISIBLE_DEVICES=2" in alone
+    assert "torch.distributed.run" not in alone
+    assert alone.endswith("/py /r/train_ddp.py --steps 5 2>&1")
+    assert "PROVISION_RUN_ID=tune-x" in alone  # the reaper's markers, as for torchrun
+    assert "torch.distributed.run" in plan.node_command(run, node_plan)
