@@ -82,8 +82,9 @@ def tune(
     from provision.tune import study as study_lib
 
     problems = _check(sampler, pruner, study, per, model, python, runs_dir, eval_interval, steps)
+    problems += _reserved(tuple(extra or ()))
     try:
-        searched = space.load(space_file, trials=trials, sampler=sampler) if not problems else None
+        searched = space.load(space_file, trials=trials, sampler=sampler)  # every problem at once
     except space.SpaceError as e:
         problems += [Problem(f"{space_file}: {p.split(':', 1)[0]}", p.split(":", 1)[-1].strip()) for p in e.problems]
         searched = None
@@ -123,7 +124,7 @@ def tune(
         result, st = sweep.run(cluster, nodes, searched, opts, on_line, _say)
     except sweep.SweepError as e:
         raise TuneFailed(str(e)) from None
-    by_name = {n.name: n for n in nodes}
+    by_name = {n.name: n for n in nodes if n.name not in result.lost_nodes}
     best = None
     if not result.interrupted:
         best = results.keep_best(
@@ -138,7 +139,11 @@ def tune(
         default_value=results.default_value(st),
         counts=results.counts(rows),
         dashboard=study_lib.dashboard_command(study_dir),
-        notes=[*result.notes, *([f"stopped: {result.stopped_why}"] if result.stopped_why else [])],
+        notes=[
+            *st.user_attrs.get("defaults_outside", []),
+            *result.notes,
+            *([f"stopped: {result.stopped_why}"] if result.stopped_why else []),
+        ],
     )
     if result.lost_nodes:
         summary.notes.append(f"lost: {', '.join(result.lost_nodes)}")
@@ -189,6 +194,25 @@ def _check(
         )
     if why := logs.unwritable(runs_dir):
         problems.append(Problem(f"--runs-dir {runs_dir}", f"cannot write there ({why})"))
+    return problems
+
+
+# Trainer flags the sweep sets for every trial: given after `--` they would win (the last
+# flag wins) and quietly break the sweep (--stop-file: no pruning; --steps: another budget).
+RESERVED = (
+    "--steps", "--eval-interval", "--stop-file", "--ckpt-name", "--summary", "--run-id", "--resume",
+    "--auto-resume", "--auto-resume-own", "--eval-only",
+)  # fmt: skip
+
+
+def _reserved(extra: tuple[str, ...]) -> list[Problem]:
+    problems = []
+    for word in extra:
+        flag = word.split("=", 1)[0]
+        if flag in RESERVED:
+            own = {"--steps": "--steps", "--eval-interval": "--eval-interval"}.get(flag)
+            how = f"use tune's {own}" if own else "the sweep sets it for every trial"
+            problems.append(Problem(f"-- {flag}", f"not a flag to pass through: {how}"))
     return problems
 
 

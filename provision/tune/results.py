@@ -128,7 +128,7 @@ def keep_best(
     source = t.user_attrs.get("checkpoint")
     node = nodes.get(slot_text.split(":", 1)[0])
     if node is None:
-        best.problem = f"its node ({slot_text or 'unknown'}) is not in this sweep"
+        best.problem = f"its node ({slot_text or 'unknown'}) was lost or is not in this sweep"
         return best
     name = trial_lib.ckpt_name(study, t.number)
     if not isinstance(source, str) or not checkpoint_ok(source, name):

@@ -254,8 +254,13 @@ def _grid_problems(params: list[Param], trials: int) -> list[str]:
     if continuous:
         return [f"{f}: a grid needs a step or choices for a float range" for f in continuous]
     size = Space(tuple(params)).grid_size()
-    if size is not None and size > trials:
-        return [f"the grid has {size} points and --trials is {trials}: raise --trials or narrow the space"]
+    # The trainer's defaults run first (an enqueued trial, not a grid point): a grid of N
+    # points needs N + 1 trials.
+    if size is not None and size + 1 > trials:
+        return [
+            f"the grid has {size} points and --trials is {trials}: the defaults run first, so the grid needs "
+            f"--trials {size + 1}; raise --trials or narrow the space"
+        ]
     return []
 
 

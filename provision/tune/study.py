@@ -68,6 +68,27 @@ def defaults(space: Space, *, model: str, global_batch: int, micro_batch: int) -
     return {p.flag: known[p.flag] for p in space.params}
 
 
+def inside(space: Space, values: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """(the values the space holds, one line per value it does not). Optuna can fix a
+    trial's parameter only to a value of its distribution (a choice not listed raises; 0
+    on a log scale breaks TPE), so a default outside the space is sampled instead, said."""
+    kept, outside = {}, []
+    for p in space.params:
+        value = values[p.flag]
+        if p.choices:
+            ok = value in p.choices
+        else:
+            assert p.low is not None
+            assert p.high is not None
+            ok = p.low <= value <= p.high and (not p.step or p.kind != "int" or (value - p.low) % p.step == 0)
+            ok = ok and not (p.log and value <= 0)
+        if ok:
+            kept[p.flag] = value
+        else:
+            outside.append(f"{p.flag}: the default {value!r} is outside the space; the defaults trial samples it")
+    return kept, outside
+
+
 def distributions(space: Space) -> dict[str, Any]:
     """Optuna distributions keyed by trainer flag."""
     from optuna import distributions as d

@@ -110,7 +110,9 @@ def open_study(space: Space, opts: SweepOptions) -> Any:
             global_batch=settings.batch_per_rank,
             micro_batch=settings.batch_per_rank,
         )
-        st.enqueue_trial(defaults, user_attrs={"default": True})
+        kept, outside = study_lib.inside(space, defaults)
+        st.set_user_attr("defaults_outside", outside)
+        st.enqueue_trial(kept, user_attrs={"default": True})
     return st
 
 
@@ -134,6 +136,14 @@ def _requeue_interrupted(st: Any) -> int:
     if again:
         st.set_user_attr("requeued", sorted(redone | set(again)))
     return len(again)
+
+
+def _waiting_retries(st: Any) -> int:
+    """Trials asked again and not yet run (interrupted ones on --resume, a failed one's
+    retry left by a stop): each counts toward --trials as the trial it repeats."""
+    from optuna.trial import TrialState
+
+    return sum(1 for t in st.get_trials(deepcopy=False, states=(TrialState.WAITING,)) if "retry_of" in t.user_attrs)
 
 
 def finished(st: Any) -> int:
@@ -171,21 +181,27 @@ class _Sweep:
         queue: slot_lib.SlotQueue,
         on_line: Callable[[str, str, str], None],
         say: Callable[[str, str], None],
-        requeued: int = 0,
     ):
-        """``requeued``: interrupted trials asked again (--resume); they count toward
-        --trials as the trials they were, not as new ones."""
         self.cluster, self.nodes, self.st, self.opts, self.queue = cluster, nodes, st, opts, queue
         self.dists = study_lib.distributions(space)
         self.on_line, self.say = on_line, say
         self.stop = threading.Event()
         self.stopped_why: str | None = None
         self._lock = threading.Lock()
-        self._fresh_left = max(0, opts.trials - finished(st) - requeued)
+        self._fresh_left = max(0, opts.trials - finished(st) - _waiting_retries(st))
         self._nfs = cluster.storage_node() is not None
         self._torch_ok: set[str] = set()  # nodes whose venv imported torch for an earlier trial
 
     def worker(self) -> None:
+        """One trial after another until the study has its trials or the sweep stops. A
+        bug here must not leave the other workers waiting on a slot this one holds: it
+        stops the sweep (said), and the study stays resumable."""
+        try:
+            self._work()
+        except Exception as e:
+            self.halt(f"internal error in a sweep worker: {type(e).__name__}: {e}")
+
+    def _work(self) -> None:
         while not self.stop.is_set():
             trial = self._ask()
             if trial is None:
@@ -238,11 +254,13 @@ class _Sweep:
         from optuna.trial import TrialState
 
         key = int(trial.user_attrs.get("retry_of", trial.number))
-        _record(trial, slot, end)
         who = str(slot) if slot else "-"
         failed = end.state == "failed" and not end.interrupted
-        if slot:
-            self.queue.give_back(slot, key, failed=failed, node_lost=failed and end.node_lost)
+        try:
+            _record(trial, slot, end)
+        finally:  # the slot goes back whatever the study's storage says
+            if slot:
+                self.queue.give_back(slot, key, failed=failed, node_lost=failed and end.node_lost)
         if end.state == "complete":
             self.st.tell(trial, end.value)
             self.say(who, f"trial {trial.number}: complete, val loss {end.value:.4f} ({end.seconds:.0f} s)")
@@ -259,14 +277,15 @@ class _Sweep:
         """Marked failed; asked again with the same flags while it has tries left."""
         from optuna.trial import TrialState
 
-        again = self.queue.may_retry(key)
+        attempt = int(trial.user_attrs.get("attempt", 1))
+        # The queue counts this run's failures; the stored attempt counts them over --resume too.
+        again = self.queue.may_retry(key) and attempt <= self.opts.retries
         if not again:
             trial.set_user_attr("gave_up", True)
         self.st.tell(trial, state=TrialState.FAIL)
         if not again:
             self.say(who, f"trial {trial.number} failed ({end.reason[-300:]}); no tries left")
             return
-        attempt = int(trial.user_attrs.get("attempt", 1))
         with self._lock:
             self.st.enqueue_trial(trial.params, user_attrs={"retry_of": key, "attempt": attempt + 1})
         self.say(who, f"trial {trial.number} failed ({end.reason[-300:]}); it runs again on another slot")
@@ -304,7 +323,7 @@ def run(
     slots = slot_lib.node_slots(gpus, per_gpu=opts.per_gpu)
     queue = slot_lib.SlotQueue(slots, parallel=opts.parallel, retries=opts.retries)
     answering = {n.name: n for n in nodes if n.name in gpus}
-    sweep = _Sweep(cluster, answering, st, space, opts, queue, on_line, say, requeued)
+    sweep = _Sweep(cluster, answering, st, space, opts, queue, on_line, say)
     say("tune", f"study {opts.study}: {len(slots)} slot(s) ({', '.join(map(str, slots))}), {opts.parallel} at a time")
     workers = [
         threading.Thread(target=sweep.worker, name=f"tune-{i}", daemon=True)

@@ -1,5 +1,5 @@
 """`provision tune` on two network-namespace hosts over real SSH: real Optuna (TPE, the
-median pruner, the journal storage), the real trainer under torchrun on each host, the
+median pruner, the journal storage), the real trainer on each host (alone: one rank), the
 stop file a pruned trial reads, the best checkpoint copied and evaluated again; Ctrl-C and
 --resume; a host lost mid-study (its network cut, its trial killed), whose trial runs
 again on the other host. The same sweep runs on the testbed's VMs in
@@ -246,12 +246,13 @@ def test_a_bad_space_file_is_exit_2_with_a_line_per_problem(tmp_path):
     )
     r = subprocess.run(
         [sys.executable, "-m", "provision", "tune", str(tmp_path / "missing-inventory.py"), "--space",
-         str(tmp_path / "bad.toml"), "--trials", "4"],
+         str(tmp_path / "bad.toml"), "--trials", "4", "--", "--stop-file=/tmp/x", "--lr", "1"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert r.returncode == 2, r.stderr
     lines = [x for x in r.stderr.splitlines() if x.startswith("error:")]
-    assert len(lines) == 3, r.stderr
+    assert len(lines) == 4, r.stderr
+    assert any("--stop-file" in x and "the sweep sets it" in x for x in lines)  # it would turn pruning off
     assert any("lr" in x and "empty range" in x for x in lines)
     assert any("layers" in x and "not a flag" in x for x in lines)
     assert any("model" in x and "huge" in x for x in lines)

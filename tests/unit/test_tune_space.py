@@ -132,11 +132,11 @@ def test_a_grid_needs_a_finite_space_no_larger_than_the_trials():
     assert space.parse(continuous, "s", trials=100, sampler="random").grid_size() is None
 
     finite = "[lr]\nlow = 0.001\nhigh = 0.005\nstep = 0.001\n[warmup-steps]\nlow = 0\nhigh = 10\nstep = 5\n"
-    assert space.parse(finite, "s", trials=15, sampler="grid").grid_size() == 5 * 3
-    with pytest.raises(space.SpaceError, match="the grid has 15 points and --trials is 14"):
-        space.parse(finite, "s", trials=14, sampler="grid")
+    assert space.parse(finite, "s", trials=16, sampler="grid").grid_size() == 5 * 3  # the defaults, then 15
+    with pytest.raises(space.SpaceError, match="the grid has 15 points and --trials is 15: the defaults run first"):
+        space.parse(finite, "s", trials=15, sampler="grid")
     models = "[model]\nchoices = ['tiny', 'small']\n[n-layer]\nlow = 1\nhigh = 4\n"
-    assert space.parse(models, "s", trials=8, sampler="grid").grid_size() == 2 * 4
+    assert space.parse(models, "s", trials=9, sampler="grid").grid_size() == 2 * 4
 
 
 def test_a_file_that_cannot_be_read_is_a_space_error(tmp_path):

@@ -4,6 +4,7 @@ keeping of the best checkpoint (results.py), against real Optuna with in-memory 
 from __future__ import annotations
 
 import shlex
+import types
 from pathlib import Path
 
 import optuna
@@ -63,7 +64,7 @@ def test_the_defaults_are_the_trainers_own_parser_defaults():
 
 def test_grid_values_cover_the_grid():
     text = "[warmup-steps]\nlow = 0\nhigh = 20\nstep = 5\n[lr]\nlow = 0.001\nhigh = 0.003\nstep = 0.001\n"
-    s = parsed(text, "grid", 15)
+    s = parsed(text, "grid", 16)
     by_flag = {p.flag: study.grid_values(p) for p in s.params}
     assert by_flag == {"warmup-steps": [0, 5, 10, 15, 20], "lr": [0.001, 0.002, 0.003]}
     assert len(by_flag["warmup-steps"]) * len(by_flag["lr"]) == s.grid_size()
@@ -71,7 +72,7 @@ def test_grid_values_cover_the_grid():
 
 @pytest.mark.parametrize("name", study.SAMPLERS)
 def test_every_sampler_suggests_inside_the_space(name):
-    s = parsed('[warmup-steps]\nlow = 0\nhigh = 20\nstep = 5\n[model]\nchoices = ["tiny", "small"]\n', name, 10)
+    s = parsed('[warmup-steps]\nlow = 0\nhigh = 20\nstep = 5\n[model]\nchoices = ["tiny", "small"]\n', name, 11)
     st = optuna.create_study(sampler=study.sampler(name, s, seed=1))
     dists = study.distributions(s)
     seen = set()
@@ -262,7 +263,6 @@ def test_the_report_escapes_what_came_from_nodes(tmp_path):
     assert "<script>" not in page
     assert "&lt;script&gt;" in page
     assert "n&lt;1&gt;" in page
-    assert Path(tmp_path).exists()
 
 
 def test_param_defaults_hold_for_a_grid_of_one_param():
@@ -285,3 +285,97 @@ def test_a_gpu_slot_sees_its_gpu_and_the_trainer_runs_alone():
     assert alone.endswith("/py /r/train_ddp.py --steps 5 2>&1")
     assert "PROVISION_RUN_ID=tune-x" in alone  # the reaper's markers, as for torchrun
     assert "torch.distributed.run" in plan.node_command(run, node_plan)
+
+
+def test_defaults_outside_the_space_are_sampled_not_fixed(tmp_path):
+    """A default that is not among the choices cannot be a fixed parameter (Optuna raises),
+    nor 0 on a log scale: those are left to the sampler, and the study says so."""
+    s = parsed(
+        "[lr]\nchoices = [1e-4, 3e-4]\n"
+        "[dropout]\nlow = 0.01\nhigh = 0.5\nlog = true\n"
+        "[warmup-steps]\nlow = 0\nhigh = 9\n"
+    )
+    kept, outside = study.inside(s, {"lr": 1e-3, "dropout": 0.0, "warmup-steps": 5})
+    assert kept == {"warmup-steps": 5}
+    assert [line.split(":")[0] for line in outside] == ["lr", "dropout"]
+    st = sweep.open_study(s, options(tmp_path))
+    assert st.user_attrs["defaults_outside"] == outside
+    t = st.ask(study.distributions(s))  # the defaults trial: asked without an error
+    assert t.params["warmup-steps"] == 5
+    assert t.params["lr"] in (1e-4, 3e-4)
+
+
+def options(tmp_path: Path, **changes: object) -> sweep.SweepOptions:
+    base = sweep.SweepOptions(
+        trials=4, parallel=2, sampler="tpe", pruner="median", study="s", resume=False, retries=1, seed=1,
+        per_gpu=True, study_dir=tmp_path,
+        settings=trial.TrialSettings("s", 40, "tiny", 8, 10, 1, (), None, tmp_path / "trials", 60),
+    )  # fmt: skip
+    return base.__class__(**{**base.__dict__, **changes})
+
+
+def sweep_of(st: optuna.Study, s: Space, opts: sweep.SweepOptions) -> sweep._Sweep:
+    from provision.tune.slots import Slot, SlotQueue
+
+    cluster = types.SimpleNamespace(storage_node=lambda: None)
+    queue = SlotQueue([Slot("n1")], parallel=1, retries=opts.retries)
+    return sweep._Sweep(cluster, {}, st, s, opts, queue, lambda *_: None, lambda *_: None)  # type: ignore[arg-type]
+
+
+def test_asks_stop_at_trials_and_a_retry_is_not_a_new_trial(tmp_path):
+    s = parsed()
+    opts = options(tmp_path, trials=3)
+    st = sweep.open_study(s, opts)
+    sw = sweep_of(st, s, opts)
+    first = sw._ask()
+    assert first.user_attrs == {"default": True}
+    sw._failed(first, first.number, "n1", trial.TrialEnd("failed", None, 0, "rank died"))  # asked again once
+    again = sw._ask()
+    assert again.user_attrs["retry_of"] == first.number
+    assert again.params == first.params
+    st.tell(again, 1.0)
+    rest = [sw._ask(), sw._ask()]
+    for t in rest:
+        st.tell(t, 2.0)
+    assert sw._ask() is None  # three trials: the defaults (with its retry) and two more
+    assert sweep.finished(st) == 3
+
+
+def test_resume_counts_retries_left_waiting_as_the_trials_they_repeat(tmp_path):
+    """--trials 4: two complete; of two running at once, one fails (its retry enqueued,
+    not yet asked) and the other is interrupted. The resumed sweep runs the retry and the
+    interrupted one again, and nothing more: 4 trials, not 5."""
+    s = parsed()
+    opts = options(tmp_path, trials=4)
+    st = sweep.open_study(s, opts)
+    sw = sweep_of(st, s, opts)
+    for _ in range(2):
+        st.tell(sw._ask(), 1.0)
+    failed, cut = sw._ask(), sw._ask()
+    sw._failed(failed, failed.number, "n1", trial.TrialEnd("failed", None, 0, "rank died"))
+    cut.set_user_attr("interrupted", True)
+    st.tell(cut, state=TrialState.FAIL)
+    resumed = options(tmp_path, trials=4, resume=True)
+    st2 = sweep.open_study(s, resumed)
+    assert sweep._requeue_interrupted(st2) == 1
+    sw2 = sweep_of(st2, s, resumed)
+    asked = []
+    while (t := sw2._ask()) is not None:
+        asked.append(t)
+        st2.tell(t, 3.0)
+    assert [t.user_attrs.get("retry_of") for t in asked] == [failed.number, cut.number]
+    assert sweep.finished(st2) == 4
+
+
+def test_a_trial_is_not_retried_past_its_stored_attempts(tmp_path):
+    s = parsed()
+    opts = options(tmp_path, trials=1, retries=1)
+    st = sweep.open_study(s, opts)
+    st.enqueue_trial({"lr": 1e-3}, user_attrs={"retry_of": 0, "attempt": 2})
+    sw = sweep_of(st, s, opts)
+    sw._ask()  # the defaults
+    second = sw._ask()
+    assert second.user_attrs["attempt"] == 2
+    sw._failed(second, 0, "n1", trial.TrialEnd("failed", None, 0, "again"))
+    assert st.trials[second.number].user_attrs["gave_up"] is True
+    assert not st.get_trials(states=(TrialState.WAITING,))
