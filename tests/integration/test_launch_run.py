@@ -224,7 +224,7 @@ def test_a_stop_signal_ends_the_watch_while_other_threads_hold_the_interpreter(t
     for t in threads:
         t.start()
     try:
-        with session._stop_signals() as stop:
+        with session.stop_signals() as stop:
             sup._watch(stop)
     finally:
         done.set()
