@@ -242,7 +242,7 @@ def _print(s: Any) -> None:
             str(r.number),
             r.state.lower(),
             "-" if r.value is None else f"{r.value:.4f}",
-            safe(" ".join(trial.trainer_flags(r.params))),
+            safe(trial.flags_text(r.params)),
             safe(r.slot or "-"),
             "-" if r.seconds is None else f"{r.seconds:.0f}",
             safe(note[:120]),
@@ -253,7 +253,7 @@ def _print(s: Any) -> None:
         out.print("best: no trial completed")
     else:
         gained = f" (the defaults: {s.default_value:.4f})" if s.default_value is not None else ""
-        flags = safe(" ".join(trial.trainer_flags(b.params)))
+        flags = safe(trial.flags_text(b.params))
         out.print(f"best: trial {b.number}, val loss {b.value:.4f}{gained}: {flags}")
         if b.checkpoint:
             again = f"; evaluated again from it: {b.evaluated:.4f}" if b.evaluated is not None else ""

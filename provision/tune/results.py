@@ -252,7 +252,7 @@ def html_report(summary: Summary, drawn: dict[str, str]) -> str:
             note = f"{note}; {r.reason}" if note else r.reason
         table.append(
             f"<tr><td>{r.number}</td><td>{e(r.state)}</td><td>{'' if r.value is None else f'{r.value:.4f}'}</td>"
-            f"<td>{e(' '.join(trial_lib.trainer_flags(r.params)))}</td><td>{e(r.slot or '')}</td>"
+            f"<td>{e(trial_lib.flags_text(r.params))}</td><td>{e(r.slot or '')}</td>"
             f"<td>{'' if r.seconds is None else r.seconds}</td><td>{e(note)}</td></tr>"
         )
     table.append("</table>")

@@ -218,13 +218,12 @@ class _Sweep:
                 self.queue.give_back(slot, key)
                 self._end(trial, None, trial_lib.TrialEnd("failed", None, 0, "not started", interrupted=True))
                 return
-            self.say(str(slot), f"trial {trial.number}: {_flags_text(trial.params)}")
+            self.say(str(slot), f"trial {trial.number}: {trial_lib.flags_text(trial.params)}")
             try:
                 end = trial_lib.run(
                     self.nodes[slot.node],
                     slot,
                     trial,
-                    trial.params,
                     self.opts.settings,
                     nfs_server=self._nfs,
                     stop=self.stop,
@@ -355,7 +354,3 @@ def _record(trial: Any, slot: slot_lib.Slot | None, end: trial_lib.TrialEnd) -> 
     ):
         if value:
             trial.set_user_attr(name, value)
-
-
-def _flags_text(params: dict[str, Any]) -> str:
-    return " ".join(trial_lib.trainer_flags(params)) or "(defaults)"

@@ -78,6 +78,11 @@ def trainer_flags(params: dict[str, Any]) -> list[str]:
     return words
 
 
+def flags_text(params: dict[str, Any]) -> str:
+    """The sampled values as a person reads them: the trainer's words, one line."""
+    return " ".join(trainer_flags(params)) or "(defaults)"
+
+
 def ckpt_name(study: str, number: int) -> str:
     return f"tune-{study}-t{number}"
 
@@ -155,7 +160,6 @@ def run(
     node: Node,
     slot: Slot,
     trial: Any,
-    params: dict[str, Any],
     settings: TrialSettings,
     *,
     nfs_server: bool,
@@ -172,7 +176,7 @@ def run(
     stop_file = f"{plan.run_dir(node.settings.train_dir, run_id, node.name)}/stop"
     opts = _options(
         settings,
-        params,
+        trial.params,  # the sampled values (an Optuna trial asked with the space's distributions)
         ckpt_name(settings.study, trial.number),
         before=("--eval-interval", str(settings.eval_interval), "--stop-file", stop_file),
         check_torch=check_torch,
