@@ -8,6 +8,7 @@ run.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from provision import remote
@@ -136,3 +137,24 @@ def why_not_slurm(cluster: Cluster, names: list[str]) -> Choice:
     if missing:
         return Choice(f"not in Slurm's node list yet (run `provision up`): {', '.join(missing)}")
     return Choice(None, waits_for(seen, names))
+
+
+def choose(cluster: Cluster, names: list[str], say: Callable[[str, str], None], what: str = "the job") -> str:
+    """--scheduler auto (train, tune): "slurm" where the cluster runs it for every one of
+    ``names``, else "ssh"; said either way, so work never lands on a scheduler nobody chose
+    knowingly. Nodes Slurm cannot use now are named: ``what`` waits for them."""
+    choice = why_not_slurm(cluster, names)
+    head = cluster.head_node()[0].name
+    if choice.why_not is not None:
+        say(head, f"scheduler: ssh (not Slurm: {choice.why_not})")
+        return "ssh"
+    say(head, "scheduler: slurm (every host is a Slurm compute node; --scheduler ssh to run over SSH)")
+    for name, state in choice.waits_for.items():
+        say(name, f"Slurm cannot use it now ({state}): {what} waits for it; --scheduler ssh, or --limit without it")
+    return "slurm"
+
+
+def not_compute(cluster: Cluster, names: list[str]) -> list[str]:
+    """Which of ``names`` are not Slurm compute nodes (--scheduler slurm refuses them)."""
+    computes = {n.name for n in cluster.compute_nodes()}
+    return [n for n in names if n not in computes]

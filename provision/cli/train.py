@@ -107,13 +107,17 @@ def train(
     cluster = inventory_lib.load(inventory)
     nodes = host_limit.select(cluster, limit)
     if scheduler == "auto":
-        opts = replace(opts, scheduler=_choose_scheduler(cluster, nodes), chosen=True)
+        from provision import scheduler as scheduler_lib
+
+        opts = replace(opts, scheduler=scheduler_lib.choose(cluster, [n.name for n in nodes], _say), chosen=True)
         if requeue and opts.scheduler != "slurm":
             raise InputError(
                 Problem("--requeue", "only a Slurm job can be requeued, and this run would go over SSH (above)")
             )
     elif scheduler == "slurm":
-        outside = [n.name for n in nodes if n.name not in {c.name for c in cluster.compute_nodes()}]
+        from provision import scheduler as scheduler_lib
+
+        outside = scheduler_lib.not_compute(cluster, [n.name for n in nodes])
         if outside:
             raise InputError(
                 Problem(
@@ -193,23 +197,6 @@ def _options(
         scheduler,
         requeue,
     )
-
-
-def _choose_scheduler(cluster: inventory_lib.Cluster, nodes: list[inventory_lib.Node]) -> str:
-    """--scheduler auto: slurm where the cluster runs it for every host of the run, else ssh;
-    said either way, so a run is never on a scheduler nobody chose knowingly. Nodes Slurm
-    cannot use now are named: the job waits for them."""
-    from provision import scheduler
-
-    choice = scheduler.why_not_slurm(cluster, [n.name for n in nodes])
-    head = cluster.head_node()[0].name
-    if choice.why_not is not None:
-        _say(head, f"scheduler: ssh (not Slurm: {choice.why_not})")
-        return "ssh"
-    _say(head, "scheduler: slurm (every host is a Slurm compute node; --scheduler ssh to run over SSH)")
-    for name, state in choice.waits_for.items():
-        _say(name, f"Slurm cannot use it now ({state}): the job waits for it; --scheduler ssh, or --limit without it")
-    return "slurm"
 
 
 def _echo(quiet: bool) -> Callable[[str, str, str], None]:

@@ -42,6 +42,13 @@ def tune(
         None, "--threads", min=1, help="CPU threads per trial (the trainer's --threads); default: torch's"
     ),
     per: str = typer.Option("gpu", "--slot", help="gpu: a slot per GPU on GPU nodes (node without GPUs: one); node"),
+    scheduler: str = typer.Option(
+        "auto",
+        "--scheduler",
+        help="slurm: each trial is a Slurm job placed by the scheduler (one GPU with --slot gpu on GPU "
+        "nodes, else a whole node); ssh: the sweep's own queue of slots over SSH; auto: slurm where "
+        "the slurm step provisioned every node of the sweep and the controller answers, else ssh",
+    ),
     retries: int = typer.Option(2, "--retries", min=0, max=20, help="tries after a trial's first failure, elsewhere"),
     trial_timeout: float = typer.Option(
         7200, "--trial-timeout", min=10, help="seconds a trial may run before it is stopped and failed"
@@ -60,8 +67,10 @@ def tune(
 ) -> None:
     """Search the trainer's hyperparameters with Optuna, trials spread over the nodes.
 
-    Each trial is the reference trainer on one slot (a node, or one GPU of a GPU node),
-    with flags sampled from the --space file; at most --parallel run at once. The first
+    Each trial is the reference trainer, one rank, with flags sampled from the --space
+    file; at most --parallel run at once. On a Slurm cluster (--scheduler auto finds it)
+    each trial is a Slurm job the scheduler places; elsewhere each node, or each GPU of a
+    GPU node, is a slot that trials reach over SSH. The first
     trial is the trainer's defaults, so the study shows what tuning gained. Each
     evaluation's validation loss goes to the study as it is printed; the pruner stops a
     hopeless trial (the trainer stops cleanly after its next evaluation). A trial whose
@@ -82,6 +91,8 @@ def tune(
     from provision.tune import study as study_lib
 
     problems = _check(sampler, pruner, study, per, model, python, runs_dir, eval_interval, steps)
+    if scheduler not in ("auto", "ssh", "slurm"):
+        problems.append(Problem("--scheduler", f"unknown scheduler {scheduler!r}", "auto, ssh or slurm"))
     problems += _reserved(tuple(extra or ()))
     try:
         searched = space.load(space_file, trials=trials, sampler=sampler)  # every problem at once
@@ -92,6 +103,7 @@ def tune(
         raise InputError(problems)
     cluster = inventory_lib.load(inventory)
     nodes = host_limit.select(cluster, limit) if limit else (cluster.with_role("compute") or list(cluster.nodes))
+    scheduler = _scheduler(cluster, nodes, scheduler)
     study_dir = runs_dir / "tune" / study
     settings = trial.TrialSettings(
         study=study,
@@ -118,6 +130,7 @@ def tune(
         per_gpu=per == "gpu",
         study_dir=study_dir,
         settings=settings,
+        scheduler=scheduler,
     )
     on_line = _echo(quiet)
     try:
@@ -159,6 +172,24 @@ def tune(
         raise typer.Exit(EXIT_FAILED)
     if best is None or best.problem:
         raise typer.Exit(EXIT_FAILED)
+
+
+def _scheduler(cluster: inventory_lib.Cluster, nodes: list[inventory_lib.Node], asked: str) -> str:
+    """ssh or slurm: auto's choice (said), or the one asked for, which Slurm must be able to take."""
+    from provision import scheduler as scheduler_lib
+
+    names = [n.name for n in nodes]
+    if asked == "auto":
+        return scheduler_lib.choose(cluster, names, _say, what="a trial")
+    if asked == "slurm" and (outside := scheduler_lib.not_compute(cluster, names)):
+        raise InputError(
+            Problem(
+                "--scheduler slurm",
+                f"not Slurm compute nodes: {', '.join(outside)}",
+                "leave them out (--limit), or run over SSH (--scheduler ssh)",
+            )
+        )
+    return asked
 
 
 def _check(
@@ -243,7 +274,7 @@ def _print(s: Any) -> None:
             r.state.lower(),
             "-" if r.value is None else f"{r.value:.4f}",
             safe(trial.flags_text(r.params)),
-            safe(r.slot or "-"),
+            safe(f"{r.slot or '-'} (job {r.slurm_job})" if r.slurm_job else (r.slot or "-")),
             "-" if r.seconds is None else f"{r.seconds:.0f}",
             safe(note[:120]),
         )

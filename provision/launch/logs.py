@@ -26,6 +26,9 @@ def split_rank(line: str) -> tuple[str, str]:
     return (f"rank{m.group(1)}", m.group(2)) if m else ("torchrun", line)
 
 
+SUMMARY_MAX_CHARS = 64_000  # a longer "summary" line is not the trainer's
+
+
 @dataclass
 class Curves:
     """Loss and throughput curves from rank 0's lines."""
@@ -48,9 +51,11 @@ class Curves:
             self.tokens_per_s.append((step, float(m.group(3))))
         elif m := _VAL.match(text):
             self.val.append((int(m.group(1)), float(m.group(2))))
-        elif text.startswith("summary {"):
-            with contextlib.suppress(json.JSONDecodeError):  # a line cut short: keep going
-                self.summary = json.loads(text[len("summary ") :])
+        elif text.startswith("summary {") and len(text) <= SUMMARY_MAX_CHARS:
+            with contextlib.suppress(json.JSONDecodeError, RecursionError):  # a line cut short: keep going
+                doc = json.loads(text[len("summary ") :])
+                if isinstance(doc, dict):
+                    self.summary = doc
 
 
 @dataclass(frozen=True)
@@ -120,10 +125,11 @@ def blame(
 
 class LineSink:
     """A file-like that invoke writes remote output into: cuts it into lines, saves each
-    to the host's log file and hands it to a callback (console, parsers)."""
+    to the host's log file and hands it to a callback (console, parsers). ``unprefixed``:
+    who a line without a [rankN]: prefix is from (plan.RunPlan.unprefixed)."""
 
-    def __init__(self, host: str, log: IO[str], on_line: Callable[[str, str, str], None]):
-        self.host, self._log, self._on_line = host, log, on_line
+    def __init__(self, host: str, log: IO[str], on_line: Callable[[str, str, str], None], unprefixed: str = "torchrun"):
+        self.host, self._log, self._on_line, self._unprefixed = host, log, on_line, unprefixed
         self._buf = ""
         self._lock = threading.Lock()
 
@@ -138,7 +144,7 @@ class LineSink:
     def _emit(self, line: str) -> None:
         self._log.write(line + "\n")
         who, text = split_rank(line)
-        self._on_line(self.host, who, text)
+        self._on_line(self.host, self._unprefixed if who == "torchrun" else who, text)
 
     def flush(self) -> None:
         self._log.flush()

@@ -47,10 +47,20 @@ class RunPlan:
     nodes: tuple[NodePlan, ...]  # in inventory order
     trainer_args: tuple[str, ...]  # arguments of train_ddp.py, the same on every node
     env: tuple[tuple[str, str], ...] = ()  # more environment for torchrun (a tune trial's CUDA_VISIBLE_DEVICES)
+    # One process, the trainer alone without torchrun (a sweep's one-rank trial): it saves a
+    # torch import per run (tens of seconds on an emulated node), and its lines carry no
+    # rank prefix: they are rank 0's (unprefixed).
+    solo: bool = False
 
     @property
     def world_size(self) -> int:
         return sum(n.nproc for n in self.nodes)
+
+    @property
+    def unprefixed(self) -> str:
+        """Who speaks in a node's output lines that carry no [rankN]: prefix: torchrun
+        itself, or, when the trainer runs alone, rank 0."""
+        return "rank0" if self.solo else "torchrun"
 
 
 def new_run_id(now: float | None = None) -> str:
@@ -212,13 +222,16 @@ def torchrun_argv(plan: RunPlan, node: NodePlan) -> list[str]:
 
 
 def trainer_argv(plan: RunPlan, node: NodePlan) -> list[str]:
-    """The trainer alone, one process without torchrun (a sweep's one-rank trial): its
-    lines carry no rank prefix, and a torch import is saved (tens of seconds on an
-    emulated node)."""
+    """The trainer alone, one process without torchrun (RunPlan.solo)."""
     return [node.python, f"{node.run_dir}/train_ddp.py", *plan.trainer_args]
 
 
-def node_command(plan: RunPlan, node: NodePlan, argv: list[str] | None = None) -> str:
+def launch_argv(plan: RunPlan, node: NodePlan) -> list[str]:
+    """What a node starts for this run: torchrun, or the trainer alone for a solo run."""
+    return trainer_argv(plan, node) if plan.solo else torchrun_argv(plan, node)
+
+
+def node_command(plan: RunPlan, node: NodePlan) -> str:
     """The shell command that starts torchrun on a node.
 
     torchrun runs under ``setsid`` in a session and process group of its own, whose id
@@ -227,8 +240,9 @@ def node_command(plan: RunPlan, node: NodePlan, argv: list[str] | None = None) -
     open until torchrun exits, with its exit status. The run's markers are set before
     setsid, so every process of the chain (the recorded pid included) carries them in its
     environment: the reaper signals a recorded pid only when it does. The directories
-    exist already (``node_dirs_command``); nothing here changes an owner. ``argv``: what
-    runs instead of torchrun (``trainer_argv``), under the same setsid, user and markers.
+    exist already (``node_dirs_command``); nothing here changes an owner. A solo run starts
+    the trainer alone in torchrun's place (``launch_argv``), under the same setsid, user
+    and markers.
     """
     markers = [f"{k}={v}" for k, v in node_env(plan, node).items() if k in MARKERS]
     env = [f"{k}={v}" for k, v in node_env(plan, node).items()]
@@ -247,7 +261,7 @@ def node_command(plan: RunPlan, node: NodePlan, argv: list[str] | None = None) -
         *user,
         "env",
         *env,
-        *(argv if argv is not None else torchrun_argv(plan, node)),
+        *launch_argv(plan, node),
     ]
     return f"cd {shlex.quote(node.work_dir)} && exec {shlex.join(inner)} 2>&1"
 

@@ -57,6 +57,7 @@ class Options:
     # A sweep's later trials on a node that already ran one skip it: on an emulated node the
     # import alone takes tens of seconds, and torchrun imports torch again anyway.
     check_torch: bool = True
+    solo: bool = False  # one node, one rank, the trainer alone without torchrun (plan.RunPlan.solo)
 
 
 @dataclass
@@ -112,6 +113,8 @@ def prepare(
         raise LaunchError("; ".join(problems))
     node_plans = tuple(results[n.name] for n in nodes)
     world = sum(p.nproc for p in node_plans)
+    if opts.solo and world != 1:
+        raise LaunchError(f"a run without torchrun has one rank on one node, not {world}")
     shared, notes = plan.share_args(wanted, node_plans)
     for note in notes:
         say("nfs", f"note: {note}")
@@ -128,7 +131,9 @@ def prepare(
         extra=opts.extra_args,
         requeue=opts.requeue,
     )
-    return plan.RunPlan(run_id, first.cluster_address, first.settings.train_master_port, node_plans, args)
+    return plan.RunPlan(
+        run_id, first.cluster_address, first.settings.train_master_port, node_plans, args, solo=opts.solo
+    )
 
 
 def _capture(func: Callable[[Node], plan.NodePlan], node: Node) -> plan.NodePlan | Exception:
@@ -335,7 +340,7 @@ class Supervisor:
     def _run_logged(self, node_plan: plan.NodePlan) -> HostEnd:
         name = node_plan.name
         with logs.open_log(self.out.out_dir, name) as log:
-            sink = logs.LineSink(name, log, self._line)
+            sink = logs.LineSink(name, log, self._line, unprefixed=self.plan.unprefixed)
             try:
                 result = self.conns[name].run(
                     self._command_for(node_plan),

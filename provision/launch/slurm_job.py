@@ -32,6 +32,7 @@ import math
 import re
 import shlex
 from collections.abc import Callable
+from dataclasses import dataclass
 from io import StringIO
 from typing import Any
 
@@ -61,7 +62,7 @@ def node_script(run: plan.RunPlan, node: plan.NodePlan) -> str:
     exports SLURM_RESTART_COUNT to a job that was requeued (unset or 0 on its first run)."""
     log, status = shlex.quote(f"{logs_dir(node)}/{TASK_LOG}"), shlex.quote(f"{logs_dir(node)}/{TASK_EXIT}")
     env = [f"{k}={v}" for k, v in plan.node_env(run, node).items()]
-    argv = shlex.join(["env", *env, *plan.torchrun_argv(run, node)])
+    argv = shlex.join(["env", *env, *plan.launch_argv(run, node)])
     return (
         "# Written by provision train (--scheduler slurm); run by this node's Slurm task.\n"
         f"cd {shlex.quote(node.work_dir)} || exit 1\n"
@@ -129,6 +130,92 @@ def sbatch_command(
         f"srun --kill-on-bad-exit=1 {task_command(run)}",
     ]
     return shlex.join(["runuser", "-u", user, "--", *argv] if user else argv)
+
+
+# A job Slurm places (placed_sbatch_command) waits this long for its node to be prepared.
+PLACED_WAIT_S = 600
+PLACED_UNPREPARED = 97  # its exit status when the wait ran out
+
+
+@dataclass(frozen=True)
+class Placement:
+    """What a job placed by Slurm asks for (a sweep's trial: one rank on one node)."""
+
+    gpus: int = 0  # GPUs of the node (--gres=gpu:N); 0 with exclusive: the whole node
+    exclusive: bool = True  # the whole node (every CPU, all memory)
+    cpus: int | None = None  # CPUs of a job that does not take the whole node
+    exclude: tuple[str, ...] = ()  # nodes it must not run on (lost, failed there, outside the sweep)
+
+
+def placed_script(run_dir_of: dict[str, str]) -> str:
+    """The task of a job whose node Slurm chooses: it waits until the controller, having
+    seen where the job runs, has prepared that node and put the node's script
+    (NODE_SCRIPT, in the run directory ``run_dir_of[node]``, root's), then runs it. A node
+    not in the map is refused; a node not prepared within PLACED_WAIT_S ends the task
+    with PLACED_UNPREPARED. Every path enters the shell quoted."""
+    cases = " ".join(f"{shlex.quote(n)}) f={shlex.quote(f'{d}/{NODE_SCRIPT}')} ;;" for n, d in run_dir_of.items())
+    return (
+        f'case "$SLURMD_NODENAME" in {cases} '
+        '*) echo "provision: no run directory for node $SLURMD_NODENAME" >&2; exit 1 ;; esac; '
+        f'n=0; while [ ! -f "$f" ]; do n=$((n + 1)); if [ "$n" -gt {PLACED_WAIT_S} ]; then '
+        f'echo "provision: $SLURMD_NODENAME was not prepared within {PLACED_WAIT_S} s" >&2; '
+        f"exit {PLACED_UNPREPARED}; fi; sleep 1; done; "
+        'exec sh "$f"'
+    )
+
+
+def placed_sbatch_command(
+    run_id: str, user: str | None, place: Placement, run_dir_of: dict[str, str], timeout_s: float | None
+) -> str:
+    """One task on one node that Slurm chooses (no --nodelist): the scheduler balances a
+    sweep's trials. Submitted as the training user, like sbatch_command; prints the job id.
+    The controller learns the node from squeue (job_where_command) and prepares it while
+    the task waits (placed_script). Never requeued: a failed trial is the sweep's to retry,
+    elsewhere."""
+    ask = ([f"--gres=gpu:{place.gpus}"] if place.gpus else []) + (
+        ["--exclusive", "--mem=0"] if place.exclusive else [f"--cpus-per-task={place.cpus or 1}"]
+    )
+    argv = [
+        "sbatch",
+        "--parsable",
+        f"--job-name=provision-{run_id}",
+        "--nodes=1",
+        "--ntasks=1",
+        *ask,
+        *([f"--exclude={','.join(place.exclude)}"] if place.exclude else []),
+        f"--time={time_limit(timeout_s)}",
+        "--chdir=/tmp",  # the node script goes to the run's work directory itself
+        "--output=/dev/null",
+        "--no-requeue",
+        "--wrap",
+        f"srun --kill-on-bad-exit=1 {shlex.join(['sh', '-c', placed_script(run_dir_of)])}",
+    ]
+    return shlex.join(["runuser", "-u", user, "--", *argv] if user else argv)
+
+
+def job_where_command(job_id: str) -> str:
+    """squeue's word on one job: "<state>|<node list>|<reason>" (empty once it left the queue)."""
+    return shlex.join(["squeue", "--noheader", f"--jobs={job_id}", "--format=%T|%N|%r"])
+
+
+@dataclass(frozen=True)
+class JobWhere:
+    state: str  # squeue's %T (RUNNING, PENDING, ...); "" when the job is no longer listed
+    node: str  # the node it runs on ("" while pending)
+    reason: str  # why it pends (Resources, Priority, ReqNodeNotAvail, ...)
+
+
+_NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def parse_job_where(stdout: str) -> JobWhere:
+    """A host's output, read by type: a state of capitals, one plain node name, a short reason."""
+    first = stdout.strip().splitlines()[0] if stdout.strip() else ""
+    parts = first.split("|", 2)
+    if len(parts) != 3 or not re.fullmatch(r"[A-Z_]{1,32}", parts[0]):
+        return JobWhere("", "", "")
+    node = parts[1].strip()
+    return JobWhere(parts[0], node if _NODE_NAME.fullmatch(node) else "", parts[2].strip()[:80])
 
 
 def parse_job_id(stdout: str) -> str | None:

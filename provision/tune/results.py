@@ -43,6 +43,7 @@ class Row:
     default: bool  # the enqueued trainer defaults
     retry_of: int | None
     reason: str | None
+    slurm_job: str | None = None  # the attempt's Slurm job (--scheduler slurm)
 
 
 @dataclass
@@ -88,6 +89,7 @@ def rows(st: Any) -> list[Row]:
                 bool(attrs.get("default")),
                 attrs.get("retry_of"),
                 attrs.get("reason"),
+                attrs.get("slurm_job"),
             )
         )
     return out

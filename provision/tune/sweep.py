@@ -22,7 +22,8 @@ from typing import Any
 
 from provision import remote
 from provision.inventory import Cluster, Node
-from provision.launch import plan, session
+from provision.launch import plan, session, slurm_job
+from provision.tune import jobs as jobs_lib
 from provision.tune import slots as slot_lib
 from provision.tune import study as study_lib
 from provision.tune import trial as trial_lib
@@ -49,6 +50,7 @@ class SweepOptions:
     per_gpu: bool  # a slot per GPU on GPU nodes (else a slot per node)
     study_dir: Path  # runs/tune/<study>
     settings: trial_lib.TrialSettings
+    scheduler: str = "ssh"  # ssh: the sweep's slot queue places trials; slurm: each trial is a job (tune.jobs)
 
 
 @dataclass
@@ -154,20 +156,56 @@ def finished(st: Any) -> int:
     return sum(1 for t in st.get_trials(deepcopy=False) if t.state in done or t.user_attrs.get("gave_up"))
 
 
-def gpu_counts(nodes: list[Node], say: Callable[[str, str], None]) -> dict[str, int]:
-    """GPUs per answering node (nvidia-smi -L; 0 without it). A node that does not answer
-    is left out of the sweep, said."""
+@dataclass(frozen=True)
+class Shape:
+    """What a node offers trials, and who runs them there."""
 
-    def probe(node: Node) -> remote.CommandResult:
-        return remote.run(node, "nvidia-smi -L 2>/dev/null; true", timeout=PROBE_S)
+    cpus: int
+    gpus: int
+    run_as: str | None = None  # the training user when the SSH user is root (plan.run_as_probe)
 
-    found: dict[str, int] = {}
-    for name, r in remote.on_all(nodes, probe).items():
+
+_SPLIT = "--provision-probe--"
+
+
+def probe(nodes: list[Node], say: Callable[[str, str], None]) -> dict[str, Shape]:
+    """CPUs, GPUs (nvidia-smi -L; 0 without it) and the user trials run as, per answering
+    node. A node that does not answer is left out of the sweep, said."""
+
+    def one(node: Node) -> remote.CommandResult:
+        run_as = plan.run_as_probe(node.settings.training_user)
+        return remote.run(
+            node, f"nproc; echo {_SPLIT}; {run_as}; echo {_SPLIT}; nvidia-smi -L 2>/dev/null; true", timeout=PROBE_S
+        )
+
+    found: dict[str, Shape] = {}
+    for name, r in remote.on_all(nodes, one).items():
         if r.exited != 0:
             say(name, f"left out of the sweep: {(r.stderr or r.stdout).strip()[-200:] or 'no answer'}")
             continue
-        found[name] = plan.gpu_count(r.stdout)
+        found[name] = parse_probe(r.stdout, next(n for n in nodes if n.name == name).settings.training_user)
     return found
+
+
+def parse_probe(stdout: str, training_user: str) -> Shape:
+    """A node's answer to probe(), read by type."""
+    cpus_text, _, rest = stdout.partition(_SPLIT)
+    run_as_text, _, gpus_text = rest.partition(_SPLIT)
+    cpus = int(cpus_text.strip()) if cpus_text.strip().isdigit() and len(cpus_text.strip()) < 6 else 1
+    run_as = training_user if run_as_text.strip() == f"RUN_AS={training_user}" else None
+    return Shape(max(1, cpus), plan.gpu_count(gpus_text), run_as)
+
+
+def placement(shapes: dict[str, Shape], *, per_gpu: bool, threads: int | None) -> slurm_job.Placement:
+    """What each trial's job asks Slurm for: one GPU (and the CPUs that go with it: --threads,
+    else the smallest node's share per GPU) when every node has GPUs and trials go per GPU;
+    else a whole node, with its GPUs where every node has some (a device Slurm did not give
+    the job is hidden from it)."""
+    gpus = min(s.gpus for s in shapes.values())
+    if per_gpu and gpus > 0:
+        share = min(s.cpus // s.gpus for s in shapes.values())
+        return slurm_job.Placement(gpus=1, exclusive=False, cpus=threads or max(1, share))
+    return slurm_job.Placement(gpus=gpus, exclusive=True)
 
 
 class _Sweep:
@@ -178,7 +216,7 @@ class _Sweep:
         st: Any,
         space: Space,
         opts: SweepOptions,
-        queue: slot_lib.SlotQueue,
+        queue: slot_lib.SlotQueue | jobs_lib.JobBook,
         on_line: Callable[[str, str, str], None],
         say: Callable[[str, str], None],
     ):
@@ -191,6 +229,7 @@ class _Sweep:
         self._fresh_left = max(0, opts.trials - finished(st) - _waiting_retries(st))
         self._nfs = cluster.storage_node() is not None
         self._torch_ok: set[str] = set()  # nodes whose venv imported torch for an earlier trial
+        self.run_as: dict[str, str | None] = {}  # per node: who submits its jobs (the sweep's probe)
 
     def worker(self) -> None:
         """One trial after another until the study has its trials or the sweep stops. A
@@ -207,35 +246,89 @@ class _Sweep:
             if trial is None:
                 return
             key = int(trial.user_attrs.get("retry_of", trial.number))
-            try:
-                slot = self.queue.take(key)  # no timeout: a slot, or NoSlotsLeft
-                assert slot is not None
-            except slot_lib.NoSlotsLeft as e:
-                self._end(trial, None, trial_lib.TrialEnd("failed", None, 0, str(e), interrupted=True))
-                self.halt(f"{e}: the study stops; --resume when nodes are back")
-                return
-            if self.stop.is_set():
-                self.queue.give_back(slot, key)
-                self._end(trial, None, trial_lib.TrialEnd("failed", None, 0, "not started", interrupted=True))
-                return
-            self.say(str(slot), f"trial {trial.number}: {trial_lib.flags_text(trial.params)}")
-            try:
-                end = trial_lib.run(
-                    self.nodes[slot.node],
-                    slot,
+            if isinstance(self.queue, jobs_lib.JobBook):
+                self._run_job(trial, key, self.queue)
+            else:
+                self._run_on_slot(trial, key, self.queue)
+
+    def _run_on_slot(self, trial: Any, key: int, queue: slot_lib.SlotQueue) -> None:
+        try:
+            slot = queue.take(key)  # no timeout: a slot, or NoSlotsLeft
+            assert slot is not None
+        except slot_lib.NoSlotsLeft as e:
+            self._end(trial, None, trial_lib.TrialEnd("failed", None, 0, str(e), interrupted=True))
+            self.halt(f"{e}: the study stops; --resume when nodes are back")
+            return
+        if self.stop.is_set():
+            self._end(
+                trial,
+                None,
+                trial_lib.TrialEnd("failed", None, 0, "not started", interrupted=True),
+                lambda: queue.give_back(slot, key),
+            )
+            return
+        self.say(str(slot), f"trial {trial.number}: {trial_lib.flags_text(trial.params)}")
+        try:
+            end = trial_lib.run(
+                self.nodes[slot.node],
+                slot,
+                trial,
+                self.opts.settings,
+                nfs_server=self._nfs,
+                stop=self.stop,
+                on_line=self.on_line,
+                say=self.say,
+                check_torch=slot.node not in self._torch_ok,
+            )
+            if end.prepared:
+                self._torch_ok.add(slot.node)
+        except Exception as e:  # a bug or a broken connection setup: this trial fails, the study goes on
+            end = trial_lib.TrialEnd("failed", None, 0, f"{type(e).__name__}: {e}")
+        failed = end.state == "failed" and not end.interrupted
+        self._end(
+            trial, slot, end, lambda: queue.give_back(slot, key, failed=failed, node_lost=failed and end.node_lost)
+        )
+
+    def _run_job(self, trial: Any, key: int, book: jobs_lib.JobBook) -> None:
+        """The attempt as a Slurm job: Slurm places it, away from lost nodes and from those
+        this trial failed on."""
+        try:
+            place = book.take(key)
+        except slot_lib.NoSlotsLeft as e:
+            self._end(trial, None, trial_lib.TrialEnd("failed", None, 0, str(e), interrupted=True))
+            self.halt(f"{e}: the study stops; --resume when nodes are back")
+            return
+        node: str | None = None  # where Slurm ran it
+        end = trial_lib.TrialEnd("failed", None, 0, "not started", interrupted=True)
+        try:
+            if not self.stop.is_set():
+                self.say("tune", f"trial {trial.number}: {trial_lib.flags_text(trial.params)}")
+                lost = book.lost_nodes()
+                via = [n for name, n in self.nodes.items() if name not in lost]
+                end, node = jobs_lib.run(
+                    via,
+                    self.run_as,
+                    self.nodes,
                     trial,
                     self.opts.settings,
+                    place,
                     nfs_server=self._nfs,
                     stop=self.stop,
                     on_line=self.on_line,
                     say=self.say,
-                    check_torch=slot.node not in self._torch_ok,
+                    torch_ok=set(self._torch_ok),
                 )
-                if end.prepared:
-                    self._torch_ok.add(slot.node)
-            except Exception as e:  # a bug or a broken connection setup: this trial fails, the study goes on
-                end = trial_lib.TrialEnd("failed", None, 0, f"{type(e).__name__}: {e}")
-            self._end(trial, slot, end)
+                if end.prepared and node:
+                    self._torch_ok.add(node)
+        except Exception as e:  # a bug: this trial fails, the study goes on
+            end = trial_lib.TrialEnd("failed", None, 0, f"{type(e).__name__}: {e}")
+        failed = end.state == "failed" and not end.interrupted
+        self._end(
+            trial,
+            slot_lib.Slot(node) if node else None,
+            end,
+            lambda: book.give_back(key, node, failed=failed, node_lost=failed and end.node_lost),
+        )
 
     def _ask(self) -> Any:
         from optuna.trial import TrialState
@@ -249,17 +342,23 @@ class _Sweep:
                 self._fresh_left -= 1
             return trial
 
-    def _end(self, trial: Any, slot: slot_lib.Slot | None, end: trial_lib.TrialEnd) -> None:
+    def _end(
+        self,
+        trial: Any,
+        slot: slot_lib.Slot | None,
+        end: trial_lib.TrialEnd,
+        give_back: Callable[[], None] = lambda: None,
+    ) -> None:
+        """Record the attempt, give its place back (``give_back``: the failure counted
+        before the retry is decided), and tell the study how it ended."""
         from optuna.trial import TrialState
 
         key = int(trial.user_attrs.get("retry_of", trial.number))
         who = str(slot) if slot else "-"
-        failed = end.state == "failed" and not end.interrupted
         try:
             _record(trial, slot, end)
-        finally:  # the slot goes back whatever the study's storage says
-            if slot:
-                self.queue.give_back(slot, key, failed=failed, node_lost=failed and end.node_lost)
+        finally:  # the place goes back whatever the study's storage says
+            give_back()
         if end.state == "complete":
             self.st.tell(trial, end.value)
             self.say(who, f"trial {trial.number}: complete, val loss {end.value:.4f} ({end.seconds:.0f} s)")
@@ -307,8 +406,8 @@ def run(
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    gpus = gpu_counts(nodes, say)
-    if not gpus:
+    shapes = probe(nodes, say)
+    if not shapes:
         raise SweepError("no node answered: nothing can run")
     st = open_study(space, opts)
     result = SweepResult(opts.study_dir)
@@ -319,15 +418,28 @@ def run(
     requeued = _requeue_interrupted(st) if opts.resume else 0
     if requeued:
         result.notes.append(f"{requeued} interrupted trial(s) asked again first")
-    slots = slot_lib.node_slots(gpus, per_gpu=opts.per_gpu)
-    queue = slot_lib.SlotQueue(slots, parallel=opts.parallel, retries=opts.retries)
-    answering = {n.name: n for n in nodes if n.name in gpus}
+    answering = {n.name: n for n in nodes if n.name in shapes}
+    queue: slot_lib.SlotQueue | jobs_lib.JobBook
+    if opts.scheduler == "slurm":
+        place = placement(shapes, per_gpu=opts.per_gpu, threads=opts.settings.threads)
+        # Slurm may place a job on any of its nodes: those outside the sweep (--limit, or
+        # not answering now) are excluded from every job.
+        outside = [n.name for n in cluster.compute_nodes() if n.name not in answering]
+        queue = jobs_lib.JobBook(list(answering), outside, parallel=opts.parallel, retries=opts.retries, place=place)
+        width = opts.parallel
+        asks = f"{place.gpus} GPU(s), {place.cpus} CPU(s)" if not place.exclusive else "a whole node"
+        say("tune", f"study {opts.study}: each trial a Slurm job ({asks}) on {', '.join(answering)}, {width} at a time")
+    else:
+        slots = slot_lib.node_slots({name: s.gpus for name, s in shapes.items()}, per_gpu=opts.per_gpu)
+        queue = slot_lib.SlotQueue(slots, parallel=opts.parallel, retries=opts.retries)
+        width = min(opts.parallel, len(slots))
+        say(
+            "tune",
+            f"study {opts.study}: {len(slots)} slot(s) ({', '.join(map(str, slots))}), {opts.parallel} at a time",
+        )
     sweep = _Sweep(cluster, answering, st, space, opts, queue, on_line, say)
-    say("tune", f"study {opts.study}: {len(slots)} slot(s) ({', '.join(map(str, slots))}), {opts.parallel} at a time")
-    workers = [
-        threading.Thread(target=sweep.worker, name=f"tune-{i}", daemon=True)
-        for i in range(min(opts.parallel, len(slots)))
-    ]
+    sweep.run_as = {name: shape.run_as for name, shape in shapes.items()}
+    workers = [threading.Thread(target=sweep.worker, name=f"tune-{i}", daemon=True) for i in range(width)]
     with session.stop_signals() as asked:  # noted; the loop below acts on it
         for w in workers:
             w.start()
@@ -347,6 +459,7 @@ def _record(trial: Any, slot: slot_lib.Slot | None, end: trial_lib.TrialEnd) -> 
     """What the table shows of an attempt, kept with the trial in the study."""
     for name, value in (
         ("slot", str(slot) if slot else None),
+        ("slurm_job", end.slurm_job),
         ("run_id", end.run_id),
         ("seconds", round(end.seconds, 1)),
         ("reason", end.reason[-500:]),

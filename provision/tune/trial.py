@@ -11,7 +11,6 @@ root's write into a write somewhere else.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import shlex
@@ -20,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from provision import remote
 from provision.inventory import Node
@@ -29,8 +28,6 @@ from provision.tune.slots import Slot
 
 # rank 0's evaluation line: "step 30/60 | val loss 4.1234" (train_ddp.run)
 VAL_LINE = re.compile(r"step (\d{1,9})/(\d{1,9}) \| val loss (\S{1,40})")
-SUMMARY_PREFIX = "summary {"
-SUMMARY_MAX_CHARS = 64_000  # a longer "summary" line is not the trainer's
 LOST_PROBE_S = 20  # after a failure: does the node still answer?
 ANSWER_EVERY_S = 10  # while a trial runs, its node is asked for a sign of life this often
 
@@ -67,6 +64,7 @@ class TrialEnd:
     seconds: float = 0.0
     interrupted: bool = False  # stopped by Ctrl-C / SIGTERM: not the trial's fault
     prepared: bool = False  # the node passed the launch's checks (its venv imports torch)
+    slurm_job: str | None = None  # the attempt's Slurm job (--scheduler slurm)
 
 
 def trainer_flags(params: dict[str, Any]) -> list[str]:
@@ -89,7 +87,8 @@ def ckpt_name(study: str, number: int) -> str:
 
 class Reporter:
     """Reads rank 0's lines of one attempt: reports each evaluation to the Optuna trial
-    and asks the pruner; the summary line says how the trainer ended."""
+    and asks the pruner. ``summary``: the trainer's closing summary, once the run ended
+    (the launch's Curves parse it)."""
 
     def __init__(self, trial: Any, on_prune: Callable[[int, str], None]):
         self.trial = trial
@@ -103,11 +102,7 @@ class Reporter:
     def feed(self, who: str, text: str) -> None:
         if who != "rank0":
             return
-        text = text.strip()
-        if text.startswith(SUMMARY_PREFIX) and len(text) < SUMMARY_MAX_CHARS:
-            self._summary(text[len("summary ") :])
-            return
-        m = VAL_LINE.fullmatch(text)
+        m = VAL_LINE.fullmatch(text.strip())
         if not m:
             return
         step, value = int(m.group(1)), _loss(m.group(3))
@@ -125,14 +120,6 @@ class Reporter:
             else:
                 return
         self._on_prune(*ask)
-
-    def _summary(self, text: str) -> None:
-        try:
-            doc = json.loads(text)
-        except json.JSONDecodeError:
-            return
-        if isinstance(doc, dict):
-            self.summary = doc
 
     def final_loss(self) -> float | None:
         value = (self.summary or {}).get("final_val_loss")
@@ -156,6 +143,24 @@ def _loss(text: str) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def pruner(
+    holder: dict[str, Any], host: str, stop_file: str, label: str, where: str, say: Callable[[str, str], None]
+) -> Callable[[int, str], None]:
+    """What the reporter calls when the study prunes an attempt: the stop file written in
+    the run's root-owned directory on ``host``, over the attempt's connection
+    (``holder["conn"]``, set once the run is launched)."""
+
+    def prune(step: int, why: str) -> None:
+        say(where, f"{label}: {why}; asking the trainer to stop")
+        r = remote.run_beside(
+            holder["conn"], host, f"printf '%s\\n' {shlex.quote(why)} > {shlex.quote(stop_file)}", timeout=30
+        )
+        if not r.ok:
+            say(where, f"{label}: could not write the stop file ({r.stderr.strip()[-200:]})")
+
+    return prune
+
+
 def run(
     node: Node,
     slot: Slot,
@@ -174,7 +179,7 @@ def run(
     started = time.monotonic()
     run_id = f"tune-{plan.new_run_id().removeprefix('train-')}-t{trial.number}"
     stop_file = f"{plan.run_dir(node.settings.train_dir, run_id, node.name)}/stop"
-    opts = _options(
+    opts = options(
         settings,
         trial.params,  # the sampled values (an Optuna trial asked with the space's distributions)
         ckpt_name(settings.study, trial.number),
@@ -182,35 +187,27 @@ def run(
         check_torch=check_torch,
     )
     holder: dict[str, Any] = {}
-
-    def prune(step: int, why: str) -> None:
-        say(str(slot), f"trial {trial.number}: {why}; asking the trainer to stop")
-        r = remote.run_beside(
-            holder["conn"], node.name, f"printf '%s\\n' {shlex.quote(why)} > {shlex.quote(stop_file)}", timeout=30
-        )
-        if not r.ok:
-            say(str(slot), f"trial {trial.number}: could not write the stop file ({r.stderr.strip()[-200:]})")
-
+    prune = pruner(holder, node.name, stop_file, f"trial {trial.number}", str(slot), say)
     reporter = Reporter(trial, prune)
     try:
-        outcome = _launch(
+        outcome = launch(
             node, slot, opts, run_id, reporter, stop, on_line, say, nfs_server, holder, settings.node_timeout_s
         )
     except session.LaunchError as e:
-        return _failed(node, run_id, f"could not start: {e}", started)
-    end = _ended(outcome, reporter, run_id, node, started, stop.is_set())
+        return failed_end(node, run_id, f"could not start: {e}", started)
+    end = ended(outcome, reporter, run_id, node, started, stop.is_set())
     end.prepared = True
     return end
 
 
-def _ended(
+def ended(
     outcome: session.Outcome, reporter: Reporter, run_id: str, node: Node, started: float, interrupted: bool
 ) -> TrialEnd:
     """How a trial that started ended: failed, pruned (the trainer stopped on its stop
     file) or complete (its final validation loss)."""
     seconds = time.monotonic() - started
     if outcome.failure:
-        end = _failed(node, run_id, outcome.failure, started, probe=not interrupted)
+        end = failed_end(node, run_id, outcome.failure, started, probe=not interrupted)
         end.interrupted = interrupted
         return end
     if reporter.prune_asked and reporter.stopped():
@@ -225,7 +222,7 @@ def _ended(
     )
 
 
-def _options(
+def options(
     settings: TrialSettings,
     params: dict[str, Any],
     name: str,
@@ -256,10 +253,13 @@ def _options(
         timeout_s=settings.timeout_s,
         ckpt_name=name,
         check_torch=check_torch,
+        # One rank: the trainer runs alone, without torchrun (the same setsid, user,
+        # markers and teardown), which saves a torch import per trial.
+        solo=True,
     )
 
 
-def _launch(
+def launch(
     node: Node,
     slot: Slot,
     opts: session.Options,
@@ -271,35 +271,44 @@ def _launch(
     nfs_server: bool,
     holder: dict[str, Any],
     silent_s: float,
+    job: Job | None = None,
 ) -> session.Outcome:
     """A one-node run of the trainer on ``slot``, as `provision train` runs one; rank 0's
-    lines go to ``reporter``. LaunchError when the node could not be prepared."""
+    lines go to ``reporter``. LaunchError when the node could not be prepared. ``job``: the
+    attempt is a Slurm job already running on the node (tune.jobs), whose task waits for
+    the node's script; its log is streamed and the job is cancelled on a stop."""
     conn = remote.connection(node)
     holder["conn"] = conn
 
     def line(host: str, who: str, text: str) -> None:
-        who = "rank0" if who == "torchrun" else who  # the one process's lines carry no rank prefix
         reporter.feed(who, text)
         on_line(str(slot), who, text)
 
     try:
         run_plan = session.prepare([node], {node.name: conn}, opts, run_id, lambda _h, m: say(str(slot), m), nfs_server)
         run_plan = _on_slot(run_plan, slot)
-        # One rank: the trainer runs alone, without torchrun (the same setsid, user, markers
-        # and teardown), which saves a torch import per trial.
-        sup = session.Supervisor(
-            [node],
-            {node.name: conn},
-            run_plan,
-            opts,
-            line,
-            lambda p: plan.node_command(run_plan, p, plan.trainer_argv(run_plan, p)),
-        )
+        if job is None:
+            sup = session.Supervisor([node], {node.name: conn}, run_plan, opts, line)
+        else:
+            job.start(conn, run_plan)
+            sup = session.Supervisor(
+                [node], {node.name: conn}, run_plan, opts, line, command_for=job.stream, on_stop=job.cancel
+            )
         threading.Thread(target=_stop_on_event, args=(stop, sup), daemon=True).start()
         threading.Thread(target=_watch_node, args=(conn, node, sup, silent_s), daemon=True).start()
-        return sup.run()
+        outcome = sup.run()
+        reporter.summary = outcome.curves.summary
+        return outcome
     finally:
         conn.close()
+
+
+class Job(Protocol):
+    """A Slurm job placed on the node (tune.jobs.PlacedJob)."""
+
+    def start(self, conn: Any, run_plan: plan.RunPlan) -> None: ...
+    def stream(self, node_plan: plan.NodePlan) -> str: ...
+    def cancel(self) -> None: ...
 
 
 def _on_slot(run_plan: plan.RunPlan, slot: Slot) -> plan.RunPlan:
@@ -333,7 +342,7 @@ def _stop_on_event(stop: threading.Event, sup: session.Supervisor) -> None:
             return
 
 
-def _failed(node: Node, run_id: str, why: str, started: float, probe: bool = True) -> TrialEnd:
+def failed_end(node: Node, run_id: str, why: str, started: float, probe: bool = True) -> TrialEnd:
     lost = False
     if probe:
         r = remote.run(node, "true", timeout=LOST_PROBE_S)
@@ -366,12 +375,12 @@ def evaluate(
     (None, why not)."""
     run_id = f"tune-{plan.new_run_id().removeprefix('train-')}-eval"
     # The node ran the trial whose checkpoint this is: its venv imports torch.
-    opts = _options(
+    opts = options(
         settings, params, name, after=("--eval-only", "--ckpt-dir", ckpt_dir), resume=True, check_torch=False
     )
     reporter = Reporter(_NoTrial(), lambda _s, _w: None)
     try:
-        outcome = _launch(
+        outcome = launch(
             node, slot, opts, run_id, reporter, threading.Event(), on_line, say, nfs_server, {}, settings.node_timeout_s
         )
     except session.LaunchError as e:

@@ -234,3 +234,28 @@ def test_the_stream_ends_with_the_tasks_status_when_it_can_trust_it(job, requeue
     job.set(listed)
     ended, lines = _finish(stream)
     assert ended == rc, lines
+
+
+def test_a_placed_task_waits_for_its_nodes_script_then_runs_it_and_refuses_an_unknown_node(tmp_path):
+    """tune's job of one task on the node Slurm chose (slurm_job.placed_script): it waits
+    until the controller has put that node's script (renamed into place whole), runs it
+    with its exit status, and a node the submission did not know is refused at once."""
+    run_dir = tmp_path / "runs" / "r1" / "node2"
+    script = slurm_job.placed_script({"node1": str(tmp_path / "elsewhere"), "node2": str(run_dir)})
+    env = {"PATH": os.environ["PATH"], "SLURMD_NODENAME": "node2"}
+    task = subprocess.Popen([DASH, "-c", script], env=env, stdout=subprocess.PIPE, text=True)
+    time.sleep(1.5)
+    assert task.poll() is None  # still waiting: nothing prepared yet
+    run_dir.mkdir(parents=True)
+    (run_dir / f"{slurm_job.NODE_SCRIPT}.part").write_text("echo ran on $SLURMD_NODENAME; exit 7\n")
+    time.sleep(1.5)
+    assert task.poll() is None  # a part file is not the script
+    (run_dir / f"{slurm_job.NODE_SCRIPT}.part").rename(run_dir / slurm_job.NODE_SCRIPT)
+    out, _ = task.communicate(timeout=TIMEOUT_S)
+    assert (task.returncode, out.strip()) == (7, "ran on node2")
+
+    stranger = subprocess.run(
+        [DASH, "-c", script], env={**env, "SLURMD_NODENAME": "node3"}, capture_output=True, text=True, timeout=5
+    )
+    assert stranger.returncode == 1
+    assert "no run directory for node node3" in stranger.stderr

@@ -162,19 +162,30 @@ def test_a_line_that_is_not_an_evaluation_reports_nothing(line):
 
 
 def test_only_rank_0_reports_and_the_summary_is_read_as_data():
+    from provision.launch import logs
+
     r = trial.Reporter(Prunes(None), lambda *_: None)
     r.feed("rank1", "step 10/40 | val loss 4.5")
     assert r.trial.reports == []
-    r.feed("rank0", 'summary {"final_val_loss": 3.25, "checkpoint": "/ck/tune-s-t3-step00000040.pt", "stopped": null}')
+    curves = logs.Curves()  # the launch parses the summary line; the reporter reads its fields
+    curves.feed('summary {"final_val_loss": 3.25, "checkpoint": "/ck/tune-s-t3-step00000040.pt", "stopped": null}')
+    r.summary = curves.summary
     assert r.final_loss() == 3.25
     assert r.checkpoint() == "/ck/tune-s-t3-step00000040.pt"
     assert not r.stopped()
-    r.feed("rank0", 'summary {"final_val_loss": "NaN", "checkpoint": "relative.pt", "stopped": {"step": 20}}')
+    curves.feed('summary {"final_val_loss": "NaN", "checkpoint": "relative.pt", "stopped": {"step": 20}}')
+    r.summary = curves.summary
     assert r.final_loss() is None  # not a number: nothing was reported either
     assert r.checkpoint() is None  # not absolute
     assert r.stopped()
-    r.feed("rank0", "summary {not json")
-    assert r.stopped()  # the last good summary stands
+    for bad in (
+        "summary {not json",
+        "summary [1, 2]",
+        "summary {" + '"x": 1, ' * 20_000 + "}",
+        "summary " + "[" * 5000,
+    ):
+        curves.feed(bad)
+    assert curves.summary == {"final_val_loss": "NaN", "checkpoint": "relative.pt", "stopped": {"step": 20}}
 
 
 def test_trainer_flags_keep_full_precision():
@@ -271,20 +282,32 @@ def test_param_defaults_hold_for_a_grid_of_one_param():
 
 
 def test_a_gpu_slot_sees_its_gpu_and_the_trainer_runs_alone():
-    from provision.launch import plan
+    import io
+    from dataclasses import replace
+
+    from provision.launch import logs, plan
     from provision.tune.slots import Slot
 
     node_plan = plan.NodePlan("n1", "10.0.0.1", "eth0", "/py", 1, "/r", "/w", True)
-    run = plan.RunPlan("tune-x", "10.0.0.1", 29500, (node_plan,), ("--steps", "5"))
+    run = plan.RunPlan("tune-x", "10.0.0.1", 29500, (node_plan,), ("--steps", "5"), solo=True)
     assert trial._on_slot(run, Slot("n1")) is run
     on_gpu = trial._on_slot(run, Slot("n1", 2))
     assert plan.node_env(on_gpu, node_plan)["CUDA_VISIBLE_DEVICES"] == "2"
-    alone = plan.node_command(on_gpu, node_plan, plan.trainer_argv(on_gpu, node_plan))
+    alone = plan.node_command(on_gpu, node_plan)
     assert "CUDA_VISIBLE_DEVICES=2" in alone
     assert "torch.distributed.run" not in alone
     assert alone.endswith("/py /r/train_ddp.py --steps 5 2>&1")
     assert "PROVISION_RUN_ID=tune-x" in alone  # the reaper's markers, as for torchrun
-    assert "torch.distributed.run" in plan.node_command(run, node_plan)
+    assert "torch.distributed.run" in plan.node_command(replace(run, solo=False), node_plan)
+    # The lone trainer's lines carry no rank prefix: they are rank 0's, for the launch's
+    # curves and the sweep's reporter alike; under torchrun such a line is torchrun's own.
+    for solo, who in ((True, "rank0"), (False, "torchrun")):
+        seen: list[tuple[str, str]] = []
+        sink = logs.LineSink(
+            "n1", io.StringIO(), lambda _h, w, t, seen=seen: seen.append((w, t)), replace(run, solo=solo).unprefixed
+        )
+        sink.write("step 3/5 | val loss 4.0\n[rank1]:hello\n")
+        assert seen == [(who, "step 3/5 | val loss 4.0"), ("rank1", "hello")]
 
 
 def test_defaults_outside_the_space_are_sampled_not_fixed(tmp_path):

@@ -1,0 +1,151 @@
+"""`tune --scheduler slurm`: each trial one Slurm job that the scheduler places
+(launch/slurm_job.py's placed job, tune/jobs.py's book of where a trial may run next, and
+tune/sweep.py's choice of what a job asks for)."""
+
+from __future__ import annotations
+
+import shlex
+import threading
+import time
+
+import pytest
+
+from provision.launch import slurm_job
+from provision.tune import jobs, sweep
+from provision.tune.slots import NoSlotsLeft
+
+DIRS = {"node1": "/var/tmp/pt/runs/r1/node1", "node2": "/srv/t/runs/r1/node2"}
+
+
+def test_a_placed_job_names_no_node_and_asks_for_one_task_as_the_training_user():
+    place = slurm_job.Placement(gpus=0, exclusive=True, exclude=("node3", "node9"))
+    argv = shlex.split(slurm_job.placed_sbatch_command("tune-x-t4", "train", place, DIRS, 600))
+    assert argv[:6] == ["runuser", "-u", "train", "--", "sbatch", "--parsable"]
+    for flag in (
+        "--job-name=provision-tune-x-t4",
+        "--nodes=1",
+        "--ntasks=1",
+        "--exclusive",
+        "--mem=0",
+        "--exclude=node3,node9",
+        "--time=11",
+        "--no-requeue",
+        "--chdir=/tmp",
+    ):
+        assert flag in argv, flag
+    assert not [a for a in argv if a.startswith(("--nodelist", "-w", "--gres", "--cpus-per-task"))]
+    assert argv[-2] == "--wrap"
+    assert argv[-1].startswith("srun --kill-on-bad-exit=1 sh -c ")
+
+
+def test_a_one_gpu_job_asks_for_its_gpu_and_cpus_and_not_the_whole_node():
+    place = slurm_job.Placement(gpus=1, exclusive=False, cpus=6)
+    argv = shlex.split(slurm_job.placed_sbatch_command("r1", None, place, DIRS, None))
+    assert argv[0] == "sbatch"  # a non-root SSH user submits as itself
+    assert "--gres=gpu:1" in argv
+    assert "--cpus-per-task=6" in argv
+    assert "--time=UNLIMITED" in argv
+    assert "--exclusive" not in argv
+    assert "--mem=0" not in argv
+    assert not [a for a in argv if a.startswith("--exclude")]
+
+
+def test_the_placed_task_waits_for_its_own_nodes_script_by_slurmds_name():
+    script = slurm_job.placed_script(DIRS)
+    assert "node1) f=/var/tmp/pt/runs/r1/node1/slurm-node.sh ;;" in script
+    assert "node2) f=/srv/t/runs/r1/node2/slurm-node.sh ;;" in script
+    assert script.startswith('case "$SLURMD_NODENAME" in ')
+    assert f"-gt {slurm_job.PLACED_WAIT_S} ]" in script
+    assert f"exit {slurm_job.PLACED_UNPREPARED}" in script
+    assert script.endswith('exec sh "$f"')
+    # A path that is not plain (an inventory's train_dir) enters the shell quoted.
+    hostile = slurm_job.placed_script({"n1": "/var/tmp/a b;touch /x/runs/r1/n1"})
+    assert "f='/var/tmp/a b;touch /x/runs/r1/n1/slurm-node.sh' ;;" in hostile
+
+
+@pytest.mark.parametrize(
+    ("out", "want"),
+    [
+        ("RUNNING|node2|None\n", ("RUNNING", "node2", "None")),
+        ("PENDING||Resources\n", ("PENDING", "", "Resources")),
+        ("", ("", "", "")),  # left the queue
+        ("RUNNING|node1,node2|None", ("RUNNING", "", "None")),  # not one plain node: none
+        ("RUNNING|$(reboot)|None", ("RUNNING", "", "None")),
+        ("running|node1|x", ("", "", "")),  # not squeue's word
+        ("slurm_load_jobs error: Invalid job id specified", ("", "", "")),
+        ("PENDING||" + "R" * 500, ("PENDING", "", "R" * 80)),
+    ],
+)
+def test_where_a_job_runs_is_read_by_type(out, want):
+    where = slurm_job.parse_job_where(out)
+    assert (where.state, where.node, where.reason) == want
+
+
+def book(parallel=2, retries=1, nodes=("node1", "node2", "node3"), outside=("gpu9",)):
+    return jobs.JobBook(list(nodes), list(outside), parallel=parallel, retries=retries, place=slurm_job.Placement())
+
+
+def test_no_more_than_parallel_jobs_at_once():
+    b = book(parallel=2)
+    b.take(1), b.take(2)
+    taken = threading.Event()
+    threading.Thread(target=lambda: (b.take(3), taken.set()), daemon=True).start()
+    assert not taken.wait(0.3)  # a third waits for one to end
+    b.give_back(1, "node1")
+    assert taken.wait(5)
+
+
+def test_a_retry_avoids_the_nodes_it_failed_on_and_every_job_avoids_lost_and_outside_nodes():
+    b = book(parallel=5, retries=3)
+    assert b.take(7).exclude == ("gpu9",)
+    b.give_back(7, "node1", failed=True)
+    assert b.take(7).exclude == ("gpu9", "node1")
+    b.give_back(7, "node2", failed=True, node_lost=True)
+    assert b.take(7).exclude == ("gpu9", "node1", "node2")
+    assert b.take(8).exclude == ("gpu9", "node2")  # another trial avoids only the lost node
+    assert b.lost_nodes() == {"node2"}
+    b.give_back(7, "node3", failed=True)
+    # Failed on every node still alive: it may run on any of them again, never on a lost one.
+    assert b.take(7).exclude == ("gpu9", "node2")
+
+
+def test_retries_are_bounded_and_a_job_that_never_started_counts_against_them():
+    b = book(retries=1)
+    b.take(3)
+    b.give_back(3, None, failed=True)  # sbatch refused it, or it ended before it started
+    assert b.may_retry(3)
+    b.take(3)
+    b.give_back(3, "node1", failed=True)
+    assert not b.may_retry(3)
+    assert b.may_retry(4)
+
+
+def test_with_every_node_lost_nothing_waits_for_a_job():
+    b = book(parallel=3, nodes=("node1", "node2"))
+    for n, name in enumerate(("node1", "node2")):
+        b.take(n)
+        b.give_back(n, name, failed=True, node_lost=True)
+    started = time.monotonic()
+    with pytest.raises(NoSlotsLeft):
+        b.take(5)
+    assert time.monotonic() - started < 1
+
+
+def test_a_job_asks_for_one_gpu_on_gpu_nodes_and_for_a_whole_node_otherwise():
+    gpu = {"g1": sweep.Shape(cpus=32, gpus=8), "g2": sweep.Shape(cpus=16, gpus=4)}
+    one = sweep.placement(gpu, per_gpu=True, threads=None)
+    assert (one.gpus, one.exclusive, one.cpus) == (1, False, 4)  # the smallest share per GPU
+    assert sweep.placement(gpu, per_gpu=True, threads=2).cpus == 2
+    whole = sweep.placement(gpu, per_gpu=False, threads=None)
+    assert (whole.gpus, whole.exclusive) == (4, True)  # the node's GPUs, or the job cannot see them
+    mixed = {**gpu, "cpu1": sweep.Shape(cpus=64, gpus=0)}
+    assert sweep.placement(mixed, per_gpu=True, threads=None) == slurm_job.Placement(gpus=0, exclusive=True)
+
+
+def test_the_probe_reads_cpus_the_training_user_and_gpus_by_type():
+    gpus = "GPU 0: H100 (UUID: GPU-1)\nGPU 1: H100 (UUID: GPU-2)\n"
+    probe = f"16\n--provision-probe--\nRUN_AS=train\n--provision-probe--\n{gpus}"
+    assert sweep.parse_probe(probe, "train") == sweep.Shape(16, 2, "train")
+    # A non-root SSH user submits as itself; garbage is one CPU, no GPU.
+    assert sweep.parse_probe("x\n--provision-probe--\n\n--provision-probe--\n", "train") == sweep.Shape(1, 0, None)
+    assert sweep.parse_probe("4\n--provision-probe--\nRUN_AS=mallory\n--provision-probe--\n", "train").run_as is None
