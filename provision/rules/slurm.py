@@ -444,3 +444,23 @@ def controller_dropin(accounting: bool) -> str:
     unit = ["[Unit]", "After=slurmdbd.service", "Wants=slurmdbd.service", ""] if accounting else []
     lines = ["# Managed by provision (slurm step).", *unit, "[Service]", "Restart=on-failure", "RestartSec=10"]
     return "\n".join(lines) + "\n"
+
+
+SLURMD_DROPIN = "/etc/systemd/system/slurmd.service.d/provision.conf"
+
+
+def slurmd_dropin() -> str:
+    """slurmd's systemd drop-in on every compute node: restarted on failure, and given five
+    minutes to start. A slurmd that exits, or is killed for not reporting ready within
+    systemd's default 90 s, stays down until someone restarts it, and the node is "not
+    responding" to the controller all that while. CI twice found the head's slurmd never
+    registered after the testbed booted beside the other test tiers (SlurmdStartTime=None);
+    why it stopped was not captured, and no restart policy meant nothing brought it back."""
+    lines = [
+        "# Managed by provision (slurm step).",
+        "[Service]",
+        "Restart=on-failure",
+        "RestartSec=10",
+        "TimeoutStartSec=300",
+    ]
+    return "\n".join(lines) + "\n"

@@ -30,6 +30,19 @@ WHO_DRAINED = (
 )
 
 
+# What a node's own slurmd says: a node "not responding" may have no slurmd at all (CI once
+# found the head's never registered after a boot, and its log was not kept).
+SLURMD_SIDE = (
+    "systemctl status slurmd --no-pager 2>&1 | head -12; "
+    "journalctl -b -u slurmd --no-pager 2>&1 | tail -20; tail -20 /var/log/slurm/slurmd.log"
+)
+
+
+def _why_not_idle(head, nodes) -> str:
+    own = "\n".join(f"--- {n.name}'s slurmd ---\n{remote.run(n, SLURMD_SIDE, timeout=60).stdout}" for n in nodes)
+    return f"{sh(head, WHO_DRAINED)}\n{own}"
+
+
 def _sinfo(node) -> dict[str, str]:
     out = sh(node, "sinfo --noheader --Node --format='%N %t'")
     return dict(line.split() for line in out.splitlines() if line.strip())
@@ -44,7 +57,7 @@ def test_every_node_registers_with_the_controller_and_is_idle(provisioned, testb
     while set(states.values()) != {"idle"} and time.monotonic() < deadline:
         time.sleep(3)
         states = _sinfo(head)
-    assert states == {n.name: "idle" for n in cluster.nodes}, sh(head, WHO_DRAINED)
+    assert states == {n.name: "idle" for n in cluster.nodes}, _why_not_idle(head, cluster.nodes)
 
 
 def test_one_munge_key_and_one_slurm_conf_on_every_node(provisioned, testbed) -> None:

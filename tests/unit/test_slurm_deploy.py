@@ -328,6 +328,16 @@ def test_slurmctld_is_restarted_on_failure_and_after_slurmdbd_where_accounting_r
     assert "Restart=on-failure\n" in rules.controller_dropin(accounting=False)
 
 
+def test_slurmd_is_restarted_on_failure_on_every_compute_node(tmp_path, monkeypatch):
+    """A slurmd that stops at a loaded boot would leave its node not responding for good."""
+    run = _run(tmp_path, monkeypatch, accounting=True)
+    for host in (HEAD, COMPUTE):
+        dropin = run.uploads[host][rules.SLURMD_DROPIN]
+        assert "[Service]\nRestart=on-failure\n" in dropin
+        assert "TimeoutStartSec=300\n" in dropin
+        assert run.ran(host, r"^systemctl daemon-reload$")
+
+
 def test_an_empty_answer_from_the_head_is_an_empty_roster_not_no_answer():
     """pyinfra gives a fact that printed nothing its default(): the head's SlurmLeaving with
     nobody leaving must still count as an answer, or no pass would ever stop a lost role's

@@ -259,7 +259,7 @@ def slurm() -> None:
         )
     if is_head:
         accounting.head_daemons(cluster, head, nodes[head.name].hostname, keeps_accounting)
-        _controller_unit(keeps_accounting)
+    _daemon_units(is_head, computes, keeps_accounting)
     for unit in daemons:
         systemd.service(name=f"{unit} running", service=f"{unit}.service", running=True, enabled=True)
     if is_head:
@@ -269,6 +269,14 @@ def slurm() -> None:
         # head's second pass (controller.py), after every host's files, like its other restart.
     if computes:
         _slurmd_reload_or_restart(is_head, text, gres, options, own, gres_op)
+
+
+def _daemon_units(is_head: bool, computes: bool, accounting: bool) -> None:
+    """The systemd drop-ins of this host's Slurm daemons, before they are started."""
+    if is_head:
+        _controller_unit(accounting)
+    if computes:
+        _slurmd_unit()
 
 
 def _controller_unit(accounting: bool) -> None:
@@ -287,6 +295,21 @@ def _controller_unit(accounting: bool) -> None:
         [text],
         ["systemctl daemon-reload"],
         op.did_change,
+    )
+
+
+def _slurmd_unit() -> None:
+    """slurmd's drop-in (rules.slurmd_dropin): restarted on failure; systemd reloaded when
+    it changed (in this run or one cut short)."""
+    text = rules.slurmd_dropin()
+    op = files.put(
+        name="slurmd: restarted on failure (systemd drop-in)",
+        src=StringIO(text),
+        dest=rules.SLURMD_DROPIN,
+        mode="644",
+    )
+    follow_up(
+        "systemd daemon-reload (slurmd drop-in)", "slurmd-dropin", [text], ["systemctl daemon-reload"], op.did_change
     )
 
 
