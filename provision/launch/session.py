@@ -316,7 +316,7 @@ class Supervisor:
             self.out.ends[host] = end
             pending.discard(host)
             if end.exited != 0:
-                why = end.reason or f"torchrun exited {end.exited}"
+                why = end.reason or f"{'the trainer' if self.plan.solo else 'torchrun'} exited {end.exited}"
                 self._fail(host, f"{host}: {why}")
                 return
 

@@ -218,8 +218,9 @@ def run(
     torch_ok: set[str],
 ) -> tuple[trial_lib.TrialEnd, str | None]:
     """One attempt of ``trial`` as a Slurm job, submitted through the first of ``via``
-    that answers, as that node's ``run_as`` user: (how it ended, the node it ran on, None when it never started). Never
-    raises for the trial's own failure."""
+    that answers, as that node's ``run_as`` user: (how it ended, the node it ran on; None
+    when it never started). Never raises for the trial's own failure. Its --trial-timeout
+    counts from the start of its run; a job may pend as long as Slurm keeps it (said)."""
     started = time.monotonic()
     label = f"trial {trial.number}"
     run_id = f"tune-{plan.new_run_id().removeprefix('train-')}-t{trial.number}"
@@ -236,7 +237,7 @@ def run(
         if name is not None:
             why = f"Slurm placed job {job.id} on {name}, which is not a node of this sweep"
         end = trial_lib.TrialEnd("failed", None, 0, why, run_id=run_id, seconds=time.monotonic() - started)
-        end.interrupted = stop.is_set()
+        end.interrupted, end.slurm_job = stop.is_set(), job.id
         return end, None
     node, slot = nodes[name], Slot(name)
     say(str(slot), f"{label}: Slurm job {job.id} runs on {name}")
@@ -268,6 +269,7 @@ def run(
     except session.LaunchError as e:
         _cancel(job, say, str(slot))
         end = trial_lib.failed_end(node, run_id, f"could not start: {e}", started)
+        end.slurm_job = job.id
         return end, name
     end = trial_lib.ended(outcome, reporter, run_id, node, started, stop.is_set())
     end.prepared = True

@@ -83,7 +83,7 @@ def test_a_study_of_eight_trials_on_both_vms(provisioned, testbed, tmp_path):
     assert again["state"] in ("COMPLETE", "PRUNED")
     assert again["slot"] != failed["slot"], rows
     assert again["params"] == failed["params"]
-    assert sh(head, "squeue --noheader --format=%j | grep -c '^provision-tune-' || true") == "0"
+    assert sh(head, "squeue --noheader --format=%j | grep -c '^provision-tune-' || true").strip() == "0"
     (default,) = [r for r in rows if r["default"]]
     best = summary["best"]
     assert best["value"] <= default["value"] == summary["default_value"]
