@@ -169,16 +169,21 @@ def submit(
 
 
 def wait_for_node(
-    job: PlacedJob, stop: threading.Event, say: Callable[[str, str], None], label: str
+    job: PlacedJob, stop: threading.Event, say: Callable[[str, str], None], label: str, silent_s: float
 ) -> tuple[str | None, str]:
     """Where the job started: (node, "") once squeue says RUNNING on one node; (None, why)
-    when it left the queue first or ``stop`` was set. A pending job is said when its reason
-    changes and every SAY_PENDING_EVERY_S."""
+    when it left the queue first, ``stop`` was set, or Slurm did not answer for
+    ``silent_s`` (a hung controller must not hold the sweep: the attempt fails, and is
+    retried while it has tries). A pending job is said when its reason changes and every
+    SAY_PENDING_EVERY_S."""
     said, said_at = "", 0.0
+    answered = time.monotonic()
     where_cmd = slurm_job.job_where_command(job.id)
     while not stop.is_set():
-        r = job.ask(where_cmd, 30)
+        r = job.ask(where_cmd, min(30.0, max(5.0, silent_s / 3)))
+        now = time.monotonic()
         if r.ok:
+            answered = now
             where = slurm_job.parse_job_where(r.stdout)
             if not where.state:
                 return None, f"Slurm job {job.id} ended before it started (see `sacct -j {job.id}`)"
@@ -186,11 +191,13 @@ def wait_for_node(
                 return where.node, ""
             if where.state in slurm_job.ENDED_STATES:
                 return None, f"Slurm job {job.id} ended before it started: {where.state}"
-            now = time.monotonic()
             text = f"{where.state} ({where.reason})" if where.reason and where.reason != "None" else where.state
             if text != said or now - said_at >= SAY_PENDING_EVERY_S:
                 say(f"job {job.id}", f"{label}: waiting for Slurm: {text}")
                 said, said_at = text, now
+        elif now - answered >= silent_s:
+            why = (r.stderr or r.stdout).strip()[-200:] or f"exit {r.exited}"
+            return None, f"Slurm did not say where job {job.id} runs for {now - answered:.0f} s (squeue: {why})"
         stop.wait(POLL_S)
     return None, "interrupted (Ctrl-C)"
 
@@ -231,7 +238,7 @@ def run(
     except session.LaunchError as e:
         return trial_lib.TrialEnd("failed", None, 0, f"could not submit: {e}", run_id=run_id), None
     say(f"job {job.id}", f"{label}: submitted as Slurm job {job.id}")
-    name, why = wait_for_node(job, stop, say, label)
+    name, why = wait_for_node(job, stop, say, label, settings.node_timeout_s)
     if name is None or name not in nodes:
         _cancel(job, say, f"job {job.id}")
         if name is not None:

@@ -149,3 +149,49 @@ def test_the_probe_reads_cpus_the_training_user_and_gpus_by_type():
     # A non-root SSH user submits as itself; garbage is one CPU, no GPU.
     assert sweep.parse_probe("x\n--provision-probe--\n\n--provision-probe--\n", "train") == sweep.Shape(1, 0, None)
     assert sweep.parse_probe("4\n--provision-probe--\nRUN_AS=mallory\n--provision-probe--\n", "train").run_as is None
+
+
+class SqueueStandIn(jobs.PlacedJob):
+    """A placed job whose squeue answers are the test's (a STAND-IN for the controller: the
+    real one is the e2e tier's); nothing is run."""
+
+    def __init__(self, answers):
+        super().__init__([], "42", None)
+        self.answers = list(answers)
+
+    def ask(self, command, timeout_s):
+        from provision import remote
+
+        assert command == slurm_job.job_where_command("42")
+        exited, out = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+        return remote.CommandResult("node1", exited, out, "" if exited == 0 else "slurm_load_jobs error: timed out")
+
+
+def test_waiting_for_placement_says_the_pending_reason_and_returns_the_node(monkeypatch):
+    monkeypatch.setattr(jobs, "POLL_S", 0.01)
+    said = []
+    job = SqueueStandIn([(0, "PENDING||Resources"), (0, "PENDING||Resources"), (0, "RUNNING|node2|None")])
+    assert jobs.wait_for_node(job, threading.Event(), lambda w, t: said.append(t), "trial 3", 60) == ("node2", "")
+    assert said == ["trial 3: waiting for Slurm: PENDING (Resources)"]  # said once per reason
+
+
+def test_a_controller_that_stops_answering_fails_the_attempt_instead_of_holding_the_sweep(monkeypatch):
+    monkeypatch.setattr(jobs, "POLL_S", 0.01)
+    job = SqueueStandIn([(0, "PENDING||Priority"), (124, "")])
+    started = time.monotonic()
+    node, why = jobs.wait_for_node(job, threading.Event(), lambda *_: None, "trial 3", 0.3)
+    assert node is None
+    assert "Slurm did not say where job 42 runs" in why
+    assert "timed out" in why
+    assert time.monotonic() - started < 5
+
+
+def test_a_job_that_left_the_queue_or_a_stop_ends_the_wait(monkeypatch):
+    monkeypatch.setattr(jobs, "POLL_S", 0.01)
+    assert jobs.wait_for_node(SqueueStandIn([(0, "")]), threading.Event(), lambda *_: None, "t", 60)[0] is None
+    stop = threading.Event()
+    stop.set()
+    assert jobs.wait_for_node(SqueueStandIn([(0, "PENDING||x")]), stop, lambda *_: None, "t", 60) == (
+        None,
+        "interrupted (Ctrl-C)",
+    )
