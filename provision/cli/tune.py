@@ -62,6 +62,11 @@ def tune(
         None, "--python", help="interpreter on the nodes; default <venv_path>/bin/python"
     ),
     runs_dir: Path = typer.Option(Path("runs"), "--runs-dir", help="controller directory; the study goes to tune/"),
+    keep_checkpoints: bool = typer.Option(
+        False,
+        "--keep-checkpoints",
+        help="keep every trial's own checkpoints (default: removed once the best is kept and evaluated)",
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="do not echo the trials' logs"),
     as_json: bool = typer.Option(False, "--json", help="print the summary as JSON on stdout"),
 ) -> None:
@@ -138,11 +143,9 @@ def tune(
     except sweep.SweepError as e:
         raise TuneFailed(str(e)) from None
     by_name = {n.name: n for n in nodes if n.name not in result.lost_nodes}
-    best = None
-    if not result.interrupted:
-        best = results.keep_best(
-            st, study, by_name, settings, nfs_server=cluster.storage_node() is not None, on_line=on_line, say=_say
-        )
+    best, removed = None, None
+    if not result.interrupted:  # an interrupted study keeps every checkpoint for --resume
+        best, removed = _keep_best(st, study, by_name, settings, cluster, keep_checkpoints, on_line)
     rows = results.rows(st)
     summary = results.Summary(
         study=study,
@@ -152,6 +155,7 @@ def tune(
         default_value=results.default_value(st),
         counts=results.counts(rows),
         dashboard=study_lib.dashboard_command(study_dir),
+        removed_checkpoints=removed,
         notes=[
             *st.user_attrs.get("defaults_outside", []),
             *result.notes,
@@ -172,6 +176,26 @@ def tune(
         raise typer.Exit(EXIT_FAILED)
     if best is None or best.problem:
         raise typer.Exit(EXIT_FAILED)
+
+
+def _keep_best(
+    st: Any,
+    study: str,
+    nodes: dict[str, inventory_lib.Node],
+    settings: Any,
+    cluster: inventory_lib.Cluster,
+    keep_checkpoints: bool,
+    on_line: Any,
+) -> tuple[Any, int | None]:
+    """The best kept and evaluated again; then, unless kept, the trials' own checkpoints
+    removed (only once the best is safe in its own directory). (best, files removed)."""
+    from provision.tune import results
+
+    nfs = cluster.storage_node() is not None
+    best = results.keep_best(st, study, nodes, settings, nfs_server=nfs, on_line=on_line, say=_say)
+    if best is None or best.problem is not None or keep_checkpoints:
+        return best, None
+    return best, results.remove_trial_checkpoints(st, study, nodes, _say)
 
 
 def _scheduler(cluster: inventory_lib.Cluster, nodes: list[inventory_lib.Node], asked: str) -> str:
@@ -291,6 +315,8 @@ def _print(s: Any) -> None:
             out.print(f"kept as {safe(b.checkpoint)} on {safe(b.slot)}{again}")
         if b.problem:
             out.print(f"[bold red]best not kept whole:[/] {safe(b.problem)}")
+    if s.removed_checkpoints is not None:
+        out.print(f"removed {s.removed_checkpoints} trial checkpoint(s); --keep-checkpoints keeps them")
     for note in s.notes:
         out.print(f"note: {safe(note)}")
     out.print(f"report: {safe(s.report_html)}")

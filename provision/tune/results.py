@@ -69,6 +69,7 @@ class Summary:
     dashboard: str
     report_html: str | None = None
     notes: list[str] = field(default_factory=list)
+    removed_checkpoints: int | None = None  # the trials' own checkpoints removed once the best was kept
 
 
 def rows(st: Any) -> list[Row]:
@@ -175,12 +176,58 @@ def copy_command(node: Node, source: str, directory: str, step: int, doc: str) -
         f"mv -f -- {shlex.quote(tmp)} {shlex.quote(dest)}; "
         f"printf '%s\\n' {shlex.quote(doc)} > {shlex.quote(directory)}/{BEST_NAME}.json"
     )
+    return _as_training_user(node, inner)
+
+
+def _as_training_user(node: Node, inner: str) -> str:
+    """``inner`` as the training user where the trainer runs as that user (the SSH user is
+    root), else as the SSH user."""
     user = shlex.quote(node.settings.training_user)
     return (
         f"RUN_AS=$({plan.run_as_probe(node.settings.training_user)}); "
         f'if [ -n "$RUN_AS" ]; then runuser -u {user} -- sh -c {shlex.quote(inner)}; '
         f"else sh -c {shlex.quote(inner)}; fi"
     )
+
+
+def trial_files_regex(study: str) -> str:
+    """A trial checkpoint of ``study`` and nothing else (POSIX ERE, the whole path): the
+    trainer's <ckpt name>-step<8 digits>.pt for ckpt name tune-<study>-t<N>. A study name
+    holds only letters, digits, '.', '_' and '-' (cli/tune.py): '.' is the one ERE meta."""
+    return rf".*/tune-{study.replace('.', chr(92) + '.')}-t[0-9]+-step[0-9]{{8}}\.pt"
+
+
+def remove_trials_command(node: Node, directories: list[str], study: str) -> str:
+    """Shell that removes the study's trial checkpoints from ``directories`` (each one's own
+    files, no subdirectory, no link followed: the kept best is in tune-<study>/), as the
+    training user, printing each file it removed."""
+    regex = shlex.quote(trial_files_regex(study))
+    dirs = " ".join(shlex.quote(d) for d in directories)
+    inner = (
+        f'for d in {dirs}; do [ -d "$d" ] || continue; '
+        f'find "$d" -maxdepth 1 -type f -regextype posix-extended -regex {regex} -print -delete; done'
+    )
+    return _as_training_user(node, inner)
+
+
+def remove_trial_checkpoints(st: Any, study: str, nodes: dict[str, Node], say: Callable[[str, str], None]) -> int:
+    """Once the best is kept: every trial's own checkpoints (complete and pruned ones alike)
+    removed from the directories the trials reported, on each node that ran one, so a long
+    study does not fill the disks or the share. Returns how many files went."""
+    dirs: dict[str, set[str]] = {}
+    for t in st.get_trials(deepcopy=False):
+        source, where = t.user_attrs.get("checkpoint"), str(t.user_attrs.get("slot", "")).split(":", 1)[0]
+        if isinstance(source, str) and where in nodes and checkpoint_ok(source, trial_lib.ckpt_name(study, t.number)):
+            dirs.setdefault(where, set()).add(source.rsplit("/", 1)[0])
+    removed = 0
+    for name, found in remote.on_all(
+        [nodes[n] for n in dirs],
+        lambda n: remote.run(n, remove_trials_command(n, sorted(dirs[n.name]), study), timeout=COPY_TIMEOUT_S),
+    ).items():
+        if found.exited != 0:
+            say(name, f"warning: removing the trials' checkpoints: {(found.stderr or found.stdout).strip()[-200:]}")
+        removed += sum(1 for line in found.stdout.splitlines() if line.strip())
+    return removed
 
 
 def counts(all_rows: list[Row]) -> dict[str, int]:

@@ -96,6 +96,9 @@ def test_a_study_of_eight_trials_on_both_vms(provisioned, testbed, tmp_path):
         assert kept["trial"] == best["number"]
         assert kept["flags"] == best["params"]
         sh(node, f"test -s {shlex.quote(best['checkpoint'])}")
+    # The trials' own checkpoints are removed once the best is kept (the copy stays).
+    assert summary["removed_checkpoints"] >= sum(1 for r in rows if r["state"] == "COMPLETE")
+    assert sh(head, "ls /shared/checkpoints | grep -c '^tune-e2e-t' || true").strip() == "0"
     # A pruned trial's trainer stopped itself after the controller's stop file.
     logs = "\n".join(p.read_text() for p in (tmp_path / "runs" / "tune" / "e2e" / "trials").glob("*/*.log"))
     assert "stopped: pruned at step" in logs, err_text[-3000:]

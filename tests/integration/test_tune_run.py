@@ -124,6 +124,10 @@ def test_a_study_of_eight_trials_on_two_hosts(hosts, tmp_path):
     kept = json.loads(Path(best["json_file"]).read_text())
     assert kept["flags"] == best["params"]
     assert kept["trial"] == best["number"]
+    # Once the best is kept, the trials' own checkpoints are gone; the best's copy stays.
+    ckpt_dir = Path(best["checkpoint"]).parent.parent
+    assert summary["removed_checkpoints"] >= sum(1 for r in rows if r["state"] == "COMPLETE")
+    assert not list(ckpt_dir.glob("tune-sweep-t*.pt")), sorted(p.name for p in ckpt_dir.iterdir())
     # A pruned trial's trainer stopped itself (the stop file), before its last step.
     pruned = [r for r in rows if r["state"] == "PRUNED"]
     assert all("pruned at step" in r["reason"] for r in pruned)
@@ -275,3 +279,27 @@ def test_the_copy_runs_as_the_training_user_and_renames_into_place(tmp_path):
     assert not (dest / "best-step00000020.pt").exists()
     assert (dest / "best.json").read_text() == doc + "\n"
     assert sorted(p.name for p in dest.iterdir()) == ["best-step00000040.pt", "best.json"]
+
+
+def test_removing_trial_checkpoints_takes_only_this_studys_trial_files(tmp_path):
+    """As the training user (none here: as this user), no subdirectory, no link followed:
+    another study's files, the kept best and a link to a file elsewhere all stay."""
+    node = SimpleNamespace(settings=SimpleNamespace(training_user="nobody-here-x"))
+    ck, elsewhere = tmp_path / "ck", tmp_path / "elsewhere"
+    (ck / "tune-s.1").mkdir(parents=True)
+    elsewhere.mkdir()
+    gone = ["tune-s.1-t0-step00000040.pt", "tune-s.1-t12-step00000020.pt"]
+    stay = ["tune-s.1-tb-t3-step00000040.pt", "tune-sx1-t3-step00000040.pt", "tune-s.1-t3-step00000040.pt.tmp",
+            "train_ddp-step00000040.pt"]  # fmt: skip
+    for name in gone + stay:
+        (ck / name).write_bytes(b"w")
+    (ck / "tune-s.1" / "best-step00000040.pt").write_bytes(b"best")
+    (elsewhere / "precious").write_bytes(b"keep")
+    (ck / "tune-s.1-t7-step00000040.pt").symlink_to(elsewhere / "precious")
+    cmd = results.remove_trials_command(node, [str(ck), str(tmp_path / "missing dir")], "s.1")  # type: ignore[arg-type]
+    r = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert sorted(Path(line).name for line in r.stdout.splitlines()) == sorted(gone)
+    assert sorted(p.name for p in ck.iterdir()) == sorted([*stay, "tune-s.1", "tune-s.1-t7-step00000040.pt"])
+    assert (ck / "tune-s.1" / "best-step00000040.pt").read_bytes() == b"best"
+    assert (elsewhere / "precious").read_bytes() == b"keep"

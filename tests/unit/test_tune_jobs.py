@@ -195,3 +195,25 @@ def test_a_job_that_left_the_queue_or_a_stop_ends_the_wait(monkeypatch):
         None,
         "interrupted (Ctrl-C)",
     )
+
+
+@pytest.mark.parametrize(
+    ("path", "removed"),
+    [
+        ("/ck/tune-s.1-t3-step00000012.pt", True),
+        ("/ck/tune-s.1-t12-step00000012.pt", True),
+        ("/ck/tune-sX1-t3-step00000012.pt", False),  # '.' is not any character
+        ("/ck/tune-s.1-tb-t3-step00000012.pt", False),  # another study ("s.1-tb")
+        ("/ck/tune-s.1-t3x-step00000012.pt", False),
+        ("/ck/tune-s.1/best-step00000012.pt", False),  # the kept best
+        ("/ck/tune-s.1-t3-step00000012.pt.tmp", False),
+        ("/ck/train_ddp-step00000012.pt", False),
+    ],
+)
+def test_only_the_studys_trial_checkpoints_are_removed(path, removed):
+    import re
+
+    from provision.tune import results
+
+    # Python's re and find's POSIX ERE agree on this pattern (the integration tier runs find).
+    assert (re.fullmatch(results.trial_files_regex("s.1"), path) is not None) is removed
