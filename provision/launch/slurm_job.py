@@ -183,7 +183,8 @@ def placed_sbatch_command(
         "--ntasks=1",
         *ask,
         *([f"--exclude={','.join(place.exclude)}"] if place.exclude else []),
-        f"--time={time_limit(timeout_s)}",
+        # Slurm's clock starts when the task waits for its node's preparation.
+        f"--time={time_limit(None if timeout_s is None else timeout_s + PLACED_WAIT_S)}",
         "--chdir=/tmp",  # the node script goes to the run's work directory itself
         "--output=/dev/null",
         "--no-requeue",

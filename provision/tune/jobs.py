@@ -137,11 +137,17 @@ class PlacedJob:
         self.cancelled = True
 
 
-def _on_first_answering(nodes: list[Node], command: str, timeout_s: float) -> remote.CommandResult:
+def _on_first_answering(
+    nodes: list[Node], command: str, timeout_s: float, *, retry_timed_out: bool = True
+) -> remote.CommandResult:
+    """``command`` on the first of ``nodes`` that can be reached. ``retry_timed_out``: a
+    command that ran past its deadline is tried on the next node too; never for sbatch,
+    whose job the controller may have taken before the deadline (a second try would
+    submit a second job)."""
     r = remote.CommandResult("-", -1, "", "no node to ask")
     for node in nodes:
         r = remote.run(node, command, timeout=timeout_s)
-        if r.exited not in (-1, remote.TIMED_OUT):
+        if r.exited != -1 and (r.exited != remote.TIMED_OUT or not retry_timed_out):
             return r
     return r
 
@@ -160,7 +166,7 @@ def submit(
     by its name)."""
     run_dirs = {name: plan.run_dir(n.settings.train_dir, run_id, name) for name, n in nodes.items()}
     cmd = slurm_job.placed_sbatch_command(run_id, user, place, run_dirs, timeout_s)
-    r = _on_first_answering(via, cmd, slurm_job.SUBMIT_TIMEOUT_S)
+    r = _on_first_answering(via, cmd, slurm_job.SUBMIT_TIMEOUT_S, retry_timed_out=False)
     job = slurm_job.parse_job_id(r.stdout) if r.ok else None
     if job is None:
         _on_first_answering(via, slurm_job.cancel_by_name_command(run_id, user), slurm_job.SUBMIT_TIMEOUT_S)
@@ -195,6 +201,8 @@ def wait_for_node(
             if text != said or now - said_at >= SAY_PENDING_EVERY_S:
                 say(f"job {job.id}", f"{label}: waiting for Slurm: {text}")
                 said, said_at = text, now
+        elif "Invalid job id" in r.stderr + r.stdout:  # purged from the controller: gone
+            return None, f"Slurm job {job.id} ended before it started (see `sacct -j {job.id}`)"
         elif now - answered >= silent_s:
             why = (r.stderr or r.stdout).strip()[-200:] or f"exit {r.exited}"
             return None, f"Slurm did not say where job {job.id} runs for {now - answered:.0f} s (squeue: {why})"
@@ -245,7 +253,7 @@ def run(
             why = f"Slurm placed job {job.id} on {name}, which is not a node of this sweep"
         end = trial_lib.TrialEnd("failed", None, 0, why, run_id=run_id, seconds=time.monotonic() - started)
         end.interrupted, end.slurm_job = stop.is_set(), job.id
-        return end, None
+        return end, name  # a foreign node is named: the retry excludes it
     node, slot = nodes[name], Slot(name)
     say(str(slot), f"{label}: Slurm job {job.id} runs on {name}")
     stop_file = f"{plan.run_dir(node.settings.train_dir, run_id, name)}/stop"
@@ -273,9 +281,10 @@ def run(
             settings.node_timeout_s,
             job=job,
         )
-    except session.LaunchError as e:
+    except Exception as e:  # LaunchError, or the script's upload failing: the job must not stay
         _cancel(job, say, str(slot))
-        end = trial_lib.failed_end(node, run_id, f"could not start: {e}", started)
+        why = str(e) if isinstance(e, session.LaunchError) else f"{type(e).__name__}: {e}"
+        end = trial_lib.failed_end(node, run_id, f"could not start: {why}", started)
         end.slurm_job = job.id
         return end, name
     end = trial_lib.ended(outcome, reporter, run_id, node, started, stop.is_set())

@@ -14,6 +14,7 @@ interrupted trials again first, then goes on to ``--trials``.
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -191,7 +192,7 @@ def parse_probe(stdout: str, training_user: str) -> Shape:
     """A node's answer to probe(), read by type."""
     cpus_text, _, rest = stdout.partition(_SPLIT)
     run_as_text, _, gpus_text = rest.partition(_SPLIT)
-    cpus = int(cpus_text.strip()) if cpus_text.strip().isdigit() and len(cpus_text.strip()) < 6 else 1
+    cpus = int(cpus_text.strip()) if re.fullmatch(r"[0-9]{1,5}", cpus_text.strip()) else 1
     run_as = training_user if run_as_text.strip() == f"RUN_AS={training_user}" else None
     return Shape(max(1, cpus), plan.gpu_count(gpus_text), run_as)
 

@@ -28,7 +28,7 @@ def test_a_placed_job_names_no_node_and_asks_for_one_task_as_the_training_user()
         "--exclusive",
         "--mem=0",
         "--exclude=node3,node9",
-        "--time=11",
+        "--time=21",  # the trial timeout and the wait for its node's preparation
         "--no-requeue",
         "--chdir=/tmp",
     ):
@@ -217,3 +217,40 @@ def test_only_the_studys_trial_checkpoints_are_removed(path, removed):
 
     # Python's re and find's POSIX ERE agree on this pattern (the integration tier runs find).
     assert (re.fullmatch(results.trial_files_regex("s.1"), path) is not None) is removed
+
+
+def test_a_timed_out_sbatch_is_not_submitted_again_elsewhere_and_its_job_is_cancelled_by_name(monkeypatch):
+    """The controller may have taken a job whose sbatch ran past its deadline: a second try
+    on the next node would leave two jobs. The SSH calls are stand-ins here."""
+    from provision import remote
+    from tests.unit.test_validate_commands import node
+
+    asked: list[tuple[str, str]] = []
+
+    def ssh_standin(n, command, timeout=None, **_):
+        asked.append((n.name, command.split(" -- ", 1)[-1].split()[0]))
+        return remote.CommandResult(n.name, remote.TIMED_OUT if "sbatch" in command else 0, "", "timed out")
+
+    monkeypatch.setattr(jobs.remote, "run", ssh_standin)
+    via = [node("n1"), node("n2")]
+    with pytest.raises(jobs.session.LaunchError, match="sbatch failed"):
+        jobs.submit(via, "train", "r1", slurm_job.Placement(), {"n1": via[0], "n2": via[1]}, 60)
+    assert asked == [("n1", "sbatch"), ("n1", "scancel")]  # once, then cancelled by its name
+
+
+def test_a_purged_job_ends_the_wait_at_once(monkeypatch):
+    monkeypatch.setattr(jobs, "POLL_S", 0.01)
+
+    class Purged(SqueueStandIn):
+        def ask(self, command, timeout_s):
+            from provision import remote
+
+            return remote.CommandResult("n1", 1, "", "slurm_load_jobs error: Invalid job id specified")
+
+    node, why = jobs.wait_for_node(Purged([]), threading.Event(), lambda *_: None, "t", 600)
+    assert node is None
+    assert "ended before it started" in why
+
+
+def test_a_probe_answer_that_is_not_plain_digits_is_one_cpu():
+    assert sweep.parse_probe("\u00b2\n--provision-probe--\n\n--provision-probe--\n", "train").cpus == 1
