@@ -144,6 +144,10 @@ class Placement:
     gpus: int = 0  # GPUs of the node (--gres=gpu:N); 0 with exclusive: the whole node
     exclusive: bool = True  # the whole node (every CPU, all memory)
     cpus: int | None = None  # CPUs of a job that does not take the whole node
+    # Memory per GPU of a job that does not take the whole node (MiB): with CR_Core_Memory
+    # and no DefMemPerCPU, a job that asks for none is given all of the node's memory, and
+    # one-GPU jobs could not share a node.
+    mem_per_gpu_mib: int | None = None
     exclude: tuple[str, ...] = ()  # nodes it must not run on (lost, failed there, outside the sweep)
 
 
@@ -173,7 +177,12 @@ def placed_sbatch_command(
     the task waits (placed_script). Never requeued: a failed trial is the sweep's to retry,
     elsewhere."""
     ask = ([f"--gres=gpu:{place.gpus}"] if place.gpus else []) + (
-        ["--exclusive", "--mem=0"] if place.exclusive else [f"--cpus-per-task={place.cpus or 1}"]
+        ["--exclusive", "--mem=0"]
+        if place.exclusive
+        else [
+            f"--cpus-per-task={place.cpus or 1}",
+            *([f"--mem-per-gpu={place.mem_per_gpu_mib}M"] if place.gpus and place.mem_per_gpu_mib else []),
+        ]
     )
     argv = [
         "sbatch",

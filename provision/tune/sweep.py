@@ -164,6 +164,7 @@ class Shape:
     cpus: int
     gpus: int
     run_as: str | None = None  # the training user when the SSH user is root (plan.run_as_probe)
+    mem_mib: int = 0  # MemTotal (0: not read)
 
 
 _SPLIT = "--provision-probe--"
@@ -176,7 +177,10 @@ def probe(nodes: list[Node], say: Callable[[str, str], None]) -> dict[str, Shape
     def one(node: Node) -> remote.CommandResult:
         run_as = plan.run_as_probe(node.settings.training_user)
         return remote.run(
-            node, f"nproc; echo {_SPLIT}; {run_as}; echo {_SPLIT}; nvidia-smi -L 2>/dev/null; true", timeout=PROBE_S
+            node,
+            f"nproc; echo {_SPLIT}; {run_as}; echo {_SPLIT}; awk '/^MemTotal:/ {{print $2}}' /proc/meminfo; "
+            f"echo {_SPLIT}; nvidia-smi -L 2>/dev/null; true",
+            timeout=PROBE_S,
         )
 
     found: dict[str, Shape] = {}
@@ -190,11 +194,11 @@ def probe(nodes: list[Node], say: Callable[[str, str], None]) -> dict[str, Shape
 
 def parse_probe(stdout: str, training_user: str) -> Shape:
     """A node's answer to probe(), read by type."""
-    cpus_text, _, rest = stdout.partition(_SPLIT)
-    run_as_text, _, gpus_text = rest.partition(_SPLIT)
+    cpus_text, run_as_text, mem_text, gpus_text = ([*stdout.split(_SPLIT, 3), "", "", ""])[:4]
     cpus = int(cpus_text.strip()) if re.fullmatch(r"[0-9]{1,5}", cpus_text.strip()) else 1
     run_as = training_user if run_as_text.strip() == f"RUN_AS={training_user}" else None
-    return Shape(max(1, cpus), plan.gpu_count(gpus_text), run_as)
+    mem_kib = int(mem_text.strip()) if re.fullmatch(r"[0-9]{1,12}", mem_text.strip()) else 0
+    return Shape(max(1, cpus), plan.gpu_count(gpus_text), run_as, mem_kib // 1024)
 
 
 def placement(shapes: dict[str, Shape], *, per_gpu: bool, threads: int | None) -> slurm_job.Placement:
@@ -205,7 +209,9 @@ def placement(shapes: dict[str, Shape], *, per_gpu: bool, threads: int | None) -
     gpus = min(s.gpus for s in shapes.values())
     if per_gpu and gpus > 0:
         share = min(s.cpus // s.gpus for s in shapes.values())
-        return slurm_job.Placement(gpus=1, exclusive=False, cpus=threads or max(1, share))
+        # 90 % of the smallest node's memory per GPU: below RealMemory (3 % under MemTotal).
+        mem = min(s.mem_mib * 9 // 10 // s.gpus for s in shapes.values())
+        return slurm_job.Placement(gpus=1, exclusive=False, cpus=threads or max(1, share), mem_per_gpu_mib=mem or None)
     return slurm_job.Placement(gpus=gpus, exclusive=True)
 
 

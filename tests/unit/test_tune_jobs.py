@@ -39,11 +39,12 @@ def test_a_placed_job_names_no_node_and_asks_for_one_task_as_the_training_user()
 
 
 def test_a_one_gpu_job_asks_for_its_gpu_and_cpus_and_not_the_whole_node():
-    place = slurm_job.Placement(gpus=1, exclusive=False, cpus=6)
+    place = slurm_job.Placement(gpus=1, exclusive=False, cpus=6, mem_per_gpu_mib=90000)
     argv = shlex.split(slurm_job.placed_sbatch_command("r1", None, place, DIRS, None))
     assert argv[0] == "sbatch"  # a non-root SSH user submits as itself
     assert "--gres=gpu:1" in argv
     assert "--cpus-per-task=6" in argv
+    assert "--mem-per-gpu=90000M" in argv  # else CR_Core_Memory gives it the node's memory
     assert "--time=UNLIMITED" in argv
     assert "--exclusive" not in argv
     assert "--mem=0" not in argv
@@ -132,9 +133,10 @@ def test_with_every_node_lost_nothing_waits_for_a_job():
 
 
 def test_a_job_asks_for_one_gpu_on_gpu_nodes_and_for_a_whole_node_otherwise():
-    gpu = {"g1": sweep.Shape(cpus=32, gpus=8), "g2": sweep.Shape(cpus=16, gpus=4)}
+    gpu = {"g1": sweep.Shape(cpus=32, gpus=8, mem_mib=1_000_000), "g2": sweep.Shape(cpus=16, gpus=4, mem_mib=400_000)}
     one = sweep.placement(gpu, per_gpu=True, threads=None)
     assert (one.gpus, one.exclusive, one.cpus) == (1, False, 4)  # the smallest share per GPU
+    assert one.mem_per_gpu_mib == 90_000  # 90 % of the smallest share: under RealMemory
     assert sweep.placement(gpu, per_gpu=True, threads=2).cpus == 2
     whole = sweep.placement(gpu, per_gpu=False, threads=None)
     assert (whole.gpus, whole.exclusive) == (4, True)  # the node's GPUs, or the job cannot see them
@@ -144,11 +146,13 @@ def test_a_job_asks_for_one_gpu_on_gpu_nodes_and_for_a_whole_node_otherwise():
 
 def test_the_probe_reads_cpus_the_training_user_and_gpus_by_type():
     gpus = "GPU 0: H100 (UUID: GPU-1)\nGPU 1: H100 (UUID: GPU-2)\n"
-    probe = f"16\n--provision-probe--\nRUN_AS=train\n--provision-probe--\n{gpus}"
-    assert sweep.parse_probe(probe, "train") == sweep.Shape(16, 2, "train")
-    # A non-root SSH user submits as itself; garbage is one CPU, no GPU.
-    assert sweep.parse_probe("x\n--provision-probe--\n\n--provision-probe--\n", "train") == sweep.Shape(1, 0, None)
-    assert sweep.parse_probe("4\n--provision-probe--\nRUN_AS=mallory\n--provision-probe--\n", "train").run_as is None
+    sep = "\n--provision-probe--\n"
+    probe = f"16{sep}RUN_AS=train{sep}2048000{sep}{gpus}"
+    assert sweep.parse_probe(probe, "train") == sweep.Shape(16, 2, "train", 2000)
+    # A non-root SSH user submits as itself; garbage is one CPU, no GPU, memory unknown.
+    assert sweep.parse_probe(f"x{sep}{sep}-5{sep}", "train") == sweep.Shape(1, 0, None, 0)
+    assert sweep.parse_probe(f"4{sep}RUN_AS=mallory{sep}1{sep}", "train").run_as is None
+    assert sweep.parse_probe("4", "train") == sweep.Shape(4, 0, None, 0)  # cut short
 
 
 class SqueueStandIn(jobs.PlacedJob):
