@@ -238,7 +238,7 @@ def run(
     counts from the start of its run; a job may pend as long as Slurm keeps it (said)."""
     started = time.monotonic()
     label = f"trial {trial.number}"
-    run_id = f"tune-{plan.new_run_id().removeprefix('train-')}-t{trial.number}"
+    run_id = trial_lib.new_run_id(trial.number)
     try:
         if not via:
             raise session.LaunchError("no node of the sweep is left to submit from")

@@ -263,8 +263,7 @@ class _Sweep:
             slot = queue.take(key)  # no timeout: a slot, or NoSlotsLeft
             assert slot is not None
         except slot_lib.NoSlotsLeft as e:
-            self._end(trial, None, trial_lib.TrialEnd("failed", None, 0, str(e), interrupted=True))
-            self.halt(f"{e}: the study stops; --resume when nodes are back")
+            self._no_place_left(trial, e)
             return
         if self.stop.is_set():
             self._end(
@@ -302,8 +301,7 @@ class _Sweep:
         try:
             place = book.take(key)
         except slot_lib.NoSlotsLeft as e:
-            self._end(trial, None, trial_lib.TrialEnd("failed", None, 0, str(e), interrupted=True))
-            self.halt(f"{e}: the study stops; --resume when nodes are back")
+            self._no_place_left(trial, e)
             return
         node: str | None = None  # where Slurm ran it
         end = trial_lib.TrialEnd("failed", None, 0, "not started", interrupted=True)
@@ -336,6 +334,11 @@ class _Sweep:
             end,
             lambda: book.give_back(key, node, failed=failed, node_lost=failed and end.node_lost),
         )
+
+    def _no_place_left(self, trial: Any, e: slot_lib.NoSlotsLeft) -> None:
+        """Every node was lost: the trial is left for --resume, and the study stops."""
+        self._end(trial, None, trial_lib.TrialEnd("failed", None, 0, str(e), interrupted=True))
+        self.halt(f"{e}: the study stops; --resume when nodes are back")
 
     def _ask(self) -> Any:
         from optuna.trial import TrialState

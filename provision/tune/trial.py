@@ -85,6 +85,11 @@ def ckpt_name(study: str, number: int) -> str:
     return f"tune-{study}-t{number}"
 
 
+def new_run_id(number: int) -> str:
+    """An attempt's run id: unique, sortable, and naming its trial."""
+    return f"tune-{plan.new_run_id().removeprefix('train-')}-t{number}"
+
+
 class Reporter:
     """Reads rank 0's lines of one attempt: reports each evaluation to the Optuna trial
     and asks the pruner. ``summary``: the trainer's closing summary, once the run ended
@@ -177,7 +182,7 @@ def run(
     Never raises for the trial's own failure: a TrialEnd says how it went. ``stop`` set
     (Ctrl-C) ends the attempt at once, torn down like a failed run."""
     started = time.monotonic()
-    run_id = f"tune-{plan.new_run_id().removeprefix('train-')}-t{trial.number}"
+    run_id = new_run_id(trial.number)
     stop_file = f"{plan.run_dir(node.settings.train_dir, run_id, node.name)}/stop"
     opts = options(
         settings,
