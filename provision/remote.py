@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -259,3 +260,59 @@ def hold(node: Node, command: str, answer_s: float) -> Held:
         conn.close()
         raise RemoteError(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__) from e
     return Held(node.name, line, conn, channel)
+
+
+@dataclass
+class Forward:
+    """A port on a node's loopback whose connections come back here (``ssh -R``)."""
+
+    host: str  # inventory name
+    port: int  # the node's port on 127.0.0.1, chosen by its sshd
+    close: Callable[[], None]  # stop listening there and end the connections carried
+
+
+def forward_here(conn: Any, host: str, local_port: int, timeout: float = 30) -> Forward:
+    """Ask the node's sshd to listen on 127.0.0.1 (a port it picks) and carry each
+    connection made to it over this SSH connection to 127.0.0.1:``local_port`` here.
+
+    Used for a service that must outlive any node (an elastic run's rendezvous store):
+    it runs beside the controller, and a node reaches it through the connection the run
+    holds anyway, with nothing opened on the cluster network. Raises RemoteError when the
+    node cannot be reached or its sshd refuses forwarding (AllowTcpForwarding no/local)."""
+    import socket
+
+    from fabric.tunnels import Tunnel
+
+    tunnels: list[Any] = []
+
+    def carry(channel: Any, origin: Any, server: Any) -> None:
+        # Called on paramiko's transport thread, once per connection made on the node.
+        try:
+            sock = socket.create_connection(("127.0.0.1", local_port), timeout=timeout)
+        except OSError:
+            channel.close()
+            return
+        sock.settimeout(None)
+        tunnel = Tunnel(channel=channel, sock=sock, finished=threading.Event())
+        tunnel.daemon = True
+        tunnel.start()
+        tunnels.append(tunnel)
+
+    try:
+        if not conn.is_connected:
+            conn.open()
+        transport = conn.client.get_transport()
+        transport.set_keepalive(15)
+        port = transport.request_port_forward("127.0.0.1", 0, handler=carry)
+    except Exception as e:  # paramiko's SSHException when sshd says no; socket errors
+        raise RemoteError(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__) from e
+    if not port:
+        raise RemoteError("sshd did not say which port it listens on")
+
+    def close() -> None:
+        with contextlib.suppress(Exception):  # the node may be gone: nothing left to cancel
+            transport.cancel_port_forward("127.0.0.1", port)
+        for t in tunnels:
+            t.finished.set()
+
+    return Forward(host, int(port), close)

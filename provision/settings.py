@@ -353,6 +353,9 @@ class Settings:
 
     # --- train ---
     train_master_port: int = knob(29500, "c10d rendezvous port on the first node", v.bounded(1, 65535))
+    train_max_restarts: int = knob(
+        3, "train --min-nodes: times torchrun restarts a node's workers (each lost node is one)", v.bounded(0, 100)
+    )
     train_dir: str = knob(
         "/var/tmp/provision-train",
         "node directory for the trainer: runs/<run-id>/ (script, pid file; root's), work/ (data, checkpoints)",

@@ -20,6 +20,12 @@ if TYPE_CHECKING:
     from provision.launch import Options
 
 
+# --ckpt-every's default for an elastic run: a restart redoes at most this many steps,
+# about a minute of a GPT-2-sized model on current GPUs and a few on slower setups, while
+# a checkpoint every 100 steps costs little beside them.
+ELASTIC_CKPT_EVERY = 100
+
+
 class TrainFailed(ProvisionError):
     """A node could not be prepared; nothing was started."""
 
@@ -62,6 +68,21 @@ def train(
         help="through Slurm only: let Slurm requeue the job (scontrol requeue, preemption); each start "
         "resumes from the run's last checkpoint (give -- --ckpt-interval N)",
     ),
+    min_nodes: int | None = typer.Option(
+        None,
+        "--min-nodes",
+        min=1,
+        help="elastic: go on while this many nodes are left (torchrun --nnodes K:N, the rendezvous store "
+        "on this machine); a lost node's survivors restart from the newest checkpoint. Default: all nodes, "
+        "and the first failure ends the run",
+    ),
+    ckpt_every: int | None = typer.Option(
+        None,
+        "--ckpt-every",
+        min=1,
+        help=f"steps between checkpoints (default with --min-nodes: {ELASTIC_CKPT_EVERY}, a restart redoes "
+        "at most that many; else only at the end)",
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="do not echo the nodes' logs"),
     as_json: bool = typer.Option(False, "--json", help="print the report as JSON on stdout"),
 ) -> None:
@@ -85,7 +106,18 @@ def train(
 
     Example: provision train inventories/testbed.py --steps 200 --model small -- --lr 3e-4
 
+    --min-nodes K makes the run elastic (over SSH): when a node is lost, the others'
+    workers restart from the run's newest checkpoint with the same global batch, while at
+    least K nodes are left (exit 0 when every step ran, the lost nodes named; 1 when fewer
+    than K were left or torchrun's restarts, the train_max_restarts setting, ran out).
+    Its rendezvous store runs on this machine (it needs torch here), so losing any node,
+    the first included, does not end the run. The report lists every restart.
+
+    Example: provision train inventories/testbed.py --steps 200 --model small -- --lr 3e-4
+
     Example: provision train inventories/testbed.py --scheduler slurm --requeue --steps 2000 -- --ckpt-interval 100
+
+    Example: provision train inventories/testbed.py --min-nodes 1 --steps 2000 --ckpt-every 50
     """
     from provision import launch
 
@@ -103,10 +135,17 @@ def train(
         inventory,
         scheduler,
         requeue,
+        min_nodes,
+        ckpt_every,
     )
     cluster = inventory_lib.load(inventory)
     nodes = host_limit.select(cluster, limit)
-    if scheduler == "auto":
+    if min_nodes is not None and min_nodes > len(nodes):
+        raise InputError(Problem("--min-nodes", f"{min_nodes} is more than the run's {len(nodes)} node(s)"))
+    if min_nodes is not None and scheduler == "auto":
+        _say(nodes[0].name, "scheduler: ssh (an elastic run, --min-nodes, is started over SSH)")
+        opts = replace(opts, scheduler="ssh")
+    elif scheduler == "auto":
         from provision import scheduler as scheduler_lib
 
         opts = replace(opts, scheduler=scheduler_lib.choose(cluster, [n.name for n in nodes], _say), chosen=True)
@@ -152,6 +191,8 @@ def _options(
     inventory: Path,
     scheduler: str = "ssh",
     requeue: bool = False,
+    min_nodes: int | None = None,
+    ckpt_every: int | None = None,
 ) -> Options:
     from provision.launch import Options, logs, plan
 
@@ -180,6 +221,14 @@ def _options(
                 "leave --scheduler ssh out, or --requeue",
             )
         )
+    if min_nodes is not None and (scheduler == "slurm" or requeue):
+        problems.append(
+            Problem(
+                "--min-nodes",
+                "an elastic run is started over SSH, not as a Slurm job",
+                "under Slurm, --requeue resumes a run from its checkpoint; else leave --scheduler slurm out",
+            )
+        )
     if problems:
         raise InputError(problems)
     return Options(
@@ -196,6 +245,8 @@ def _options(
         f"{inventory.stem}-{model}",
         scheduler,
         requeue,
+        min_nodes=min_nodes,
+        ckpt_every=ckpt_every if ckpt_every is not None else (ELASTIC_CKPT_EVERY if min_nodes is not None else 0),
     )
 
 

@@ -1,11 +1,14 @@
 """Launch the reference trainer on every node: torchrun with a c10d rendezvous on the first
 node's cluster address, started over SSH, logs streamed and saved, the whole run torn
-down on the first failure, and a report with throughput, scaling and resource use.
+down on the first failure, and a report with throughput, scaling and resource use. An
+elastic run (``--min-nodes``) keeps its rendezvous store beside the launcher instead
+(``store``) and goes on without a lost node while enough are left.
 
     report = launch.train(cluster, Options(...), on_line=print_line, say=progress)
 
 Modules: ``plan`` (pure: commands, run id), ``session`` (SSH: prepare, stream, teardown),
-``slurm_job`` (--scheduler slurm: the same run as one Slurm job),
+``slurm_job`` (--scheduler slurm: the same run as one Slurm job), ``store`` and
+``store_server`` (an elastic run's rendezvous store, on the controller),
 ``reaper`` (runs on the node: stop a run by pgid/pid), ``logs`` and ``monitor`` (pure
 parsers), ``report`` (verdicts, records), ``plots`` (PNG).
 """
@@ -19,7 +22,7 @@ from pathlib import Path
 
 from provision import remote
 from provision.inventory import Cluster, Node
-from provision.launch import plan, report, session, slurm_job
+from provision.launch import plan, report, session, slurm_job, store
 from provision.launch.session import LaunchError, Options
 
 __all__ = ["LaunchError", "Options", "train"]
@@ -36,9 +39,22 @@ def train(
     (nothing was started then). A failed run is a report with ok=False, never an
     exception: the report says who failed first and how the run was stopped."""
     run_id = plan.new_run_id()
+    if opts.min_nodes is not None and opts.scheduler == "slurm":
+        raise LaunchError("--min-nodes runs over SSH (--scheduler ssh); under Slurm, --requeue resumes a run")
     conns = {n.name: remote.connection(n) for n in nodes}
+    rendezvous: store.Store | None = None
     try:
         run_plan = session.prepare(nodes, conns, opts, run_id, say, nfs_server=cluster.storage_node() is not None)
+        if run_plan.elastic is not None:
+            rendezvous = store.Store.start()
+            ports = rendezvous.expose(nodes, conns)
+            elastic = replace(run_plan.elastic, store_ports=tuple(ports.items()))
+            run_plan = replace(run_plan, elastic=elastic)
+            say(
+                run_plan.nodes[0].name,
+                f"elastic: goes on with at least {elastic.min_nodes} of {len(nodes)} nodes, the rendezvous "
+                f"store on this machine (127.0.0.1:{rendezvous.port}), reached from each node over its SSH connection",
+            )
         for p in run_plan.nodes:
             say(p.name, f"starting {p.nproc} rank(s) on {p.interface}")
         if opts.scheduler == "slurm" and opts.chosen and not opts.requeue:
@@ -53,6 +69,8 @@ def train(
         else:
             outcome = session.Supervisor(nodes, conns, run_plan, opts, on_line).run()
     finally:
+        if rendezvous is not None:
+            rendezvous.stop()
         for c in conns.values():
             c.close()
     records = opts.runs_dir / "records" / f"{cluster.path.stem}.json"

@@ -10,14 +10,17 @@ import json
 import re
 import tempfile
 import threading
+import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
 _RANK = re.compile(r"^\[rank(\d+)\]:(.*)$")
 _STEP = re.compile(r"^step (\d+)/\d+ \| train loss ([\d.]+) .*\| (\d+) tok/s")
 _VAL = re.compile(r"^step (\d+)/\d+ \| val loss ([\d.]+)")
+_RESUMED = re.compile(r"^resumed from .* at step (\d+)")
+_MODEL = re.compile(r"^model \S+: .*; world (\d+) on ")  # the trainer's line at every start
 
 
 def split_rank(line: str) -> tuple[str, str]:
@@ -29,6 +32,17 @@ def split_rank(line: str) -> tuple[str, str]:
 SUMMARY_MAX_CHARS = 64_000  # a longer "summary" line is not the trainer's
 
 
+@dataclass(frozen=True)
+class Start:
+    """One start of the trainer's workers: the first, and each restart (elastic, requeue)."""
+
+    at: float  # controller monotonic clock when its first line arrived
+    world: int  # ranks
+    resumed_from: int  # the checkpoint step it continued from; 0: from the start
+    last_step: int  # the last step logged before it (steps past resumed_from are done again)
+    first_step_at: float | None = None  # when its first training step was logged
+
+
 @dataclass
 class Curves:
     """Loss and throughput curves from rank 0's lines."""
@@ -37,10 +51,23 @@ class Curves:
     val: list[tuple[int, float]] = field(default_factory=list)  # (step, validation loss)
     tokens_per_s: list[tuple[int, float]] = field(default_factory=list)  # (step, global tok/s)
     summary: dict[str, Any] | None = None  # the trainer's closing "summary {...}" line
+    starts: list[Start] = field(default_factory=list)  # every start of the workers, in order
+    _resumed: int = 0  # the step of the last "resumed from" line, for the start line after it
+    _last_step: int = 0  # the highest step logged so far
 
-    def feed(self, text: str) -> None:
-        if m := _STEP.match(text):
+    def feed(self, text: str, at: float | None = None) -> None:
+        """One rank-0 line; ``at``: when it arrived (default: now, on the monotonic clock)."""
+        now = time.monotonic() if at is None else at
+        if m := _RESUMED.match(text):
+            self._resumed = int(m.group(1))
+        elif m := _MODEL.match(text):
+            self.starts.append(Start(now, int(m.group(1)), self._resumed, self._last_step))
+            self._resumed = 0
+        elif m := _STEP.match(text):
+            if self.starts and self.starts[-1].first_step_at is None:
+                self.starts[-1] = replace(self.starts[-1], first_step_at=now)
             step = int(m.group(1))
+            self._last_step = max(self._last_step, step)
             if self.train and step <= self.train[-1][0]:
                 # A restart (a requeued Slurm job) trains again from its checkpoint: the
                 # steps since then are the new attempt's, the earlier ones are dropped.

@@ -38,6 +38,24 @@ class NodePlan:
 
 
 @dataclass(frozen=True)
+class Elastic:
+    """An elastic run (``--min-nodes``): torchrun restarts the workers of the nodes left
+    after one is lost, from the run's newest checkpoint, while at least ``min_nodes`` are."""
+
+    min_nodes: int  # torchrun --nnodes MIN:N; fewer left ends the run
+    max_restarts: int  # torchrun --max-restarts: worker-group restarts each agent allows
+    store_ports: tuple[tuple[str, int], ...] = ()  # node -> its loopback port to the store (launch.store)
+
+    def port(self, node: str) -> int:
+        return dict(self.store_ports)[node]
+
+
+# Seconds an elastic rendezvous waits, once min_nodes have joined, for the others: short,
+# since every live node rejoins within seconds of a restart, and the lost one never does.
+LAST_CALL_S = 10
+
+
+@dataclass(frozen=True)
 class RunPlan:
     """The whole run: the same rendezvous for every node."""
 
@@ -51,6 +69,7 @@ class RunPlan:
     # torch import per run (tens of seconds on an emulated node), and its lines carry no
     # rank prefix: they are rank 0's (unprefixed).
     solo: bool = False
+    elastic: Elastic | None = None  # --min-nodes; None: every node, the first failure ends the run
 
     @property
     def world_size(self) -> int:
@@ -140,6 +159,8 @@ def trainer_args(
     shared: tuple[str, ...] = (),
     extra: tuple[str, ...] = (),
     requeue: bool = False,
+    elastic: bool = False,
+    ckpt_every: int = 0,
 ) -> tuple[str, ...]:
     """train_ddp.py arguments. The global batch grows with the world (weak scaling), so a
     rank does the same work on 1 node or on N, which is what scaling efficiency compares.
@@ -151,7 +172,11 @@ def trainer_args(
     checkpoint this run wrote (--auto-resume-own; none yet: step 0). Not any checkpoint of
     the name: the name is shared by runs of one inventory and model, and a restart before
     this run's first save must not continue an earlier run. With ``resume`` the run
-    continues an earlier checkpoint anyway, and --resume does so on every start."""
+    continues an earlier checkpoint anyway, and --resume does so on every start.
+
+    ``elastic`` restarts the workers the same way (torchrun starts them again after a
+    lost node), so it resumes as ``requeue`` does. ``ckpt_every`` > 0 saves a checkpoint
+    every that many steps (--ckpt-interval)."""
     args = [
         "--steps",
         str(steps),
@@ -169,9 +194,11 @@ def trainer_args(
         summary,
         *shared,
     ]
+    if ckpt_every:
+        args += ["--ckpt-interval", str(ckpt_every)]
     if resume:
         args.append("--resume")
-    elif requeue:
+    elif requeue or elastic:
         args.append("--auto-resume-own")
     return (*args, *extra)
 
@@ -185,8 +212,45 @@ def node_env(plan: RunPlan, node: NodePlan) -> dict[str, str]:
         "PROVISION_NODE": node.name,
         "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": LOG_PREFIX_TEMPLATE,
         "PYTHONUNBUFFERED": "1",
+        # An elastic run's restarts: each rendezvous round picks its rank 0 afresh, and the
+        # workers' own store must be on that round's rank-0 node, not on the node that was
+        # rank 0 at the first round (by default the agents keep that first address, and a
+        # round after its node was lost could never start).
+        **({"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"} if plan.elastic else {}),
         **dict(plan.env),
     }
+
+
+def rendezvous_args(plan: RunPlan, node: NodePlan) -> list[str]:
+    """torchrun's rendezvous: on the first node's cluster address, or for an elastic run on
+    the controller's store, which each node reaches on its own loopback (launch.store)."""
+    e = plan.elastic
+    if e is None:
+        nnodes, endpoint, restarts = str(len(plan.nodes)), f"{plan.master}:{plan.port}", 0
+        # Explicit: namespace hosts (and some clusters) share one host name, so torch's
+        # guess of "is this my address" cannot be trusted.
+        conf = f"is_host={int(node.is_host)}"
+    else:
+        nnodes, endpoint, restarts = (
+            f"{e.min_nodes}:{len(plan.nodes)}",
+            f"127.0.0.1:{e.port(node.name)}",
+            e.max_restarts,
+        )
+        conf = f"is_host=0,last_call_timeout={LAST_CALL_S}"  # no agent hosts it: the store is the controller's
+    return [
+        "--nnodes",
+        nnodes,
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        endpoint,
+        "--rdzv-id",
+        plan.run_id,
+        "--rdzv-conf",
+        conf,
+        "--max-restarts",
+        str(restarts),
+    ]
 
 
 def torchrun_argv(plan: RunPlan, node: NodePlan) -> list[str]:
@@ -194,24 +258,11 @@ def torchrun_argv(plan: RunPlan, node: NodePlan) -> list[str]:
         node.python,
         "-m",
         "torch.distributed.run",
-        "--nnodes",
-        str(len(plan.nodes)),
         "--nproc-per-node",
         str(node.nproc),
-        "--rdzv-backend",
-        "c10d",
-        "--rdzv-endpoint",
-        f"{plan.master}:{plan.port}",
-        "--rdzv-id",
-        plan.run_id,
-        # Explicit: namespace hosts (and some clusters) share one host name, so torch's
-        # guess of "is this my address" cannot be trusted.
-        "--rdzv-conf",
-        f"is_host={int(node.is_host)}",
+        *rendezvous_args(plan, node),
         "--local-addr",
         node.address,
-        "--max-restarts",
-        "0",
         "--tee",
         "3",
         "--log-dir",

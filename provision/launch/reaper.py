@@ -19,6 +19,12 @@ re-parented and their ancestry is lost):
 SIGTERM to all of them, SIGKILL to what is left after the grace period. Prints a JSON
 line {"pgid", "signalled", "left"}; exit 0 when nothing of the run is left.
 ``--check`` only reports what would be targeted.
+
+``--workers-older-than S`` (an elastic run that lost a node): SIGKILL only the run's
+workers, the targets outside torchrun's own process group, that have run longer than S
+seconds, and leave torchrun alone: it sees its workers fail and restarts them at the next
+rendezvous, without the lost node. Workers it already restarted on its own since the loss
+are younger than S and are spared. Prints {"workers": [pids signalled]}.
 """
 
 from __future__ import annotations
@@ -142,10 +148,51 @@ def alive(pids: set[int]) -> set[int]:
     return {p for p in pids if p in live}
 
 
+def age_s(pid: int) -> float | None:
+    """Seconds since the process started, from /proc; None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+    except (OSError, ValueError):
+        return None
+    started = int(stat[stat.rindex(")") + 2 :].split()[19]) / os.sysconf("SC_CLK_TCK")
+    return uptime - started
+
+
+def workers(root: int | None, run_id: str, node: str, older_than: float) -> set[int]:
+    """torchrun's workers: the descendants of its process (``root``, which leads its own
+    group) outside that group (each worker has a session of its own) and their children,
+    that have run longer than ``older_than`` seconds. Never what is above torchrun: the
+    ``setsid --wait`` that holds the SSH command open carries the run's markers too."""
+    procs = processes()
+    if root is None or root not in procs or not ours(root, run_id, node):
+        return set()
+    below, changed = {root}, True
+    while changed:
+        changed = False
+        for pid, (ppid, _) in procs.items():
+            if pid not in below and ppid in below:
+                below.add(pid)
+                changed = True
+    out = set()
+    for pid in below - {root, os.getpid()}:
+        age = age_s(pid)
+        if procs[pid][1] != root and age is not None and age > older_than:
+            out.add(pid)
+    return out
+
+
 def main(argv: list[str]) -> int:
     run_dir, run_id, node = argv[:3]
     grace = float(argv[argv.index("--grace") + 1]) if "--grace" in argv else 5.0
     root = read_pid(os.path.join(run_dir, "torchrun.pid"))
+    if "--workers-older-than" in argv:
+        chosen = workers(root, run_id, node, float(argv[argv.index("--workers-older-than") + 1]))
+        signal_all(chosen, signal.SIGKILL)
+        print(json.dumps({"workers": sorted(chosen)}))
+        return 0
     found = targets(root, run_id, node)
     if "--check" in argv:
         print(json.dumps({"pgid": root, "signalled": [], "left": sorted(found)}))

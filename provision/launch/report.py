@@ -6,6 +6,7 @@ Verdicts are pure functions; records live in runs/records.json on the controller
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 import time
@@ -13,8 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from provision.launch import monitor
-from provision.launch.session import Outcome
+from provision.launch import logs, monitor
+from provision.launch.session import Loss, Outcome
 from provision.state import write_atomic
 
 STRAGGLER_RATIO = 1.2  # a node whose forward passes take this much longer than the median
@@ -52,6 +53,47 @@ class TrainReport:
     mfu: float | None = None  # model FLOPs utilisation (GPU runs)
     notes: list[str] = field(default_factory=list)  # anything else worth saying
     requeues: int | None = None  # --requeue: times the Slurm job was requeued and started again; else None
+    lost: list[dict[str, Any]] = field(default_factory=list)  # elastic: nodes the run went on without
+    restarts: list[Restart] = field(default_factory=list)  # every restart of the workers, in order
+
+
+@dataclass
+class Restart:
+    """One restart of the workers (an elastic run's lost node, a requeue, a rank torchrun
+    restarted): what it cost."""
+
+    at: str  # when: the loss that caused it, else the restart itself (local time)
+    why: str  # the lost node and how it ended, or what is known
+    lost: list[str]  # nodes lost since the start before it
+    world_before: int  # ranks before
+    world_after: int  # ranks after
+    resumed_from_step: int  # the checkpoint step it continued from
+    steps_recomputed: int  # steps done before it and again after it
+    recovery_s: float | None  # the loss (or the restart) to its first training step
+
+
+def restarts(starts: list[logs.Start], losses: list[Loss]) -> list[Restart]:
+    """Each start of the workers after the first, with the losses seen since the one
+    before it. Pure: the clock values are the controller's monotonic ones."""
+    out = []
+    for before, start in itertools.pairwise(starts):
+        seen = [x for x in losses if before.at <= x.at <= start.at]
+        origin = seen[0].at if seen else start.at
+        wall = seen[0].wall if seen else time.time() - (time.monotonic() - start.at)
+        why = "; ".join(f"{x.host} lost ({x.why})" for x in seen) or "the workers were started again"
+        out.append(
+            Restart(
+                time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(wall)),
+                why,
+                [x.host for x in seen],
+                before.world,
+                start.world,
+                start.resumed_from,
+                max(0, start.last_step - start.resumed_from),
+                None if start.first_step_at is None else round(start.first_step_at - origin, 2),
+            )
+        )
+    return out
 
 
 def stragglers(forward_ms: dict[str, float], ratio: float = STRAGGLER_RATIO) -> list[str]:
@@ -111,7 +153,10 @@ def build(out: Outcome, records_path: Path, sig: str) -> TrainReport:
     for r in summary.get("ranks", []):
         ranks_by_node.setdefault(r["node"], []).append(r)
     nodes = [_node_report(out, p.name, ranks_by_node.get(p.name, [])) for p in out.plan.nodes]
-    ok = out.failure is None and bool(summary) and all(n.clean for n in nodes)
+    lost = {x.host for x in out.losses}
+    # A lost node that cannot be reached cannot be checked (clean None); it does not fail a
+    # run that finished on the others, and the note below names it.
+    ok = out.failure is None and bool(summary) and all(n.clean or (n.name in lost and n.clean is None) for n in nodes)
     tps = summary.get("tokens_per_s")
     report = TrainReport(
         out.run_id,
@@ -131,7 +176,20 @@ def build(out: Outcome, records_path: Path, sig: str) -> TrainReport:
         str(out.out_dir),
         mfu=summary.get("mfu"),
         requeues=out.requeues,
+        lost=[
+            {"host": x.host, "at": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(x.wall)), "why": x.why}
+            for x in out.losses
+        ],
+        restarts=restarts(out.curves.starts, out.losses),
     )
+    for n in nodes:
+        if n.name in lost:
+            gone = (
+                " and could not be reached afterwards to check that nothing of the run is left"
+                if n.clean is None
+                else ""
+            )
+            report.notes.append(f"{n.name} was lost during the run{gone}; the run went on without it")
     if out.failure is None and not summary:
         report.notes.append("the trainer ended without its summary line")
     if ok and tps:
@@ -155,7 +213,8 @@ def _compare(report: TrainReport, path: Path, sig: str, n_nodes: int, tps: float
 def _node_report(out: Outcome, name: str, ranks: list[dict[str, Any]]) -> NodeReport:
     end = out.ends.get(name)
     td = out.teardown.get(name)
-    clean = None if td is None else (td.get("left") == [])
+    # None: not checked, or the check could not run (the host did not answer)
+    clean = None if td is None or td.get("left") is None else td.get("left") == []
     return NodeReport(
         name,
         sorted(r["rank"] for r in ranks),

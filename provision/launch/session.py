@@ -58,6 +58,21 @@ class Options:
     # import alone takes tens of seconds, and torchrun imports torch again anyway.
     check_torch: bool = True
     solo: bool = False  # one node, one rank, the trainer alone without torchrun (plan.RunPlan.solo)
+    # Elastic (--min-nodes): the run goes on while this many nodes are left, each restart
+    # from the newest checkpoint (launch.store, plan.Elastic). None: every node, and the
+    # first failure ends the run on all of them.
+    min_nodes: int | None = None
+    ckpt_every: int = 0  # steps between checkpoints; 0: the trainer's own (at the end only)
+
+
+@dataclass
+class Loss:
+    """A node an elastic run went on without."""
+
+    host: str  # inventory name
+    at: float  # controller monotonic clock, when the launcher saw it
+    wall: float  # the same moment, unix time
+    why: str  # how its torchrun ended
 
 
 @dataclass
@@ -86,6 +101,7 @@ class Outcome:
     samples: dict[str, list[monitor.Sample]] = field(default_factory=dict)  # per host
     slurm_job: str | None = None  # the Slurm job id of a --scheduler slurm run
     requeues: int | None = None  # --requeue: times the job was requeued and started again; else None
+    losses: list[Loss] = field(default_factory=list)  # an elastic run's lost nodes, in order
 
 
 def prepare(
@@ -115,6 +131,11 @@ def prepare(
     world = sum(p.nproc for p in node_plans)
     if opts.solo and world != 1:
         raise LaunchError(f"a run without torchrun has one rank on one node, not {world}")
+    elastic = None
+    if opts.min_nodes is not None:
+        if not 1 <= opts.min_nodes <= len(nodes):
+            raise LaunchError(f"--min-nodes {opts.min_nodes}: the run has {len(nodes)} node(s)")
+        elastic = plan.Elastic(opts.min_nodes, first.settings.train_max_restarts)
     shared, notes = plan.share_args(wanted, node_plans)
     for note in notes:
         say("nfs", f"note: {note}")
@@ -130,9 +151,17 @@ def prepare(
         shared=shared,
         extra=opts.extra_args,
         requeue=opts.requeue,
+        elastic=elastic is not None,
+        ckpt_every=opts.ckpt_every,
     )
     return plan.RunPlan(
-        run_id, first.cluster_address, first.settings.train_master_port, node_plans, args, solo=opts.solo
+        run_id,
+        first.cluster_address,
+        first.settings.train_master_port,
+        node_plans,
+        args,
+        solo=opts.solo,
+        elastic=elastic,
     )
 
 
@@ -317,8 +346,47 @@ class Supervisor:
             pending.discard(host)
             if end.exited != 0:
                 why = end.reason or f"{'the trainer' if self.plan.solo else 'torchrun'} exited {end.exited}"
+                e = self.plan.elastic
+                if e is not None and len(pending) >= e.min_nodes and not self._finished(pending):
+                    self._lose(host, why, pending)
+                    continue
+                if e is not None and self.out.losses:
+                    why += f"; {len(pending)} node(s) left, --min-nodes {e.min_nodes}"
                 self._fail(host, f"{host}: {why}")
                 return
+
+    def _finished(self, pending: set[str]) -> bool:
+        """Some node already ended well: the run trained to its end, and this node failed
+        after it (its torchrun failing on the way out is a failure, not a node to go on
+        without)."""
+        return any(self.out.ends[h].exited == 0 for h in self.out.ends if h not in pending)
+
+    def _lose(self, host: str, why: str, left: set[str]) -> None:
+        """An elastic run goes on without ``host``: said, recorded, and the survivors'
+        workers stopped at once (in a thread: the watch loop keeps watching). Their
+        torchrun then restarts them from the newest checkpoint at the next rendezvous;
+        left alone, they would first wait in a collective with the lost node's ranks until
+        the process group's timeout. What is left of the run on the lost node is stopped
+        too, if it can still be reached."""
+        loss = Loss(host, time.monotonic(), time.time(), why)
+        self.out.losses.append(loss)
+        self._on_line(
+            host, "provision", f"lost ({why}); the run goes on with {len(left)} node(s): {', '.join(sorted(left))}"
+        )
+
+        def stop_workers() -> None:
+            nodes = [self.nodes[h] for h in sorted(left)] + [self.nodes[host]]
+
+            def one(n: Node) -> dict[str, Any]:
+                if n.name == host:
+                    return self._reaper(n.name, False)
+                return self._reaper(n.name, False, workers_older_than=time.monotonic() - loss.at)
+
+            for name, result in remote.on_all(nodes, one).items():
+                if name == host:
+                    self.out.teardown[name] = result
+
+        threading.Thread(target=stop_workers, daemon=True).start()
 
     def _fail(self, host: str | None, why: str) -> None:
         if self.out.failure is None:
@@ -371,7 +439,7 @@ class Supervisor:
         r = remote.run_beside(self.conns[host], host, monitor.SAMPLE_COMMAND, timeout=15)
         return r.stdout if r.ok else None
 
-    def _reaper(self, name: str, check: bool) -> dict[str, Any]:
+    def _reaper(self, name: str, check: bool, workers_older_than: float | None = None) -> dict[str, Any]:
         p = next(n for n in self.plan.nodes if n.name == name)
         # -I: the reaper runs as root; no PYTHON* variable, user site or script directory
         # on its import path.
@@ -384,6 +452,7 @@ class Supervisor:
                 self.plan.run_id,
                 name,
                 *(["--check"] if check else []),
+                *([] if workers_older_than is None else ["--workers-older-than", f"{workers_older_than:.1f}"]),
             ]
         )
         r = remote.run_beside(self.conns[name], name, cmd, timeout=TEARDOWN_TIMEOUT_S)

@@ -1,0 +1,167 @@
+"""An elastic `provision train --min-nodes 1` on two network-namespace hosts over real SSH:
+one host is lost mid-run (its torchrun, workers and SSH sessions killed at once, as a
+machine that dies), and the run goes on with the other from the newest checkpoint, to the
+last step, exit 0, naming the lost host. The losses after the restart are those of a
+one-rank run from the same checkpoint with the same global batch. The rendezvous store
+lives on the controller, so the lost host may be the first one, which hosted the c10d
+store before elastic runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_train_launch import (  # noqa: F401 (hosts, no_run_outlives_its_test: fixtures)
+    TRAINER,
+    finish,
+    hosts,
+    no_run_outlives_its_test,
+    processes_of,
+    run_dir,
+    sshd_sessions,
+    start,
+    wait_for_steps,
+    why,
+)
+
+STEPS = 24
+CKPT_EVERY = 4
+
+
+def kill_host(cluster, index: int, run_id: str) -> None:
+    """Everything of the run on one host at once, and its SSH sessions: a host that died."""
+    name = cluster.hosts[index].name
+    for pid, cmdline in processes_of(run_id).items():
+        if f"/{name}/" in cmdline or f"PROVISION_NODE={name}" in _environ(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    for pid in sshd_sessions(cluster.hosts[index].sshd.pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _environ(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def train_losses(text: str) -> dict[int, float]:
+    out = {}
+    for line in text.splitlines():
+        if "| train loss" in line and "rank0" in line:
+            part = line.split("step ", 1)[1]
+            out[int(part.split("/")[0])] = float(part.split("train loss ")[1].split()[0])
+    return out
+
+
+@pytest.mark.parametrize("lost", [1, 0], ids=["second-host", "first-host"])
+def test_a_lost_host_leaves_the_run_going_on_the_other_to_the_last_step(hosts, tmp_path, lost):  # noqa: F811
+    cluster, node_dir = hosts
+    proc = start(
+        cluster.inventory,
+        tmp_path,
+        "--min-nodes",
+        "1",
+        "--steps",
+        str(STEPS),
+        "--ckpt-every",
+        str(CKPT_EVERY),
+        *TRAINER,
+    )
+    run = run_dir(tmp_path)
+    wait_for_steps(run, CKPT_EVERY + 2, timeout=180)
+    ckpts = node_dir / "work" / "checkpoints"
+    kill_host(cluster, lost, run.name)
+    copy = tmp_path / "at-loss"
+    shutil.copytree(ckpts, copy)  # the survivor resumes from the newest of these
+    code, report = finish(proc, tmp_path)
+    name = cluster.hosts[lost].name
+    survivor = cluster.hosts[1 - lost].name
+    assert code == 0, why(tmp_path, report)
+    assert report["ok"] is True
+    assert [x["host"] for x in report["lost"]] == [name]
+    (restart,) = report["restarts"]
+    assert restart["lost"] == [name]
+    assert (restart["world_before"], restart["world_after"]) == (2, 1)
+    resumed = restart["resumed_from_step"]
+    assert resumed >= CKPT_EVERY
+    assert resumed % CKPT_EVERY == 0
+    assert restart["recovery_s"] is not None
+    assert restart["recovery_s"] > 0
+    text = (Path(report["out_dir"]) / f"{survivor}.log").read_text()
+    elastic = train_losses(text)
+    assert max(elastic) == STEPS
+    # The same steps from the same checkpoint, one process, the same global batch.
+    ref = subprocess.run(
+        [
+            sys.executable,
+            str(_trainer()),
+            "--steps",
+            str(STEPS),
+            "--global-batch",
+            "16",
+            "--micro-batch",
+            "8",
+            "--resume",
+            "--ckpt-dir",
+            str(copy),
+            "--ckpt-name",
+            f"{cluster.inventory.stem}-tiny",
+            "--ckpt-interval",
+            "0",
+            *TRAINER[1:],
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert ref.returncode == 0, ref.stderr[-2000:]
+    assert f"at step {resumed}" in ref.stdout + ref.stderr
+    reference = {s: v for s, v in train_losses_plain(ref.stdout + ref.stderr).items() if s > resumed}
+    assert reference
+    assert set(reference) <= set(elastic)
+    for s, v in reference.items():
+        assert abs(elastic[s] - v) <= 1e-4, (s, elastic[s], v)
+    assert all(n["clean"] is not False for n in report["nodes"])
+    assert processes_of(run.name) == {}
+
+
+def _trainer() -> Path:
+    from provision.resources import training_script
+
+    return training_script()
+
+
+def train_losses_plain(text: str) -> dict[int, float]:
+    out = {}
+    for line in text.splitlines():
+        if "| train loss" in line:
+            part = line.split("step ", 1)[1]
+            out[int(part.split("/")[0])] = float(part.split("train loss ")[1].split()[0])
+    return out
+
+
+def test_an_elastic_run_that_loses_nothing_ends_like_any_other(hosts, tmp_path):  # noqa: F811
+    cluster, _node_dir = hosts
+    proc = start(cluster.inventory, tmp_path, "--min-nodes", "1", "--steps", "6", "--ckpt-every", "3", *TRAINER)
+    code, report = finish(proc, tmp_path)
+    assert code == 0, why(tmp_path, report)
+    assert report["ok"] is True
+    assert report["lost"] == []
+    assert report["restarts"] == []
+    assert report["world_size"] == 2
+    assert [n["exited"] for n in report["nodes"]] == [0, 0]
+    err = (tmp_path / "err.txt").read_text()
+    assert "elastic: goes on with at least 1 of 2 nodes" in err
