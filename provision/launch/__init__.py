@@ -67,7 +67,8 @@ def train(
         if opts.scheduler == "slurm":
             outcome = slurm_job.run(nodes, conns, run_plan, opts, on_line, say)
         else:
-            outcome = session.Supervisor(nodes, conns, run_plan, opts, on_line).run()
+            admit = _admitter(nodes, opts, run_id, rendezvous, say) if rendezvous is not None else None
+            outcome = session.Supervisor(nodes, conns, run_plan, opts, on_line, admit=admit).run()
     finally:
         if rendezvous is not None:
             rendezvous.stop()
@@ -80,6 +81,29 @@ def train(
         result.notes.append(f"ran as Slurm job {outcome.slurm_job}")
     _write(outcome, result)
     return result
+
+
+def _admitter(
+    nodes: list[Node], opts: Options, run_id: str, rendezvous: store.Store, say: Callable[[str, str], None]
+) -> Callable[[str, int], tuple[object, plan.NodePlan, int]]:
+    """How an elastic run takes a lost node back: a fresh connection (the old one died with
+    it), the node prepared again, and the store forwarded onto its loopback."""
+    by_name = {n.name: n for n in nodes}
+
+    def admit(name: str, admission: int) -> tuple[object, plan.NodePlan, int]:
+        node = by_name[name]
+        conn = remote.connection(node)
+        try:
+            answer = remote.run(node, "true", timeout=node.settings.connect_timeout_s + 30, conn=conn)
+            if not answer.ok:
+                raise LaunchError(f"does not answer ({answer.stderr.strip()[-200:] or answer.exited})")
+            node_plan = session.prepare_again(node, conn, opts, run_id, admission, say)
+            return conn, node_plan, rendezvous.expose_one(node, conn)
+        except BaseException:
+            conn.close()
+            raise
+
+    return admit
 
 
 def _write(outcome: session.Outcome, result: report.TrainReport) -> None:

@@ -195,6 +195,6 @@ def unwritable(directory: Path) -> str | None:
     return None
 
 
-def open_log(runs_dir: Path, host: str) -> IO[str]:
+def open_log(runs_dir: Path, host: str, append: bool = False) -> IO[str]:
     runs_dir.mkdir(parents=True, exist_ok=True)
-    return open(runs_dir / f"{host}.log", "w", buffering=1)
+    return open(runs_dir / f"{host}.log", "a" if append else "w", buffering=1)

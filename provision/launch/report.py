@@ -54,6 +54,7 @@ class TrainReport:
     notes: list[str] = field(default_factory=list)  # anything else worth saying
     requeues: int | None = None  # --requeue: times the Slurm job was requeued and started again; else None
     lost: list[dict[str, Any]] = field(default_factory=list)  # elastic: nodes the run went on without
+    joined: list[dict[str, Any]] = field(default_factory=list)  # elastic: lost nodes admitted again
     restarts: list[Restart] = field(default_factory=list)  # every restart of the workers, in order
 
 
@@ -65,6 +66,7 @@ class Restart:
     at: str  # when: the loss that caused it, else the restart itself (local time)
     why: str  # the lost node and how it ended, or what is known
     lost: list[str]  # nodes lost since the start before it
+    joined: list[str]  # lost nodes admitted again since the start before it
     world_before: int  # ranks before
     world_after: int  # ranks after
     resumed_from_step: int  # the checkpoint step it continued from
@@ -72,20 +74,26 @@ class Restart:
     recovery_s: float | None  # the loss (or the restart) to its first training step
 
 
-def restarts(starts: list[logs.Start], losses: list[Loss]) -> list[Restart]:
-    """Each start of the workers after the first, with the losses seen since the one
-    before it. Pure: the clock values are the controller's monotonic ones."""
+def restarts(starts: list[logs.Start], losses: list[Loss], joins: list[Loss] | None = None) -> list[Restart]:
+    """Each start of the workers after the first, with the losses and admissions seen
+    since the one before it. Pure: the clock values are the controller's monotonic ones."""
     out = []
     for before, start in itertools.pairwise(starts):
         seen = [x for x in losses if before.at <= x.at <= start.at]
-        origin = seen[0].at if seen else start.at
-        wall = seen[0].wall if seen else time.time() - (time.monotonic() - start.at)
-        why = "; ".join(f"{x.host} lost ({x.why})" for x in seen) or "the workers were started again"
+        back = [x for x in joins or [] if before.at <= x.at <= start.at]
+        cause = sorted(seen + back, key=lambda x: x.at)
+        origin = cause[0].at if cause else start.at
+        wall = cause[0].wall if cause else time.time() - (time.monotonic() - start.at)
+        why = (
+            "; ".join([f"{x.host} lost ({x.why})" for x in seen] + [f"{x.host} admitted again" for x in back])
+            or "the workers were started again"
+        )
         out.append(
             Restart(
                 time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(wall)),
                 why,
                 [x.host for x in seen],
+                [x.host for x in back],
                 before.world,
                 start.world,
                 start.resumed_from,
@@ -180,10 +188,14 @@ def build(out: Outcome, records_path: Path, sig: str) -> TrainReport:
             {"host": x.host, "at": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(x.wall)), "why": x.why}
             for x in out.losses
         ],
-        restarts=restarts(out.curves.starts, out.losses),
+        restarts=restarts(out.curves.starts, out.losses, out.joins),
+        joined=[{"host": x.host, "at": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(x.wall))} for x in out.joins],
     )
+    back = {x.host for x in out.joins}
     for n in nodes:
-        if n.name in lost:
+        if n.name in back:
+            report.notes.append(f"{n.name} was lost and admitted again during the run")
+        elif n.name in lost:
             gone = (
                 " and could not be reached afterwards to check that nothing of the run is left"
                 if n.clean is None

@@ -14,7 +14,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -24,6 +24,7 @@ from provision.launch import logs, monitor, plan
 from provision.resources import training_script
 
 REAPER = Path(__file__).with_name("reaper.py")
+REJOIN_POLL_S = 10  # an elastic run asks a lost node this often whether it is back
 STREAM_JOIN_S = 30  # how long to wait for log streams to end after teardown
 TEARDOWN_TIMEOUT_S = 40  # per host: reaper grace (5 s) + SIGKILL wait + SSH slack
 # The node check imports torch: cold after a boot, on an emulated or busy node, that alone
@@ -102,6 +103,7 @@ class Outcome:
     slurm_job: str | None = None  # the Slurm job id of a --scheduler slurm run
     requeues: int | None = None  # --requeue: times the job was requeued and started again; else None
     losses: list[Loss] = field(default_factory=list)  # an elastic run's lost nodes, in order
+    joins: list[Loss] = field(default_factory=list)  # lost nodes admitted again (why: "admitted again")
 
 
 def prepare(
@@ -165,6 +167,15 @@ def prepare(
     )
 
 
+def prepare_again(
+    node: Node, conn: Any, opts: Options, run_id: str, admission: int, say: Callable[[str, str], None]
+) -> plan.NodePlan:
+    """A lost node of an elastic run, prepared to be admitted again: checked and given the
+    trainer and reaper as at the start, in a run directory of its own for this admission
+    (``<node>.<admission>``), since the old one may hold what the lost start left."""
+    return _prepare_node(node, conn, opts, run_id, False, say, (), admission)
+
+
 def _capture(func: Callable[[Node], plan.NodePlan], node: Node) -> plan.NodePlan | Exception:
     try:
         return func(node)
@@ -180,10 +191,11 @@ def _prepare_node(
     is_first: bool,
     say: Callable[[str, str], None],
     shares: tuple[plan.Share, ...] = (),
+    admission: int = 0,
 ) -> plan.NodePlan:
     s = node.settings
     python = opts.python or f"{s.venv_path}/bin/python"
-    run_dir = plan.run_dir(s.train_dir, run_id, node.name)
+    run_dir = plan.run_dir(s.train_dir, run_id, node.name if not admission else f"{node.name}.{admission}")
     say(node.name, "checking python, interface and GPUs")
     # test -w asks the NFS server (root_squash), and touching an automount point mounts it;
     # it is asked as the user the trainer will run as.
@@ -273,10 +285,13 @@ class Supervisor:
         on_line: Callable[[str, str, str], None],
         command_for: Callable[[plan.NodePlan], str] | None = None,
         on_stop: Callable[[], None] = lambda: None,
+        admit: Callable[[str, int], tuple[Any, plan.NodePlan, int]] | None = None,
     ):
         """``command_for``: the command whose output is a node's log and whose exit status
         is its end (default: torchrun over SSH, plan.node_command); ``on_stop``: what stops
-        the run before the reapers do (a Slurm run's scancel)."""
+        the run before the reapers do (a Slurm run's scancel). ``admit(host, admission)``:
+        for an elastic run, a lost node prepared again once it answers, as (connection, its
+        plan, its port to the rendezvous store); raises when it cannot be."""
         self.nodes = {n.name: n for n in nodes}
         self.conns, self.plan, self.opts = conns, run, opts
         self._command_for = command_for or (lambda p: plan.node_command(self.plan, p))
@@ -288,6 +303,11 @@ class Supervisor:
         self._failed_at = 0.0  # controller clock when the first failure was seen
         self._requested: str | None = None  # request_stop's reason
         self.done = threading.Event()  # set when run() has returned
+        self._admit = admit
+        self._admitted: queue.Queue[str] = queue.Queue()  # hosts started again, for the watch loop
+        self._streams: list[threading.Thread] = []
+        self._closing = threading.Lock()  # held while a node is started again, and once the watch ends
+        self._watching = True
 
     def request_stop(self, why: str) -> None:
         """Stop the run from another thread (a sweep's Ctrl-C, whose trials run off the
@@ -302,20 +322,25 @@ class Supervisor:
 
     def _run(self) -> Outcome:
         mon = monitor.Monitor(self._sample, list(self.nodes), self.opts.monitor_interval)
-        streams = [threading.Thread(target=self._stream, args=(p,), daemon=True) for p in self.plan.nodes]
-        for t in streams:
-            t.start()
+        for p in self.plan.nodes:
+            self._start_stream(p)
         mon.start()
+        rejoin = None
+        if self.plan.elastic is not None and self._admit is not None:
+            rejoin = threading.Thread(target=self._rejoin_loop, daemon=True)
+            rejoin.start()
         try:
             with stop_signals() as stop:
                 self._watch(stop)
         except KeyboardInterrupt:  # off the main thread, where no handler of ours is installed
             self._fail(None, "interrupted (Ctrl-C)")
         finally:
+            with self._closing:  # no node is started again from here on
+                self._watching = False
             mon.stop()
         if self.out.failure:
             self._teardown_all()
-        for t in streams:
+        for t in self._streams:
             t.join(timeout=STREAM_JOIN_S)
         while not self._ended.empty():  # hosts that ended during or after teardown
             host, end = self._ended.get()
@@ -335,6 +360,8 @@ class Supervisor:
             if stop.why or self._requested:
                 self._fail(None, stop.why or self._requested or "")
                 return
+            while not self._admitted.empty():
+                pending.add(self._admitted.get())
             try:
                 host, end = self._ended.get(timeout=0.2)
             except queue.Empty:
@@ -344,6 +371,9 @@ class Supervisor:
                 continue
             self.out.ends[host] = end
             pending.discard(host)
+            if end.exited != 0 and self._joined_late(host, pending):
+                self._on_line(host, "provision", "admitted again too late: the run had finished without it")
+                continue
             if end.exited != 0:
                 why = end.reason or f"{'the trainer' if self.plan.solo else 'torchrun'} exited {end.exited}"
                 e = self.plan.elastic
@@ -360,6 +390,74 @@ class Supervisor:
         after it (its torchrun failing on the way out is a failure, not a node to go on
         without)."""
         return any(self.out.ends[h].exited == 0 for h in self.out.ends if h not in pending)
+
+    def _joined_late(self, host: str, pending: set[str]) -> bool:
+        """A node admitted again whose torchrun ended badly after the run had finished
+        without it (it waited at a rendezvous that was over)."""
+        again = any(j.host == host for j in self.out.joins)
+        return again and self._finished(pending | {host}) and not pending
+
+    def _rejoin_loop(self) -> None:
+        """An elastic run's lost nodes are tried every REJOIN_POLL_S; one that answers is
+        prepared again and started: its torchrun joins the rendezvous, and the others'
+        restart their workers with it, up to every node of the run."""
+        tried: dict[str, float] = {}
+        admissions: dict[str, int] = {}
+        said: set[str] = set()
+        while not self.done.is_set() and self.out.failure is None:
+            time.sleep(1)
+            back = {x.host for x in self.out.losses} - self._running()
+            for host in sorted(back):
+                if time.monotonic() - tried.get(host, 0.0) < REJOIN_POLL_S:
+                    continue
+                tried[host] = time.monotonic()
+                admissions[host] = admissions.get(host, 0) + 1
+                try:
+                    conn, node_plan, port = self._admit(host, admissions[host])  # type: ignore[misc]
+                except Exception as e:  # not back yet: tried again later, said once
+                    admissions[host] -= 1
+                    if host not in said:
+                        said.add(host)
+                        self._on_line(host, "provision", f"not back yet (asked every {REJOIN_POLL_S} s): {e}"[:300])
+                    continue
+                self._reaper(host, False)  # what the lost start left there, if any of it still runs
+                with self._closing:
+                    if not self._watching:
+                        conn.close()
+                        return
+                    self._restart_node(host, conn, node_plan, port)
+
+    def _running(self) -> set[str]:
+        """Hosts whose latest start has not ended."""
+        started = {h: 1 for h in self.nodes}
+        for j in self.out.joins:
+            started[j.host] += 1
+        ended = {h: 0 for h in self.nodes}
+        for x in self.out.losses:
+            ended[x.host] += 1
+        return {h for h in self.nodes if started[h] > ended[h]}
+
+    def _restart_node(self, host: str, conn: Any, node_plan: plan.NodePlan, port: int) -> None:
+        e = self.plan.elastic
+        assert e is not None
+        old = self.conns.get(host)
+        self.conns[host] = conn
+        ports = {**dict(e.store_ports), host: port}
+        nodes = tuple(node_plan if p.name == host else p for p in self.plan.nodes)
+        self.plan = replace(self.plan, nodes=nodes, elastic=replace(e, store_ports=tuple(ports.items())))
+        self.out.plan = self.plan
+        self.out.joins.append(Loss(host, time.monotonic(), time.time(), "admitted again"))
+        self._on_line(host, "provision", "answers again: admitted at the next rendezvous")
+        self._admitted.put(host)
+        self._start_stream(node_plan)
+        if old is not None:
+            with contextlib.suppress(Exception):
+                old.close()
+
+    def _start_stream(self, node_plan: plan.NodePlan) -> None:
+        t = threading.Thread(target=self._stream, args=(node_plan,), daemon=True)
+        self._streams.append(t)
+        t.start()
 
     def _lose(self, host: str, why: str, left: set[str]) -> None:
         """An elastic run goes on without ``host``: said, recorded, and the survivors'
@@ -407,7 +505,8 @@ class Supervisor:
 
     def _run_logged(self, node_plan: plan.NodePlan) -> HostEnd:
         name = node_plan.name
-        with logs.open_log(self.out.out_dir, name) as log:
+        again = any(j.host == name for j in self.out.joins)  # an admission after a loss: its log goes on
+        with logs.open_log(self.out.out_dir, name, append=again) as log:
             sink = logs.LineSink(name, log, self._line, unprefixed=self.plan.unprefixed)
             try:
                 result = self.conns[name].run(

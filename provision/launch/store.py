@@ -94,6 +94,15 @@ class Store:
             )
         return {f.host: f.port for f in self.forwards}
 
+    def expose_one(self, node: Node, conn: Any) -> int:
+        """The store on one more node's loopback: a lost node admitted again."""
+        try:
+            forward = remote.forward_here(conn, node.name, self.port, FORWARD_S)
+        except remote.RemoteError as e:
+            raise LaunchError(f"its sshd would not forward a port to the rendezvous store ({e})") from e
+        self.forwards.append(forward)
+        return forward.port
+
     def alive(self) -> bool:
         return self.proc.poll() is None
 

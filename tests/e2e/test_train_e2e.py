@@ -3,7 +3,8 @@ cluster network with checkpoints on NFS; a VM dies mid-run and the run is torn d
 host within 30 s; `--resume`, as a Slurm job (the default scheduler on a cluster running
 Slurm), continues from the last checkpoint to a clean exit and a COMPLETED job, and with
 `--requeue` is followed across a requeue into a second attempt that resumes from the run's
-newer checkpoint."""
+newer checkpoint. Then an elastic run (`--min-nodes 1`) loses the same VM mid-run and goes
+on with the other from its newest checkpoint, to the last step and exit 0."""
 
 from __future__ import annotations
 
@@ -136,6 +137,57 @@ def test_two_vms_train_over_the_cluster_network_a_vm_dying_tears_down_the_run_an
     assert "JobState=COMPLETED" in shown, shown
     assert "Restarts=1" in shown, shown
     _privilege_drill(survivor, first_run)
+    _elastic_drill(testbed, survivor, victim, tmp_path / "elastic")
+
+
+ELASTIC_STEPS = 12
+
+
+def _elastic_drill(testbed, survivor, victim, cwd: Path) -> None:
+    """`--min-nodes 1`: the victim's VM is killed (SIGKILL to qemu: its ranks' peers hear
+    nothing more on the cluster network) after the run's checkpoint at step 4; the launcher
+    stops the survivor's workers, torchrun restarts them alone from the newest checkpoint
+    (the rendezvous store is on the controller), and the run ends 0 naming the victim. The
+    victim is started again afterwards for the tests after this one."""
+    cwd.mkdir()
+    proc = start(
+        Path(testbed.inventory_path),
+        cwd,
+        "--min-nodes",
+        "1",
+        "--steps",
+        str(ELASTIC_STEPS),
+        "--ckpt-every",
+        "2",
+        *TRAINER,
+    )
+    try:
+        run = _wait_for_checkpointed_step(cwd, step=5)
+        testbed.testbed.stop_node(victim.name, hard=True)
+        code = proc.wait(timeout=1200)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=300)
+        testbed.testbed.start_node(victim.name)
+    said = (cwd / "err.txt").read_text()
+    assert code == 0, said[-3000:]
+    assert "scheduler: ssh (an elastic run" in said
+    report = report_of(cwd)
+    print(json.dumps({"lost": report["lost"], "restarts": report["restarts"]}, indent=1))
+    assert report["ok"] is True
+    assert [x["host"] for x in report["lost"]] == [victim.name]
+    (restart,) = report["restarts"]
+    assert restart["lost"] == [victim.name]
+    assert (restart["world_before"], restart["world_after"]) == (2, 1)
+    assert restart["resumed_from_step"] >= 4
+    assert restart["recovery_s"] is not None
+    text = (Path(report["out_dir"]) / f"{survivor.name}.log").read_text()
+    steps = [int(line.split("step ")[1].split("/")[0]) for line in text.splitlines() if "| train loss" in line]
+    assert max(steps) == ELASTIC_STEPS
+    assert "world size 2 -> 1, global batch" in text
+    assert trainer_processes(survivor, run) == []
+    assert trainer_processes(victim, run) == []  # after its new boot: nothing of the run came back
 
 
 def _wait_for_text(cwd: Path, needle: str, timeout: float = 900) -> str:

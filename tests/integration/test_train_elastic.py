@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -165,3 +166,56 @@ def test_an_elastic_run_that_loses_nothing_ends_like_any_other(hosts, tmp_path):
     assert [n["exited"] for n in report["nodes"]] == [0, 0]
     err = (tmp_path / "err.txt").read_text()
     assert "elastic: goes on with at least 1 of 2 nodes" in err
+
+
+def test_a_lost_host_that_answers_again_is_admitted_and_the_world_goes_2_1_2(hosts, tmp_path):  # noqa: F811
+    """The lost host's sshd is frozen (SIGSTOP) while its sessions and the run's processes
+    are killed, so it cannot be admitted again until the survivor trains alone; then it
+    is let go (SIGCONT), answers, and the launcher admits it at its next try: the
+    survivor's workers restart with it. The run is long and ends by the trainer's stop
+    file once the world is back to 2 and has trained a few steps."""
+    cluster, _node_dir = hosts
+    stop = tmp_path / "stop"
+    proc = start(
+        cluster.inventory,
+        tmp_path,
+        "--min-nodes",
+        "1",
+        "--steps",
+        "100000",
+        "--ckpt-every",
+        str(CKPT_EVERY),
+        *TRAINER,
+        "--stop-file",
+        str(stop),
+    )
+    run = run_dir(tmp_path)
+    wait_for_steps(run, CKPT_EVERY + 2, timeout=180)
+    listener = cluster.hosts[1].sshd.pid
+    os.kill(listener, signal.SIGSTOP)
+    try:
+        kill_host(cluster, 1, run.name)
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and "; world 1 on cpu" not in (tmp_path / "err.txt").read_text():
+            time.sleep(0.5)
+        assert "; world 1 on cpu" in (tmp_path / "err.txt").read_text()
+    finally:
+        os.kill(listener, signal.SIGCONT)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and (tmp_path / "err.txt").read_text().count("; world 2 on cpu") < 2:
+        time.sleep(0.5)
+    said = (tmp_path / "err.txt").read_text()
+    assert said.count("; world 2 on cpu") >= 2, said[-3000:]
+    time.sleep(3)  # a few steps at world 2 again
+    stop.write_text("the test has seen the world back at 2\n")
+    code, report = finish(proc, tmp_path)
+    assert code == 0, why(tmp_path, report)
+    assert report["ok"] is True
+    assert [x["host"] for x in report["lost"]] == ["ns1"]
+    assert [x["host"] for x in report["joined"]] == ["ns1"]
+    worlds = [report["restarts"][0]["world_before"]] + [r["world_after"] for r in report["restarts"]]
+    assert worlds == [2, 1, 2], report["restarts"]
+    assert report["restarts"][1]["joined"] == ["ns1"]
+    assert "answers again: admitted at the next rendezvous" in said
+    assert all(n["clean"] for n in report["nodes"]), report["nodes"]
+    assert processes_of(run.name) == {}

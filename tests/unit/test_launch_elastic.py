@@ -97,6 +97,12 @@ def test_a_restart_says_who_was_lost_the_worlds_the_step_resumed_and_the_time_to
     assert (second.world_before, second.world_after, second.steps_recomputed) == (1, 2, 4)
     assert second.recovery_s == 11.0
     assert report.restarts(starts[:1], losses) == []
+    # The same starts, with node2 admitted again before the third: that is the cause.
+    joins = [Loss("node2", 85.0, 1_700_000_060.0, "admitted again")]
+    third = report.restarts(starts, losses, joins)[1]
+    assert third.joined == ["node2"]
+    assert third.why == "node2 admitted again"
+    assert third.recovery_s == 16.0  # admitted at 85 s, its first step with it at 101 s
 
 
 def test_a_run_that_finished_without_a_lost_node_it_cannot_reach_is_ok_and_names_it(tmp_path):
