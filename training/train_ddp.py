@@ -83,6 +83,7 @@ EVAL_INTERVAL = 10  # evaluate on the validation split every this many steps (an
 EVAL_SAMPLES = 32  # validation sequences per evaluation, split over the ranks
 LOG_INTERVAL = 1  # print a train line every this many steps
 CKPT_INTERVAL = 0  # save a checkpoint every this many steps; 0: only at the end
+STRAGGLER_WINDOW = 20  # --drop-stragglers: steps a node must stay slow before it is named
 DATA_MAX_MB = 4  # read at most this much text when preparing the token file
 VAL_FRACTION = 0.1  # the tail of the text held out for validation
 
@@ -491,6 +492,64 @@ class StepTimer:
         return max(0.0, self.seconds(self.ready, self.synced))
 
 
+class StragglerWatch:
+    """--drop-stragglers F: names a node whose own step time stayed above F times the
+    median of the other nodes' over the last ``window`` steps: the median of its per-step
+    ratios is above F, so one noisy step neither makes nor breaks it. Its own time is
+    its ranks' forward passes (the StepTimer's), the compute no collective waits inside:
+    a step's wall time is the slowest rank's on every rank, and what a rank waits in the
+    gradient all-reduce depends on where in its step the others were late, so neither can
+    say who is slow (the report's straggler line uses the same signal). The other nodes, not all of
+    them: with two nodes the median of both is their mean, which a slow node can never
+    exceed twice. Rank 0 names it after the next checkpoint ("straggler: dropping NODE"),
+    and `provision train --drop-stragglers` takes the node out of an elastic run there, so
+    the others resume from that checkpoint at their own pace. One all_gather of a scalar
+    per step, only with the flag."""
+
+    def __init__(self, d: Dist, factor: float, window: int):
+        self.d, self.factor, self.window = d, factor, window
+        names: list[object] = [None] * d.world
+        if d.world > 1:
+            dist.all_gather_object(names, d.node)
+        else:
+            names = [d.node]
+        self.rank_node = [str(n) for n in names]
+        self.history: list[dict[str, float]] = []  # per step: node -> its ranks' mean own time
+
+    def observe(self, own_s: float) -> None:
+        t = torch.tensor([own_s], dtype=torch.float64, device=self.d.device)
+        every = [torch.zeros_like(t) for _ in range(self.d.world)]
+        if self.d.world > 1:
+            dist.all_gather(every, t)
+        else:
+            every = [t]
+        by_node: dict[str, list[float]] = {}
+        for rank, value in enumerate(every):
+            by_node.setdefault(self.rank_node[rank], []).append(value.item())
+        self.history = [*self.history, {n: sum(v) / len(v) for n, v in by_node.items()}][-self.window :]
+
+    def slow(self) -> tuple[str, float] | None:
+        """(node, its median ratio over the window) for the slowest node above the factor
+        over a full window; None while none is."""
+        if len(self.history) < self.window or len(self.history[-1]) < 2:
+            return None
+        worst = None
+        for node in self.history[-1]:
+            ratios = sorted(step[node] / mid for step in self.history if (mid := _median_of_others(step, node)) > 0)
+            ratio = ratios[len(ratios) // 2] if len(ratios) == self.window else 0.0
+            if ratio > self.factor and (worst is None or ratio > worst[1]):
+                worst = (node, ratio)
+        return worst
+
+
+def _median_of_others(step: dict[str, float], node: str) -> float:
+    others = sorted(v for n, v in step.items() if n != node)
+    if node not in step or not others:
+        return 0.0
+    half = len(others) // 2
+    return others[half] if len(others) % 2 else (others[half - 1] + others[half]) / 2
+
+
 def train_step(d, model, opt, sampler, train, cfg, step, args, timer: StepTimer) -> torch.Tensor:
     """One optimizer step over this rank's share of the global batch; gradients are
     all-reduced once, on the last micro-batch (no_sync on the others). Returns the loss as
@@ -779,8 +838,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="with --resume: evaluate the newest checkpoint of --ckpt-name on the validation split, no training",
     )
+    arg(
+        "--drop-stragglers",
+        type=float,
+        metavar="F",
+        help="name a node whose own step time stays above F x the other nodes' median for --straggler-window "
+        "steps, at the next checkpoint (provision train --drop-stragglers then takes it out of the run)",
+    )
+    arg("--straggler-window", type=int, default=STRAGGLER_WINDOW, help="steps a straggler must stay slow")
     arg("--run-id", default="local", help="run identifier, echoed in the summary")
     args = p.parse_args(argv)
+    if args.drop_stragglers is not None and args.drop_stragglers <= 1:
+        p.error(f"--drop-stragglers {args.drop_stragglers:g}: the factor must be above 1")
+    if args.straggler_window < 1:
+        p.error("--straggler-window must be at least 1")
     if args.eval_only and not args.resume:
         p.error("--eval-only evaluates a checkpoint: give --resume (and --ckpt-dir/--ckpt-name to pick it)")
     return args
@@ -929,6 +1000,13 @@ def run(d, model, opt, sampler, train, val, cfg, args, start: int, ckpt_dir: Pat
     tokens_per_step = args.global_batch * cfg.block_size
     timer = StepTimer(d.device)
     timer.watch(model)
+    watch = StragglerWatch(d, args.drop_stragglers, args.straggler_window) if args.drop_stragglers else None
+    if watch is not None:
+        log(
+            d,
+            f"stragglers: a node whose forward passes take over {args.drop_stragglers:g}x the other nodes' "
+            f"median over {args.straggler_window} steps is named at the next checkpoint",
+        )
     for step in range(start, args.steps):
         t0 = time.perf_counter()
         loss_t = train_step(d, model, opt, sampler, train, cfg, step, args, timer)
@@ -942,6 +1020,8 @@ def run(d, model, opt, sampler, train, val, cfg, args, start: int, ckpt_dir: Pat
         history["fwd"].append(timer.forward_s())
         history["wait"].append(timer.wait_s())
         history["last_step"] = n
+        if watch is not None:
+            watch.observe(timer.forward_s())
         if n % args.log_interval == 0 or n == args.steps:
             mfu = f" | mfu {tokens_per_step / dt * args.mfu_scale:.1%}" if args.mfu_scale else ""
             log(
@@ -959,10 +1039,23 @@ def run(d, model, opt, sampler, train, val, cfg, args, start: int, ckpt_dir: Pat
                 log(d, f"step {n}/{args.steps} | stopped: {stop}")
                 break
         if (args.ckpt_interval and n % args.ckpt_interval == 0) or n == args.steps:
-            saved = save_checkpoint(d, ckpt_dir, args.ckpt_name, model, opt, n, cfg, args)
-            if saved is not None:
-                history["checkpoint"] = os.path.abspath(saved)
+            checkpoint(d, ckpt_dir, model, opt, n, cfg, args, history, watch)
     return history
+
+
+def checkpoint(d, ckpt_dir: Path, model, opt, n: int, cfg: GPTConfig, args, history: dict, watch) -> None:
+    """Save step ``n``; then, with --drop-stragglers, name a straggler: the run resumes
+    without it from this checkpoint."""
+    saved = save_checkpoint(d, ckpt_dir, args.ckpt_name, model, opt, n, cfg, args)
+    if saved is not None:
+        history["checkpoint"] = os.path.abspath(saved)
+    slow = watch.slow() if watch is not None and n < args.steps else None
+    if slow is not None:
+        log(
+            d,
+            f"straggler: dropping {slow[0]}: its own step time stayed above {args.drop_stragglers:g}x "
+            f"the other nodes' median over {args.straggler_window} steps ({slow[1]:.2f}x) | checkpoint step {n}",
+        )
 
 
 def stop_requested(d: Dist, path: str) -> str | None:

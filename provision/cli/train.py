@@ -83,6 +83,13 @@ def train(
         help=f"steps between checkpoints (default with --min-nodes: {ELASTIC_CKPT_EVERY}, a restart redoes "
         "at most that many; else only at the end)",
     ),
+    drop_stragglers: float | None = typer.Option(
+        None,
+        "--drop-stragglers",
+        metavar="F",
+        help="with --min-nodes: take out a node whose own step time stays above F x the other nodes' median "
+        "for 20 steps, at the next checkpoint (named in the report); without it stragglers are only reported",
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="do not echo the nodes' logs"),
     as_json: bool = typer.Option(False, "--json", help="print the report as JSON on stdout"),
 ) -> None:
@@ -117,7 +124,13 @@ def train(
 
     Example: provision train inventories/testbed.py --scheduler slurm --requeue --steps 2000 -- --ckpt-interval 100
 
+    --drop-stragglers F (with --min-nodes) takes out a node whose own step time stays
+    above F times the other nodes' median for 20 steps, at the next checkpoint; the others
+    resume there without it. It is named in the report and not admitted again.
+
     Example: provision train inventories/testbed.py --min-nodes 1 --steps 2000 --ckpt-every 50
+
+    Example: provision train inventories/testbed.py --min-nodes 1 --drop-stragglers 1.5
     """
     from provision import launch
 
@@ -137,6 +150,7 @@ def train(
         requeue,
         min_nodes,
         ckpt_every,
+        drop_stragglers,
     )
     cluster = inventory_lib.load(inventory)
     nodes = host_limit.select(cluster, limit)
@@ -193,6 +207,7 @@ def _options(
     requeue: bool = False,
     min_nodes: int | None = None,
     ckpt_every: int | None = None,
+    drop_stragglers: float | None = None,
 ) -> Options:
     from provision.launch import Options, logs, plan
 
@@ -229,6 +244,9 @@ def _options(
                 "under Slurm, --requeue resumes a run from its checkpoint; else leave --scheduler slurm out",
             )
         )
+    if drop_stragglers is not None and (min_nodes is None or not drop_stragglers > 1):
+        why = "needs an elastic run (--min-nodes)" if min_nodes is None else f"{drop_stragglers:g}: F must be above 1"
+        problems.append(Problem("--drop-stragglers", why, "e.g. --min-nodes 1 --drop-stragglers 1.5"))
     if problems:
         raise InputError(problems)
     return Options(
@@ -247,6 +265,7 @@ def _options(
         requeue,
         min_nodes=min_nodes,
         ckpt_every=ckpt_every if ckpt_every is not None else (ELASTIC_CKPT_EVERY if min_nodes is not None else 0),
+        drop_stragglers=drop_stragglers,
     )
 
 

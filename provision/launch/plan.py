@@ -161,6 +161,7 @@ def trainer_args(
     requeue: bool = False,
     elastic: bool = False,
     ckpt_every: int = 0,
+    drop_stragglers: float | None = None,
 ) -> tuple[str, ...]:
     """train_ddp.py arguments. The global batch grows with the world (weak scaling), so a
     rank does the same work on 1 node or on N, which is what scaling efficiency compares.
@@ -196,6 +197,8 @@ def trainer_args(
     ]
     if ckpt_every:
         args += ["--ckpt-interval", str(ckpt_every)]
+    if drop_stragglers is not None:
+        args += ["--drop-stragglers", f"{drop_stragglers:g}"]
     if resume:
         args.append("--resume")
     elif requeue or elastic:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import queue
+import re
 import shlex
 import signal
 import threading
@@ -25,6 +26,7 @@ from provision.resources import training_script
 
 REAPER = Path(__file__).with_name("reaper.py")
 REJOIN_POLL_S = 10  # an elastic run asks a lost node this often whether it is back
+_STRAGGLER = re.compile(r"^straggler: dropping (\S+): ")  # the trainer's StragglerWatch line
 STREAM_JOIN_S = 30  # how long to wait for log streams to end after teardown
 TEARDOWN_TIMEOUT_S = 40  # per host: reaper grace (5 s) + SIGKILL wait + SSH slack
 # The node check imports torch: cold after a boot, on an emulated or busy node, that alone
@@ -64,6 +66,7 @@ class Options:
     # first failure ends the run on all of them.
     min_nodes: int | None = None
     ckpt_every: int = 0  # steps between checkpoints; 0: the trainer's own (at the end only)
+    drop_stragglers: float | None = None  # elastic: take out a node this many times slower (StragglerWatch)
 
 
 @dataclass
@@ -155,6 +158,7 @@ def prepare(
         requeue=opts.requeue,
         elastic=elastic is not None,
         ckpt_every=opts.ckpt_every,
+        drop_stragglers=opts.drop_stragglers,
     )
     return plan.RunPlan(
         run_id,
@@ -308,6 +312,8 @@ class Supervisor:
         self._streams: list[threading.Thread] = []
         self._closing = threading.Lock()  # held while a node is started again, and once the watch ends
         self._watching = True
+        self._dropped: dict[str, str] = {}  # stragglers taken out of an elastic run: host -> why
+        self._kept: set[str] = set()  # stragglers that could not be dropped (said once)
 
     def request_stop(self, why: str) -> None:
         """Stop the run from another thread (a sweep's Ctrl-C, whose trials run off the
@@ -376,6 +382,7 @@ class Supervisor:
                 continue
             if end.exited != 0:
                 why = end.reason or f"{'the trainer' if self.plan.solo else 'torchrun'} exited {end.exited}"
+                why = self._dropped.get(host, why)
                 e = self.plan.elastic
                 if e is not None and len(pending) >= e.min_nodes and not self._finished(pending):
                     self._lose(host, why, pending)
@@ -406,7 +413,7 @@ class Supervisor:
         said: set[str] = set()
         while not self.done.is_set() and self.out.failure is None:
             time.sleep(1)
-            back = {x.host for x in self.out.losses} - self._running()
+            back = {x.host for x in self.out.losses} - self._running() - set(self._dropped)
             for host in sorted(back):
                 if time.monotonic() - tried.get(host, 0.0) < REJOIN_POLL_S:
                     continue
@@ -458,6 +465,25 @@ class Supervisor:
         t = threading.Thread(target=self._stream, args=(node_plan,), daemon=True)
         self._streams.append(t)
         t.start()
+
+    def _drop(self, host: str, why: str) -> None:
+        """--drop-stragglers: rank 0 named ``host`` after a checkpoint; its run there is
+        stopped, and its end is then a loss like any other (the others resume from that
+        checkpoint without it), except that it is not admitted again. Kept when fewer than
+        --min-nodes would be left. A name that is not a node of this run is ignored."""
+        e = self.plan.elastic
+        if e is None or host not in self.nodes or host in self._dropped or host in self._kept:
+            return
+        left = self._running() - {host}
+        if len(left) < e.min_nodes:
+            self._kept.add(host)
+            self._on_line(
+                host, "provision", f"a straggler, kept: without it {len(left)} node(s), --min-nodes {e.min_nodes}"
+            )
+            return
+        self._dropped[host] = f"dropped as a straggler: {why}"
+        self._on_line(host, "provision", "a straggler: stopping its part of the run; the others go on without it")
+        threading.Thread(target=self._reaper, args=(host, False), daemon=True).start()
 
     def _lose(self, host: str, why: str, left: set[str]) -> None:
         """An elastic run goes on without ``host``: said, recorded, and the survivors'
@@ -532,6 +558,8 @@ class Supervisor:
             self._texts[host].append(text)
         if who == "rank0":
             self.out.curves.feed(text)
+            if m := _STRAGGLER.match(text):
+                self._drop(m.group(1), text[len("straggler: ") :])
         self._on_line(host, who, text)
 
     def _sample(self, host: str) -> str | None:

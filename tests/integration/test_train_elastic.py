@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -47,6 +48,34 @@ def kill_host(cluster, index: int, run_id: str) -> None:
     for pid in sshd_sessions(cluster.hosts[index].sshd.pid):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def throttled(run_id: str, host: str):
+    """While inside: the run's workers on ``host`` (every thread of them, and workers that
+    a restart starts) share CPU 0 with a busy loop: a node about half as fast as the
+    others, as one given too few cores."""
+    done = threading.Event()
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=lambda: os.sched_setaffinity(0, {0}))
+
+    def pin() -> None:
+        while not done.is_set():
+            for pid, cmdline in processes_of(run_id).items():
+                if f"/{host}/train_ddp.py" in cmdline and "torch.distributed.run" not in cmdline:
+                    with contextlib.suppress(OSError):
+                        for tid in os.listdir(f"/proc/{pid}/task"):
+                            os.sched_setaffinity(int(tid), {0})
+            done.wait(0.5)
+
+    thread = threading.Thread(target=pin, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+        hog.kill()
+        hog.wait()
 
 
 def _environ(pid: int) -> str:
@@ -82,10 +111,16 @@ def test_a_lost_host_leaves_the_run_going_on_the_other_to_the_last_step(hosts, t
     run = run_dir(tmp_path)
     wait_for_steps(run, CKPT_EVERY + 2, timeout=180)
     ckpts = node_dir / "work" / "checkpoints"
-    kill_host(cluster, lost, run.name)
-    copy = tmp_path / "at-loss"
-    shutil.copytree(ckpts, copy)  # the survivor resumes from the newest of these
-    code, report = finish(proc, tmp_path)
+    # The lost host stays gone until the run ends: its sshd frozen, it cannot be admitted again.
+    listener = cluster.hosts[lost].sshd.pid
+    os.kill(listener, signal.SIGSTOP)
+    try:
+        kill_host(cluster, lost, run.name)
+        copy = tmp_path / "at-loss"
+        shutil.copytree(ckpts, copy)  # the survivor resumes from the newest of these
+        code, report = finish(proc, tmp_path)
+    finally:
+        os.kill(listener, signal.SIGCONT)
     name = cluster.hosts[lost].name
     survivor = cluster.hosts[1 - lost].name
     assert code == 0, why(tmp_path, report)
@@ -218,4 +253,44 @@ def test_a_lost_host_that_answers_again_is_admitted_and_the_world_goes_2_1_2(hos
     assert report["restarts"][1]["joined"] == ["ns1"]
     assert "answers again: admitted at the next rendezvous" in said
     assert all(n["clean"] for n in report["nodes"]), report["nodes"]
+    assert processes_of(run.name) == {}
+
+
+def test_a_straggler_is_dropped_at_a_checkpoint_and_the_run_finishes_without_it(hosts, tmp_path):  # noqa: F811
+    """ns1's workers are throttled to a fraction of ns0's pace: after a full window of slow
+    steps, rank 0 names ns1 at the next checkpoint, the launcher stops ns1's part, and ns0
+    finishes every step alone from that checkpoint. A dropped node is not admitted again."""
+    cluster, _node_dir = hosts
+    steps, window = 40, 8
+    proc = start(
+        cluster.inventory,
+        tmp_path,
+        "--min-nodes",
+        "1",
+        "--drop-stragglers",
+        "1.5",
+        "--steps",
+        str(steps),
+        "--ckpt-every",
+        str(CKPT_EVERY),
+        *TRAINER,
+        "--straggler-window",
+        str(window),
+    )
+    run = run_dir(tmp_path)
+    wait_for_steps(run, 2, timeout=180)
+    with throttled(run.name, "ns1"):
+        code, report = finish(proc, tmp_path)
+    assert code == 0, why(tmp_path, report)
+    assert report["ok"] is True
+    ((lost),) = report["lost"]
+    assert lost["host"] == "ns1"
+    assert lost["why"].startswith("dropped as a straggler: dropping ns1: its own step time stayed above 1.5x")
+    assert report["joined"] == []
+    (restart,) = report["restarts"]
+    assert (restart["world_before"], restart["world_after"]) == (2, 1)
+    assert restart["resumed_from_step"] % CKPT_EVERY == 0
+    assert restart["resumed_from_step"] >= window
+    text = (Path(report["out_dir"]) / "ns0.log").read_text()
+    assert max(train_losses(text)) == steps
     assert processes_of(run.name) == {}

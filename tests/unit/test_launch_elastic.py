@@ -51,6 +51,8 @@ def test_an_elastic_trainer_resumes_its_own_runs_checkpoints_saved_every_n_steps
     resumed = plan.trainer_args(resume=True, elastic=True, ckpt_every=10, **common)
     assert "--resume" in resumed
     assert "--auto-resume-own" not in resumed
+    dropping = plan.trainer_args(resume=False, elastic=True, drop_stragglers=1.5, **common)
+    assert dropping[dropping.index("--drop-stragglers") + 1] == "1.5"
     plain = plan.trainer_args(resume=False, **common)
     assert "--auto-resume-own" not in plain
     assert "--ckpt-interval" not in plain
@@ -135,6 +137,14 @@ def inventory(tmp_path):
         (("--min-nodes", "1", "--scheduler", "slurm"), "an elastic run is started over SSH"),
         (("--min-nodes", "1", "--requeue"), "an elastic run is started over SSH"),
         (("--min-nodes", "1", "--ckpt-every", "0"), "--ckpt-every"),
+        (
+            (
+                "--drop-stragglers",
+                "1.5",
+            ),
+            "needs an elastic run (--min-nodes)",
+        ),
+        (("--min-nodes", "1", "--drop-stragglers", "1"), "F must be above 1"),
     ],
 )
 def test_bad_elastic_options_are_refused_before_any_host_is_contacted(cli, inventory, tmp_path, args, said):

@@ -451,3 +451,42 @@ def test_eval_only_needs_a_checkpoint_to_evaluate(capsys):
     assert "give --resume" in capsys.readouterr().err
     args = trainer.parse_args(["--eval-only", "--resume", "--ckpt-name", "best"])
     assert (args.eval_only, args.resume, args.ckpt_name) == (True, True, "best")
+
+
+def straggler_watch(history: list[dict[str, float]], factor: float = 1.5):
+    """A watch with its per-step history given (observe() needs a process group)."""
+    trainer = load_trainer()
+    watch = trainer.StragglerWatch.__new__(trainer.StragglerWatch)
+    watch.factor, watch.window, watch.history = factor, len(history), history
+    return watch
+
+
+def test_a_node_slower_than_the_others_median_over_the_window_is_named_with_its_ratio():
+    steps = [{"a": 1.0, "b": 1.1, "c": 2.4}] * 4
+    assert straggler_watch(steps).slow() == ("c", 2.4 / 1.05)
+    # Two nodes: against the other one (the median of both could never be exceeded twice).
+    assert straggler_watch([{"a": 1.0, "b": 2.0}] * 3).slow() == ("b", 2.0)
+
+
+def test_one_noisy_step_neither_names_a_node_nor_saves_a_slow_one():
+    slow_but_one = [{"a": 1.0, "b": 2.0}] * 4 + [{"a": 1.0, "b": 1.0}]
+    assert straggler_watch(slow_but_one).slow() == ("b", 2.0)
+    fast_but_one = [{"a": 1.0, "b": 1.0}] * 4 + [{"a": 1.0, "b": 9.0}]
+    assert straggler_watch(fast_but_one).slow() is None
+
+
+def test_no_straggler_before_a_full_window_or_with_one_node_or_below_the_factor():
+    watch = straggler_watch([{"a": 1.0, "b": 3.0}] * 3)
+    watch.window = 4
+    assert watch.slow() is None
+    assert straggler_watch([{"a": 1.0}] * 3).slow() is None
+    assert straggler_watch([{"a": 1.0, "b": 1.4}] * 3).slow() is None
+
+
+def test_drop_stragglers_needs_a_factor_above_one_and_a_window():
+    trainer = load_trainer()
+    with pytest.raises(SystemExit):
+        trainer.parse_args(["--drop-stragglers", "1"])
+    with pytest.raises(SystemExit):
+        trainer.parse_args(["--drop-stragglers", "2", "--straggler-window", "0"])
+    assert trainer.parse_args(["--drop-stragglers", "1.5"]).straggler_window == trainer.STRAGGLER_WINDOW
