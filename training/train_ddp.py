@@ -37,6 +37,11 @@ the same when a checkpoint exists and starts at step 0 when none does (for resta
 Slurm job's restart, which must not continue an earlier run's checkpoint of the same name).
 Checkpoints are ``<ckpt-dir>/<ckpt-name>-step<N>.pt``, written atomically; the newest two
 are kept, and a torn one is skipped with a note.
+
+Stragglers: ``--drop-stragglers F`` names, after a checkpoint, a node whose forward passes
+took over F times the other nodes' median over the last ``--straggler-window`` steps
+(``straggler: dropping NODE: ...``); ``provision train --min-nodes K --drop-stragglers F``
+then takes that node out and the others resume from that checkpoint.
 """
 
 from __future__ import annotations

@@ -46,15 +46,7 @@ def train(
     try:
         run_plan = session.prepare(nodes, conns, opts, run_id, say, nfs_server=cluster.storage_node() is not None)
         if run_plan.elastic is not None:
-            rendezvous = store.Store.start()
-            ports = rendezvous.expose(nodes, conns)
-            elastic = replace(run_plan.elastic, store_ports=tuple(ports.items()))
-            run_plan = replace(run_plan, elastic=elastic)
-            say(
-                run_plan.nodes[0].name,
-                f"elastic: goes on with at least {elastic.min_nodes} of {len(nodes)} nodes, the rendezvous "
-                f"store on this machine (127.0.0.1:{rendezvous.port}), reached from each node over its SSH connection",
-            )
+            rendezvous, run_plan = _elastic_start(cluster, nodes, conns, run_plan, say)
         for p in run_plan.nodes:
             say(p.name, f"starting {p.nproc} rank(s) on {p.interface}")
         if opts.scheduler == "slurm" and opts.chosen and not opts.requeue:
@@ -81,6 +73,49 @@ def train(
         result.notes.append(f"ran as Slurm job {outcome.slurm_job}")
     _write(outcome, result)
     return result
+
+
+def _elastic_start(
+    cluster: Cluster,
+    nodes: list[Node],
+    conns: dict[str, object],
+    run_plan: plan.RunPlan,
+    say: Callable[[str, str], None],
+) -> tuple[store.Store, plan.RunPlan]:
+    """The store started here and forwarded onto every node's loopback; the plan with
+    each node's port to it."""
+    assert run_plan.elastic is not None
+    for note in _elastic_notes(cluster, nodes, run_plan):
+        say(run_plan.nodes[0].name, f"note: {note}")
+    rendezvous = store.Store.start()
+    try:
+        ports = rendezvous.expose(nodes, conns)
+    except BaseException:
+        rendezvous.stop()
+        raise
+    elastic = replace(run_plan.elastic, store_ports=tuple(ports.items()))
+    say(
+        run_plan.nodes[0].name,
+        f"elastic: goes on with at least {elastic.min_nodes} of {len(nodes)} nodes, the rendezvous "
+        f"store on this machine (127.0.0.1:{rendezvous.port}), reached from each node over its SSH connection",
+    )
+    return rendezvous, replace(run_plan, elastic=elastic)
+
+
+def _elastic_notes(cluster: Cluster, nodes: list[Node], run_plan: plan.RunPlan) -> list[str]:
+    """Where an elastic run's checkpoints are, when a restart could not find them: each
+    start of the workers loads the newest checkpoint rank 0 wrote, wherever rank 0 was."""
+    notes = []
+    if "--ckpt-dir" not in run_plan.trainer_args:
+        notes.append(
+            "checkpoints stay on each node's local disk (no NFS checkpoints share every node can write): "
+            "after a loss, the workers restart from a checkpoint only if the new rank 0 is where the old "
+            "one wrote it, else from step 0; give the cluster the nfs step or -- --ckpt-dir on shared storage"
+        )
+    storage = cluster.storage_node()
+    if storage is not None and any(n.name == storage.name for n in nodes) and "--ckpt-dir" in run_plan.trainer_args:
+        notes.append(f"the checkpoints share is served by {storage.name}, which trains too: losing it ends the run")
+    return notes
 
 
 def _admitter(

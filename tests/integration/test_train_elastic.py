@@ -30,6 +30,7 @@ from tests.integration.test_train_launch import (  # noqa: F401 (hosts, no_run_o
     run_dir,
     sshd_sessions,
     start,
+    wait_clean,
     wait_for_steps,
     why,
 )
@@ -294,3 +295,38 @@ def test_a_straggler_is_dropped_at_a_checkpoint_and_the_run_finishes_without_it(
     text = (Path(report["out_dir"]) / "ns0.log").read_text()
     assert max(train_losses(text)) == steps
     assert processes_of(run.name) == {}
+
+
+def store_processes() -> list[int]:
+    """Rendezvous store servers (launch/store_server.py) running on this machine."""
+    return [pid for pid, cmdline in _all_cmdlines().items() if "launch/store_server.py" in cmdline]
+
+
+def _all_cmdlines() -> dict[int, str]:
+    out = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                out[int(entry)] = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    return out
+
+
+def test_ctrl_c_stops_an_elastic_run_everywhere_and_its_store_here(hosts, tmp_path):  # noqa: F811
+    """Teardown as strict as any run's: Ctrl-C is not a lost node. Every host is cleaned,
+    exit 1, and the rendezvous store on the controller is gone with the run."""
+    cluster, _node_dir = hosts
+    before = set(store_processes())
+    proc = start(cluster.inventory, tmp_path, "--min-nodes", "1", "--steps", "100000", *TRAINER)
+    run = run_dir(tmp_path)
+    wait_for_steps(run, 2)
+    ours = set(store_processes()) - before
+    assert len(ours) == 1, "one store process for the run"
+    proc.send_signal(signal.SIGINT)
+    left = wait_clean(run.name, time.monotonic())
+    code, report = finish(proc, tmp_path)
+    assert left == {}
+    assert code == 1
+    assert "interrupted (Ctrl-C)" in report["failure"]
+    assert report["lost"] == []
+    assert all(n["clean"] for n in report["nodes"])
+    assert not (set(store_processes()) & ours)
