@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -321,6 +322,13 @@ def test_ctrl_c_stops_an_elastic_run_everywhere_and_its_store_here(hosts, tmp_pa
     wait_for_steps(run, 2)
     ours = set(store_processes()) - before
     assert len(ours) == 1, "one store process for the run"
+    # Run as root here: the store serves every node's users, so it serves as nobody.
+    uid = int(
+        next(
+            line for line in Path(f"/proc/{min(ours)}/status").read_text().splitlines() if line.startswith("Uid:")
+        ).split()[1]
+    )
+    assert uid == pwd.getpwnam("nobody").pw_uid
     proc.send_signal(signal.SIGINT)
     left = wait_clean(run.name, time.monotonic())
     code, report = finish(proc, tmp_path)
