@@ -278,12 +278,37 @@ def forward_here(conn: Any, host: str, local_port: int, timeout: float = 30) -> 
     Used for a service that must outlive any node (an elastic run's rendezvous store):
     it runs beside the controller, and a node reaches it through the connection the run
     holds anyway, with nothing opened on the cluster network. Raises RemoteError when the
-    node cannot be reached or its sshd refuses forwarding (AllowTcpForwarding no/local)."""
+    node cannot be reached, its sshd refuses forwarding (AllowTcpForwarding no/local), or
+    does not answer within ``timeout``."""
+    tunnels: list[Any] = []
+    carry = _carrier(local_port, timeout, tunnels)
+
+    def ask() -> int:
+        if not conn.is_connected:
+            conn.open()
+        transport = conn.client.get_transport()
+        transport.set_keepalive(15)
+        return int(transport.request_port_forward("127.0.0.1", 0, handler=carry) or 0)
+
+    # paramiko waits for sshd's answer for as long as the transport lives.
+    port = _within(ask, timeout, on_timeout=conn.close, what="the forwarding request")
+    if not port:
+        raise RemoteError("sshd did not say which port it listens on")
+
+    def close() -> None:
+        # No cancel-tcpip-forward: paramiko would wait for a node that may be gone; the
+        # listening port ends with the connection, which the run closes after this.
+        for t in tunnels:
+            t.finished.set()
+
+    return Forward(host, port, close)
+
+
+def _carrier(local_port: int, timeout: float, tunnels: list[Any]) -> Callable[[Any, Any, Any], None]:
+    """paramiko's handler for a forwarded connection: a tunnel to 127.0.0.1:local_port."""
     import socket
 
     from fabric.tunnels import Tunnel
-
-    tunnels: list[Any] = []
 
     def carry(channel: Any, origin: Any, server: Any) -> None:
         # Called on paramiko's transport thread, once per connection made on the node.
@@ -298,21 +323,29 @@ def forward_here(conn: Any, host: str, local_port: int, timeout: float = 30) -> 
         tunnel.start()
         tunnels.append(tunnel)
 
-    try:
-        if not conn.is_connected:
-            conn.open()
-        transport = conn.client.get_transport()
-        transport.set_keepalive(15)
-        port = transport.request_port_forward("127.0.0.1", 0, handler=carry)
-    except Exception as e:  # paramiko's SSHException when sshd says no; socket errors
-        raise RemoteError(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__) from e
-    if not port:
-        raise RemoteError("sshd did not say which port it listens on")
+    return carry
 
-    def close() -> None:
-        with contextlib.suppress(Exception):  # the node may be gone: nothing left to cancel
-            transport.cancel_port_forward("127.0.0.1", port)
-        for t in tunnels:
-            t.finished.set()
 
-    return Forward(host, int(port), close)
+def _within(func: Callable[[], T], timeout: float, on_timeout: Callable[[], Any], what: str) -> T:
+    """func() in a thread, given ``timeout`` seconds; then on_timeout() (which must end
+    the wait, e.g. close the connection) and RemoteError. Its own errors become
+    RemoteError too."""
+    answer: list[Any] = []
+
+    def call() -> None:
+        try:
+            answer.append((True, func()))
+        except Exception as e:  # paramiko's SSHException when sshd says no; socket errors
+            answer.append((False, e))
+
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if not answer:
+        with contextlib.suppress(Exception):
+            on_timeout()
+        raise RemoteError(f"no answer to {what} within {timeout:g} s")
+    ok, value = answer[0]
+    if not ok:
+        raise RemoteError(f"{type(value).__name__}: {value}" if str(value) else type(value).__name__) from value
+    return value  # type: ignore[no-any-return]

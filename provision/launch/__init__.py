@@ -46,7 +46,7 @@ def train(
     try:
         run_plan = session.prepare(nodes, conns, opts, run_id, say, nfs_server=cluster.storage_node() is not None)
         if run_plan.elastic is not None:
-            rendezvous, run_plan = _elastic_start(cluster, nodes, conns, run_plan, say)
+            rendezvous, run_plan = _elastic_start(cluster, nodes, conns, run_plan, opts, say)
         for p in run_plan.nodes:
             say(p.name, f"starting {p.nproc} rank(s) on {p.interface}")
         if opts.scheduler == "slurm" and opts.chosen and not opts.requeue:
@@ -56,11 +56,7 @@ def train(
             if why:
                 say(run_plan.nodes[0].name, f"scheduler: ssh after all (a Slurm job {why})")
                 opts = replace(opts, scheduler="ssh")
-        if opts.scheduler == "slurm":
-            outcome = slurm_job.run(nodes, conns, run_plan, opts, on_line, say)
-        else:
-            admit = _admitter(nodes, opts, run_id, rendezvous, say) if rendezvous is not None else None
-            outcome = session.Supervisor(nodes, conns, run_plan, opts, on_line, admit=admit).run()
+        outcome = _run(cluster, nodes, conns, run_plan, opts, on_line, say, rendezvous)
     finally:
         if rendezvous is not None:
             rendezvous.stop()
@@ -75,11 +71,32 @@ def train(
     return result
 
 
+def _run(
+    cluster: Cluster,
+    nodes: list[Node],
+    conns: dict[str, object],
+    run_plan: plan.RunPlan,
+    opts: Options,
+    on_line: Callable[[str, str, str], None],
+    say: Callable[[str, str], None],
+    rendezvous: store.Store | None,
+) -> session.Outcome:
+    """The run itself, by its scheduler: a Slurm job, or torchrun over SSH (elastic with a
+    store: lost nodes admitted again, the store watched)."""
+    if opts.scheduler == "slurm":
+        return slurm_job.run(nodes, conns, run_plan, opts, on_line, say)
+    if rendezvous is None:
+        return session.Supervisor(nodes, conns, run_plan, opts, on_line).run()
+    admit = _admitter(nodes, opts, run_plan, rendezvous, cluster.storage_node() is not None, say)
+    return session.Supervisor(nodes, conns, run_plan, opts, on_line, admit=admit, store_alive=rendezvous.alive).run()
+
+
 def _elastic_start(
     cluster: Cluster,
     nodes: list[Node],
     conns: dict[str, object],
     run_plan: plan.RunPlan,
+    opts: Options,
     say: Callable[[str, str], None],
 ) -> tuple[store.Store, plan.RunPlan]:
     """The store started here and forwarded onto every node's loopback; the plan with
@@ -87,7 +104,7 @@ def _elastic_start(
     assert run_plan.elastic is not None
     for note in _elastic_notes(cluster, nodes, run_plan):
         say(run_plan.nodes[0].name, f"note: {note}")
-    rendezvous = store.Store.start()
+    rendezvous = store.Store.start(opts.runs_dir / run_plan.run_id / "store.log")
     try:
         ports = rendezvous.expose(nodes, conns)
     except BaseException:
@@ -119,11 +136,20 @@ def _elastic_notes(cluster: Cluster, nodes: list[Node], run_plan: plan.RunPlan) 
 
 
 def _admitter(
-    nodes: list[Node], opts: Options, run_id: str, rendezvous: store.Store, say: Callable[[str, str], None]
+    nodes: list[Node],
+    opts: Options,
+    run_plan: plan.RunPlan,
+    rendezvous: store.Store,
+    has_nfs: bool,
+    say: Callable[[str, str], None],
 ) -> Callable[[str, int], tuple[object, plan.NodePlan, int]]:
     """How an elastic run takes a lost node back: a fresh connection (the old one died with
-    it), the node prepared again, and the store forwarded onto its loopback."""
+    it), the node prepared again, able to write the shares the run's checkpoints are on
+    (a rebooted node may not have mounted them yet: it would start afresh elsewhere), and
+    the store forwarded onto its loopback."""
     by_name = {n.name: n for n in nodes}
+    wanted = plan.shares(nodes[0].settings, has_nfs, opts.extra_args)
+    used = [s for s in wanted if s.flag in run_plan.trainer_args]
 
     def admit(name: str, admission: int) -> tuple[object, plan.NodePlan, int]:
         node = by_name[name]
@@ -132,7 +158,10 @@ def _admitter(
             answer = remote.run(node, "true", timeout=node.settings.connect_timeout_s + 30, conn=conn)
             if not answer.ok:
                 raise LaunchError(f"does not answer ({answer.stderr.strip()[-200:] or answer.exited})")
-            node_plan = session.prepare_again(node, conn, opts, run_id, admission, say)
+            node_plan = session.prepare_again(node, conn, opts, run_plan.run_id, admission, say, tuple(used))
+            missing = [s.share for s in used if s.share not in node_plan.writable]
+            if missing:
+                raise LaunchError(f"cannot write {', '.join(missing)} yet (not mounted?)")
             return conn, node_plan, rendezvous.expose_one(node, conn)
         except BaseException:
             conn.close()

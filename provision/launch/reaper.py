@@ -20,11 +20,12 @@ SIGTERM to all of them, SIGKILL to what is left after the grace period. Prints a
 line {"pgid", "signalled", "left"}; exit 0 when nothing of the run is left.
 ``--check`` only reports what would be targeted.
 
-``--workers-older-than S`` (an elastic run that lost a node): SIGKILL only the run's
-workers, the targets outside torchrun's own process group, that have run longer than S
-seconds, and leave torchrun alone: it sees its workers fail and restarts them at the next
-rendezvous, without the lost node. Workers it already restarted on its own since the loss
-are younger than S and are spared. Prints {"workers": [pids signalled]}.
+``--workers-of-world W`` (an elastic run that lost a node): SIGKILL only the run's
+workers, torchrun's descendants outside its own process group, that were started for a
+world of W ranks (WORLD_SIZE in their environment, which torchrun sets), and leave
+torchrun alone: it sees its workers fail and restarts them at the next rendezvous, without
+the lost node. Workers it already restarted on its own without that node have another
+world size and are spared. Prints {"workers": [pids signalled]}.
 """
 
 from __future__ import annotations
@@ -148,24 +149,25 @@ def alive(pids: set[int]) -> set[int]:
     return {p for p in pids if p in live}
 
 
-def age_s(pid: int) -> float | None:
-    """Seconds since the process started, from /proc; None when it is gone."""
+def world_of(pid: int) -> int | None:
+    """WORLD_SIZE in a process's environment (torchrun sets it for its workers)."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-        with open("/proc/uptime") as f:
-            uptime = float(f.read().split()[0])
-    except (OSError, ValueError):
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = f.read().split(b"\0")
+    except OSError:
         return None
-    started = int(stat[stat.rindex(")") + 2 :].split()[19]) / os.sysconf("SC_CLK_TCK")
-    return uptime - started
+    for item in env:
+        if item.startswith(b"WORLD_SIZE="):
+            value = item[len(b"WORLD_SIZE=") :]
+            return int(value) if value.isdigit() and len(value) < 10 else None
+    return None
 
 
-def workers(root: int | None, run_id: str, node: str, older_than: float) -> set[int]:
-    """torchrun's workers: the descendants of its process (``root``, which leads its own
-    group) outside that group (each worker has a session of its own) and their children,
-    that have run longer than ``older_than`` seconds. Never what is above torchrun: the
-    ``setsid --wait`` that holds the SSH command open carries the run's markers too."""
+def workers(root: int | None, run_id: str, node: str, world: int) -> set[int]:
+    """torchrun's workers of a world of ``world`` ranks: the descendants of its process
+    (``root``, which leads its own group) outside that group (each worker has a session of
+    its own), and their children. Never what is above torchrun: the ``setsid --wait`` that
+    holds the SSH command open carries the run's markers too."""
     procs = processes()
     if root is None or root not in procs or not ours(root, run_id, node):
         return set()
@@ -176,20 +178,15 @@ def workers(root: int | None, run_id: str, node: str, older_than: float) -> set[
             if pid not in below and ppid in below:
                 below.add(pid)
                 changed = True
-    out = set()
-    for pid in below - {root, os.getpid()}:
-        age = age_s(pid)
-        if procs[pid][1] != root and age is not None and age > older_than:
-            out.add(pid)
-    return out
+    return {pid for pid in below - {root, os.getpid()} if procs[pid][1] != root and world_of(pid) == world}
 
 
 def main(argv: list[str]) -> int:
     run_dir, run_id, node = argv[:3]
     grace = float(argv[argv.index("--grace") + 1]) if "--grace" in argv else 5.0
     root = read_pid(os.path.join(run_dir, "torchrun.pid"))
-    if "--workers-older-than" in argv:
-        chosen = workers(root, run_id, node, float(argv[argv.index("--workers-older-than") + 1]))
+    if "--workers-of-world" in argv:
+        chosen = workers(root, run_id, node, int(argv[argv.index("--workers-of-world") + 1]))
         signal_all(chosen, signal.SIGKILL)
         print(json.dumps({"workers": sorted(chosen)}))
         return 0

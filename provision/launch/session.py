@@ -26,6 +26,11 @@ from provision.resources import training_script
 
 REAPER = Path(__file__).with_name("reaper.py")
 REJOIN_POLL_S = 10  # an elastic run asks a lost node this often whether it is back
+# An elastic run counts a node lost once it has not answered the monitor this long (or
+# four sampling intervals, if longer): a node that lost power or its network sends
+# nothing, and TCP alone would take some 15 minutes to give up on its SSH connection.
+SILENT_S = 60
+JOIN_S = 60  # joining a loss's reaper threads before the end's own check
 _STRAGGLER = re.compile(r"^straggler: dropping (\S+): ")  # the trainer's StragglerWatch line
 STREAM_JOIN_S = 30  # how long to wait for log streams to end after teardown
 TEARDOWN_TIMEOUT_S = 40  # per host: reaper grace (5 s) + SIGKILL wait + SSH slack
@@ -172,12 +177,18 @@ def prepare(
 
 
 def prepare_again(
-    node: Node, conn: Any, opts: Options, run_id: str, admission: int, say: Callable[[str, str], None]
+    node: Node,
+    conn: Any,
+    opts: Options,
+    run_id: str,
+    admission: int,
+    say: Callable[[str, str], None],
+    shares: tuple[plan.Share, ...] = (),
 ) -> plan.NodePlan:
     """A lost node of an elastic run, prepared to be admitted again: checked and given the
     trainer and reaper as at the start, in a run directory of its own for this admission
     (``<node>.<admission>``), since the old one may hold what the lost start left."""
-    return _prepare_node(node, conn, opts, run_id, False, say, (), admission)
+    return _prepare_node(node, conn, opts, run_id, False, say, shares, admission)
 
 
 def _capture(func: Callable[[Node], plan.NodePlan], node: Node) -> plan.NodePlan | Exception:
@@ -290,30 +301,37 @@ class Supervisor:
         command_for: Callable[[plan.NodePlan], str] | None = None,
         on_stop: Callable[[], None] = lambda: None,
         admit: Callable[[str, int], tuple[Any, plan.NodePlan, int]] | None = None,
+        store_alive: Callable[[], bool] | None = None,
     ):
         """``command_for``: the command whose output is a node's log and whose exit status
         is its end (default: torchrun over SSH, plan.node_command); ``on_stop``: what stops
         the run before the reapers do (a Slurm run's scancel). ``admit(host, admission)``:
         for an elastic run, a lost node prepared again once it answers, as (connection, its
-        plan, its port to the rendezvous store); raises when it cannot be."""
+        plan, its port to the rendezvous store); raises when it cannot be. ``store_alive``:
+        whether an elastic run's rendezvous store still runs (it ends the run when not)."""
         self.nodes = {n.name: n for n in nodes}
         self.conns, self.plan, self.opts = conns, run, opts
         self._command_for = command_for or (lambda p: plan.node_command(self.plan, p))
         self._on_stop = on_stop
         self.out = Outcome(run.run_id, run, opts.runs_dir / run.run_id)
         self._on_line = on_line
-        self._ended: queue.Queue[tuple[str, HostEnd]] = queue.Queue()
+        # Each node's end, and (host, None) when a lost node was started again: one queue, so
+        # the watch loop sees an admission before that admission's end.
+        self._ended: queue.Queue[tuple[str, HostEnd | None]] = queue.Queue()
         self._texts: dict[str, list[str]] = {n: [] for n in self.nodes}
         self._failed_at = 0.0  # controller clock when the first failure was seen
         self._requested: str | None = None  # request_stop's reason
         self.done = threading.Event()  # set when run() has returned
         self._admit = admit
-        self._admitted: queue.Queue[str] = queue.Queue()  # hosts started again, for the watch loop
         self._streams: list[threading.Thread] = []
         self._closing = threading.Lock()  # held while a node is started again, and once the watch ends
         self._watching = True
         self._dropped: dict[str, str] = {}  # stragglers taken out of an elastic run: host -> why
         self._kept: set[str] = set()  # stragglers that could not be dropped (said once)
+        self._answered: dict[str, float] = {}  # host -> when it last answered the monitor
+        self._silent: dict[str, str] = {}  # hosts whose connection was closed for silence -> why
+        self._loss_work: dict[str, threading.Thread] = {}  # host -> its loss's reaper thread
+        self._store_alive = store_alive
 
     def request_stop(self, why: str) -> None:
         """Stop the run from another thread (a sweep's Ctrl-C, whose trials run off the
@@ -344,13 +362,16 @@ class Supervisor:
             with self._closing:  # no node is started again from here on
                 self._watching = False
             mon.stop()
+        for work in self._loss_work.values():  # a late loss reaper must not race the end's own
+            work.join(timeout=JOIN_S)
         if self.out.failure:
             self._teardown_all()
         for t in self._streams:
             t.join(timeout=STREAM_JOIN_S)
         while not self._ended.empty():  # hosts that ended during or after teardown
             host, end = self._ended.get()
-            self.out.ends.setdefault(host, end)
+            if end is not None:
+                self.out.ends.setdefault(host, end)
         if not self.out.failure:
             self._check_clean()
         self._blame()
@@ -363,34 +384,74 @@ class Supervisor:
         pending = set(self.nodes)
         deadline = time.monotonic() + self.opts.timeout_s if self.opts.timeout_s else None
         while pending:
-            if stop.why or self._requested:
-                self._fail(None, stop.why or self._requested or "")
+            if self._stopped(stop, pending):
                 return
-            while not self._admitted.empty():
-                pending.add(self._admitted.get())
             try:
-                host, end = self._ended.get(timeout=0.2)
+                host, got = self._ended.get(timeout=0.2)
             except queue.Empty:
                 if deadline and time.monotonic() > deadline:
                     self._fail(None, f"timed out after {self.opts.timeout_s:.0f}s")
                     return
                 continue
-            self.out.ends[host] = end
-            pending.discard(host)
-            if end.exited != 0 and self._joined_late(host, pending):
-                self._on_line(host, "provision", "admitted again too late: the run had finished without it")
+            if got is None:  # started again (an elastic run's admission)
+                pending.add(host)
+                self._answered[host] = time.monotonic()
                 continue
-            if end.exited != 0:
-                why = end.reason or f"{'the trainer' if self.plan.solo else 'torchrun'} exited {end.exited}"
-                why = self._dropped.get(host, why)
-                e = self.plan.elastic
-                if e is not None and len(pending) >= e.min_nodes and not self._finished(pending):
-                    self._lose(host, why, pending)
-                    continue
-                if e is not None and self.out.losses:
-                    why += f"; {len(pending)} node(s) left, --min-nodes {e.min_nodes}"
-                self._fail(host, f"{host}: {why}")
+            self.out.ends[host] = got
+            pending.discard(host)
+            if got.exited != 0 and not self._went_on(host, got, pending):
                 return
+
+    def _stopped(self, stop: StopRequest, pending: set[str]) -> bool:
+        """Asked to stop, or the store is gone: the run fails. Also where a silent node of
+        an elastic run has its connection closed."""
+        if stop.why or self._requested:
+            self._fail(None, stop.why or self._requested or "")
+            return True
+        if self._store_alive is not None and not self._store_alive():
+            self._fail(None, "the rendezvous store on this machine ended")
+            return True
+        if self.plan.elastic is not None:
+            self._close_silent(pending)
+        return False
+
+    def _went_on(self, host: str, end: HostEnd, pending: set[str]) -> bool:
+        """A node ended badly: False when that fails the run (said), True when the run goes
+        on (an elastic run without it, or a node admitted after the run had finished)."""
+        if self._joined_late(host, pending):
+            self._on_line(host, "provision", "admitted again too late: the run had finished without it")
+            return True
+        why = end.reason or f"{'the trainer' if self.plan.solo else 'torchrun'} exited {end.exited}"
+        why = self._dropped.get(host) or self._silent.get(host) or why
+        e = self.plan.elastic
+        if e is not None and self._gone(host, end) and len(pending) >= e.min_nodes and not self._finished(pending):
+            self._lose(host, why, pending)
+            return True
+        if e is not None and not self._gone(host, end):
+            why += " (its workers failed and torchrun's restarts ran out: that ends the rendezvous for every node)"
+        if e is not None and self.out.losses:
+            why += f"; {len(pending)} node(s) left, --min-nodes {e.min_nodes}"
+        self._fail(host, f"{host}: {why}")
+        return False
+
+    def _gone(self, host: str, end: HostEnd) -> bool:
+        """The node itself went (its connection, a signal: power, the OOM killer, a drop),
+        not its torchrun failing on its own: torchrun that exits with an error after its
+        restarts ran out closes the rendezvous for every node (torch's launcher shuts it
+        down on any exit but a signal), so the others cannot go on without it."""
+        return end.exited == -1 or end.exited > 128 or host in self._dropped or host in self._silent
+
+    def _close_silent(self, pending: set[str]) -> None:
+        """Close the connection of a node that has not answered the monitor for SILENT_S:
+        its stream then ends, and the node is lost like one whose connection dropped."""
+        limit = max(SILENT_S, 4 * self.opts.monitor_interval)
+        now = time.monotonic()
+        for host in pending:
+            quiet = now - self._answered.setdefault(host, now)
+            if quiet > limit and host not in self._silent:
+                self._silent[host] = f"silent for {quiet:.0f} s (no answer to the monitor)"
+                self._on_line(host, "provision", f"{self._silent[host]}: closing its connection")
+                threading.Thread(target=_close_quietly, args=(self.conns[host],), daemon=True).start()
 
     def _finished(self, pending: set[str]) -> bool:
         """Some node already ended well: the run trained to its end, and this node failed
@@ -417,12 +478,16 @@ class Supervisor:
             for host in sorted(back):
                 if time.monotonic() - tried.get(host, 0.0) < REJOIN_POLL_S:
                     continue
+                work = self._loss_work.get(host)
+                if work is not None and work.is_alive():  # its loss's reaper may still be at work there
+                    continue
                 tried[host] = time.monotonic()
+                # Every try takes a fresh number: a try that failed half way may have made
+                # its run directory, which a later try must not need to make again.
                 admissions[host] = admissions.get(host, 0) + 1
                 try:
                     conn, node_plan, port = self._admit(host, admissions[host])  # type: ignore[misc]
                 except Exception as e:  # not back yet: tried again later, said once
-                    admissions[host] -= 1
                     if host not in said:
                         said.add(host)
                         self._on_line(host, "provision", f"not back yet (asked every {REJOIN_POLL_S} s): {e}"[:300])
@@ -454,8 +519,9 @@ class Supervisor:
         self.plan = replace(self.plan, nodes=nodes, elastic=replace(e, store_ports=tuple(ports.items())))
         self.out.plan = self.plan
         self.out.joins.append(Loss(host, time.monotonic(), time.time(), "admitted again"))
+        self._silent.pop(host, None)
         self._on_line(host, "provision", "answers again: admitted at the next rendezvous")
-        self._admitted.put(host)
+        self._ended.put((host, None))  # before its stream starts: the watch loop sees it first
         self._start_stream(node_plan)
         if old is not None:
             with contextlib.suppress(Exception):
@@ -498,19 +564,26 @@ class Supervisor:
             host, "provision", f"lost ({why}); the run goes on with {len(left)} node(s): {', '.join(sorted(left))}"
         )
 
+        # The group the lost node was in: its workers were started for this many ranks. A
+        # survivor's workers that torchrun already restarted without it have fewer, and
+        # are spared.
+        world = sum(p.nproc for p in self.plan.nodes if p.name in left or p.name == host)
+
         def stop_workers() -> None:
             nodes = [self.nodes[h] for h in sorted(left)] + [self.nodes[host]]
 
             def one(n: Node) -> dict[str, Any]:
                 if n.name == host:
                     return self._reaper(n.name, False)
-                return self._reaper(n.name, False, workers_older_than=time.monotonic() - loss.at)
+                return self._reaper(n.name, False, workers_of_world=world)
 
             for name, result in remote.on_all(nodes, one).items():
                 if name == host:
                     self.out.teardown[name] = result
 
-        threading.Thread(target=stop_workers, daemon=True).start()
+        work = threading.Thread(target=stop_workers, daemon=True)
+        self._loss_work[host] = work
+        work.start()
 
     def _fail(self, host: str | None, why: str) -> None:
         if self.out.failure is None:
@@ -564,9 +637,11 @@ class Supervisor:
 
     def _sample(self, host: str) -> str | None:
         r = remote.run_beside(self.conns[host], host, monitor.SAMPLE_COMMAND, timeout=15)
+        if r.ok:
+            self._answered[host] = time.monotonic()
         return r.stdout if r.ok else None
 
-    def _reaper(self, name: str, check: bool, workers_older_than: float | None = None) -> dict[str, Any]:
+    def _reaper(self, name: str, check: bool, workers_of_world: int | None = None) -> dict[str, Any]:
         p = next(n for n in self.plan.nodes if n.name == name)
         # -I: the reaper runs as root; no PYTHON* variable, user site or script directory
         # on its import path.
@@ -579,7 +654,7 @@ class Supervisor:
                 self.plan.run_id,
                 name,
                 *(["--check"] if check else []),
-                *([] if workers_older_than is None else ["--workers-older-than", f"{workers_older_than:.1f}"]),
+                *([] if workers_of_world is None else ["--workers-of-world", str(workers_of_world)]),
             ]
         )
         r = remote.run_beside(self.conns[name], name, cmd, timeout=TEARDOWN_TIMEOUT_S)
@@ -606,6 +681,11 @@ class Supervisor:
         self.out.failure, self.out.failed_host, self.out.failed_rank = logs.blame(
             self.out.failure, self.out.failed_host, texts
         )
+
+
+def _close_quietly(conn: Any) -> None:
+    with contextlib.suppress(Exception):
+        conn.close()
 
 
 @dataclass

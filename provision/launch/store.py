@@ -45,19 +45,22 @@ class Store:
         self.forwards: list[remote.Forward] = []
 
     @classmethod
-    def start(cls) -> Store:
+    def start(cls, log: Path) -> Store:
+        """The store process, its messages (torch's, if any) to ``log``."""
         if importlib.util.find_spec("torch") is None:
             raise LaunchError(
                 "--min-nodes keeps the rendezvous store on this machine, in torch's own TCPStore, so no lost "
                 "node can take the run down: install torch here (pip install 'provision[node]')"
             )
-        proc = subprocess.Popen(
-            [sys.executable, "-I", str(SERVER)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "w") as err:  # a file, not a pipe nobody reads that could fill and block it
+            proc = subprocess.Popen(
+                [sys.executable, "-I", str(SERVER)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+            )
         line: list[str] = []
         reader = threading.Thread(target=lambda: line.append(proc.stdout.readline() if proc.stdout else ""))
         reader.daemon = True
@@ -65,8 +68,8 @@ class Store:
         reader.join(START_S)
         text = line[0].strip() if line else ""
         if not text.startswith("STORE_PORT=") or not text[len("STORE_PORT=") :].isdecimal():
-            why = "did not start in time" if not line else _stderr_tail(proc)
             _end(proc)
+            why = "did not start in time" if not line else log.read_text(errors="replace").strip()[-300:]
             raise LaunchError(f"the rendezvous store could not start here: {why or 'no port printed'}")
         return cls(proc, int(text[len("STORE_PORT=") :]))
 
@@ -76,9 +79,14 @@ class Store:
 
         def one(node: Node) -> remote.Forward | Exception:
             try:
-                return remote.forward_here(conns[node.name], node.name, self.port, FORWARD_S)
+                forward = remote.forward_here(conns[node.name], node.name, self.port, FORWARD_S)
             except remote.RemoteError as e:
                 return e
+            why = _open_wider(conns[node.name], node.name, forward.port)
+            if why:
+                forward.close()
+                return remote.RemoteError(why)
+            return forward
 
         results = remote.on_all(nodes, one)
         self.forwards += [f for f in results.values() if isinstance(f, remote.Forward)]
@@ -100,6 +108,10 @@ class Store:
             forward = remote.forward_here(conn, node.name, self.port, FORWARD_S)
         except remote.RemoteError as e:
             raise LaunchError(f"its sshd would not forward a port to the rendezvous store ({e})") from e
+        why = _open_wider(conn, node.name, forward.port)
+        if why:
+            forward.close()
+            raise LaunchError(why)
         self.forwards.append(forward)
         return forward.port
 
@@ -107,10 +119,29 @@ class Store:
         return self.proc.poll() is None
 
     def stop(self) -> None:
+        _end(self.proc)
         for f in self.forwards:
             f.close()
         self.forwards = []
-        _end(self.proc)
+
+
+def _open_wider(conn: Any, host: str, port: int) -> str | None:
+    """Why the node's forwarded port is not on its loopback only, or None. sshd's
+    GatewayPorts yes binds a forward on every interface whatever was asked, and the store
+    must not be open to the cluster network."""
+    seen = remote.run_beside(conn, host, f"ss -Hltn 'sport = :{int(port)}'", timeout=FORWARD_S)
+    if not seen.ok:
+        return f"cannot see where its forwarded port listens (ss: {seen.stderr.strip()[-200:] or seen.exited})"
+    local = [line.split()[3] for line in seen.stdout.splitlines() if len(line.split()) >= 4]
+    if not local:
+        return f"its forwarded port {port} is not listening"
+    wider = [a for a in local if a.rsplit(":", 1)[0].strip("[]") not in ("127.0.0.1", "::1")]
+    if wider:
+        return (
+            f"its sshd forwards port {port} on {', '.join(sorted(wider))[:200]}, not on its loopback only "
+            "(GatewayPorts yes?): the rendezvous store would be open to the network; set GatewayPorts no"
+        )
+    return None
 
 
 def _end(proc: subprocess.Popen[str]) -> None:
@@ -123,11 +154,3 @@ def _end(proc: subprocess.Popen[str]) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(timeout=5)
-
-
-def _stderr_tail(proc: subprocess.Popen[str]) -> str:
-    with contextlib.suppress(Exception):
-        proc.kill()
-        _, err = proc.communicate(timeout=5)
-        return (err or "").strip()[-300:]
-    return ""

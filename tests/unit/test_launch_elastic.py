@@ -152,3 +152,106 @@ def test_bad_elastic_options_are_refused_before_any_host_is_contacted(cli, inven
     assert result.code == 2, result.err
     assert said in result.err
     assert "Traceback" not in result.err
+
+
+def supervisor(tmp_path: Path, min_nodes: int = 1):
+    """A Supervisor over two nodes that have not been contacted (nothing here starts)."""
+    from provision import remote as _remote  # noqa: F401 (the seam the methods below would use)
+    from provision.launch.session import Supervisor
+    from tests.unit.test_launch import nfs_node, options
+
+    p = elastic_plan(min_nodes)
+    nodes = [nfs_node(0), nfs_node(1)]
+    nodes = [dataclasses.replace(n, name=f"n{i}") for i, n in enumerate(nodes)]
+    return Supervisor(nodes, {}, p, options(tmp_path), lambda *a: None)
+
+
+@pytest.mark.parametrize(
+    ("exited", "gone"),
+    [(-1, True), (137, True), (143, True), (1, False), (2, False)],
+    ids=["connection-lost", "sigkill", "sigterm", "exit-1", "exit-2"],
+)
+def test_a_node_is_gone_when_its_connection_or_a_signal_ended_it_not_when_torchrun_failed(tmp_path, exited, gone):
+    from provision.launch.session import HostEnd
+
+    s = supervisor(tmp_path)
+    assert s._gone("n1", HostEnd(exited, 0.0, "")) is gone
+
+
+def test_a_failed_torchrun_ends_an_elastic_run_saying_the_rendezvous_is_closed(tmp_path):
+    """torch's launcher shuts the rendezvous down when torchrun exits with an error (its
+    restarts ran out): the others cannot go on, so the run fails and says why."""
+    from provision.launch.session import HostEnd
+
+    s = supervisor(tmp_path)
+    s.out.ends["n1"] = HostEnd(1, 0.0, "")
+    assert s._went_on("n1", HostEnd(1, 0.0, ""), {"n0"}) is False
+    assert "restarts ran out" in s.out.failure
+    assert s.out.losses == []
+
+
+def test_a_dropped_or_silent_node_is_a_loss_whatever_its_torchrun_said(tmp_path, monkeypatch):
+    from provision.launch.session import HostEnd, Supervisor
+
+    monkeypatch.setattr(Supervisor, "_reaper", lambda self, *a, **k: {"left": []})
+    s = supervisor(tmp_path)
+    s._silent["n1"] = "silent for 61 s (no answer to the monitor)"
+    assert s._went_on("n1", HostEnd(1, 0.0, ""), {"n0"}) is True
+    s._loss_work["n1"].join(5)  # the survivors' workers stopped (a stand-in reaper here)
+    assert [(x.host, x.why) for x in s.out.losses] == [("n1", "silent for 61 s (no answer to the monitor)")]
+    assert s.out.failure is None
+
+
+def test_a_node_that_stops_answering_the_monitor_has_its_connection_closed(tmp_path, monkeypatch):
+    from provision.launch import session
+
+    closed = []
+
+    class Conn:
+        def close(self):
+            closed.append(True)
+
+    s = supervisor(tmp_path)
+    s.conns = {"n0": Conn(), "n1": Conn()}
+    now = session.time.monotonic()
+    s._answered = {"n0": now, "n1": now - session.SILENT_S - 1}
+    s._close_silent({"n0", "n1"})
+    assert list(s._silent) == ["n1"]
+    deadline = now + 5
+    while not closed and session.time.monotonic() < deadline:
+        session.time.sleep(0.01)
+    assert closed == [True]
+
+
+@pytest.mark.parametrize(
+    ("ss", "refused"),
+    [
+        ("LISTEN 0 128 127.0.0.1:40001 0.0.0.0:*\nLISTEN 0 128 [::1]:40001 [::]:*\n", None),
+        ("LISTEN 0 128 0.0.0.0:40001 0.0.0.0:*\n", "0.0.0.0:40001"),
+        ("LISTEN 0 128 [::]:40001 [::]:*\n", "[::]:40001"),
+        ("", "is not listening"),
+    ],
+    ids=["loopback", "every-ipv4", "every-ipv6", "nothing"],
+)
+def test_a_forwarded_port_open_beyond_the_loopback_is_refused(monkeypatch, ss, refused):
+    from provision import remote
+    from provision.launch import store
+
+    monkeypatch.setattr(
+        remote, "run_beside", lambda conn, host, command, timeout: remote.CommandResult(host, 0, ss, "")
+    )
+    why = store._open_wider(object(), "n1", 40001)
+    if refused is None:
+        assert why is None
+    else:
+        assert refused in why
+
+
+def test_a_node_without_ss_is_refused_not_trusted(monkeypatch):
+    from provision import remote
+    from provision.launch import store
+
+    monkeypatch.setattr(
+        remote, "run_beside", lambda conn, host, command, timeout: remote.CommandResult(host, 127, "", "ss: not found")
+    )
+    assert "cannot see where its forwarded port listens" in store._open_wider(object(), "n1", 40001)
