@@ -87,8 +87,9 @@ def train(
         None,
         "--drop-stragglers",
         metavar="F",
-        help="with --min-nodes: take out a node whose own step time stays above F x the other nodes' median "
-        "for 20 steps, at the next checkpoint (named in the report); without it stragglers are only reported",
+        help="with --min-nodes: take out a node whose own step time (less its wait for the others) stays above "
+        "F x the other nodes' median for 20 steps, at the next checkpoint (named in the report); without it "
+        "stragglers are only reported",
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="do not echo the nodes' logs"),
     as_json: bool = typer.Option(False, "--json", help="print the report as JSON on stdout"),
@@ -124,9 +125,10 @@ def train(
 
     Example: provision train inventories/testbed.py --scheduler slurm --requeue --steps 2000 -- --ckpt-interval 100
 
-    --drop-stragglers F (with --min-nodes) takes out a node whose own step time stays
-    above F times the other nodes' median for 20 steps, at the next checkpoint; the others
-    resume there without it. It is named in the report and not admitted again.
+    --drop-stragglers F (with --min-nodes) takes out a node whose own step time (its step
+    less its wait for the others) stays above F times the other nodes' median for 20
+    steps, at the next checkpoint; the others resume there without it. It is named in the
+    report and not admitted again.
 
     Example: provision train inventories/testbed.py --min-nodes 1 --steps 2000 --ckpt-every 50
 
