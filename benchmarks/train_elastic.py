@@ -60,7 +60,7 @@ def recovery(cluster, work: Path, ckpt_every: int) -> dict:
     return report["restarts"][0]
 
 
-def straggler_run(cluster, work: Path, slow: bool, drop: bool) -> tuple[float, dict]:
+def straggler_run(cluster, work: Path, slow: bool, drop: bool, stopped_s: float = 0.03) -> tuple[float, dict]:
     """(seconds from the first training step's line to the run's end, report)."""
     work.mkdir()
     flags = ["--min-nodes", "1", "--drop-stragglers", "1.5"] if drop else ["--min-nodes", "1"]
@@ -71,7 +71,7 @@ def straggler_run(cluster, work: Path, slow: bool, drop: bool) -> tuple[float, d
     run = run_dir(work)
     wait_for_steps(run, 1, timeout=300)
     first = time.monotonic()
-    with throttled(run.name, "ns1") if slow else contextlib.nullcontext():
+    with throttled(run.name, "ns1", stopped_s, 0.04 - stopped_s) if slow else contextlib.nullcontext():
         code, report = finish(proc, work)
     elapsed = time.monotonic() - first
     if code != 0:
@@ -84,6 +84,7 @@ def main() -> int:
     ap.add_argument("--budget-s", type=float, default=600, help="the recovery trials stop after half of it")
     ap.add_argument("--ckpt-every", type=int, default=10)
     ap.add_argument("--part", choices=("both", "recovery", "stragglers"), default="both")
+    ap.add_argument("--stopped-ms", type=float, default=30, help="of every 40 ms, the slow node is stopped this long")
     args = ap.parse_args()
     os.environ["OMP_NUM_THREADS"] = "1"
     started = time.monotonic()
@@ -95,7 +96,7 @@ def main() -> int:
             while args.part != "stragglers" and (not trials or time.monotonic() - started < args.budget_s / 2):
                 trials.append(recovery(cluster, tmp_path / f"r{len(trials)}", args.ckpt_every))
             runs = {
-                name: straggler_run(cluster, tmp_path / name, slow, drop)
+                name: straggler_run(cluster, tmp_path / name, slow, drop, args.stopped_ms / 1000)
                 for name, slow, drop in (("reference", False, False), ("slow", True, False), ("slow+drop", True, True))
                 if args.part != "recovery"
             }
