@@ -24,7 +24,6 @@ import argparse
 import contextlib
 import json
 import os
-import signal
 import statistics
 import sys
 import tempfile
@@ -34,7 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.helpers import netns
-from tests.integration.test_train_elastic import kill_host, throttled
+from tests.integration.test_train_elastic import frozen_sshd, kill_host, throttled
 from tests.integration.test_train_launch import TRAINER, finish, run_dir, start, wait_for_steps
 
 STRAGGLER_STEPS = 120
@@ -48,13 +47,9 @@ def recovery(cluster, work: Path, ckpt_every: int) -> dict:
     )  # fmt: skip
     run = run_dir(work)
     wait_for_steps(run, ckpt_every + ckpt_every // 2, timeout=300)
-    listener = cluster.hosts[1].sshd.pid
-    os.kill(listener, signal.SIGSTOP)
-    try:
+    with frozen_sshd(cluster, 1):  # gone until the run ends: not admitted again
         kill_host(cluster, 1, run.name)
         code, report = finish(proc, work)
-    finally:
-        os.kill(listener, signal.SIGCONT)
     if code != 0 or len(report["restarts"]) != 1:
         raise SystemExit(f"recovery trial failed: exit {code}, restarts {report['restarts']}")
     return report["restarts"][0]

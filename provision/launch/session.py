@@ -349,10 +349,8 @@ class Supervisor:
         for p in self.plan.nodes:
             self._start_stream(p)
         mon.start()
-        rejoin = None
         if self.plan.elastic is not None and self._admit is not None:
-            rejoin = threading.Thread(target=self._rejoin_loop, daemon=True)
-            rejoin.start()
+            threading.Thread(target=self._rejoin_loop, daemon=True).start()
         try:
             with stop_signals() as stop:
                 self._watch(stop)
@@ -524,8 +522,7 @@ class Supervisor:
         self._ended.put((host, None))  # before its stream starts: the watch loop sees it first
         self._start_stream(node_plan)
         if old is not None:
-            with contextlib.suppress(Exception):
-                old.close()
+            _close_quietly(old)
 
     def _start_stream(self, node_plan: plan.NodePlan) -> None:
         t = threading.Thread(target=self._stream, args=(node_plan,), daemon=True)

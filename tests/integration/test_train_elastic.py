@@ -40,6 +40,26 @@ STEPS = 24
 CKPT_EVERY = 4
 
 
+def start_elastic(cluster, cwd: Path, steps: int, *flags: str, ckpt_every: int = CKPT_EVERY, trainer=()):
+    """`provision train --min-nodes 1 --steps N --ckpt-every K FLAGS -- <tiny trainer> TRAINER`."""
+    return start(
+        cluster.inventory, cwd, "--min-nodes", "1", "--steps", str(steps), "--ckpt-every", str(ckpt_every),
+        *flags, *TRAINER, *trainer,
+    )  # fmt: skip
+
+
+@contextlib.contextmanager
+def frozen_sshd(cluster, index: int):
+    """While inside, one host's sshd is stopped (SIGSTOP): nothing can log in there, so the
+    launcher cannot admit it again; it answers again once let go."""
+    listener = cluster.hosts[index].sshd.pid
+    os.kill(listener, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(listener, signal.SIGCONT)
+
+
 def kill_host(cluster, index: int, run_id: str) -> None:
     """Everything of the run on one host at once, and its SSH sessions: a host that died."""
     name = cluster.hosts[index].name
@@ -112,30 +132,16 @@ def train_losses(text: str) -> dict[int, float]:
 @pytest.mark.parametrize("lost", [1, 0], ids=["second-host", "first-host"])
 def test_a_lost_host_leaves_the_run_going_on_the_other_to_the_last_step(hosts, tmp_path, lost):  # noqa: F811
     cluster, node_dir = hosts
-    proc = start(
-        cluster.inventory,
-        tmp_path,
-        "--min-nodes",
-        "1",
-        "--steps",
-        str(STEPS),
-        "--ckpt-every",
-        str(CKPT_EVERY),
-        *TRAINER,
-    )
+    proc = start_elastic(cluster, tmp_path, STEPS)
     run = run_dir(tmp_path)
     wait_for_steps(run, CKPT_EVERY + 2, timeout=180)
     ckpts = node_dir / "work" / "checkpoints"
     # The lost host stays gone until the run ends: its sshd frozen, it cannot be admitted again.
-    listener = cluster.hosts[lost].sshd.pid
-    os.kill(listener, signal.SIGSTOP)
-    try:
+    with frozen_sshd(cluster, lost):
         kill_host(cluster, lost, run.name)
         copy = tmp_path / "at-loss"
         shutil.copytree(ckpts, copy)  # the survivor resumes from the newest of these
         code, report = finish(proc, tmp_path)
-    finally:
-        os.kill(listener, signal.SIGCONT)
     name = cluster.hosts[lost].name
     survivor = cluster.hosts[1 - lost].name
     assert code == 0, why(tmp_path, report)
@@ -206,7 +212,7 @@ def train_losses_plain(text: str) -> dict[int, float]:
 
 def test_an_elastic_run_that_loses_nothing_ends_like_any_other(hosts, tmp_path):  # noqa: F811
     cluster, _node_dir = hosts
-    proc = start(cluster.inventory, tmp_path, "--min-nodes", "1", "--steps", "6", "--ckpt-every", "3", *TRAINER)
+    proc = start_elastic(cluster, tmp_path, 6, ckpt_every=3)
     code, report = finish(proc, tmp_path)
     assert code == 0, why(tmp_path, report)
     assert report["ok"] is True
@@ -226,31 +232,15 @@ def test_a_lost_host_that_answers_again_is_admitted_and_the_world_goes_2_1_2(hos
     file once the world is back to 2 and has trained a few steps."""
     cluster, _node_dir = hosts
     stop = tmp_path / "stop"
-    proc = start(
-        cluster.inventory,
-        tmp_path,
-        "--min-nodes",
-        "1",
-        "--steps",
-        "100000",
-        "--ckpt-every",
-        str(CKPT_EVERY),
-        *TRAINER,
-        "--stop-file",
-        str(stop),
-    )
+    proc = start_elastic(cluster, tmp_path, 100000, trainer=("--stop-file", str(stop)))
     run = run_dir(tmp_path)
     wait_for_steps(run, CKPT_EVERY + 2, timeout=180)
-    listener = cluster.hosts[1].sshd.pid
-    os.kill(listener, signal.SIGSTOP)
-    try:
+    with frozen_sshd(cluster, 1):
         kill_host(cluster, 1, run.name)
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline and "; world 1 on cpu" not in (tmp_path / "err.txt").read_text():
             time.sleep(0.5)
         assert "; world 1 on cpu" in (tmp_path / "err.txt").read_text()
-    finally:
-        os.kill(listener, signal.SIGCONT)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and (tmp_path / "err.txt").read_text().count("; world 2 on cpu") < 2:
         time.sleep(0.5)
@@ -278,20 +268,8 @@ def test_a_straggler_is_dropped_at_a_checkpoint_and_the_run_finishes_without_it(
     finishes every step alone from that checkpoint. A dropped node is not admitted again."""
     cluster, _node_dir = hosts
     steps, window = 40, 8
-    proc = start(
-        cluster.inventory,
-        tmp_path,
-        "--min-nodes",
-        "1",
-        "--drop-stragglers",
-        "1.5",
-        "--steps",
-        str(steps),
-        "--ckpt-every",
-        str(CKPT_EVERY),
-        *TRAINER,
-        "--straggler-window",
-        str(window),
+    proc = start_elastic(
+        cluster, tmp_path, steps, "--drop-stragglers", "1.5", trainer=("--straggler-window", str(window))
     )
     run = run_dir(tmp_path)
     wait_for_steps(run, 2, timeout=180)
