@@ -317,7 +317,7 @@ def test_slurmd_own_health_check_drains_a_node_whose_data_volume_is_unmounted_wi
     cluster = inventory.load(testbed.inventory_path)
     head, node = cluster.head_node()[0], cluster.nodes[-1]
     mount, interval = node.settings.data_mount, node.settings.slurm_health_interval_s
-    assert _state(head, node.name)[0] == "idle"
+    assert _answering_state(head, node.name)[0] == "idle"
     sh(node, f"umount {shlex.quote(mount)}")
     try:
         gone = time.monotonic()
@@ -332,7 +332,7 @@ def test_slurmd_own_health_check_drains_a_node_whose_data_volume_is_unmounted_wi
     finally:
         sh(node, f"mountpoint -q {shlex.quote(mount)} || mount {shlex.quote(mount)}")
     assert _health(node)[0] == 0
-    assert _state(head, node.name)[0] == "idle"
+    assert _answering_state(head, node.name)[0] == "idle"
 
 
 def _sacct_state(node, job: str) -> str:
