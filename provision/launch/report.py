@@ -18,7 +18,7 @@ from provision.launch import logs, monitor
 from provision.launch.session import Loss, Outcome
 from provision.state import write_atomic
 
-STRAGGLER_RATIO = 1.2  # a node whose forward passes take this much longer than the median
+STRAGGLER_RATIO = 1.2  # a node whose own step time is this much longer than the median
 
 
 @dataclass
@@ -26,7 +26,8 @@ class NodeReport:
     name: str  # inventory name
     ranks: list[int]  # global ranks it ran
     tokens_per_s: float | None  # its ranks' own tokens/s together (step time less the wait for slower ranks)
-    forward_ms: float | None  # mean forward time of its ranks (the straggler signal)
+    forward_ms: float | None  # mean forward time of its ranks
+    own_step_ms: float | None  # mean step time of its ranks less their wait at the all-reduce (the straggler signal)
     usage: monitor.Usage | None  # CPU/RAM/GPU mean and peak over the run
     exited: int | None  # torchrun's exit status; None when it was stopped before it ended
     clean: bool | None  # nothing of the run left on the node afterwards
@@ -104,14 +105,16 @@ def restarts(starts: list[logs.Start], losses: list[Loss], joins: list[Loss] | N
     return out
 
 
-def stragglers(forward_ms: dict[str, float], ratio: float = STRAGGLER_RATIO) -> list[str]:
-    """Nodes whose ranks spend ``ratio`` x the median time in forward passes. In DDP every
-    rank waits for the slowest at each all-reduce, so step time cannot show who is slow;
-    compute time before the wait can."""
-    if len(forward_ms) < 2:
+def stragglers(own_step_ms: dict[str, float], ratio: float = STRAGGLER_RATIO) -> list[str]:
+    """Nodes whose ranks' own step time (their step less their wait for the others at the
+    gradient all-reduce) is ``ratio`` x the median. In DDP every rank waits for the slowest
+    at each all-reduce, so step time alone cannot show who is slow. Forward time cannot
+    either on CPU: a fast node's forward passes can absorb its wait for a slow one (measured
+    3.7x on netns hosts with one node throttled), which names the wrong node."""
+    if len(own_step_ms) < 2:
         return []
-    median = statistics.median(forward_ms.values())
-    return sorted(n for n, ms in forward_ms.items() if median > 0 and ms > ratio * median)
+    median = statistics.median(own_step_ms.values())
+    return sorted(n for n, ms in own_step_ms.items() if median > 0 and ms > ratio * median)
 
 
 def scaling_efficiency(tokens_per_s: float, nodes: int, single_node_tps: float) -> float:
@@ -174,7 +177,7 @@ def build(out: Outcome, records_path: Path, sig: str) -> TrainReport:
         tps,
         None,
         None,
-        stragglers({n.name: n.forward_ms for n in nodes if n.forward_ms is not None}),
+        stragglers({n.name: n.own_step_ms for n in nodes if n.own_step_ms is not None}),
         summary.get("final_train_loss"),
         summary.get("final_val_loss"),
         out.failure,
@@ -232,10 +235,20 @@ def _node_report(out: Outcome, name: str, ranks: list[dict[str, Any]]) -> NodeRe
         sorted(r["rank"] for r in ranks),
         sum(r["tokens_per_s"] for r in ranks) if ranks else None,
         statistics.mean(r["forward_ms"] for r in ranks) if ranks else None,
+        _own_step_ms(ranks),
         monitor.usage(out.samples.get(name, [])),
         end.exited if end else None,
         clean,
     )
+
+
+def _own_step_ms(ranks: list[dict[str, Any]]) -> float | None:
+    """The mean of its ranks' step time less their wait; None for a trainer's summary
+    without those times (one from before they were reported)."""
+    try:
+        return statistics.mean(float(r["step_ms"]) - float(r["wait_ms"]) for r in ranks) if ranks else None
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def to_json(report: TrainReport) -> dict[str, Any]:

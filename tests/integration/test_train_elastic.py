@@ -210,12 +210,16 @@ def train_losses_plain(text: str) -> dict[int, float]:
     return out
 
 
-def test_an_elastic_run_that_loses_nothing_ends_like_any_other(hosts, tmp_path):  # noqa: F811
+def test_an_elastic_run_that_loses_nothing_ends_like_any_other_and_names_its_straggler(hosts, tmp_path):  # noqa: F811
+    """Without --drop-stragglers a slow node is kept and only named in the report: ns1's
+    workers are stopped three quarters of the time from their start."""
     cluster, _node_dir = hosts
     proc = start_elastic(cluster, tmp_path, 6, ckpt_every=3)
-    code, report = finish(proc, tmp_path)
+    with throttled(run_dir(tmp_path).name, "ns1"):
+        code, report = finish(proc, tmp_path)
     assert code == 0, why(tmp_path, report)
     assert report["ok"] is True
+    assert report["stragglers"] == ["ns1"], [(n["name"], n["own_step_ms"]) for n in report["nodes"]]
     assert report["lost"] == []
     assert report["restarts"] == []
     assert report["world_size"] == 2

@@ -421,10 +421,33 @@ def test_usage_gives_mean_and_peak():
 # ---------------------------------------------------------------- report
 
 
-def test_a_node_with_slow_forward_passes_is_named_a_straggler():
+def test_a_node_with_a_slow_own_step_time_is_named_a_straggler():
     assert report.stragglers({"a": 10.0, "b": 10.5, "c": 14.0}) == ["c"]
     assert report.stragglers({"a": 10.0, "b": 11.0, "c": 11.5}) == []
     assert report.stragglers({"a": 10.0}) == []
+
+
+def test_the_reports_straggler_is_the_node_with_the_slow_own_step_not_the_slow_forward(tmp_path):
+    """As measured on netns hosts with one throttled: the fast node's forward passes
+    absorbed its wait for the slow one (3.7x the slow one's), while its own step (its step
+    less its wait at the all-reduce) was short."""
+    out = Outcome("r1", two_node_plan(), tmp_path)
+    out.curves.summary = {
+        "ranks": [
+            {"rank": 0, "node": "n0", "tokens_per_s": 900.0, "forward_ms": 37.0, "step_ms": 60.0, "wait_ms": 40.0},
+            {"rank": 1, "node": "n1", "tokens_per_s": 400.0, "forward_ms": 10.0, "step_ms": 60.0, "wait_ms": 2.0},
+        ]
+    }
+    r = report.build(out, tmp_path / "rec.json", "sig")
+    assert [(n.name, n.own_step_ms) for n in r.nodes] == [("n0", 20.0), ("n1", 58.0)]
+    assert r.stragglers == ["n1"]
+    assert report.stragglers({n.name: n.forward_ms for n in r.nodes}) == ["n0"]  # what forward time would say
+    # A summary from before step and wait times were reported: no signal, nobody named.
+    for rank in out.curves.summary["ranks"]:
+        del rank["wait_ms"]
+    r = report.build(out, tmp_path / "rec.json", "sig")
+    assert [n.own_step_ms for n in r.nodes] == [None, None]
+    assert r.stragglers == []
 
 
 def test_scaling_efficiency_compares_with_the_latest_matching_single_node_record(tmp_path):
