@@ -3,6 +3,7 @@
 tests/helpers/netns.py), the tiny trainer on CPU.
 
     .venv/bin/python benchmarks/train_elastic.py [--budget-s 600] [--ckpt-every 10]
+        [--part both|recovery|stragglers] [--stopped-ms 30] [--straggler-steps 120] [--model tiny]
 
 1. Recovery, trials until the time budget's first half is spent (at least one): a run
    with a checkpoint every --ckpt-every steps; at step 1.5 x that, ns1 dies (its run
@@ -36,7 +37,7 @@ from tests.helpers import netns
 from tests.integration.test_train_elastic import frozen_sshd, kill_host, throttled
 from tests.integration.test_train_launch import TRAINER, finish, run_dir, start, wait_for_steps
 
-STRAGGLER_STEPS = 120
+STRAGGLER_STEPS = 120  # default of --straggler-steps
 
 
 def recovery(cluster, work: Path, ckpt_every: int) -> dict:
@@ -55,12 +56,14 @@ def recovery(cluster, work: Path, ckpt_every: int) -> dict:
     return report["restarts"][0]
 
 
-def straggler_run(cluster, work: Path, slow: bool, drop: bool, stopped_s: float = 0.03) -> tuple[float, dict]:
+def straggler_run(
+    cluster, work: Path, slow: bool, drop: bool, stopped_s: float = 0.03, steps: int = STRAGGLER_STEPS, model="tiny"
+) -> tuple[float, dict]:
     """(seconds from the first training step's line to the run's end, report)."""
     work.mkdir()
     flags = ["--min-nodes", "1", "--drop-stragglers", "1.5"] if drop else ["--min-nodes", "1"]
     proc = start(
-        cluster.inventory, work, *flags, "--steps", str(STRAGGLER_STEPS), "--ckpt-every", "10",
+        cluster.inventory, work, *flags, "--steps", str(steps), "--ckpt-every", "10", "--model", model,
         "--timeout", "900", *TRAINER, "--straggler-window", "10",
     )  # fmt: skip
     run = run_dir(work)
@@ -80,6 +83,8 @@ def main() -> int:
     ap.add_argument("--ckpt-every", type=int, default=10)
     ap.add_argument("--part", choices=("both", "recovery", "stragglers"), default="both")
     ap.add_argument("--stopped-ms", type=float, default=30, help="of every 40 ms, the slow node is stopped this long")
+    ap.add_argument("--straggler-steps", type=int, default=STRAGGLER_STEPS, help="steps of each straggler run")
+    ap.add_argument("--model", default="tiny", help="the trainer's size preset for the straggler runs")
     args = ap.parse_args()
     os.environ["OMP_NUM_THREADS"] = "1"
     started = time.monotonic()
@@ -91,7 +96,9 @@ def main() -> int:
             while args.part != "stragglers" and (not trials or time.monotonic() - started < args.budget_s / 2):
                 trials.append(recovery(cluster, tmp_path / f"r{len(trials)}", args.ckpt_every))
             runs = {
-                name: straggler_run(cluster, tmp_path / name, slow, drop, args.stopped_ms / 1000)
+                name: straggler_run(
+                    cluster, tmp_path / name, slow, drop, args.stopped_ms / 1000, args.straggler_steps, args.model
+                )
                 for name, slow, drop in (("reference", False, False), ("slow", True, False), ("slow+drop", True, True))
                 if args.part != "recovery"
             }
@@ -113,7 +120,8 @@ def main() -> int:
         dropped = [x["host"] for x in report["lost"]]
         at = [r["resumed_from_step"] for r in report["restarts"]]
         print(
-            f"{name:10s} {STRAGGLER_STEPS} steps in {elapsed:6.1f} s: throughput {ref / elapsed:.2f} x the reference"
+            f"{name:10s} {args.straggler_steps} steps in {elapsed:6.1f} s: "
+            f"throughput {ref / elapsed:.2f} x the reference"
             + (f"; dropped {', '.join(dropped)}, resumed at step {at}" if dropped else "")
         )
     print(json.dumps({"trials": trials, "runs": {k: v[0] for k, v in runs.items()}}))

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from provision.launch import logs, monitor
-from provision.launch.session import Loss, Outcome
+from provision.launch.session import NodeEvent, Outcome
 from provision.state import write_atomic
 
 STRAGGLER_RATIO = 1.2  # a node whose own step time is this much longer than the median
@@ -75,7 +75,7 @@ class Restart:
     recovery_s: float | None  # the loss (or the restart) to its first training step
 
 
-def restarts(starts: list[logs.Start], losses: list[Loss], joins: list[Loss] | None = None) -> list[Restart]:
+def restarts(starts: list[logs.Start], losses: list[NodeEvent], joins: list[NodeEvent] | None = None) -> list[Restart]:
     """Each start of the workers after the first, with the losses and admissions seen
     since the one before it. Pure: the clock values are the controller's monotonic ones."""
     out = []

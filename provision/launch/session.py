@@ -75,13 +75,13 @@ class Options:
 
 
 @dataclass
-class Loss:
-    """A node an elastic run went on without."""
+class NodeEvent:
+    """A node an elastic run went on without (a loss), or took back (an admission)."""
 
     host: str  # inventory name
     at: float  # controller monotonic clock, when the launcher saw it
     wall: float  # the same moment, unix time
-    why: str  # how its torchrun ended
+    why: str  # a loss: how its part ended; an admission: "admitted again"
 
 
 @dataclass
@@ -110,8 +110,8 @@ class Outcome:
     samples: dict[str, list[monitor.Sample]] = field(default_factory=dict)  # per host
     slurm_job: str | None = None  # the Slurm job id of a --scheduler slurm run
     requeues: int | None = None  # --requeue: times the job was requeued and started again; else None
-    losses: list[Loss] = field(default_factory=list)  # an elastic run's lost nodes, in order
-    joins: list[Loss] = field(default_factory=list)  # lost nodes admitted again (why: "admitted again")
+    losses: list[NodeEvent] = field(default_factory=list)  # an elastic run's lost nodes, in order
+    joins: list[NodeEvent] = field(default_factory=list)  # lost nodes admitted again (why: "admitted again")
 
 
 def prepare(
@@ -516,7 +516,7 @@ class Supervisor:
         nodes = tuple(node_plan if p.name == host else p for p in self.plan.nodes)
         self.plan = replace(self.plan, nodes=nodes, elastic=replace(e, store_ports=tuple(ports.items())))
         self.out.plan = self.plan
-        self.out.joins.append(Loss(host, time.monotonic(), time.time(), "admitted again"))
+        self.out.joins.append(NodeEvent(host, time.monotonic(), time.time(), "admitted again"))
         self._silent.pop(host, None)
         self._on_line(host, "provision", "answers again: admitted at the next rendezvous")
         self._ended.put((host, None))  # before its stream starts: the watch loop sees it first
@@ -555,7 +555,7 @@ class Supervisor:
         left alone, they would first wait in a collective with the lost node's ranks until
         the process group's timeout. What is left of the run on the lost node is stopped
         too, if it can still be reached."""
-        loss = Loss(host, time.monotonic(), time.time(), why)
+        loss = NodeEvent(host, time.monotonic(), time.time(), why)
         self.out.losses.append(loss)
         self._on_line(
             host, "provision", f"lost ({why}); the run goes on with {len(left)} node(s): {', '.join(sorted(left))}"
@@ -565,22 +565,23 @@ class Supervisor:
         # survivor's workers that torchrun already restarted without it have fewer, and
         # are spared.
         world = sum(p.nproc for p in self.plan.nodes if p.name in left or p.name == host)
-
-        def stop_workers() -> None:
-            nodes = [self.nodes[h] for h in sorted(left)] + [self.nodes[host]]
-
-            def one(n: Node) -> dict[str, Any]:
-                if n.name == host:
-                    return self._reaper(n.name, False)
-                return self._reaper(n.name, False, workers_of_world=world)
-
-            for name, result in remote.on_all(nodes, one).items():
-                if name == host:
-                    self.out.teardown[name] = result
-
-        work = threading.Thread(target=stop_workers, daemon=True)
+        work = threading.Thread(target=self._stop_after_loss, args=(host, sorted(left), world), daemon=True)
         self._loss_work[host] = work
         work.start()
+
+    def _stop_after_loss(self, host: str, left: list[str], world: int) -> None:
+        """The survivors' workers of a world of ``world`` ranks, and all of the run on the
+        lost ``host`` if it answers (its reaper's JSON is that node's teardown record)."""
+
+        def one(n: Node) -> dict[str, Any]:
+            if n.name == host:
+                return self._reaper(n.name, False)
+            return self._reaper(n.name, False, workers_of_world=world)
+
+        nodes = [self.nodes[h] for h in left] + [self.nodes[host]]
+        for name, result in remote.on_all(nodes, one).items():
+            if name == host:
+                self.out.teardown[name] = result
 
     def _fail(self, host: str | None, why: str) -> None:
         if self.out.failure is None:

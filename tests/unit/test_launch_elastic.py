@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from provision.launch import logs, plan, report
-from provision.launch.session import Loss, Outcome
+from provision.launch.session import NodeEvent, Outcome
 from tests.unit.test_launch import two_node_plan
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
@@ -86,7 +86,7 @@ def test_a_restart_says_who_was_lost_the_worlds_the_step_resumed_and_the_time_to
         logs.Start(40.0, 1, 10, 13, 52.5),
         logs.Start(90.0, 2, 20, 24, 101.0),
     ]
-    losses = [Loss("node2", 30.0, 1_700_000_000.0, "SSH connection lost")]
+    losses = [NodeEvent("node2", 30.0, 1_700_000_000.0, "SSH connection lost")]
     first, second = report.restarts(starts, losses)
     assert first.lost == ["node2"]
     assert "node2 lost (SSH connection lost)" in first.why
@@ -100,7 +100,7 @@ def test_a_restart_says_who_was_lost_the_worlds_the_step_resumed_and_the_time_to
     assert second.recovery_s == 11.0
     assert report.restarts(starts[:1], losses) == []
     # The same starts, with node2 admitted again before the third: that is the cause.
-    joins = [Loss("node2", 85.0, 1_700_000_060.0, "admitted again")]
+    joins = [NodeEvent("node2", 85.0, 1_700_000_060.0, "admitted again")]
     third = report.restarts(starts, losses, joins)[1]
     assert third.joined == ["node2"]
     assert third.why == "node2 admitted again"
@@ -109,7 +109,7 @@ def test_a_restart_says_who_was_lost_the_worlds_the_step_resumed_and_the_time_to
 
 def test_a_run_that_finished_without_a_lost_node_it_cannot_reach_is_ok_and_names_it(tmp_path):
     p = elastic_plan()
-    out = Outcome("r1", p, tmp_path, losses=[Loss("n1", 3.0, 1_700_000_000.0, "SSH connection lost")])
+    out = Outcome("r1", p, tmp_path, losses=[NodeEvent("n1", 3.0, 1_700_000_000.0, "SSH connection lost")])
     out.curves.summary = {"tokens_per_s": 10.0, "ranks": []}
     out.teardown = {"n0": {"left": []}, "n1": {"error": "unreachable", "left": None}}
     r = report.build(out, tmp_path / "rec.json", "sig")
