@@ -3,8 +3,9 @@ cluster network with checkpoints on NFS; a VM dies mid-run and the run is torn d
 host within 30 s; `--resume`, as a Slurm job (the default scheduler on a cluster running
 Slurm), continues from the last checkpoint to a clean exit and a COMPLETED job, and with
 `--requeue` is followed across a requeue into a second attempt that resumes from the run's
-newer checkpoint. Then an elastic run (`--min-nodes 1`) loses the same VM mid-run and goes
-on with the other from its newest checkpoint, to the last step and exit 0."""
+newer checkpoint. Then an elastic run (`--min-nodes 1`, a checkpoint every 10 steps) loses
+the same VM mid-run and goes on with the other from its newest checkpoint, to the last step
+and exit 0."""
 
 from __future__ import annotations
 
@@ -140,29 +141,29 @@ def test_two_vms_train_over_the_cluster_network_a_vm_dying_tears_down_the_run_an
     _elastic_drill(testbed, survivor, victim, tmp_path / "elastic")
 
 
-ELASTIC_STEPS = 12
+ELASTIC_CKPT_EVERY = 10  # the issue's interval for the recovery figure (BENCHMARKS, issue 17)
+ELASTIC_KILL_AFTER = 11  # a step past the checkpoint: the least TCG time for a restart from it
+ELASTIC_STEPS = 14
+ELASTIC_TRAINER = ["--", "--data-max-mb", "1", "--eval-interval", "4", "--eval-samples", "8"]
 
 
 def _elastic_drill(testbed, survivor, victim, cwd: Path) -> None:
-    """`--min-nodes 1`: the victim's VM is killed (SIGKILL to qemu: its ranks' peers hear
-    nothing more on the cluster network) after the run's checkpoint at step 4; the launcher
-    stops the survivor's workers, torchrun restarts them alone from the newest checkpoint
-    (the rendezvous store is on the controller), and the run ends 0 naming the victim. The
-    victim is started again afterwards for the tests after this one."""
+    """`--min-nodes 1`, a checkpoint every 10 steps: the victim's VM is killed (SIGKILL to
+    qemu: its ranks' peers hear nothing more on the cluster network) after step 11; the
+    launcher stops the survivor's workers, torchrun restarts them alone from step 10 (the
+    rendezvous store is on the controller), and the run ends 0 naming the victim. The
+    victim is started again afterwards for the tests after this one. A lost VM admitted
+    again during the run (the world going 2, 1, 2) costs the tier minutes more under TCG:
+    benchmarks/train_elastic_testbed.py does that on the testbed, and
+    tests/integration/test_train_elastic.py on namespace hosts."""
     cwd.mkdir()
     proc = start(
-        Path(testbed.inventory_path),
-        cwd,
-        "--min-nodes",
-        "1",
-        "--steps",
-        str(ELASTIC_STEPS),
-        "--ckpt-every",
-        "2",
-        *TRAINER,
-    )
+        Path(testbed.inventory_path), cwd, "--min-nodes", "1", "--steps", str(ELASTIC_STEPS),
+        "--ckpt-every", str(ELASTIC_CKPT_EVERY), *ELASTIC_TRAINER,
+    )  # fmt: skip
+    said = (cwd / "err.txt").read_text
     try:
-        run = _wait_for_checkpointed_step(cwd, step=5)
+        run = _wait_for_checkpointed_step(cwd, step=ELASTIC_KILL_AFTER)
         testbed.testbed.stop_node(victim.name, hard=True)
         code = proc.wait(timeout=1200)
     finally:
@@ -170,18 +171,18 @@ def _elastic_drill(testbed, survivor, victim, cwd: Path) -> None:
             proc.send_signal(signal.SIGINT)
             proc.wait(timeout=300)
         testbed.testbed.start_node(victim.name)
-    said = (cwd / "err.txt").read_text()
-    assert code == 0, said[-3000:]
-    assert "scheduler: ssh (an elastic run" in said
+    assert code == 0, said()[-3000:]
+    assert "scheduler: ssh (an elastic run" in said()
     report = report_of(cwd)
     print(json.dumps({"lost": report["lost"], "restarts": report["restarts"]}, indent=1))
-    assert report["ok"] is True
+    assert report["ok"] is True, report.get("failure")
     assert [x["host"] for x in report["lost"]] == [victim.name]
     text = (Path(report["out_dir"]) / f"{survivor.name}.log").read_text()
     restart, *again = report["restarts"]
     assert restart["lost"] == [victim.name]
     assert (restart["world_before"], restart["world_after"]) == (2, 1)
-    assert restart["resumed_from_step"] >= 4
+    assert restart["resumed_from_step"] == ELASTIC_CKPT_EVERY, restart
+    assert restart["steps_recomputed"] >= ELASTIC_KILL_AFTER - ELASTIC_CKPT_EVERY, restart
     # Once, in a clean-clone CI run beside the other tiers, the survivor's workers were
     # started a second time, alone, two minutes after the first restart and before its
     # first step. The run still finished; what torchrun said is printed for the next one.
@@ -194,7 +195,14 @@ def _elastic_drill(testbed, survivor, victim, cwd: Path) -> None:
     assert max(steps) == ELASTIC_STEPS
     assert "world size 2 -> 1, global batch" in text
     assert trainer_processes(survivor, run) == []
-    assert trainer_processes(victim, run) == []  # after its new boot: nothing of the run came back
+    # After its new boot nothing of the run came back (the testbed may have given it a new port).
+    assert trainer_processes(_now(testbed, victim), run) == []
+
+
+def _now(testbed, node):
+    """``node`` as the testbed's inventory has it now: a VM booted again within a minute of
+    being killed gets a new SSH port (its old one is held by connections in TIME_WAIT)."""
+    return next(n for n in inventory.load(testbed.inventory_path).nodes if n.name == node.name)
 
 
 def _wait_for_text(cwd: Path, needle: str, timeout: float = 900) -> str:
