@@ -198,20 +198,33 @@ def run_beside(conn: Any, host: str, command: str, timeout: float = 30) -> Comma
 
     For work beside a long ``conn.run`` on the same connection (a log stream): invoke's
     runner blocks a second run on that connection until the first ends, a bare channel
-    does not. Output is read whole; keep commands short.
+    does not. Output is read whole; keep commands short. Opening the channel and the
+    exchange after it each get ``timeout``: paramiko waits for sshd's answer to the exec
+    request with no deadline of its own, so a host that goes silent between the two (seen
+    as a sweep's trial that never ended, its node cut off just then) would hold the caller
+    until TCP gave up on the connection.
     """
     try:
         if not conn.is_connected:
             conn.open()
         channel = conn.client.get_transport().open_session(timeout=timeout)
+    except Exception as e:  # paramiko/socket errors all mean "could not run"
+        return CommandResult(host, -1, "", f"{type(e).__name__}: {e}")
+
+    def exchange() -> tuple[bytes, bytes, int]:
         channel.settimeout(timeout)
         channel.exec_command(command)
         stdout, stderr = channel.makefile("rb").read(), channel.makefile_stderr("rb").read()
-        exited = channel.recv_exit_status()
-        channel.close()
-        return CommandResult(host, exited, stdout.decode(errors="replace"), stderr.decode(errors="replace"))
-    except Exception as e:  # paramiko/socket errors all mean "could not run"
-        return CommandResult(host, -1, "", f"{type(e).__name__}: {e}")
+        return stdout, stderr, channel.recv_exit_status()
+
+    try:
+        stdout, stderr, exited = _within(exchange, timeout, channel.close, f"a command on {host}")
+    except RemoteError as e:
+        return CommandResult(host, -1, "", str(e))
+    finally:
+        with contextlib.suppress(Exception):
+            channel.close()
+    return CommandResult(host, exited, stdout.decode(errors="replace"), stderr.decode(errors="replace"))
 
 
 @dataclass
