@@ -77,8 +77,9 @@ def trial(tb: Testbed, inv: Path, cwd: Path, ckpt_every: int) -> dict:
         killed = time.monotonic()
         alone = lambda t: "; world 1 on cpu" in t and bool(_steps(t.rsplit("; world 1 on cpu", 1)[-1]))  # noqa: E731
         _wait(cwd, "a step at world 1", alone, 900)
-        # Booted before the killed VM's connections leave TIME_WAIT, it would get a new SSH
-        # port, which the running launcher cannot know (a real node keeps its address).
+        # Before a61f3d2's successor the testbed gave a VM booted while its killed
+        # connections were in TIME_WAIT a new SSH port, which the running launcher cannot
+        # know (a real node keeps its address); the wait keeps older trees measurable.
         time.sleep(max(0.0, killed + TIME_WAIT_S - time.monotonic()))
         tb.start_node(victim.name)
         answered = time.monotonic()

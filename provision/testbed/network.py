@@ -33,8 +33,12 @@ def mac(network: int, index: int) -> str:
 
 
 def port_free(port: int) -> bool:
-    """True if nothing listens on 127.0.0.1:port right now."""
+    """True if nothing listens on 127.0.0.1:port right now. Bound as qemu's user network
+    binds its forwards (SO_REUSEADDR): connections of a VM killed a moment ago stay in
+    TIME_WAIT for a minute and do not stop qemu from listening there again, so they must
+    not send the VM to another port (a run that knew the old one could not follow it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:

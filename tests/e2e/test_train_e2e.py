@@ -195,13 +195,13 @@ def _elastic_drill(testbed, survivor, victim, cwd: Path) -> None:
     assert max(steps) == ELASTIC_STEPS
     assert "world size 2 -> 1, global batch" in text
     assert trainer_processes(survivor, run) == []
-    # After its new boot nothing of the run came back (the testbed may have given it a new port).
+    # After its new boot nothing of the run came back.
     assert trainer_processes(_now(testbed, victim), run) == []
 
 
 def _now(testbed, node):
-    """``node`` as the testbed's inventory has it now: a VM booted again within a minute of
-    being killed gets a new SSH port (its old one is held by connections in TIME_WAIT)."""
+    """``node`` as the testbed's inventory has it now: a VM booted again gets a new SSH port
+    when its old one was taken meanwhile."""
     return next(n for n in inventory.load(testbed.inventory_path).nodes if n.name == node.name)
 
 

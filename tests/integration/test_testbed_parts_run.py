@@ -48,3 +48,27 @@ def test_seed_script_finds_its_disk_by_serial_even_without_a_final_newline(tmp_p
     done = subprocess.run(["sh", "-c", discovery + 'echo "$dev"'], capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "/dev/vdc"
+
+
+def test_a_port_whose_connections_are_in_time_wait_is_free_and_a_listened_one_is_not() -> None:
+    """A VM killed a moment ago leaves its SSH forward's connections in TIME_WAIT (its side
+    closed first); qemu binds with SO_REUSEADDR and can listen there again at once, so the
+    VM must keep its port (a running `provision train` knows only that one)."""
+    import socket
+    import time
+
+    from provision.testbed import network
+
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as qemu's user network does
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    assert not network.port_free(port)  # something listens
+    client = socket.create_connection(("127.0.0.1", port))
+    accepted, _ = server.accept()
+    accepted.close()  # the server's side first, as when its qemu is killed
+    server.close()
+    time.sleep(0.2)
+    client.close()
+    assert network.port_free(port)
