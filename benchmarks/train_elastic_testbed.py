@@ -10,9 +10,8 @@ run until the budget is spent (at least one), each:
 
 1. the run starts on both VMs (the tiny trainer, a stop file on each VM ends it);
 2. after step 1.5 x the checkpoint interval, node2's VM is killed (SIGKILL to qemu);
-3. once node1 trains alone (and a minute after the kill, so that node2's SSH port is out of
-   TIME_WAIT and it gets the same one), node2's VM is booted again; the launcher admits it
-   at its next try, and both VMs train together again;
+3. once node1 trains alone, node2's VM is booted again (on the same SSH port: the run knows
+   only that one); the launcher admits it at its next try, and both VMs train together again;
 4. after a few steps at world 2 the stop file ends the run.
 
 Printed from each report.json: seconds from the loss to the next training step, the steps
@@ -41,7 +40,6 @@ from tests.e2e.storage_helpers import sh
 from tests.e2e.test_train_e2e import report_of, start
 
 STOP = "/var/tmp/provision-bench-elastic-stop"  # on every VM: rank 0 (wherever it is) reads it
-TIME_WAIT_S = 65  # Linux keeps a closed connection's port in TIME_WAIT for 60 s
 TRAINER = ["--", "--data-max-mb", "1", "--eval-interval", "4", "--eval-samples", "8", "--stop-file", STOP]
 
 
@@ -74,13 +72,8 @@ def trial(tb: Testbed, inv: Path, cwd: Path, ckpt_every: int) -> dict:
         kill_after = ckpt_every + ckpt_every // 2
         _wait(cwd, f"step {kill_after}", lambda t: any(s >= kill_after for s in _steps(t)), 900)
         tb.stop_node(victim.name, hard=True)
-        killed = time.monotonic()
         alone = lambda t: "; world 1 on cpu" in t and bool(_steps(t.rsplit("; world 1 on cpu", 1)[-1]))  # noqa: E731
         _wait(cwd, "a step at world 1", alone, 900)
-        # Before a61f3d2's successor the testbed gave a VM booted while its killed
-        # connections were in TIME_WAIT a new SSH port, which the running launcher cannot
-        # know (a real node keeps its address); the wait keeps older trees measurable.
-        time.sleep(max(0.0, killed + TIME_WAIT_S - time.monotonic()))
         tb.start_node(victim.name)
         answered = time.monotonic()
         port = next(n.ssh.port for n in inventory.load(inv).nodes if n.name == victim.name)
