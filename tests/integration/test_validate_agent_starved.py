@@ -11,57 +11,17 @@ import os
 import shutil
 import subprocess
 import sys
-import time
-import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from provision.validate import agent as agent_module
 from provision.validate import agent_stream
+from tests.helpers.cpu_quota import cpu_quota
 
 AGENT = Path(agent_module.__file__)
 BUDGETS = {"cpu": 4.0, "ram": 4.0, "disk": 6.0}  # small, so the test ends in a few minutes
 QUOTA_US, PERIOD_US = 10_000, 100_000  # 10 % of one core
-CGROUP = Path("/sys/fs/cgroup")
-
-
-@contextmanager
-def cpu_quota() -> Iterator[Path]:
-    """A cgroup of our own limited to 10 % of one core: cgroup v2 (cpu.max) where the cpu
-    controller is there, else v1's cpu hierarchy (cfs quota). Yields its cgroup.procs;
-    removed afterwards (it is empty once the agent has exited)."""
-    name = f"provision-test-starved-{uuid.uuid4().hex[:8]}"
-    controllers = CGROUP / "cgroup.controllers"
-    if controllers.is_file() and "cpu" in controllers.read_text().split():
-        group = CGROUP / name
-        group.mkdir()
-        (group / "cpu.max").write_text(f"{QUOTA_US} {PERIOD_US}")
-    elif (CGROUP / "cpu" / "cpu.cfs_quota_us").is_file():
-        group = CGROUP / "cpu" / name
-        group.mkdir()
-        (group / "cpu.cfs_period_us").write_text(str(PERIOD_US))
-        (group / "cpu.cfs_quota_us").write_text(str(QUOTA_US))
-    else:
-        pytest.skip("no cgroup cpu controller to set a CPU quota with")
-    try:
-        yield group / "cgroup.procs"
-    finally:
-        _remove(group)
-
-
-def _remove(group: Path) -> None:
-    """rmdir once the last task has left: a process that exited under the quota may take a
-    few throttled periods to be gone from the group."""
-    for _ in range(300):
-        try:
-            group.rmdir()
-            return
-        except OSError:
-            time.sleep(0.1)
-    group.rmdir()  # the error, if it is still busy
 
 
 @pytest.mark.skipif(shutil.which("fio") is None, reason="fio is not installed")
@@ -71,7 +31,7 @@ def test_quick_agent_on_a_tenth_of_a_core_reports_every_phase_within_its_deadlin
     deadline -= sum(v for k, v in agent_module.BUDGETS_S["quick"].items() if k not in BUDGETS)  # no GPU phases
     budget = ",".join(f"{k}={v:g}" for k, v in BUDGETS.items())
     argv = [sys.executable, str(AGENT), "--mode", "quick", "--only", "cpu,ram,disk", "--data-dir", str(tmp_path)]
-    with cpu_quota() as procs:
+    with cpu_quota(QUOTA_US, PERIOD_US) as procs:
 
         def join_quota() -> None:  # in the child, before exec: nothing runs outside the quota
             procs.write_text(str(os.getpid()))
