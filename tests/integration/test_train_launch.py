@@ -21,8 +21,10 @@ from provision.launch import plan
 
 RUN_TIMEOUT_S = 240  # a whole `provision train` call, bounded
 CLEAN_WITHIN_S = 30  # the issue's bound: every host clean this long after a failure
-# Tiny and quick on 2 shared cores: 1 MiB of text, evaluation every 3 steps.
-TRAINER = ["--", "--data-max-mb", "1", "--eval-interval", "3", "--eval-samples", "8"]
+# Tiny and quick on 2 shared cores: 1 MiB of text, evaluation every 3 steps, one CPU thread
+# a rank. The hosts' ranks share this machine's cores (and CI's e2e tier's VMs): torch's
+# default, a thread a core, only makes each rank's threads spin-wait for each other.
+TRAINER = ["--", "--data-max-mb", "1", "--eval-interval", "3", "--eval-samples", "8", "--threads", "1"]
 
 
 @pytest.fixture(scope="module")
