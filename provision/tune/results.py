@@ -203,8 +203,10 @@ def remove_trials_command(node: Node, directories: list[str], study: str) -> str
     training user, printing each file it removed."""
     regex = shlex.quote(trial_files_regex(study))
     dirs = " ".join(shlex.quote(d) for d in directories)
+    # From /: find goes back to where it started, and the SSH user's home (root's /root)
+    # is not the training user's to enter: find removed the files, then failed.
     inner = (
-        f'for d in {dirs}; do [ -d "$d" ] || continue; '
+        f'cd / && for d in {dirs}; do [ -d "$d" ] || continue; '
         f'find "$d" -maxdepth 1 -type f -regextype posix-extended -regex {regex} -print -delete; done'
     )
     return _as_training_user(node, inner)

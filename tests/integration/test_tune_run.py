@@ -11,10 +11,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pwd
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -303,3 +306,24 @@ def test_removing_trial_checkpoints_takes_only_this_studys_trial_files(tmp_path)
     assert sorted(p.name for p in ck.iterdir()) == sorted([*stay, "tune-s.1", "tune-s.1-t7-step00000040.pt"])
     assert (ck / "tune-s.1" / "best-step00000040.pt").read_bytes() == b"best"
     assert (elsewhere / "precious").read_bytes() == b"keep"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="running as another user needs root")
+def test_removing_trial_checkpoints_as_the_training_user_from_a_directory_it_cannot_enter(tmp_path):
+    """As root, the SSH user, from a working directory that only root may enter (root's home
+    on a node): the training user (nobody here) removes its files and the command exits 0."""
+    node = SimpleNamespace(settings=SimpleNamespace(training_user="nobody"))
+    home = tmp_path / "root-home"  # under pytest's root-only directory: nobody cannot enter
+    home.mkdir(mode=0o700)
+    ck = Path(tempfile.mkdtemp(prefix="provision-test-ck-", dir="/tmp"))  # nobody's to write
+    try:
+        (ck / "tune-s-t0-step00000040.pt").write_bytes(b"w")
+        for path in (ck, ck / "tune-s-t0-step00000040.pt"):
+            os.chown(path, pwd.getpwnam("nobody").pw_uid, -1)
+        cmd = results.remove_trials_command(node, [str(ck)], "s")  # type: ignore[arg-type]
+        r = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=30, cwd=home)
+        assert r.returncode == 0, r.stderr
+        assert [Path(line).name for line in r.stdout.splitlines()] == ["tune-s-t0-step00000040.pt"]
+        assert list(ck.iterdir()) == []
+    finally:
+        shutil.rmtree(ck)
