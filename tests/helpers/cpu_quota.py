@@ -20,24 +20,25 @@ CGROUP = Path("/sys/fs/cgroup")
 @contextmanager
 def cpu_quota(quota_us: int, period_us: int) -> Iterator[Path]:
     """A cgroup limited to ``quota_us`` of CPU time every ``period_us`` (all its processes'
-    threads together): cgroup v2 (cpu.max) where the cpu controller is there, else v1's cpu
+    threads together): cgroup v2 (cpu.max) where the cpu controller is enabled, else v1's cpu
     hierarchy. Yields its cgroup.procs: a pid written there moves that process, every thread
     of it, into the group. Skips the test where neither exists. Removed afterwards, once the
     processes in it have exited or left."""
     name = f"provision-test-quota-{uuid.uuid4().hex[:8]}"
-    controllers = CGROUP / "cgroup.controllers"
-    if controllers.is_file() and "cpu" in controllers.read_text().split():
-        group = CGROUP / name
-        group.mkdir()
-        (group / "cpu.max").write_text(f"{quota_us} {period_us}")
+    # v2: the cpu controller enabled for the root's children (subtree_control), not only
+    # present (cgroup.controllers): without it a new group has no cpu.max.
+    enabled = CGROUP / "cgroup.subtree_control"
+    if enabled.is_file() and "cpu" in enabled.read_text().split():
+        group, limits = CGROUP / name, {"cpu.max": f"{quota_us} {period_us}"}
     elif (CGROUP / "cpu" / "cpu.cfs_quota_us").is_file():
         group = CGROUP / "cpu" / name
-        group.mkdir()
-        (group / "cpu.cfs_period_us").write_text(str(period_us))
-        (group / "cpu.cfs_quota_us").write_text(str(quota_us))
+        limits = {"cpu.cfs_period_us": str(period_us), "cpu.cfs_quota_us": str(quota_us)}
     else:
         pytest.skip("no cgroup cpu controller to set a CPU quota with")
+    group.mkdir()
     try:
+        for file, value in limits.items():
+            (group / file).write_text(value)
         yield group / "cgroup.procs"
     finally:
         _remove(group)
