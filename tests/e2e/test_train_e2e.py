@@ -74,7 +74,7 @@ def test_two_vms_train_elastically_lose_one_and_a_slurm_resume_with_requeue_cont
 
     # The resumed run goes through Slurm, the default (--scheduler auto) where the slurm step
     # provisioned every host: one job on both VMs, the same live logs and report, the
-    # checkpoint on NFS that the SSH run wrote, COMPLETED in Slurm.
+    # checkpoint on NFS that the elastic (SSH) run wrote, COMPLETED in Slurm.
     # And --requeue: once this run has checkpointed, the job is requeued by hand (as an admin,
     # or a preemption, would); the run follows it into its second attempt, which resumes from
     # this run's newest checkpoint. Slurm holds a requeued job back a while before it starts

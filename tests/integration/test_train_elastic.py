@@ -73,6 +73,16 @@ def kill_host(cluster, index: int, run_id: str) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
+def workers_of(run_id: str, host: str) -> list[int]:
+    """The run's trainer workers on ``host`` (its torchrun agent left out), those of a
+    re-admission (run directory ``host.N``) included."""
+    return [
+        pid
+        for pid, cmdline in processes_of(run_id).items()
+        if (f"/{host}/train_ddp.py" in cmdline or f"/{host}." in cmdline) and "torch.distributed.run" not in cmdline
+    ]
+
+
 @contextlib.contextmanager
 def throttled(run_id: str, host: str, stopped_s: float = 0.03, running_s: float = 0.01):
     """While inside: the run's workers on ``host`` are stopped (SIGSTOP) for ``stopped_s``
@@ -85,12 +95,7 @@ def throttled(run_id: str, host: str, stopped_s: float = 0.03, running_s: float 
 
     def find() -> None:
         while not done.is_set():
-            pids[:] = [
-                pid
-                for pid, cmdline in processes_of(run_id).items()
-                if (f"/{host}/train_ddp.py" in cmdline or f"/{host}." in cmdline)
-                and "torch.distributed.run" not in cmdline
-            ]
+            pids[:] = workers_of(run_id, host)
             done.wait(1.0)
 
     def cycle() -> None:
@@ -133,11 +138,9 @@ def capped(run_id: str, host: str):
 
         def join() -> None:
             while not done.is_set():
-                for pid, cmdline in processes_of(run_id).items():
-                    ours = f"/{host}/train_ddp.py" in cmdline or f"/{host}." in cmdline  # or re-admitted
-                    if ours and "torch.distributed.run" not in cmdline:
-                        with contextlib.suppress(OSError):  # exited meanwhile
-                            procs.write_text(str(pid))
+                for pid in workers_of(run_id, host):
+                    with contextlib.suppress(OSError):  # exited meanwhile
+                        procs.write_text(str(pid))
                 done.wait(1.0)
 
         mover = threading.Thread(target=join, daemon=True)
@@ -306,8 +309,9 @@ def test_a_lost_host_that_answers_again_is_admitted_and_the_world_goes_2_1_2(hos
 
 def test_a_straggler_is_dropped_at_a_checkpoint_and_the_run_finishes_without_it(hosts, tmp_path):  # noqa: F811
     """ns1's workers are capped to 10 % of a core, however busy the machine is: after a
-    full window of slow steps, rank 0 names ns1 at the next checkpoint, the launcher stops ns1's part, and ns0
-    finishes every step alone from that checkpoint. A dropped node is not admitted again."""
+    full window of slow steps, rank 0 names ns1 at the next checkpoint, the launcher stops
+    ns1's part, and ns0 finishes every step alone from that checkpoint. A dropped node is
+    not admitted again."""
     cluster, _node_dir = hosts
     steps, window = 40, 8
     proc = start_elastic(
