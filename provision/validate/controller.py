@@ -13,14 +13,14 @@ import base64
 import shlex
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from provision import remote
 from provision.inventory import Cluster, Node
 from provision.metrics import GROUPS
-from provision.validate import agent, agent_stream, judge, netrun, parsers
+from provision.validate import agent, agent_stream, judge, netrun, parsers, remeasure
 from provision.validate.expectations import Overrides, parse_flat
 from provision.validate.records import Measurement, NodeResult
 from provision.validate.rounds import FULL_PEERS
@@ -144,6 +144,7 @@ def run(cluster: Cluster, plan: Plan, progress: Progress | None = None) -> Outco
     paths = {n.name: f"/tmp/provision-validate-{n.name}-{token}.py" for n in nodes}
     runs = remote.on_all(nodes, lambda n: _agent(n, plan, paths[n.name], say))
     inputs = {n.name: _input(n, runs[n.name], plan) for n in nodes}
+    _remeasure_outliers(nodes, inputs, plan, paths, say)
     reports = {name: run.report for name, run in runs.items()}
     network: dict[str, Any] = {}
     # A node that answered SSH is reachable, whatever its agent did: its links are measured.
@@ -158,6 +159,28 @@ def run(cluster: Cluster, plan: Plan, progress: Progress | None = None) -> Outco
     for n in nodes:
         say(n.name, "judging")
     return Outcome(judge.judge([inputs[n.name] for n in nodes]), network)
+
+
+def _remeasure_outliers(
+    nodes: list[Node], inputs: dict[str, judge.NodeInput], plan: Plan, paths: dict[str, str], say: Progress
+) -> None:
+    """Run the agent again on the nodes with a fleet outlier, their outlying groups only,
+    and put the second figures in ``inputs`` (provision.validate.remeasure says why)."""
+    suspects = judge.fleet_outliers([inputs[n.name] for n in nodes])
+    again = [n for n in nodes if remeasure.groups(suspects.get(n.name, []))]
+    if not again:
+        return
+
+    def measure_again(n: Node) -> AgentRun:
+        groups = remeasure.groups(suspects[n.name])
+        say(n.name, f"far below the fleet: measuring {', '.join(sorted(groups))} again, the rest idle")
+        return _agent(n, replace(plan, groups=groups), paths[n.name], say)
+
+    runs = remote.on_all(again, measure_again)
+    for n in again:
+        run, first = runs[n.name], inputs[n.name].measurements
+        second = list(run.report.measurements) if run.report is not None else []
+        inputs[n.name].measurements = remeasure.merged(first, suspects[n.name], second, run.error)
 
 
 def _input(node: Node, run: AgentRun, plan: Plan) -> judge.NodeInput:

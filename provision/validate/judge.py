@@ -231,12 +231,37 @@ def _prepared(i: NodeInput) -> tuple[list[Measurement], dict[str, GpuInfo]]:
 def judge(inputs: list[NodeInput]) -> list[NodeResult]:
     """A NodeResult per input node, in input order."""
     prepared = [(i, *_prepared(i)) for i in inputs]
+    pools = _pools(prepared)
+    return [_judge_node(i, ms, gpus, pools) for i, ms, gpus in prepared]
+
+
+def fleet_outliers(inputs: list[NodeInput]) -> dict[str, list[Measurement]]:
+    """Per node, the measured values that the fleet check alone would fail.
+
+    These are the values a neighbour can cause: nodes measured at once share a hypervisor,
+    a storage backend or, on the testbed, one host's disk and cores. The controller
+    measures them again with the node alone (provision.validate.remeasure) before judging."""
+    prepared = [(i, *_prepared(i)) for i in inputs]
+    pools = _pools(prepared)
+    out: dict[str, list[Measurement]] = {}
+    for i, ms, gpus in prepared:
+        for m in ms:
+            if m.value is None:
+                continue
+            rule = i.overrides.fleet_rule(m.metric)
+            fleet_band = pools.band(_context(m, gpus).pool, rule.mad_k)
+            if _fleet_check(METRICS[m.metric], m.value, fleet_band, i.overrides)[0] == "fail":
+                out.setdefault(i.node, []).append(m)
+    return out
+
+
+def _pools(prepared: list[tuple[NodeInput, list[Measurement], dict[str, GpuInfo]]]) -> _Pools:
     pools = _Pools()
     for _, ms, gpus in prepared:
         for m in ms:
             if m.value is not None:
                 pools.setdefault(_context(m, gpus).pool, []).append(m.value)
-    return [_judge_node(i, ms, gpus, pools) for i, ms, gpus in prepared]
+    return pools
 
 
 def _judge_node(i: NodeInput, ms: list[Measurement], gpus: dict[str, GpuInfo], pools: _Pools) -> NodeResult:
@@ -298,6 +323,8 @@ def _finding(i: NodeInput, m: Measurement, ctx: _Context, pools: _Pools) -> Find
     verdict, reasons = _unjudged(metric, m, ctx, expectation, pools, verdict, reasons)
     if verdict in ("warn", "fail") and m.detail:
         reasons.append(m.detail)  # how it was measured (for links: the bisection) helps the fix
+    if m.note:
+        reasons.append(m.note)
     return Finding(i.node, m.metric, m.device, m.value, metric.unit, expectation, verdict, "; ".join(reasons))
 
 

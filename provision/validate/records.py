@@ -22,6 +22,7 @@ class Measurement:
     device: str = ""  # "gpu0".. for per-GPU metrics; "" for the node
     not_run: str = ""  # why value is None: "not run: no GPU", "fio missing (run `up` step base)"
     detail: str = ""  # extra context (shape that won, pair partners, ...)
+    note: str = ""  # said in the reason whatever the verdict: the figure a re-measure replaced
 
 
 @dataclass(frozen=True)
