@@ -1,11 +1,11 @@
 """`provision train` on the provisioned testbed, one drill: an elastic run (`--min-nodes 1`,
 a checkpoint every 10 steps) trains on both VMs over the cluster network with checkpoints
 on NFS, loses one VM mid-run and goes on with the other from its newest checkpoint, to the
-last step and exit 0. Then `--resume`, as a Slurm job (the default scheduler on a cluster
-running Slurm), continues from that run's last checkpoint to a clean exit and a COMPLETED
-job, and with `--requeue` is followed across a requeue into a second attempt that resumes
-from the run's newer checkpoint. As the training user, nothing root runs or believes can
-be changed.
+last step and exit 0, with the losses of a 1-rank run from that checkpoint. Then
+`--resume`, as a Slurm job (the default scheduler on a cluster running Slurm), continues
+from that run's last checkpoint to a clean exit and a COMPLETED job, and with `--requeue`
+is followed across a requeue into a second attempt that resumes from the run's newer
+checkpoint. As the training user, nothing root runs or believes can be changed.
 
 A lost node tearing down a run that is not elastic, within 30 s on every host, is tested
 on network-namespace hosts (tests/integration/test_train_launch.py: a killed rank, a lost
@@ -13,6 +13,8 @@ SSH connection), where it costs seconds instead of a TCG trainer launch."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import os
 import re
@@ -125,7 +127,8 @@ ELASTIC_KILL_AFTER = 11  # a step past the checkpoint: the least TCG time for a 
 # Steps to spare after the kill's: it landed at step 12 or 13 in session 43's runs (about
 # 2.8 s a step at world 2), and a run that ended first would have lost nothing.
 ELASTIC_STEPS = 20
-ELASTIC_TRAINER = ["--", "--data-max-mb", "1", "--eval-interval", "4", "--eval-samples", "8"]
+DATA_MB = 1  # MiB of text the trainer reads
+ELASTIC_TRAINER = ["--", "--data-max-mb", str(DATA_MB), "--eval-interval", "4", "--eval-samples", "8"]
 # From the elastic run's last checkpoint (20), a checkpoint every 2 steps: the requeue
 # lands after the first, with steps to spare, as it did when the run resumed from step 4.
 RESUMED_STEPS = 36
@@ -183,10 +186,72 @@ def _elastic_drill(testbed, cluster, survivor, victim, cwd: Path) -> str:
     steps = [int(line.split("step ")[1].split("/")[0]) for line in text.splitlines() if "| train loss" in line]
     assert max(steps) == ELASTIC_STEPS
     assert "world size 2 -> 1, global batch" in text
+    _losses_match_one_rank_from_the_checkpoint(survivor, text, cwd / "reference")
     assert trainer_processes(survivor, run) == []
     # After its new boot nothing of the run came back.
     assert trainer_processes(_now(testbed, victim), run) == []
     return run
+
+
+def _losses_match_one_rank_from_the_checkpoint(survivor, text: str, where: Path) -> None:
+    """After the restart the survivor's losses equal, within 1e-4, those of an uninterrupted
+    1-rank run from the same checkpoint with the same global batch (2 sequences a rank x 2
+    ranks). The reference runs here on the controller's CPU, in seconds where a TCG guest
+    takes minutes, from the checkpoint and token files the survivor read on NFS."""
+    where.mkdir()
+    resumed = re.search(r"resumed from (\S+) at step (\d+)", text)
+    data = re.search(r"data (/\S+): [\d,]+ train", text)
+    assert resumed, text[-2000:]
+    assert data, text[-2000:]
+    path, step = resumed[1], int(resumed[2])
+    ckpt_dir, name = where / "checkpoints", Path(path).name.rsplit("-step", 1)[0]
+    ckpt_dir.mkdir()
+    _fetch(survivor, path, ckpt_dir / Path(path).name)  # only this one: --resume takes the newest
+    # The token files where the trainer looks for them given the survivor's --data: its cache
+    # directory is named by a hash of the text's path, the MiB read and the validation share.
+    tokens = f"{survivor.settings.nfs_mount_root}/datasets/train_ddp"
+    key = hashlib.sha1(f"{data[1]}|{DATA_MB}|0.1".encode()).hexdigest()[:12]
+    (where / "data" / key).mkdir(parents=True)
+    for file in ("train.bin", "val.bin", "meta.json"):
+        _fetch(survivor, f"{tokens}/{key}/{file}", where / "data" / key / file)
+    from provision.resources import training_script
+
+    ref = subprocess.run(
+        [
+            sys.executable, str(training_script()), "--steps", str(ELASTIC_STEPS), "--global-batch", "4",
+            "--micro-batch", "2", "--resume", "--ckpt-dir", str(ckpt_dir), "--ckpt-name", name,
+            "--ckpt-interval", "0", "--data", data[1], "--data-cache", str(where / "data"),
+            "--threads", "1", *ELASTIC_TRAINER[1:],
+        ],
+        cwd=where, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    said = ref.stdout + ref.stderr
+    assert ref.returncode == 0, said[-2000:]
+    assert f"at step {step}" in said, said[-2000:]
+    # The survivor's tokens, found under their key: the trainer made no cache of its own.
+    assert [d.name for d in (where / "data").iterdir()] == [key], said[-2000:]
+    reference, elastic = _losses(said, rank0=False), _losses(text, rank0=True)
+    compared = {s: (elastic.get(s), v) for s, v in reference.items() if s > step}
+    print("losses after the restart (survivor, 1-rank reference):", compared)
+    assert len(compared) == ELASTIC_STEPS - step, compared
+    for s, (got, want) in compared.items():
+        assert got is not None, (s, compared)
+        assert abs(got - want) <= 1e-4, (s, got, want)
+
+
+def _fetch(node, path: str, dest: Path) -> None:
+    """A file from a node (root reads it; base64 keeps the bytes whole through the shell)."""
+    dest.write_bytes(base64.b64decode(sh(node, f"base64 -w0 {shlex.quote(path)}")))
+
+
+def _losses(text: str, rank0: bool) -> dict[int, float]:
+    """Step -> train loss from the trainer's lines (rank 0's only, in provision's node logs)."""
+    out = {}
+    for line in text.splitlines():
+        if "| train loss" in line and (not rank0 or "rank0" in line):
+            part = line.split("step ", 1)[1]
+            out[int(part.split("/")[0])] = float(part.split("train loss ")[1].split()[0])
+    return out
 
 
 def _at_world_2(cluster, survivor, victim) -> None:
