@@ -167,14 +167,14 @@ def _remeasure_outliers(
     """Run the agent again on the nodes with a fleet outlier, their outlying groups only,
     and put the second figures in ``inputs`` (provision.validate.remeasure says why)."""
     suspects = judge.fleet_outliers([inputs[n.name] for n in nodes])
-    again = [n for n in nodes if remeasure.groups(suspects.get(n.name, []))]
+    groups = {name: remeasure.groups(ms) for name, ms in suspects.items()}
+    again = [n for n in nodes if groups.get(n.name)]
     if not again:
         return
 
     def measure_again(n: Node) -> AgentRun:
-        groups = remeasure.groups(suspects[n.name])
-        say(n.name, f"far below the fleet: measuring {', '.join(sorted(groups))} again, the rest idle")
-        return _agent(n, replace(plan, groups=groups), paths[n.name], say)
+        say(n.name, f"far below the fleet: measuring {', '.join(sorted(groups[n.name]))} again, the rest idle")
+        return _agent(n, replace(plan, groups=groups[n.name]), paths[n.name], say)
 
     runs = remote.on_all(again, measure_again)
     for n in again:

@@ -29,6 +29,7 @@ import pytest
 
 from provision import inventory, remote
 from tests.e2e.storage_helpers import sh
+from tests.helpers.train_logs import train_losses
 
 # Small enough for TCG guests: 2 sequences a rank a step (a step at 8 took 2 s on one VM and
 # up to 7 s across two), 1 MiB of text; the Slurm run checkpoints every 2 steps.
@@ -230,7 +231,7 @@ def _losses_match_one_rank_from_the_checkpoint(survivor, text: str, where: Path)
     assert f"at step {step}" in said, said[-2000:]
     # The survivor's tokens, found under their key: the trainer made no cache of its own.
     assert [d.name for d in (where / "data").iterdir()] == [key], said[-2000:]
-    reference, elastic = _losses(said, rank0=False), _losses(text, rank0=True)
+    reference, elastic = train_losses(said), train_losses(text, rank0_only=True)
     compared = {s: (elastic.get(s), v) for s, v in reference.items() if s > step}
     print("losses after the restart (survivor, 1-rank reference):", compared)
     assert len(compared) == ELASTIC_STEPS - step, compared
@@ -242,16 +243,6 @@ def _losses_match_one_rank_from_the_checkpoint(survivor, text: str, where: Path)
 def _fetch(node, path: str, dest: Path) -> None:
     """A file from a node (root reads it; base64 keeps the bytes whole through the shell)."""
     dest.write_bytes(base64.b64decode(sh(node, f"base64 -w0 {shlex.quote(path)}")))
-
-
-def _losses(text: str, rank0: bool) -> dict[int, float]:
-    """Step -> train loss from the trainer's lines (rank 0's only, in provision's node logs)."""
-    out = {}
-    for line in text.splitlines():
-        if "| train loss" in line and (not rank0 or "rank0" in line):
-            part = line.split("step ", 1)[1]
-            out[int(part.split("/")[0])] = float(part.split("train loss ")[1].split()[0])
-    return out
 
 
 def _at_world_2(cluster, survivor, victim) -> None:

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.cpu_quota import cpu_quota, release
+from tests.helpers.train_logs import train_losses
 from tests.integration.test_train_launch import (  # noqa: F401 (hosts, no_run_outlives_its_test: fixtures)
     TRAINER,
     finish,
@@ -189,15 +190,6 @@ def _environ(pid: int) -> str:
         return ""
 
 
-def train_losses(text: str) -> dict[int, float]:
-    out = {}
-    for line in text.splitlines():
-        if "| train loss" in line and "rank0" in line:
-            part = line.split("step ", 1)[1]
-            out[int(part.split("/")[0])] = float(part.split("train loss ")[1].split()[0])
-    return out
-
-
 @pytest.mark.parametrize("lost", [1, 0], ids=["second-host", "first-host"])
 def test_a_lost_host_leaves_the_run_going_on_the_other_to_the_last_step(hosts, tmp_path, lost):  # noqa: F811
     cluster, node_dir = hosts
@@ -228,7 +220,7 @@ def test_a_lost_host_leaves_the_run_going_on_the_other_to_the_last_step(hosts, t
     assert restart["recovery_s"] is not None
     assert restart["recovery_s"] > 0
     text = (Path(report["out_dir"]) / f"{survivor}.log").read_text()
-    elastic = train_losses(text)
+    elastic = train_losses(text, rank0_only=True)
     assert max(elastic) == STEPS
     # The same steps from the same checkpoint, one process, the same global batch.
     ref = subprocess.run(
@@ -258,7 +250,7 @@ def test_a_lost_host_leaves_the_run_going_on_the_other_to_the_last_step(hosts, t
     )
     assert ref.returncode == 0, ref.stderr[-2000:]
     assert f"at step {resumed}" in ref.stdout + ref.stderr
-    reference = {s: v for s, v in train_losses_plain(ref.stdout + ref.stderr).items() if s > resumed}
+    reference = {s: v for s, v in train_losses(ref.stdout + ref.stderr).items() if s > resumed}
     assert reference
     assert set(reference) <= set(elastic)
     for s, v in reference.items():
@@ -271,15 +263,6 @@ def _trainer() -> Path:
     from provision.resources import training_script
 
     return training_script()
-
-
-def train_losses_plain(text: str) -> dict[int, float]:
-    out = {}
-    for line in text.splitlines():
-        if "| train loss" in line:
-            part = line.split("step ", 1)[1]
-            out[int(part.split("/")[0])] = float(part.split("train loss ")[1].split()[0])
-    return out
 
 
 def test_an_elastic_run_that_loses_nothing_ends_like_any_other_and_names_its_straggler(hosts, tmp_path):  # noqa: F811
@@ -363,7 +346,7 @@ def test_a_straggler_is_dropped_at_a_checkpoint_and_the_run_finishes_without_it(
     assert restart["resumed_from_step"] % CKPT_EVERY == 0
     assert restart["resumed_from_step"] >= window
     text = (Path(report["out_dir"]) / "ns0.log").read_text()
-    assert max(train_losses(text)) == steps
+    assert max(train_losses(text, rank0_only=True)) == steps
     assert processes_of(run.name) == {}
 
 
