@@ -45,6 +45,9 @@ FULL_AT_PERCENT = 98  # a checked filesystem at or above this use% drains the no
 # SLURM_S each: at most about 30 s, well inside the 60 s after which slurmd kills the program.
 PROBE_S = 10
 SLURM_S = 8
+# How long a run waits for one already going (slurmd's beside one by hand): that one's own
+# deadlines and a little, so the two together stay inside slurmd's 60 s.
+LOCK_S = PROBE_S + 2 * SLURM_S + 4
 
 # Words of a GPU's marketing name that say nothing of its model, dropped from Gres types.
 _VENDOR_WORDS = {"nvidia", "tesla", "geforce", "corporation"}
@@ -281,6 +284,7 @@ def health_script(
         full_at=int(FULL_AT_PERCENT),
         probe_s=int(PROBE_S),
         slurm_s=int(SLURM_S),
+        lock_s=int(LOCK_S),
     )
 
 
