@@ -76,6 +76,13 @@ def _fingerprint(value: str | None) -> str | None:
     return f"{value!r} is not an OpenPGP v4 fingerprint (40 hex digits, no spaces)"
 
 
+def _retention(value: str) -> str | None:
+    """A Prometheus duration for --storage.tsdb.retention.time: a number and one unit."""
+    if re.fullmatch(r"[1-9][0-9]{0,5}[hdwy]", value):
+        return None
+    return f"{value!r} is not a retention such as 30d (a number, then h, d, w or y)"
+
+
 def _positive(value: int | float) -> str | None:
     return None if value > 0 else f"{value!r} must be greater than 0"
 
@@ -335,6 +342,10 @@ class Settings:
     backup_keep_daily: int = knob(7, "restic forget --keep-daily", v.bounded(1, 100_000))
     backup_keep_weekly: int = knob(4, "restic forget --keep-weekly", v.bounded(1, 100_000))
     backup_keep_monthly: int = knob(6, "restic forget --keep-monthly", v.bounded(1, 100_000))
+
+    # --- monitoring ---
+    monitoring: bool = knob(True, "the monitoring step: node exporter on every host, Prometheus on the head")
+    prometheus_retention: str = knob("30d", "how long Prometheus keeps samples (15d, 12w, 1y)", _retention)
 
     # --- validate ---
     validate_expect: dict[str, float] = knob(

@@ -34,6 +34,7 @@ from provision.operations.apt import install
 from provision.operations.stamps import follow_up
 from provision.operations.volumes import fstab_field, fstab_match
 from provision.resources import render_template
+from provision.rules.shares import export_paths, mount_paths
 from provision.settings import Settings
 
 EXPORTS_FILE = "/etc/exports.d/provision.exports"
@@ -42,16 +43,6 @@ SERVER_DROPIN = "/etc/systemd/system/nfs-server.service.d/provision.conf"
 # nobody); a set-uid file or a device node there must not give root on the other nodes.
 CLIENT_OPTIONS = "vers=4.2,hard,noatime,nosuid,nodev,_netdev,nofail,x-systemd.automount,x-systemd.mount-timeout=30s"
 BIND_OPTIONS = "bind,nofail"
-
-
-def export_paths(settings: Settings) -> list[str]:
-    """Server-side directories that are exported, one per share."""
-    return [f"{settings.nfs_export_root}/{name}" for name in settings.nfs_exports]
-
-
-def mount_paths(settings: Settings) -> list[str]:
-    """Where every node (server included) sees the shares."""
-    return [f"{settings.nfs_mount_root}/{name}" for name in settings.nfs_exports]
 
 
 def export_problems(settings: Settings, hostname: str) -> list[str]:

@@ -1,7 +1,8 @@
 """The steps of `provision up`, in order, and how --only/--skip pick among them.
 
 preflight, base, nvidia, frameworks (this module's owners), then volumes, nfs and backups
-(the storage deploys). Hosts that need it reboot right after the nvidia step, so the
+(the storage deploys), slurm, and monitoring last (its node collector reports on what the
+others set up). Hosts that need it reboot right after the nvidia step, so the
 frameworks step can check that torch sees CUDA. After the slurm step the head alone runs
 its second pass (deploys/slurm/controller.py): slurmctld's restart or reconfigure waits
 until every host of the wave has written its Slurm files.
@@ -14,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from provision import engine
-from provision.deploys import backups, base, frameworks, nfs, nvidia, preflight, slurm, volumes
+from provision.deploys import backups, base, frameworks, monitoring, nfs, nvidia, preflight, slurm, volumes
 from provision.deploys.slurm import controller as slurm_controller
 from provision.engine import HostResult, RunReport, Step
 from provision.errors import InputError, Problem
@@ -34,6 +35,7 @@ STEPS: list[Step] = [
     nfs.step,
     backups.step,
     slurm.step,
+    monitoring.step,
 ]
 
 

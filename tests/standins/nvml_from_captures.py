@@ -123,6 +123,10 @@ class StandInGpu:
     processes: tuple[StandInProcess, ...]  # compute processes on the GPU
     clock_reasons: int | None  # clocks event reason bits
     nvlinks: tuple[int, ...] | None  # state per link (1 up); None: no NVLink
+    temperature_c: int | None = None  # GPU core temperature, C
+    power_mw: int | None = None  # power draw (instant, else average), mW
+    utilization: tuple[int, int] | None = None  # (gpu %, memory %)
+    memory_used_mib: int | None = None  # framebuffer used
     lost: bool = False  # every query answers NVML_ERROR_GPU_IS_LOST (fell off the bus)
 
 
@@ -309,7 +313,34 @@ def _gpu(g: ET.Element, nvlinks: tuple[int, ...] | None) -> StandInGpu:
         processes=_processes(g),
         clock_reasons=_clock_reasons(g),
         nvlinks=nvlinks,
+        temperature_c=_int(_pick(g, "temperature/gpu_temp", "temperature/gpu_current_temp")),
+        power_mw=_milli(
+            _pick(
+                g,
+                "gpu_power_readings/instant_power_draw",
+                "gpu_power_readings/instantaneous_power_draw",
+                "gpu_power_readings/power_draw",
+                "gpu_power_readings/average_power_draw",
+                "power_readings/power_draw",
+            )
+        ),
+        utilization=_utilization(g),
+        memory_used_mib=_int(_pick(g, "fb_memory_usage/used")),
     )
+
+
+def _milli(text: str | None) -> int | None:
+    """ "714.43 W" -> 714430 (mW); N/A and missing -> None."""
+    m = re.match(r"\s*(\d+(?:\.\d+)?)\s*W", text or "")
+    return round(float(m.group(1)) * 1000) if m else None
+
+
+def _utilization(g: ET.Element) -> tuple[int, int] | None:
+    gpu, memory = (
+        _int(_pick(g, "utilization/gpu_util", "utilization/gpu")),
+        _int(_pick(g, "utilization/memory_util", "utilization/memory")),
+    )
+    return None if gpu is None or memory is None else (gpu, memory)
 
 
 def load_capture(model: str) -> StandInCapture:
@@ -478,8 +509,26 @@ class StandInNvmlLibrary:
         mib = mig.memory_mib if mig else gpu.memory_mib
         if mib is None:
             return NOT_SUPPORTED
+        used = 0 if mig or gpu.memory_used_mib is None else gpu.memory_used_mib
         mem = _out(ref)
-        mem.total, mem.used, mem.free = mib << 20, 0, mib << 20
+        mem.total, mem.used, mem.free = mib << 20, used << 20, (mib - used) << 20
+        return S
+
+    def c_nvmlDeviceGetTemperature(self, h: Any, sensor: Any, ref: Any) -> int:
+        core = _value(sensor) == pynvml.NVML_TEMPERATURE_GPU
+        return self._answer(h, lambda g: g.temperature_c if core else None, ref)
+
+    def c_nvmlDeviceGetPowerUsage(self, h: Any, ref: Any) -> int:
+        return self._answer(h, lambda g: g.power_mw, ref)
+
+    def c_nvmlDeviceGetUtilizationRates(self, h: Any, ref: Any) -> int:
+        gpu, mig, err = self._device(h)
+        if gpu is None or err != S:
+            return err
+        if mig or gpu.utilization is None:
+            return NOT_SUPPORTED
+        rates = _out(ref)
+        rates.gpu, rates.memory = gpu.utilization
         return S
 
     def _pcie(key: str) -> Callable[..., int]:  # builds the five PCIe link queries below

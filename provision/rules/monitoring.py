@@ -1,0 +1,157 @@
+"""Monitoring: which host runs Prometheus, where provision's files live on the hosts, and
+the Prometheus configuration generated from the inventory. Pure decisions on the
+inventory; the monitoring step (provision.deploys.monitoring) installs this layout, and
+validate, the trainer's live series and `provision monitor` read it.
+
+Every node runs the distribution's ``prometheus-node-exporter``, listening on its cluster
+address only (never the management address that SSH uses), with its textfile collector
+reading ``TEXTFILE_DIR``. provision's own series reach Prometheus through that directory:
+the node collector (backups, versions, Slurm state, NFS mounts), the NVML collector on GPU
+nodes, validate's verdicts and a running training job's step. The directory is root's
+(0755) all the way up: the exporter's account reads it, and nothing that a node's
+unprivileged user or the exporter can write is ever read by root.
+
+The head (``Cluster.head_node()``: the head group, else the storage host, else the first
+host) runs Prometheus on its cluster address, scraping every node's exporter.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+
+from provision.inventory import Cluster, Node
+
+EXPORTER_PACKAGE = "prometheus-node-exporter"
+EXPORTER_SERVICE = "prometheus-node-exporter.service"
+PROMETHEUS_PACKAGE = "prometheus"
+PROMETHEUS_SERVICE = "prometheus.service"
+EXPORTER_PORT = 9100
+PROMETHEUS_PORT = 9090
+
+# Root-owned all the way up (not under /var/lib/prometheus, which the package gives to the
+# prometheus account): root's writers here must not follow a link that account placed.
+TEXTFILE_DIR = "/var/lib/provision/metrics"
+
+# Our own configuration beside the package's (the package's prometheus.yml is a conffile
+# that dpkg would ask about); the drop-ins point the services at it.
+CONFIG = "/etc/prometheus/provision.yml"
+RULES = "/etc/prometheus/provision-alerts.yml"
+EXPORTER_DROP_IN = "/etc/systemd/system/prometheus-node-exporter.service.d/provision.conf"
+PROMETHEUS_DROP_IN = "/etc/systemd/system/prometheus.service.d/provision.conf"
+STORAGE = "/var/lib/prometheus/metrics2"  # the package's own data directory
+
+NODE_COLLECTOR = "/usr/local/libexec/provision-node-metrics"
+NODE_COLLECTOR_UNIT = "provision-node-metrics"  # .service and .timer
+NODE_COLLECTOR_EVERY_S = 60
+GPU_COLLECTOR = "/usr/local/libexec/provision-gpu-metrics.py"
+GPU_COLLECTOR_UNIT = "provision-gpu-metrics"
+GPU_COLLECTOR_EVERY_S = 30
+GPU_COLLECTOR_TIMEOUT_S = 40  # one pass of NVML queries; past it the collector says NVML is down
+
+SCRAPE_S = 15
+# The trainer's live figures are rewritten every LIVE_EVERY_S; older than TRAIN_FRESH_S
+# they belong to a run that ended or hung, and the monitor and dashboards leave them out.
+LIVE_EVERY_S = 15
+TRAIN_FRESH_S = 60
+FRESH_TRAIN = f"and on(node, run) (time() - provision_train_updated_timestamp_seconds < {TRAIN_FRESH_S})"
+
+
+def prometheus_node(cluster: Cluster) -> Node | None:
+    """The host that runs Prometheus: the head, when its monitoring is on."""
+    head, _ = cluster.head_node()
+    return head if head.settings.monitoring else None
+
+
+def monitored(cluster: Cluster) -> list[Node]:
+    """Every host whose exporter Prometheus scrapes (all hosts, not only a --limit's)."""
+    return [n for n in cluster.all_nodes if n.settings.monitoring]
+
+
+def host_port(address: str, port: int) -> str:
+    """address:port, with an IPv6 address in brackets."""
+    try:
+        if ipaddress.ip_address(address).version == 6:
+            return f"[{address}]:{port}"
+    except ValueError:
+        pass  # a host name
+    return f"{address}:{port}"
+
+
+def exporter_args(node: Node) -> list[str]:
+    return [
+        f"--web.listen-address={host_port(node.cluster_address, EXPORTER_PORT)}",
+        f"--collector.textfile.directory={TEXTFILE_DIR}",
+    ]
+
+
+def prometheus_args(node: Node) -> list[str]:
+    return [
+        f"--config.file={CONFIG}",
+        f"--storage.tsdb.path={STORAGE}",
+        f"--storage.tsdb.retention.time={node.settings.prometheus_retention}",
+        f"--web.listen-address={host_port(node.cluster_address, PROMETHEUS_PORT)}",
+    ]
+
+
+def scrape_config(cluster: Cluster) -> str:
+    """Prometheus' configuration: every monitored node's exporter, labelled with its
+    inventory name (``node``), and Prometheus itself. Written as JSON, which is YAML: no
+    value from the inventory can change the file's structure."""
+    head = prometheus_node(cluster)
+    nodes = monitored(cluster)
+    config = {
+        "global": {"scrape_interval": f"{SCRAPE_S}s", "evaluation_interval": f"{SCRAPE_S}s"},
+        "rule_files": [RULES],
+        "scrape_configs": [
+            {
+                "job_name": "prometheus",
+                "static_configs": [
+                    {
+                        "targets": [host_port(head.cluster_address, PROMETHEUS_PORT)] if head else [],
+                        "labels": {"node": head.name if head else ""},
+                    }
+                ],
+            },
+            {
+                "job_name": "node",
+                "static_configs": [
+                    {"targets": [host_port(n.cluster_address, EXPORTER_PORT)], "labels": {"node": n.name}}
+                    for n in nodes
+                ],
+            },
+        ],
+    }
+    header = "# Written by provision's monitoring step; changes here are replaced.\n"
+    return header + json.dumps(config, indent=2) + "\n"
+
+
+_UNSAFE_NAME = re.compile(r"[^a-zA-Z0-9_]")
+
+
+def label_value(value: object) -> str:
+    """A label value in the text exposition format: backslash, double quote and newline
+    escaped, so a value read from a host or a file cannot end the label or the line."""
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def metric_name(name: str) -> str:
+    """A metric name part from a free string (a validate metric's key): [a-zA-Z0-9_] only."""
+    return _UNSAFE_NAME.sub("_", name)
+
+
+def write_command(path: str, text: str) -> str:
+    """A shell command that replaces ``path`` in TEXTFILE_DIR with ``text`` whole (a temp
+    file beside it, then rename), so the exporter never reads half a file. Run as root.
+    Exits NOT_MONITORED, writing nothing, on a host without the directory."""
+    from shlex import quote
+
+    if not path.startswith(TEXTFILE_DIR + "/") or "/" in path[len(TEXTFILE_DIR) + 1 :]:
+        raise ValueError(f"{path} is not a file directly in {TEXTFILE_DIR}")
+    tmp = quote(f"{path}.tmp")
+    absent = f"test -d {quote(TEXTFILE_DIR)} || exit {NOT_MONITORED}"
+    return f"{absent}; umask 022 && printf %s {quote(text)} > {tmp} && mv -f {tmp} {quote(path)}"
+
+
+NOT_MONITORED = 3  # write_command's exit status where the monitoring step has not run

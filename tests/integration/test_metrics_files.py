@@ -1,0 +1,96 @@
+"""The files provision writes for the node exporter's textfile collector, run for real here
+and read by the real promtool (`check metrics`, the exposition format's linter): the node
+collector script (sh, as the monitoring step renders it, paths moved into a temp dir) and
+the NVML collector's output over the captured-GPU stand-in."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+from shlex import quote
+
+import pynvml
+
+from provision.monitoring import gpu_collector
+from provision.resources import render_template
+from tests.standins import nvml_from_captures as nvml
+
+PROMTOOL = Path(sys.executable).parent / "promtool"
+
+
+def _check(text: str) -> None:
+    result = subprocess.run([str(PROMTOOL), "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _collector(tmp_path: Path, **changes: object) -> str:
+    values: dict[str, object] = {
+        "unit": "provision-node-metrics",
+        "every_s": 60,
+        "out": quote(str(tmp_path / "provision_node.prom")),
+        "site_glob": quote(str(tmp_path / "venv")) + "/lib/python3*/site-packages",
+        "backups": True,
+        "backup_stamp": quote(str(tmp_path / "stamp")),
+        "backup_timer": quote(str(tmp_path / "timer")),
+        "schedule": "daily",
+        "mounts": [(quote(str(tmp_path / 'not an "nfs" mount')), quote(f'{tmp_path}/not an \\"nfs\\" mount'))],
+        "slurm": True,
+        "slurm_node": "n1",
+    }
+    return render_template("monitoring/node-metrics.j2", **(values | changes))
+
+
+def _run(tmp_path: Path, script: str) -> dict[str, float]:
+    path = tmp_path / "collector"
+    path.write_text(script)
+    subprocess.run(["sh", str(path)], check=True, timeout=60)
+    text = (tmp_path / "provision_node.prom").read_text()
+    _check(text)
+    return {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }
+
+
+def test_the_node_collector_writes_valid_series(tmp_path: Path) -> None:
+    (tmp_path / "venv/lib/python3.11/site-packages/torch-2.13.0+cpu.dist-info").mkdir(parents=True)
+    (tmp_path / "stamp").write_text("1796500000\n")
+    (tmp_path / "timer").write_text("")
+    (tmp_path / 'not an "nfs" mount').mkdir()
+    series = _run(tmp_path, _collector(tmp_path))
+    assert series['provision_versions_info{driver="",cuda="",torch="2.13.0+cpu"}'] == 1
+    assert series["provision_backup_last_success_timestamp_seconds"] == 1796500000
+    assert series["provision_backup_since_timestamp_seconds"] == 1796500000
+    assert series["provision_backup_interval_seconds"] == 86400  # daily, as systemd reads it
+    assert series[f'provision_nfs_mount_present{{path="{tmp_path}/not an \\"nfs\\" mount"}}'] == 0
+    assert abs(series["provision_node_metrics_timestamp_seconds"] - time.time()) < 60
+    assert oct((tmp_path / "provision_node.prom").stat().st_mode & 0o777) == "0o644"
+
+
+def test_a_backup_never_run_counts_from_the_timer_s_installation(tmp_path: Path) -> None:
+    (tmp_path / "timer").write_text("")
+    series = _run(tmp_path, _collector(tmp_path, mounts=[], slurm=False))
+    assert series["provision_backup_last_success_timestamp_seconds"] == 0
+    assert series["provision_backup_since_timestamp_seconds"] == int((tmp_path / "timer").stat().st_mtime)
+
+
+def test_hostile_file_contents_never_reach_a_label_or_value(tmp_path: Path) -> None:
+    """A stamp or a dist-info name written to break the format is reduced to digits, or to
+    the label's safe characters."""
+    (tmp_path / 'venv/lib/python3.11/site-packages/torch-1"} 9\nevil{x="y.dist-info').mkdir(parents=True)
+    (tmp_path / "stamp").write_text('12"} 1\nprovision_x 5\n')
+    (tmp_path / "timer").write_text("")
+    series = _run(tmp_path, _collector(tmp_path, mounts=[], slurm=False))
+    assert series["provision_backup_last_success_timestamp_seconds"] == 1215
+    assert not any("evil" in k and "{" not in k for k in series)
+    assert not any(k.startswith("provision_x") for k in series)
+
+
+def test_the_gpu_collector_s_files_pass_promtool() -> None:
+    for model in ("h100-sxm-loaded", "rtx-a5000-x2", "a100-80gb-mig"):
+        with nvml.installed(nvml.stand_in_library(model)):
+            _check(gpu_collector.exposition(*gpu_collector.collect(pynvml, journal=lambda: "NVRM: Xid (PCI:1): 48, x")))
+    _check(gpu_collector.exposition([], "init: Driver Not Loaded"))

@@ -1,0 +1,122 @@
+"""The monitoring step, prepared by the real engine against captured facts: what each
+host gets (exporter everywhere, Prometheus on the head only, the GPU collector on GPU
+hosts), the order that keeps the exporter off every address, and the files' contents."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from provision.deploys import monitoring
+from provision.facts.gpus import Gpus
+from provision.inventory import Cluster
+from provision.rules import monitoring as layout
+from tests.helpers.deploy_facts import H100, FakeHost, node, plan_with_facts
+
+PREFIX = "Monitoring | "
+
+
+def _names(ops: list) -> list[str]:
+    return [o.name.removeprefix(PREFIX) for o in ops]
+
+
+def _cluster(tmp_path: Path, *nodes) -> Cluster:
+    return Cluster(tmp_path / "inv.py", tuple(nodes))
+
+
+def test_a_plain_host_gets_the_exporter_on_its_cluster_address_before_the_package(tmp_path: Path) -> None:
+    head = node("head", ("head",), cluster_address="10.9.0.1")
+    n2 = node("n2", cluster_address="10.9.0.2")
+    ops, refused = plan_with_facts(monitoring.step, n2, FakeHost(), _cluster(tmp_path, head, n2))
+    names = _names(ops)
+    assert refused == []
+    drop_in = names.index("node exporter: listen on the cluster address")
+    reload = names.index("node exporter: reload systemd")
+    package = names.index("Install the node exporter")
+    assert drop_in < reload < package  # the package's own start already uses the drop-in
+    put = {o.name.removeprefix(PREFIX): o for o in ops}["node exporter: listen on the cluster address"]
+    assert any("--web.listen-address=10.9.0.2:9100" in d for d in put.diffs)
+    assert not any("0.0.0.0" in d or ":9100 " in d.replace("10.9.0.2:9100", "") for d in put.diffs)
+    assert "Install Prometheus" not in names  # only the head runs Prometheus
+    assert layout.GPU_COLLECTOR not in names  # no GPU here
+    assert f"{layout.NODE_COLLECTOR_UNIT}.timer enabled" in names
+    install = {o.name.removeprefix(PREFIX): o for o in ops}["Install the node exporter"]
+    assert any("--no-install-recommends" in c and "prometheus-node-exporter" in c for c in install.commands)
+
+
+def test_the_head_runs_prometheus_checked_by_promtool_before_a_restart(tmp_path: Path) -> None:
+    head = node("head", ("head",), cluster_address="10.9.0.1", prometheus_retention="12w")
+    ops, _ = plan_with_facts(monitoring.step, head, FakeHost(), _cluster(tmp_path, head, node("n2")))
+    by_name = {o.name.removeprefix(PREFIX): o for o in ops}
+    names = list(by_name)
+    assert names.index("prometheus: listen on the cluster address") < names.index("Install Prometheus")
+    follow = by_name["prometheus: check the configuration, restart"].commands
+    check = next(i for i, c in enumerate(follow) if c.startswith("promtool check config /etc/prometheus/provision.yml"))
+    restart = follow.index("systemctl restart prometheus.service")
+    assert check < restart
+    service = "".join(by_name["prometheus: listen on the cluster address"].diffs)
+    assert "--web.listen-address=10.9.0.1:9090" in service
+    assert "--storage.tsdb.retention.time=12w" in service
+    assert "Restart=always" in service
+
+
+def test_a_gpu_host_gets_the_nvml_collector_run_by_the_venv_python_isolated(tmp_path: Path) -> None:
+    gpu = node("g1", ("gpu_nodes",))
+    facts = FakeHost(NvidiaDevices=Gpus((H100,), ()))
+    ops, _ = plan_with_facts(monitoring.step, gpu, facts, _cluster(tmp_path, gpu))
+    by_name = {o.name.removeprefix(PREFIX): o for o in ops}
+    assert layout.GPU_COLLECTOR in by_name
+    service = "".join(by_name[f"/etc/systemd/system/{layout.GPU_COLLECTOR_UNIT}.service"].diffs)
+    assert f"ExecStart=/opt/provision/venv/bin/python -I {layout.GPU_COLLECTOR} --out" in service
+    assert f"{layout.GPU_COLLECTOR_UNIT}.timer enabled" in by_name
+
+
+def test_a_host_without_gpus_removes_a_gpu_collector_left_from_before(tmp_path: Path) -> None:
+    plain = node("n1")
+    ops, _ = plan_with_facts(monitoring.step, plain, FakeHost(), _cluster(tmp_path, plain))
+    # files.file(present=False) changes nothing where the fact says the file is absent;
+    # the units to write are the node collector's only
+    written = [n for n in _names(ops) if n.startswith("/etc/systemd/system/provision-")]
+    assert all(layout.NODE_COLLECTOR_UNIT in n for n in written)
+
+
+def test_monitoring_false_skips_the_host() -> None:
+    assert monitoring.applies(node("n1", monitoring=False)) == "monitoring = false"
+    assert monitoring.applies(node("n1")) is None
+
+
+def test_the_node_collector_quotes_every_inventory_value(tmp_path: Path) -> None:
+    n1 = node(
+        "n1",
+        ("storage",),
+        nfs_exports=["datasets"],
+        nfs_mount_root="/shared/it's",
+        venv_path="/opt/v env",
+        backup_schedule="*-*-* 02:00:00",
+    )
+    text = monitoring.node_collector(n1, _cluster(tmp_path, n1))
+    assert "  mounted '/shared/it'\"'\"'s/datasets' '/shared/it'\"'\"'s/datasets'\n" in text
+    assert "ls -d '/opt/v env'/lib/python3*/site-packages/torch-*.dist-info" in text
+    assert "systemd-analyze calendar --iterations=2 -- '*-*-* 02:00:00'" in text
+    assert "scontrol show node -o n1" in text
+
+
+def test_the_scrape_configuration_is_json_whatever_the_names(tmp_path: Path) -> None:
+    n1 = node("n1", ("head",), cluster_address="10.9.0.1")
+    config = json.loads(layout.scrape_config(_cluster(tmp_path, n1)).split("\n", 1)[1])
+    assert config["rule_files"] == [layout.RULES]
+    assert config["scrape_configs"][1]["static_configs"] == [{"targets": ["10.9.0.1:9100"], "labels": {"node": "n1"}}]
+
+
+def test_label_values_cannot_end_a_label_or_a_line() -> None:
+    assert layout.label_value('a"b\\c\nd') == 'a\\"b\\\\c\\nd'
+
+
+def test_write_command_refuses_a_path_outside_the_textfile_directory() -> None:
+    import pytest
+
+    for bad in ["/etc/passwd", f"{layout.TEXTFILE_DIR}/../x.prom", f"{layout.TEXTFILE_DIR}/a/b.prom"]:
+        with pytest.raises(ValueError, match="is not a file directly in"):
+            layout.write_command(bad, "x 1\n")
+    command = layout.write_command(f"{layout.TEXTFILE_DIR}/provision_validate.prom", "a 1\n'; rm -rf /\n")
+    assert "'a 1\n'\"'\"'; rm -rf /\n'" in command
