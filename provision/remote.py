@@ -362,3 +362,55 @@ def _within(func: Callable[[], T], timeout: float, on_timeout: Callable[[], Any]
     if not ok:
         raise RemoteError(f"{type(value).__name__}: {value}" if str(value) else type(value).__name__) from value
     return value  # type: ignore[no-any-return]
+
+
+HTTP_MAX_BYTES = 64 * 2**20  # an answer past this is refused, not read into memory
+
+
+@dataclass(frozen=True)
+class HttpAnswer:
+    status: int  # the HTTP status code
+    body: bytes
+
+
+def http_get(conn: Any, host: str, address: str, port: int, path: str, timeout: float = 20) -> HttpAnswer:
+    """GET ``path`` from ``address:port`` as the node sees it, carried over the node's SSH
+    connection (a direct-tcpip channel, as ``ssh -L`` opens): a service bound to the
+    node's cluster address is reached from here with no port opened on this machine or
+    the node. HTTP/1.0, so the answer ends when the node closes the stream. The whole
+    exchange has ``timeout``; an answer over HTTP_MAX_BYTES is refused. Raises RemoteError
+    naming ``host`` when the node cannot be reached, nothing listens there, or the answer
+    is late or not HTTP."""
+    if "\r" in path or "\n" in path or not path.startswith("/"):
+        raise ValueError(f"not a request path: {path!r}")
+
+    def ask() -> bytes:
+        if not conn.is_connected:
+            conn.open()
+        channel = conn.client.get_transport().open_channel(
+            "direct-tcpip", (address, port), ("127.0.0.1", 0), timeout=timeout
+        )
+        try:
+            channel.settimeout(timeout)
+            channel.sendall(f"GET {path} HTTP/1.0\r\nHost: {address}:{port}\r\nConnection: close\r\n\r\n".encode())
+            chunks, size = [], 0
+            while chunk := channel.recv(65536):
+                chunks.append(chunk)
+                size += len(chunk)
+                if size > HTTP_MAX_BYTES:
+                    raise RemoteError(f"the answer is over {HTTP_MAX_BYTES // 2**20} MiB")
+            return b"".join(chunks)
+        finally:
+            channel.close()
+
+    where = f"{host} ({address}:{port})"
+    try:
+        raw = _within(ask, timeout, on_timeout=lambda: None, what=f"GET {path}")
+    except RemoteError as e:
+        raise RemoteError(f"{where}: {e}") from e
+    head, _, body = raw.partition(b"\r\n\r\n")
+    status_line = head.split(b"\r\n", 1)[0].decode(errors="replace")
+    parts = status_line.split(" ", 2)
+    if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
+        raise RemoteError(f"{where}: not an HTTP answer ({status_line[:80]!r})")
+    return HttpAnswer(int(parts[1]), body)

@@ -37,6 +37,9 @@ def _register() -> None:
 
     app.add_typer(testbed.app, name="testbed")
     app.command("status")(status.status)
+    from provision.cli import monitor
+
+    app.command("monitor")(monitor.monitor)
     from provision.cli import backup
 
     app.add_typer(backup.app, name="backup")
