@@ -25,6 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
         "provision.demo",
         "provision.verify",
         "provision.tune",
+        "provision.monitoring",
     ),
     ("provision.deploys",),
     ("provision.scheduler",),
@@ -44,6 +45,8 @@ LAYERS: list[tuple[str, ...]] = [
         "provision.values",
         "provision.inventory_file",
         "provision.openfiles",
+        # uploaded to GPU hosts by the monitoring step and run there alone: imports nothing
+        "provision.monitoring.gpu_collector",
     ),
     ("provision.errors", "provision.pyinfra_context", "provision"),
 ]
