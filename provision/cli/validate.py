@@ -156,6 +156,7 @@ def _run(
     code = judge.exit_code(outcome.results, warn_ok)
     info = report_json.RunInfo(str(inventory), mode, sorted(groups), code, network=outcome.network)
     history.append(outcome.results, info.created, mode)
+    _publish(cluster, outcome.results)
     if json_out == "-":
         print_json(report_json.document(outcome.results, info))
     else:
@@ -170,6 +171,17 @@ def _run(
         reports = [str(p) for p in (html_out, json_out if json_out != "-" else None) if p]
         code = max(code, _drain(whole, outcome.results, info.created, reports))
     return code
+
+
+def _publish(cluster: Any, results: list[Any]) -> None:
+    """The verdicts as series on each node for Prometheus (the monitoring step's textfile
+    directory); a host that could not take them is named, and changes no verdict."""
+    import time
+
+    from provision.validate import textfile
+
+    for host, why in textfile.publish(cluster, results, time.time()).items():
+        err.print(f"[yellow]monitoring:[/] {safe(host)}: the verdicts were not written for Prometheus: {safe(why)}")
 
 
 def _drain(whole: Any, results: list[Any], run: str, reports: list[str]) -> int:

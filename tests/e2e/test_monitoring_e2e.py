@@ -5,38 +5,12 @@ collectors; the exporter listens on the cluster address only, never the manageme
 
 from __future__ import annotations
 
-import json
-import time
 from shlex import quote
-from typing import Any
-from urllib.parse import quote as url_quote
 
 from provision import inventory
 from provision.rules import monitoring
-from tests.e2e.storage_helpers import sh
-
-SCRAPE_WAIT_S = 120  # a restored snapshot's Prometheus needs a scrape or two after boot
-
-
-def api(head, path: str) -> Any:
-    """GET Prometheus' HTTP API on the head, from the head itself (its cluster address)."""
-    url = f"http://{monitoring.host_port(head.cluster_address, monitoring.PROMETHEUS_PORT)}{path}"
-    code = f"import urllib.request,sys; sys.stdout.write(urllib.request.urlopen({url!r}, timeout=20).read().decode())"
-    return json.loads(sh(head, f"python3 -c {quote(code)}", timeout_s=60))
-
-
-def query(head, expr: str) -> list[dict[str, Any]]:
-    return api(head, f"/api/v1/query?query={url_quote(expr)}")["data"]["result"]
-
-
-def wait_for(head, expr: str, count: int) -> list[dict[str, Any]]:
-    """The query's series once there are ``count`` of them (scrapes take a while)."""
-    deadline = time.monotonic() + SCRAPE_WAIT_S
-    while True:
-        result = query(head, expr)
-        if len(result) >= count or time.monotonic() > deadline:
-            return result
-        time.sleep(5)
+from tests.e2e.prometheus_helpers import api, query, wait_for
+from tests.e2e.storage_helpers import cli, sh
 
 
 def test_prometheus_scrapes_every_node_with_provision_s_series_and_rules(provisioned, testbed):
@@ -82,3 +56,21 @@ def test_the_exporter_listens_on_the_cluster_address_only(provisioned, testbed):
     url = f"http://{monitoring.host_port(other.cluster_address, monitoring.EXPORTER_PORT)}/metrics"
     code = f"import urllib.request; print(len(urllib.request.urlopen({url!r}, timeout=20).read()))"
     assert int(sh(head, f"python3 -c {quote(code)}")) > 1000
+
+
+def test_monitor_once_json_shows_every_node_with_figures(provisioned, testbed):
+    """The monitor's own path: the head's SSH connection, a channel to Prometheus on the
+    head's cluster address, every node with its figures."""
+    result = cli("monitor", str(testbed.inventory_path), "--once", "--json", timeout_s=300)
+    view = result.json()
+    nodes = {n["name"]: n for n in view["nodes"]}
+    assert set(nodes) == {n.name for n in testbed.nodes}
+    for n in nodes.values():
+        assert n["up"] is True, n
+        assert n["cpu"] is not None, n
+        assert 0 < n["memory"] < 1, n
+        assert 0 < n["disk"] < 1, n
+        assert n["gpus"] == []
+    assert view["head"] == "node1"
+    # exit 1 exactly when an alert fires or a node is down: none should be
+    assert result.exit_code == (1 if view["alerts"] else 0), view["alerts"]

@@ -11,10 +11,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from provision import inventory, remote
 from provision.demo.stages import DemoPaths, stages
+from provision.rules import monitoring
 from provision.rules.slurm import HEALTH_PROGRAM
 from provision.validate import agent
+from tests.e2e.prometheus_helpers import wait_until
 
 DISK_LIMIT_BPS = 20_000_000  # 20 MB/s: far below an unthrottled virtio disk, fio still ends
 
@@ -139,3 +143,25 @@ def test_validate_with_the_demos_flags_measures_every_group_within_its_deadline_
         assert record(doc, node, "gpu_bf16_tflops")["verdict"] == "not_run"
     assert doc["network"]["allreduce"]["backend"] == "gloo"
     assert (paths.reports / "validate.xml").read_text().count("NOT RUN: not run: no GPU") >= 2
+    _verdicts_reach_prometheus(testbed, doc)
+
+
+def _verdicts_reach_prometheus(testbed, doc: dict) -> None:
+    """validate wrote each node's verdicts into its textfile directory: Prometheus on the
+    head has every node's verdict and the same figures as the report."""
+    head = monitoring.prometheus_node(inventory.load(testbed.inventory_path))
+    nodes = {n["node"]: n["verdict"] for n in doc["nodes"]}
+    # an earlier run's series stay until the next scrape reads the rewritten file
+    verdicts = wait_until(
+        head,
+        "provision_validate_node_verdict",
+        lambda r: {s["metric"]["node"]: s["metric"]["verdict"] for s in r} == nodes,
+    )
+    assert {s["metric"]["node"]: s["metric"]["verdict"] for s in verdicts} == nodes
+    expected = {n: pytest.approx(record(doc, n, "ram_triad_gbs")["value"]) for n in nodes}
+
+    def figures(result: list[dict]) -> dict[str, float]:
+        return {s["metric"]["node"]: float(s["value"][1]) for s in result}
+
+    values = wait_until(head, 'provision_validate_value{metric="ram_triad_gbs"}', lambda r: figures(r) == expected)
+    assert figures(values) == expected

@@ -15,6 +15,8 @@ import pynvml
 
 from provision.monitoring import gpu_collector
 from provision.resources import render_template
+from provision.validate import textfile
+from provision.validate.records import Finding, NodeResult
 from tests.standins import nvml_from_captures as nvml
 
 PROMTOOL = Path(sys.executable).parent / "promtool"
@@ -94,3 +96,18 @@ def test_the_gpu_collector_s_files_pass_promtool() -> None:
         with nvml.installed(nvml.stand_in_library(model)):
             _check(gpu_collector.exposition(*gpu_collector.collect(pynvml, journal=lambda: "NVRM: Xid (PCI:1): 48, x")))
     _check(gpu_collector.exposition([], "init: Driver Not Loaded"))
+
+
+def test_validate_s_series_pass_promtool() -> None:
+    findings = [
+        Finding("n1", "gpu_bf16_tflops", "gpu0", 612.5, "TFLOP/s", 700.0, "fail", "below"),
+        Finding("n1", "gpu_bf16_tflops", "gpu1", 790.1, "TFLOP/s", 700.0, "pass", "ok"),
+        Finding("n1", "net_gbits", "", None, "Gbit/s", None, "skip", "not run"),
+        Finding("n1", 'odd"name\\', "", float("nan"), "x", float("inf"), "warn", "hostile"),
+    ]
+    text = textfile.exposition(NodeResult("n1", "fail", findings), 1796500000.0)
+    _check(text)
+    assert "provision_validate_node_pass 0.0" in text
+    assert 'provision_validate_value{metric="gpu_bf16_tflops",device="gpu1",unit="TFLOP/s"} 790.1' in text
+    assert "nan" not in text.lower().replace("metric=", "")  # no NaN or Inf sample
+    assert 'metric="odd\\"name\\\\"' in text

@@ -21,6 +21,8 @@ import pytest
 from provision import inventory, resources
 from provision.monitoring import gpu_collector
 from provision.rules import monitoring
+from provision.validate import textfile
+from provision.validate.records import Finding, NodeResult
 from tests.helpers.netns import NetnsHost
 from tests.standins import nvml_from_captures as nvml
 
@@ -131,9 +133,11 @@ def test_monitor_once_json_shows_every_node_and_the_gpus(monitored) -> None:
 
 def test_a_firing_alert_is_listed_and_fails_once(monitored) -> None:
     _, inv, tmp = monitored
-    # a fail verdict in ns0's textfile directory: the ValidateFailed rule has no wait
+    # validate's own series for a fail verdict in ns0's textfile directory, as validate
+    # writes them there: the ValidateFailed rule has no wait
+    finding = Finding("ns0", "ram_triad_gbs", "", 3.5, "GB/s", 10.0, "fail", "3.5 < 10 (expect)")
     path = tmp / "textfile-ns0" / "provision_validate.prom"
-    path.write_text("provision_validate_node_pass 0\n")
+    path.write_text(textfile.exposition(NodeResult("ns0", "fail", [finding]), time.time()))
     try:
         view = _until(inv, lambda v: bool(v["alerts"]))
         result = view.pop("_result")
