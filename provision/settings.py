@@ -257,6 +257,11 @@ class Settings:
         "pinned nvidia-ml-py version (the NVML bindings of driver branch 580); null takes the newest",
         _version,
     )
+    tensorboard_version: str | None = knob(
+        "2.21.0",
+        "pinned tensorboard version: the trainer writes TensorBoard event files with it; null: not installed",
+        _version,
+    )
     pip_index_url: str | None = knob(None, "pip index URL; null uses pip's own configuration", v.optional(v.url))
     wheelhouse: str | None = knob(
         None,

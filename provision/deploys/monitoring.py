@@ -21,7 +21,7 @@ from pyinfra.api import deploy
 from pyinfra.operations import files, server, systemd
 
 from provision import resources
-from provision.engine import Step, current_cluster, current_node, note
+from provision.engine import Step, current_cluster, current_node
 from provision.facts.gpus import NvidiaDevices
 from provision.facts.stack import BACKUP_STAMP
 from provision.inventory import Cluster, Node
@@ -127,9 +127,6 @@ def exporter(node: Node, cluster: Cluster) -> None:
 def collectors(node: Node, cluster: Cluster) -> None:
     devices = host.get_fact(NvidiaDevices)
     gpus = bool(devices.gpus) and node.settings.nvidia != "skip"
-    if gpus and not node.settings.nvml_version:
-        note("monitoring: no GPU collector (nvml_version is null: nvidia-ml-py is not in the venv)")
-        gpus = False
     units = collector_units(node, cluster, gpus)
     changed = []
     for path, text in units.items():

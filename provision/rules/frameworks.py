@@ -15,7 +15,8 @@ from provision.settings import Settings
 
 
 def requirements(settings: Settings, wheel_names: Sequence[str] = ()) -> list[str]:
-    """pip requirement strings: torch pinned, numpy and nvidia-ml-py pinned when asked.
+    """pip requirement strings: torch pinned, numpy and nvidia-ml-py pinned when asked,
+    tensorboard (the trainer's event files) when its pin is set.
 
     A CPU or CUDA build from PyTorch's own index carries a local version label
     (2.13.0+cpu) and `pip freeze` reports it so; the pin takes the label from the
@@ -23,7 +24,8 @@ def requirements(settings: Settings, wheel_names: Sequence[str] = ()) -> list[st
     """
     numpy = f"numpy=={settings.numpy_version}" if settings.numpy_version else "numpy"
     nvml = f"nvidia-ml-py=={settings.nvml_version}" if settings.nvml_version else "nvidia-ml-py"
-    return [f"torch=={torch_version(settings.torch_version, wheel_names)}", numpy, nvml]
+    board = [f"tensorboard=={settings.tensorboard_version}"] if settings.tensorboard_version else []
+    return [f"torch=={torch_version(settings.torch_version, wheel_names)}", numpy, nvml, *board]
 
 
 def torch_version(pinned: str, wheel_names: Sequence[str]) -> str:

@@ -1,6 +1,6 @@
 """The wheelhouse the testbed's frameworks step installs from: torch (the CPU build),
-numpy and nvidia-ml-py at the settings' default pins, as wheels for the guests' Python
-3.11 (Debian 12).
+numpy, nvidia-ml-py and tensorboard (with its dependencies) at the settings' default pins,
+as wheels for the guests' Python 3.11 (Debian 12).
 
 The testbed installs from a wheelhouse, as an air-gapped cluster would, so a testbed VM
 never asks an index for torch (an unpinned or CUDA torch is several GB). Downloaded once
@@ -20,8 +20,9 @@ from provision.testbed import paths
 
 GUEST_PYTHON = "3.11"  # Debian 12's python3
 # Debian 12's glibc is 2.36. pip takes --platform literally (no older manylinux tags), and
-# numpy 2.2.6 ships manylinux_2_17 wheels only, torch 2.13 manylinux_2_28 ones.
-PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_17_x86_64"]
+# numpy 2.2.6 ships manylinux_2_17 wheels only, torch 2.13 manylinux_2_28 ones, and
+# tensorboard-data-server 0.7.2 a manylinux_2_31 one.
+PLATFORMS = ["manylinux_2_31_x86_64", "manylinux_2_28_x86_64", "manylinux_2_17_x86_64"]
 
 
 def pins() -> dict[str, str]:
@@ -31,6 +32,7 @@ def pins() -> dict[str, str]:
         "torch": defaults.torch_version,
         "numpy": defaults.numpy_version or "",
         "nvidia-ml-py": defaults.nvml_version or "",
+        "tensorboard": defaults.tensorboard_version or "",
     }
 
 

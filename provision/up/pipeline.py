@@ -106,7 +106,15 @@ def _framework_problems(cluster: Cluster) -> list[Problem]:
     checked: dict[tuple[object, ...], list[tuple[str, str, str]]] = {}
     for node in cluster.nodes:
         s = node.settings
-        inputs = (s.wheelhouse, s.pip_lock_file, s.pip_require_hashes, s.torch_version, s.numpy_version, s.nvml_version)
+        inputs = (
+            s.wheelhouse,
+            s.pip_lock_file,
+            s.pip_require_hashes,
+            s.torch_version,
+            s.numpy_version,
+            s.nvml_version,
+            s.tensorboard_version,
+        )
         if inputs not in checked:
             checked[inputs] = _wheelhouse_problems(node) + _lock_problems(node)
         for problem in checked[inputs]:

@@ -1,5 +1,5 @@
-"""The frameworks venv: torch at the pinned version imports, numpy and nvidia-ml-py are at
-their pins; on GPU hosts torch sees CUDA."""
+"""The frameworks venv: torch at the pinned version imports, numpy, nvidia-ml-py and
+tensorboard are at their pins; on GPU hosts torch sees CUDA."""
 
 from __future__ import annotations
 
@@ -14,7 +14,10 @@ def test_venv_imports_pinned_torch_numpy_nvml(host: Any, settings: dict[str, Any
     assert out.strip().split("+")[0] == settings["torch_version"]
 
 
-@pytest.mark.parametrize(("package", "knob"), [("numpy", "numpy_version"), ("nvidia-ml-py", "nvml_version")])
+@pytest.mark.parametrize(
+    ("package", "knob"),
+    [("numpy", "numpy_version"), ("nvidia-ml-py", "nvml_version"), ("tensorboard", "tensorboard_version")],
+)
 def test_venv_package_is_at_its_pin(host: Any, settings: dict[str, Any], package: str, knob: str) -> None:
     if not settings[knob]:
         pytest.skip(f"{knob} is null: {package} is not pinned")

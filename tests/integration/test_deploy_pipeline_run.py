@@ -10,6 +10,7 @@ def test_a_wheelhouse_without_the_pinned_versions_is_bad_input_before_any_host(c
         "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl",
         "numpy-2.4.6-cp311-cp311-manylinux_2_28_x86_64.whl",
         "nvidia_ml_py-13.580.126-py3-none-any.whl",
+        "tensorboard-2.21.0-py3-none-any.whl",
     ):
         (house / name).write_bytes(b"wheel")
     inventory = tmp_path / "inv.py"

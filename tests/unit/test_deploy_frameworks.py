@@ -16,8 +16,9 @@ WHEELS = [
     "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl",
     "numpy-2.2.6-cp311-cp311-manylinux_2_17_x86_64.whl",
     "nvidia_ml_py-13.580.126-py3-none-any.whl",
+    "tensorboard-2.21.0-py3-none-any.whl",
 ]
-PINS = "numpy==2.2.6 nvidia-ml-py==13.580.126"  # the default pins
+PINS = "numpy==2.2.6 nvidia-ml-py==13.580.126 tensorboard==2.21.0"  # the default pins
 WHEELHOUSE_INSTALL = (
     "/opt/provision/venv/bin/pip install --only-binary=:all: --no-index --find-links /opt/provision/wheelhouse "
     "--require-hashes -r /opt/provision/wheelhouse/requirements.txt"
@@ -54,7 +55,9 @@ def test_index_url_setting_goes_to_pip() -> None:
 
 def test_installed_pins_change_nothing(tmp_path: Path) -> None:
     wheelhouse(tmp_path, WHEELS[:1])
-    freeze = venv_facts.parse_freeze(["torch==2.13.0+cpu", "numpy==2.2.6", "nvidia-ml-py==13.580.126", "sympy==1.14.0"])
+    freeze = venv_facts.parse_freeze(
+        ["torch==2.13.0+cpu", "numpy==2.2.6", "nvidia-ml-py==13.580.126", "tensorboard==2.21.0", "sympy==1.14.0"]
+    )
     hashes = hashlib.sha1(framework_rules.hashed_requirements(str(tmp_path)).encode()).hexdigest()
     fake = FakeHost(
         VenvPackages=freeze,
@@ -106,8 +109,15 @@ def test_local_version_label_counts_as_installed_and_other_versions_do_not() -> 
 def test_torch_pin_takes_the_wheel_local_label_and_numpy_pin() -> None:
     assert framework_rules.torch_version("2.13.0", WHEELS) == "2.13.0+cpu"
     assert framework_rules.torch_version("2.13.0", []) == "2.13.0"
-    assert framework_rules.requirements(Settings()) == ["torch==2.13.0", "numpy==2.2.6", "nvidia-ml-py==13.580.126"]
-    assert framework_rules.requirements(Settings(numpy_version="2.3.4", nvml_version=None)) == [
+    assert framework_rules.requirements(Settings()) == [
+        "torch==2.13.0",
+        "numpy==2.2.6",
+        "nvidia-ml-py==13.580.126",
+        "tensorboard==2.21.0",
+    ]
+    assert framework_rules.requirements(
+        Settings(numpy_version="2.3.4", nvml_version=None, tensorboard_version=None)
+    ) == [
         "torch==2.13.0",
         "numpy==2.3.4",
         "nvidia-ml-py",
@@ -133,11 +143,16 @@ def test_wheelhouse_gaps_name_each_pin_no_wheel_satisfies() -> None:
         "nvidia_ml_py-13.615.71-py3-none-any.whl",
         "not-a-wheel.whl",
     ]
-    assert framework_rules.wheelhouse_gaps(Settings(), newer) == ["numpy==2.2.6", "nvidia-ml-py==13.580.126"]
+    assert framework_rules.wheelhouse_gaps(Settings(), newer) == [
+        "numpy==2.2.6",
+        "nvidia-ml-py==13.580.126",
+        "tensorboard==2.21.0",
+    ]
     # Several versions of a package side by side: one matching wheel is enough.
-    assert framework_rules.wheelhouse_gaps(Settings(), [*newer, WHEELS[1], WHEELS[2]]) == []
+    assert framework_rules.wheelhouse_gaps(Settings(), [*newer, *WHEELS[1:]]) == []
     # Unpinned, any version will do; a torch of another release is a gap.
-    assert framework_rules.wheelhouse_gaps(Settings(numpy_version=None, nvml_version=None), newer) == []
+    unpinned = Settings(numpy_version=None, nvml_version=None, tensorboard_version=None)
+    assert framework_rules.wheelhouse_gaps(unpinned, newer) == []
     assert framework_rules.wheelhouse_gaps(Settings(torch_version="2.12.1"), WHEELS) == ["torch==2.12.1"]
 
 
@@ -203,6 +218,7 @@ def test_hashed_requirements_pin_every_wheel_by_its_sha256(tmp_path: Path) -> No
     assert framework_rules.hashed_requirements(str(tmp_path)).splitlines() == [
         f"numpy==2.2.6 --hash=sha256:{wheel} --hash=sha256:{wheel}",  # one line, a hash per wheel
         f"nvidia_ml_py==13.580.126 --hash=sha256:{wheel}",
+        f"tensorboard==2.21.0 --hash=sha256:{wheel}",
         f"torch==2.13.0+cpu --hash=sha256:{torch}",
     ]
 
@@ -216,6 +232,7 @@ numpy==2.2.6 \\
     --hash=sha256:{"b" * 64}
     # via torch
 nvidia-ml-py==13.580.126 --hash={H}
+tensorboard==2.21.0 --hash={H}
 torch==2.13.0 ; platform_machine == 'x86_64' --hash={H}
 sympy==1.14.0 --hash={H}
 networkx==3.6.1 ; python_full_version == '3.11.*' \\
@@ -249,6 +266,7 @@ def test_a_lock_parses_pins_hashes_markers_comments_and_continuations() -> None:
     assert pins == {
         "numpy": {"2.2.6"},
         "nvidia-ml-py": {"13.580.126"},
+        "tensorboard": {"2.21.0"},
         "torch": {"2.13.0"},
         "sympy": {"1.14.0"},
         "networkx": {"3.6.1"},
@@ -281,10 +299,14 @@ def test_a_lock_that_lacks_a_pin_or_pins_another_version_is_named() -> None:
     assert framework_rules.lock_problems(Settings(), lock) == [
         "it pins torch 2.12.0, the settings 2.13.0",
         "it has no nvidia-ml-py",
+        "it has no tensorboard",
     ]
     assert framework_rules.lock_problems(Settings(), "# nothing\n") == ["it names no package"]
 
 
 def test_a_lock_of_a_labelled_torch_build_satisfies_the_pin() -> None:
-    lock = f"torch==2.13.0+cu128 --hash={H}\nnumpy==2.2.6 --hash={H}\nnvidia-ml-py==13.580.126 --hash={H}\n"
+    lock = (
+        f"torch==2.13.0+cu128 --hash={H}\nnumpy==2.2.6 --hash={H}\nnvidia-ml-py==13.580.126 --hash={H}\n"
+        f"tensorboard==2.21.0 --hash={H}\n"
+    )
     assert framework_rules.lock_problems(Settings(), lock) == []

@@ -150,7 +150,8 @@ def test_a_lock_that_is_missing_or_not_a_lock_is_named_before_any_host(tmp_path)
         f"{lock}: line 2: '--extra-index-url http://10.0.0.9/simple' is not `name==version --hash=sha256:<64 hex>`",
     ]
     good = "".join(
-        f"{p} --hash=sha256:{'c' * 64}\n" for p in ("torch==2.13.0", "numpy==2.2.6", "nvidia-ml-py==13.580.126")
+        f"{p} --hash=sha256:{'c' * 64}\n"
+        for p in ("torch==2.13.0", "numpy==2.2.6", "nvidia-ml-py==13.580.126", "tensorboard==2.21.0")
     )
     lock.write_text(good)
     pipeline.check_inputs(cluster, pipeline.select(only="frameworks"))
@@ -164,6 +165,7 @@ def test_hosts_sharing_a_wheelhouse_have_it_hashed_once(tmp_path, monkeypatch) -
     for name in ("torch-2.13.0+cpu-cp311-cp311-linux_x86_64.whl", "numpy-2.2.6-cp311-cp311-linux_x86_64.whl"):
         (house / name).write_bytes(b"wheel")
     (house / "nvidia_ml_py-13.580.126-py3-none-any.whl").write_bytes(b"wheel")
+    (house / "tensorboard-2.21.0-py3-none-any.whl").write_bytes(b"wheel")
     framework_rules.write_sums(house)
     hashed = []
     real = framework_rules.sums_problem
