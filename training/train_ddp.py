@@ -456,6 +456,7 @@ class StepTimer:
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
+        self.grad_norm = None  # the step's gradient norm before clipping, set by train_step
         self.reset()
 
     def reset(self) -> None:
@@ -579,10 +580,11 @@ def train_step(d, model, opt, sampler, train, cfg, step, args, timer: StepTimer)
             loss.backward()
         loss_sum += loss.detach()
     timer.synced = timer.now()
-    if args.grad_clip > 0:
-        nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
+    # The total gradient norm before clipping (for --tensorboard); no clip: not measured.
+    norm = nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip) if args.grad_clip > 0 else None
     opt.step()
     opt.zero_grad(set_to_none=True)
+    timer.grad_norm = norm
     return loss_sum
 
 
@@ -704,6 +706,70 @@ def _raw(model: nn.Module) -> nn.Module:
 
 
 # ---------------------------------------------------------------- reporting
+
+
+class Events:
+    """--tensorboard: rank 0's TensorBoard event files, written with torch's SummaryWriter
+    (the tensorboard package): at every log step the train loss, learning rate, tokens/s,
+    MFU, gradient norm and each node's own step time (its step less its wait for the
+    others); the validation loss at every evaluation; the run's hyperparameters (HParams,
+    with the final losses) at the end. Without the flag, or without the package (a note
+    says so), nothing is written and nothing else changes. Every rank takes part in the
+    per-node gather, so every rank builds one; only rank 0 writes."""
+
+    def __init__(self, d: Dist, args) -> None:
+        self.on = bool(args.tensorboard)
+        self.writer = None
+        if not self.on or d.rank != 0:
+            return
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as e:
+            log(d, f"note: no TensorBoard events: {e} (the frameworks step installs tensorboard)")
+            return
+        Path(args.tensorboard).mkdir(parents=True, exist_ok=True)
+        self.writer = SummaryWriter(log_dir=args.tensorboard, flush_secs=10)
+        log(d, f"tensorboard events -> {args.tensorboard}")
+
+    def scalar(self, tag: str, value: float | None, step: int) -> None:
+        if self.writer is not None and value is not None and math.isfinite(value):
+            self.writer.add_scalar(tag, value, step)
+
+    def step(self, d: Dist, n: int, loss: float, lr: float, tps: float, mfu_scale, dt: float, timer) -> None:
+        if not self.on:
+            return
+        own = [(d.node, dt - timer.wait_s())]
+        if d.world > 1:  # every rank's own step time, for the per-node curves
+            gathered: list = [None] * d.world
+            dist.all_gather_object(gathered, own[0])
+            own = gathered
+        norm = timer.grad_norm
+        self.scalar("loss/train", loss, n)
+        self.scalar("lr", lr, n)
+        self.scalar("tokens_per_s", tps, n)
+        self.scalar("mfu", tps * mfu_scale if mfu_scale else None, n)
+        self.scalar("grad_norm", float(norm) if norm is not None else None, n)
+        by_node: dict[str, list[float]] = {}
+        for node, seconds in own:
+            by_node.setdefault(node, []).append(seconds)
+        for node, times in sorted(by_node.items()):
+            self.scalar(f"step_ms/{node}", 1000 * max(times), n)  # a node is as slow as its slowest rank
+
+    def close(self, args, cfg, summary: dict) -> None:
+        if self.writer is None:
+            return
+        hparams = {
+            k: v
+            for k, v in {**vars(args), **{f"model.{k}": v for k, v in asdict(cfg).items()}}.items()
+            if isinstance(v, int | float | str | bool) and k not in ("summary", "stop_file", "tensorboard")
+        }
+        metrics = {
+            f"hparam/{k}": summary[k]
+            for k in ("final_train_loss", "final_val_loss", "tokens_per_s")
+            if isinstance(summary.get(k), int | float) and math.isfinite(summary[k])
+        }
+        self.writer.add_hparams(hparams, metrics, run_name="hparams")
+        self.writer.close()
 
 
 def log(d: Dist, text: str) -> None:
@@ -855,6 +921,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     arg("--straggler-window", type=int, default=STRAGGLER_WINDOW, help="steps a straggler must stay slow")
     arg("--run-id", default="local", help="run identifier, echoed in the summary")
+    arg(
+        "--tensorboard",
+        metavar="DIR",
+        help="rank 0 writes TensorBoard event files here: losses, learning rate, tokens/s, MFU, gradient norm, "
+        "each node's own step time, and the run's hyperparameters (needs the tensorboard package)",
+    )
     args = p.parse_args(argv)
     if args.drop_stragglers is not None and args.drop_stragglers <= 1:
         p.error(f"--drop-stragglers {args.drop_stragglers:g}: the factor must be above 1")
@@ -960,6 +1032,7 @@ def main(argv: list[str] | None = None) -> dict:
     history = run(d, model, opt, sampler, train, val, cfg, args, start, ckpt_dir)
     rate = throughput(d, history, args, cfg, len(sampler.indices(0)))
     summary = finish(d, args, history, rate, params)
+    history["events"].close(args, cfg, summary)
     if d.world > 1:
         barrier(d)  # every rank waits until rank 0 has written the summary
         # The DDP wrapper holds the process group. Left alive, the group (and gloo's worker
@@ -1008,6 +1081,7 @@ def run(d, model, opt, sampler, train, val, cfg, args, start: int, ckpt_dir: Pat
     tokens_per_step = args.global_batch * cfg.block_size
     timer = StepTimer(d.device)
     timer.watch(model)
+    events = Events(d, args)
     watch = StragglerWatch(d, args.drop_stragglers, args.straggler_window) if args.drop_stragglers else None
     if watch is not None:
         log(
@@ -1038,10 +1112,12 @@ def run(d, model, opt, sampler, train, val, cfg, args, start: int, ckpt_dir: Pat
                 f"step {n}/{args.steps} | train loss {loss:.4f} | lr {lr_at(step, args):.2e} | "
                 f"{tokens_per_step / dt:.0f} tok/s | {dt * 1000:.1f} ms{mfu}",
             )
+            events.step(d, n, loss, lr_at(step, args), tokens_per_step / dt, args.mfu_scale, dt, timer)
         if n % args.eval_interval == 0 or n == args.steps:
             vloss = evaluate(d, model, val, cfg, args)
             history["val"].append([n, vloss])
             log(d, f"step {n}/{args.steps} | val loss {vloss:.4f}")
+            events.scalar("loss/val", vloss, n)
             stop = stop_requested(d, args.stop_file) if args.stop_file and n < args.steps else None
             if stop is not None:
                 history["stopped"] = {"step": n, "reason": stop}
@@ -1049,6 +1125,7 @@ def run(d, model, opt, sampler, train, val, cfg, args, start: int, ckpt_dir: Pat
                 break
         if (args.ckpt_interval and n % args.ckpt_interval == 0) or n == args.steps:
             checkpoint(d, ckpt_dir, model, opt, n, cfg, args, history, watch)
+    history["events"] = events
     return history
 
 

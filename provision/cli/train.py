@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -330,6 +331,8 @@ def _print(r: Any) -> None:
     for note in r.notes:
         out.print(f"note: {safe(note)}")
     out.print(f"logs, report.json and train.png: {safe(r.out_dir)}")
+    if r.tensorboard:
+        out.print(f"TensorBoard: tensorboard --logdir {safe(shlex.quote(r.tensorboard))}")
 
 
 def _num(value: float | None, digits: int = 0) -> str:

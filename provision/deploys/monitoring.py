@@ -113,14 +113,18 @@ def exporter(node: Node, cluster: Cluster) -> None:
     put = files.put(
         name="node exporter: listen on the cluster address", dest=layout.EXPORTER_DROP_IN, src=StringIO(text)
     )
+    # Reloaded before the install, so the package's own start already uses the drop-in;
+    # restarted after it (a unit that is not installed yet cannot be restarted), also on a
+    # later run when this one stopped between the two.
+    server.shell(name="node exporter: reload systemd", commands=["systemctl daemon-reload"], _if=put.did_change)
+    install("Install the node exporter", [layout.EXPORTER_PACKAGE], node.settings.apt_lock_wait_s, recommends=False)
     follow_up(
-        "node exporter: reload systemd",
+        "node exporter: restart on its drop-in",
         "monitoring-exporter",
         [text],
-        ["systemctl daemon-reload", f"systemctl try-restart {layout.EXPORTER_SERVICE}"],
+        ["systemctl daemon-reload", f"systemctl restart {layout.EXPORTER_SERVICE}"],
         put.did_change,
     )
-    install("Install the node exporter", [layout.EXPORTER_PACKAGE], node.settings.apt_lock_wait_s, recommends=False)
     systemd.service(name="node exporter running", service=layout.EXPORTER_SERVICE, running=True, enabled=True)
 
 

@@ -57,6 +57,7 @@ def train(
                 say(run_plan.nodes[0].name, f"scheduler: ssh after all (a Slurm job {why})")
                 opts = replace(opts, scheduler="ssh")
         outcome = _run(cluster, nodes, conns, run_plan, opts, on_line, say, rendezvous)
+        board, board_notes = _copy_events(outcome, conns, say)
     finally:
         if rendezvous is not None:
             rendezvous.stop()
@@ -67,6 +68,8 @@ def train(
     result = report.build(outcome, records, report.signature(run_plan, opts))
     if outcome.slurm_job:
         result.notes.append(f"ran as Slurm job {outcome.slurm_job}")
+    result.tensorboard = board
+    result.notes += board_notes
     _write(outcome, result)
     return result
 
@@ -168,6 +171,37 @@ def _admitter(
             raise
 
     return admit
+
+
+def _copy_events(
+    outcome: session.Outcome, conns: dict[str, object], say: Callable[[str, str], None]
+) -> tuple[str | None, list[str]]:
+    """Rank 0's TensorBoard events, from the node it ran on into the run's directory here:
+    (the local events directory or None, notes). A run whose rank 0 was never heard from,
+    or whose node is gone, has none; Ctrl-C here keeps the run's report."""
+    from provision.launch import events
+
+    host = outcome.rank0_host
+    node_plan = next((p for p in outcome.plan.nodes if p.name == host), None)
+    where = plan.events_dir(outcome.plan, node_plan) if node_plan else None
+    if host is None or node_plan is None or where is None:
+        return None, []
+    if host in {e.host for e in outcome.losses} and host not in {j.host for j in outcome.joins}:
+        return None, [f"TensorBoard events: {host} (rank 0's node) was lost; they stay in {where} there"]
+    dest = Path(outcome.out_dir) / plan.EVENTS_DIR
+    say(host, f"copying TensorBoard events from {where}")
+    try:
+        files, note = events.fetch(conns[host], host, where, node_plan.run_as, dest)
+    except KeyboardInterrupt:
+        return None, ["TensorBoard events: the copy was interrupted (Ctrl-C)"]
+    except Exception as e:  # a copy must never hide the run's result (a full disk here)
+        return None, [f"TensorBoard events: the copy failed ({type(e).__name__}: {e})"]
+    notes = [note] if note else []
+    if not files:
+        return None, notes
+    if where.startswith("/") and not where.startswith(node_plan.work_dir):
+        notes.append(f"TensorBoard events on the cluster: {where} (on the shared runs share)")
+    return str(dest), notes
 
 
 def _write(outcome: session.Outcome, result: report.TrainReport) -> None:

@@ -104,10 +104,16 @@ class Share:
     flag: str  # train_ddp.py option that takes it
     share: str  # the share's mount point on the nodes; it must be writable there
     path: str  # the option's value, inside the share
+    per_run: bool = False  # the run's id is appended: a directory of its own for each run
 
 
 # trainer option, share name in nfs_exports, sub-directory (the trainer's own default layout)
 _SHARED_DIRS = (("--ckpt-dir", "checkpoints", ""), ("--data-cache", "datasets", "/train_ddp"))
+# TensorBoard's event files: on the runs share when it is exported (tensorboard/<run id>,
+# beside every other run's: one --logdir shows them all), else in the trainer's working
+# directory on each node (rank 0's is copied back).
+EVENTS_SHARE = "runs"
+EVENTS_DIR = "tensorboard"
 
 
 def shares(settings: Settings, has_nfs_server: bool, extra: tuple[str, ...]) -> tuple[Share, ...]:
@@ -117,23 +123,30 @@ def shares(settings: Settings, has_nfs_server: bool, extra: tuple[str, ...]) -> 
     if not has_nfs_server:
         return ()
     root = settings.nfs_mount_root.rstrip("/")
-    return tuple(
+    found = [
         Share(flag, f"{root}/{name}", f"{root}/{name}{sub}")
         for flag, name, sub in _SHARED_DIRS
         if name in settings.nfs_exports and not _given(flag, extra)
-    )
+    ]
+    if settings.tensorboard_version and EVENTS_SHARE in settings.nfs_exports and not _given("--tensorboard", extra):
+        found.append(Share("--tensorboard", f"{root}/{EVENTS_SHARE}", f"{root}/{EVENTS_SHARE}/{EVENTS_DIR}", True))
+    return tuple(found)
 
 
 def _given(flag: str, extra: tuple[str, ...]) -> bool:
     return any(a == flag or a.startswith(f"{flag}=") for a in extra)
 
 
-def share_args(wanted: tuple[Share, ...], nodes: tuple[NodePlan, ...]) -> tuple[tuple[str, ...], list[str]]:
+def share_args(
+    wanted: tuple[Share, ...], nodes: tuple[NodePlan, ...], run_id: str = ""
+) -> tuple[tuple[str, ...], list[str]]:
     """(trainer options, notes): a share every node can write goes to the trainer; one that
     some node cannot write is left out with a note (the trainer then says where it writes)."""
     args: list[str] = []
     notes = []
     for s in wanted:
+        if s.per_run:
+            s = Share(s.flag, s.share, f"{s.path}/{run_id}")
         missing = [n.name for n in nodes if s.share not in n.writable]
         if missing:
             notes.append(
@@ -144,6 +157,24 @@ def share_args(wanted: tuple[Share, ...], nodes: tuple[NodePlan, ...]) -> tuple[
         else:
             args += [s.flag, s.path]
     return tuple(args), notes
+
+
+def events_args(settings: Settings, shared: tuple[str, ...], extra: tuple[str, ...], run_id: str) -> tuple[str, ...]:
+    """--tensorboard for the trainer: already among ``shared`` (the runs share), else the
+    trainer's working directory; none when tensorboard is not installed (its pin is null)
+    or the user passed --tensorboard after `--`."""
+    if "--tensorboard" in shared or not settings.tensorboard_version or _given("--tensorboard", extra):
+        return ()
+    return ("--tensorboard", f"{EVENTS_DIR}/{run_id}")
+
+
+def events_dir(run: RunPlan, node: NodePlan) -> str | None:
+    """Where the trainer writes its events on ``node`` (absolute), or None without any."""
+    args = list(run.trainer_args)
+    if "--tensorboard" not in args[:-1]:
+        return None
+    where = args[len(args) - 1 - args[::-1].index("--tensorboard") + 1]  # the last one wins, as argparse
+    return where if where.startswith("/") else f"{node.work_dir}/{where}"
 
 
 def trainer_args(

@@ -51,6 +51,7 @@ class TrainReport:
     teardown_s: float | None  # first failure seen -> every host clean
     out_dir: str  # controller directory with logs, report and plot
     plot: str | None = None  # PNG with loss curves and throughput
+    tensorboard: str | None = None  # the run's TensorBoard events, copied here (tensorboard --logdir)
     mfu: float | None = None  # model FLOPs utilisation (GPU runs)
     notes: list[str] = field(default_factory=list)  # anything else worth saying
     requeues: int | None = None  # --requeue: times the Slurm job was requeued and started again; else None

@@ -21,7 +21,7 @@ from typing import Any, cast
 
 from provision import remote
 from provision.inventory import Node
-from provision.launch import logs, monitor, plan
+from provision.launch import live, logs, monitor, plan
 from provision.resources import training_script
 
 REAPER = Path(__file__).with_name("reaper.py")
@@ -112,6 +112,7 @@ class Outcome:
     requeues: int | None = None  # --requeue: times the job was requeued and started again; else None
     losses: list[NodeEvent] = field(default_factory=list)  # an elastic run's lost nodes, in order
     joins: list[NodeEvent] = field(default_factory=list)  # lost nodes admitted again (why: "admitted again")
+    rank0_host: str | None = None  # where rank 0's lines came from last (its events are there)
 
 
 def prepare(
@@ -127,6 +128,8 @@ def prepare(
     when every node can write them."""
     first = nodes[0]
     wanted = plan.shares(first.settings, nfs_server, opts.extra_args)
+    if opts.solo:  # a sweep's one-rank trial keeps no events (its study keeps its figures)
+        wanted = tuple(s for s in wanted if s.flag != "--tensorboard")
 
     def one(node: Node) -> plan.NodePlan:
         return _prepare_node(node, conns[node.name], opts, run_id, node is first, say, wanted)
@@ -146,7 +149,9 @@ def prepare(
         if not 1 <= opts.min_nodes <= len(nodes):
             raise LaunchError(f"--min-nodes {opts.min_nodes}: the run has {len(nodes)} node(s)")
         elastic = plan.Elastic(opts.min_nodes, first.settings.train_max_restarts)
-    shared, notes = plan.share_args(wanted, node_plans)
+    shared, notes = plan.share_args(wanted, node_plans, run_id)
+    if not opts.solo:
+        shared = (*shared, *plan.events_args(first.settings, shared, opts.extra_args, run_id))
     for note in notes:
         say("nfs", f"note: {note}")
     args = plan.trainer_args(
@@ -332,6 +337,7 @@ class Supervisor:
         self._silent: dict[str, str] = {}  # hosts whose connection was closed for silence -> why
         self._loss_work: dict[str, threading.Thread] = {}  # host -> its loss's reaper thread
         self._store_alive = store_alive
+        self.live = live.LiveSeries(run.run_id, conns, self.out.curves)  # the figures for Prometheus
 
     def request_stop(self, why: str) -> None:
         """Stop the run from another thread (a sweep's Ctrl-C, whose trials run off the
@@ -349,6 +355,7 @@ class Supervisor:
         for p in self.plan.nodes:
             self._start_stream(p)
         mon.start()
+        self.live.start()
         if self.plan.elastic is not None and self._admit is not None:
             threading.Thread(target=self._rejoin_loop, daemon=True).start()
         try:
@@ -360,6 +367,8 @@ class Supervisor:
             with self._closing:  # no node is started again from here on
                 self._watching = False
             mon.stop()
+            gone = set(self._silent) | {e.host for e in self.out.losses}
+            self.live.stop(unreachable=gone)
         for work in self._loss_work.values():  # a late loss reaper must not race the end's own
             work.join(timeout=JOIN_S)
         if self.out.failure:
@@ -628,6 +637,7 @@ class Supervisor:
         if who == "torchrun":  # torchrun's own lines hold its failure report
             self._texts[host].append(text)
         if who == "rank0":
+            self.live.rank0_on = self.out.rank0_host = host
             self.out.curves.feed(text)
             if m := _STRAGGLER.match(text):
                 self._drop(m.group(1), text[len("straggler: ") :])

@@ -191,3 +191,34 @@ def test_two_ranks_stop_after_the_same_step_when_rank_0_finds_the_stop_file(tmp_
     assert summary["stopped"] == {"step": 4, "reason": "pruned"}
     assert summary["world_size"] == 2
     assert [r["rank"] for r in summary["ranks"]] == [0, 1]
+
+
+def test_tensorboard_events_read_back_with_tensorboard_s_own_reader(tmp_path, cache):
+    """Two ranks (two torchrun agents, as two nodes) with --tensorboard: rank 0's event
+    files hold every logged step's train loss as the summary has it, the validation
+    losses, the learning rate, tokens/s, the gradient norm, each node's own step time, and
+    the run's hyperparameters."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = tmp_path / "tb"
+    args = [*BASE, "--data-cache", str(cache), "--steps", "8", "--log-interval", "1", "--ckpt-dir", str(tmp_path)]
+    summary = two_nodes([*args, "--tensorboard", str(events)], tmp_path)
+    board = EventAccumulator(str(events))
+    board.Reload()
+    scalars = board.Tags()["scalars"]
+    train = [(e.step, e.value) for e in board.Scalars("loss/train")]
+    assert [s for s, _ in train] == list(range(1, 9))
+    assert [v for _, v in train] == pytest.approx([v for _, v in summary["train_losses"]], rel=1e-6)
+    val = board.Scalars("loss/val")
+    assert [e.step for e in val] == [s for s, _ in summary["val_losses"]]
+    assert [e.value for e in val] == pytest.approx([v for _, v in summary["val_losses"]], rel=1e-6)
+    for tag in ("lr", "tokens_per_s", "grad_norm"):
+        assert len(board.Scalars(tag)) == 8, tag
+    nodes = sorted(t for t in scalars if t.startswith("step_ms/"))
+    assert len(nodes) == 2, scalars  # one curve per node: two agents stand for two nodes
+    assert all(e.value > 0 for t in nodes for e in board.Scalars(t))
+    # the hyperparameters, with the final losses, as TensorBoard's HParams plugin reads them
+    hp = EventAccumulator(str(events / "hparams"))
+    hp.Reload()
+    assert "_hparams_/experiment" in hp.PluginTagToContent("hparams")
+    assert hp.Scalars("hparam/final_val_loss")[0].value == pytest.approx(summary["final_val_loss"], rel=1e-6)

@@ -163,6 +163,16 @@ def test_two_hosts_train_together_and_exit_0(hosts, tmp_path):
     err = (tmp_path / "err.txt").read_text()
     assert "ns0 rank" in err or "ns1 rank" in err  # streamed live, prefixed by host and rank
     assert processes_of(report["run_id"]) == {}
+    # rank 0's TensorBoard events, copied back beside the logs, read by TensorBoard's reader
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    assert report["tensorboard"] == str(run / "tensorboard")
+    board = EventAccumulator(report["tensorboard"])
+    board.Reload()
+    train = board.Scalars("loss/train")
+    assert train[-1].step == 6
+    assert train[-1].value == pytest.approx(report["final_train_loss"], rel=1e-4)
+    assert board.Scalars("loss/val")[-1].value == pytest.approx(report["final_val_loss"], rel=1e-4)
 
 
 def test_a_killed_rank_stops_every_host_and_exits_1(hosts, tmp_path):
