@@ -332,7 +332,7 @@ def _print(r: Any) -> None:
         out.print(f"note: {safe(note)}")
     out.print(f"logs, report.json and train.png: {safe(r.out_dir)}")
     if r.tensorboard:
-        out.print(f"TensorBoard: tensorboard --logdir {safe(shlex.quote(r.tensorboard))}")
+        out.print(f"TensorBoard: tensorboard --logdir {safe(shlex.quote(r.tensorboard))}", soft_wrap=True)
 
 
 def _num(value: float | None, digits: int = 0) -> str:

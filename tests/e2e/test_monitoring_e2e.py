@@ -5,9 +5,12 @@ collectors; the exporter listens on the cluster address only, never the manageme
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from shlex import quote
 
 from provision import inventory
+from provision.monitoring import fleet
 from provision.rules import monitoring
 from tests.e2e.prometheus_helpers import api, query, wait_for
 from tests.e2e.storage_helpers import cli, sh
@@ -43,6 +46,14 @@ def test_prometheus_scrapes_every_node_with_provision_s_series_and_rules(provisi
 
     slurm = wait_for(head, "provision_slurm_node_drained", len(names))
     assert {s["metric"]["node"] for s in slurm} == names
+    # the dashboards' Slurm panels, which need slurmctld (the others are asked of a real
+    # Prometheus in tests/integration/test_monitor_netns.py)
+    dashboards = Path(fleet.__file__).parent / "dashboards"
+    for path in dashboards.glob("*.json"):
+        for panel in json.loads(path.read_text())["panels"]:
+            for target in panel["targets"]:
+                if "provision_slurm" in target["expr"]:
+                    assert query(head, target["expr"]), (path.name, panel["title"])
 
 
 def test_the_exporter_listens_on_the_cluster_address_only(provisioned, testbed):

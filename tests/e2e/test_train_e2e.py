@@ -22,12 +22,15 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from provision import inventory, remote
+from provision.rules import monitoring
+from tests.e2e.prometheus_helpers import query
 from tests.e2e.storage_helpers import sh
 from tests.helpers.train_logs import train_losses
 
@@ -89,6 +92,7 @@ def test_two_vms_train_elastically_lose_one_and_a_slurm_resume_with_requeue_cont
     )  # fmt: skip
     head = cluster.head_node()[0]
     said = (tmp_path / "again" / "err.txt").read_text
+    watcher = _LiveWatcher(monitoring.prometheus_node(cluster))
     try:
         text = _wait_for_text(tmp_path / "again", "checkpoint step ")  # rank 0's line, after the save
         job = re.search(r"\[provision\] Slurm job (\d+) started \(attempt 1\)", text)
@@ -99,9 +103,11 @@ def test_two_vms_train_elastically_lose_one_and_a_slurm_resume_with_requeue_cont
         if resumed.poll() is None:  # Ctrl-C: the run cancels its job and cleans the nodes
             resumed.send_signal(signal.SIGINT)
             resumed.wait(timeout=300)
+        watcher.stop()
     assert code == 0, said()[-3000:]
     assert "scheduler: slurm" in said(), said()[:2000]
     report = report_of(tmp_path / "again")
+    _live_and_tensorboard(report, watcher, (tmp_path / "again" / "out.txt").read_text())
     assert report["world_size"] == 2
     assert all(n["tokens_per_s"] > 0 and n["clean"] for n in report["nodes"]), report["nodes"]
     assert report["requeues"] == 1, report
@@ -121,6 +127,48 @@ def test_two_vms_train_elastically_lose_one_and_a_slurm_resume_with_requeue_cont
     assert "JobState=COMPLETED" in shown, shown
     assert "Restarts=1" in shown, shown
     _privilege_drill(survivor, first_run)
+
+
+class _LiveWatcher:
+    """Asks Prometheus on the head for the running job's step every few seconds while the
+    run goes on (a thread: the run's own waits go on undisturbed); keeps what it saw."""
+
+    def __init__(self, head) -> None:
+        self.head, self.seen, self.errors = head, {}, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(5):
+            try:
+                for s in query(self.head, "provision_train_step"):
+                    run, node = s["metric"].get("run"), s["metric"].get("node")
+                    self.seen[(run, node)] = max(self.seen.get((run, node), 0), float(s["value"][1]))
+            except (AssertionError, ValueError, KeyError) as e:  # a slow answer: the next poll
+                self.errors.append(str(e)[:200])
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=120)
+
+
+def _live_and_tensorboard(report: dict, watcher: _LiveWatcher, printed: str) -> None:
+    """The run's figures reached Prometheus while it trained (rank 0's node's textfile,
+    written by the controller), and its TensorBoard events came back beside its logs with
+    the losses the report has."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    steps = {node: step for (run, node), step in watcher.seen.items() if run == report["run_id"]}
+    assert steps, (watcher.seen, watcher.errors[-3:])
+    assert max(steps.values()) > ELASTIC_STEPS, watcher.seen  # this run's steps, not the last run's
+    assert report["tensorboard"], report["notes"]
+    assert f"tensorboard --logdir {report['tensorboard']}" in printed
+    board = EventAccumulator(report["tensorboard"])
+    board.Reload()
+    train = board.Scalars("loss/train")
+    assert train[-1].step == RESUMED_STEPS
+    assert train[-1].value == pytest.approx(report["final_train_loss"], rel=1e-4)
 
 
 ELASTIC_CKPT_EVERY = 10  # the issue's interval for the recovery figure (BENCHMARKS, issue 17)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 import time
@@ -19,7 +21,9 @@ from pathlib import Path
 import pytest
 
 from provision import inventory, resources
-from provision.monitoring import gpu_collector
+from provision.launch import live
+from provision.monitoring import fleet, gpu_collector
+from provision.resources import render_template
 from provision.rules import monitoring
 from provision.validate import textfile
 from provision.validate.records import Finding, NodeResult
@@ -169,3 +173,76 @@ def test_monitoring_off_on_the_head_says_so(netns_hosts, tmp_path) -> None:
     result = _monitor(inv, "--once")
     assert result.returncode == 1
     assert "monitoring is off on the head (ns0" in result.stderr
+
+
+DASHBOARDS = Path(fleet.__file__).parent / "dashboards"
+LOCAL_FS = re.compile(r"ext4|xfs|btrfs")
+
+
+def _panel_queries() -> list[tuple[str, str, str]]:
+    """(dashboard, panel title, PromQL) of every panel, as Grafana would send it for node
+    ns1 over a 1-minute rate window."""
+    found = []
+    for path in sorted(DASHBOARDS.glob("*.json")):
+        board = json.loads(path.read_text())
+        for panel in board["panels"]:
+            for target in panel["targets"]:
+                expr = target["expr"].replace("$__rate_interval", "1m").replace("$node", "ns1")
+                found.append((path.stem, panel["title"], expr))
+    return found
+
+
+def test_every_dashboard_panel_returns_series_from_the_real_prometheus(monitored) -> None:
+    """Every panel of the three dashboards asked of the real Prometheus, fed by the real
+    writers: the node collector script (rendered for a temp directory, as the monitoring
+    step renders it), validate's verdicts, the trainer's live figures and the NVML
+    collector. Slurm's panel needs slurmctld and is asked on the testbed (e2e)."""
+    _, inv, tmp = monitored
+    now = time.time()
+    for host in ("ns0", "ns1"):
+        textfiles = tmp / f"textfile-{host}"
+        (tmp / f"stamp-{host}").write_text(f"{int(now) - 3600}\n")
+        script = render_template(
+            "monitoring/node-metrics.j2",
+            unit="provision-node-metrics",
+            every_s=60,
+            out=shlex.quote(str(textfiles / "provision_node.prom")),
+            site_glob=shlex.quote(str(tmp / "venv")) + "/lib/python3*/site-packages",
+            backups=True,
+            backup_stamp=shlex.quote(str(tmp / f"stamp-{host}")),
+            backup_timer=shlex.quote(str(tmp / f"stamp-{host}")),
+            schedule="daily",
+            mounts=[(shlex.quote(str(tmp)), shlex.quote(str(tmp)))],
+            slurm=False,
+            slurm_node=host,
+        )
+        subprocess.run(["sh", "-c", script], check=True, timeout=60)
+    finding = Finding("ns1", "ram_triad_gbs", "", 12.5, "GB/s", 10.0, "pass", "12.5 >= 10")
+    (tmp / "textfile-ns1" / "provision_validate.prom").write_text(
+        textfile.exposition(NodeResult("ns1", "pass", [finding]), now)
+    )
+    (tmp / "textfile-ns0" / "provision_train_train-x.prom").write_text(live.exposition("train-x", 12, 3.5, 900.0, now))
+    loaded = inventory.load(inv)
+    prometheus = fleet.Prometheus(loaded.node("ns0"))
+    has_local_fs = bool(LOCAL_FS.search(Path("/proc/1/mounts").read_text()))
+    try:
+        queries = [q for q in _panel_queries() if "provision_slurm" not in q[2]]
+        assert len(queries) >= 25
+        deadline = time.monotonic() + 60
+        while True:
+            empty = [q for q in queries if not prometheus.query(q[2])]
+            if not has_local_fs:  # no local filesystem of those types on this machine
+                empty = [q for q in empty if "fstype" not in q[2]]
+            if not empty or time.monotonic() > deadline:
+                break
+            time.sleep(2)
+        assert empty == []
+    finally:
+        prometheus.close()
+
+
+def test_the_training_dashboard_leaves_out_stale_runs_as_the_monitor_does() -> None:
+    board = json.loads((DASHBOARDS / "training.json").read_text())
+    train = [t["expr"] for p in board["panels"] for t in p["targets"] if "provision_train_" in t["expr"]]
+    assert train
+    assert all(e.endswith(monitoring.FRESH_TRAIN) for e in train)

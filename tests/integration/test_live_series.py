@@ -1,0 +1,82 @@
+"""The running job's figures for Prometheus (launch/live.py), written over a real SSH
+connection (loopback sshd) into a textfile directory: parsed from rank 0's lines, read
+by the real promtool, removed at the end; nothing written where
+the monitoring step has not run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from provision import remote
+from provision.inventory import SshTarget
+from provision.launch import live, logs
+from tests.helpers import loopback_sshd
+
+PROMTOOL = Path(sys.executable).parent / "promtool"
+
+
+@pytest.fixture(scope="module")
+def conn(tmp_path_factory):
+    server = loopback_sshd.start(tmp_path_factory.mktemp("sshd"))
+    c = remote.connection(SshTarget("127.0.0.1", server.port, "root", str(server.key), str(server.known_hosts), "yes"))
+    yield c
+    c.close()
+    server.stop()
+
+
+def _curves(*lines: str) -> logs.Curves:
+    curves = logs.Curves()
+    for line in lines:
+        curves.feed(line)
+    return curves
+
+
+def test_rank_0_s_figures_are_written_rewritten_and_removed(conn, tmp_path) -> None:
+    curves = _curves("step 7/20 | train loss 4.2500 | lr 3.00e-04 | 1234 tok/s | 80.0 ms")
+    series = live.LiveSeries("train-1-ab", {"n1": conn}, curves, clock=lambda: 1796500000.0, directory=str(tmp_path))
+    series.rank0_on = "n1"
+    series.publish()
+    path = tmp_path / "provision_train_train-1-ab.prom"
+    text = path.read_text()
+    assert 'provision_train_step{run="train-1-ab"} 7.0' in text
+    assert 'provision_train_loss{run="train-1-ab"} 4.25' in text
+    assert 'provision_train_tokens_per_second{run="train-1-ab"} 1234.0' in text
+    assert 'provision_train_updated_timestamp_seconds{run="train-1-ab"} 1796500000.0' in text
+    checked = subprocess.run([str(PROMTOOL), "check", "metrics"], input=text, capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert oct(path.stat().st_mode & 0o777) == "0o644"
+    # a new step is written over the file
+    curves.feed("step 8/20 | train loss 4.0000 | lr 3.00e-04 | 1300 tok/s | 80.0 ms")
+    series.publish()
+    assert 'provision_train_step{run="train-1-ab"} 8.0' in path.read_text()
+    series.stop()
+    assert not path.exists()
+
+
+def test_a_host_without_the_monitoring_step_gets_nothing(conn, tmp_path) -> None:
+    missing = tmp_path / "no-such-directory"
+    curves = _curves("step 1/2 | train loss 5.0000 | lr 1.00e-03 | 10 tok/s | 1.0 ms")
+    assert curves.train == [(1, 5.0)]
+    series = live.LiveSeries("train-2", {"n1": conn}, curves, directory=str(missing))
+    series.rank0_on = "n1"
+    series.publish()
+    assert series.failed == {}
+    assert series.written_on is None
+    assert not missing.exists()
+
+
+def test_before_rank_0_speaks_nothing_is_written(conn, tmp_path) -> None:
+    series = live.LiveSeries("train-3", {"n1": conn}, logs.Curves(), directory=str(tmp_path))
+    series.publish()
+    series.rank0_on = "n1"
+    series.publish()  # no step logged yet
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_run_id_that_is_not_a_file_name_is_refused() -> None:
+    with pytest.raises(ValueError, match="not a run id"):
+        live.path_for("../../etc/cron.d/x")
