@@ -27,10 +27,10 @@ WRITE_S = 15  # one write's deadline; a late one waits for the next round
 _RUN_ID = re.compile(r"[A-Za-z0-9._-]{1,80}")
 
 
-def path_for(run_id: str, directory: str = layout.TEXTFILE_DIR) -> str:
+def path_for(run_id: str) -> str:
     if not _RUN_ID.fullmatch(run_id):
         raise ValueError(f"not a run id for a file name: {run_id!r}")
-    return f"{directory}/provision_train_{run_id}.prom"
+    return f"{layout.TEXTFILE_DIR}/provision_train_{run_id}.prom"
 
 
 def exposition(run_id: str, step: int, loss: float, tokens_per_second: float | None, at: float) -> str:
@@ -59,10 +59,8 @@ class LiveSeries:
         curves: logs.Curves,
         every_s: float = layout.LIVE_EVERY_S,
         clock: Callable[[], float] = time.time,
-        directory: str = layout.TEXTFILE_DIR,
     ) -> None:
-        self.directory = directory
-        self.path = path_for(run_id, directory)
+        self.path = path_for(run_id)
         self.run_id, self.conns, self.curves = run_id, conns, curves
         self.every_s, self.clock = every_s, clock
         self.rank0_on: str | None = None
@@ -90,8 +88,7 @@ class LiveSeries:
         text = exposition(self.run_id, step, loss, rate, self.clock())
         if self.written_on not in (None, host):
             self._remove(self.written_on)
-        command = layout.write_command(self.path, text, self.directory)
-        done = remote.run_beside(self.conns[host], host, command, WRITE_S)
+        done = remote.run_beside(self.conns[host], host, layout.write_command(self.path, text), WRITE_S)
         if done.ok:
             self.written_on = host
             self.failed.pop(host, None)

@@ -141,16 +141,16 @@ def metric_name(name: str) -> str:
     return _UNSAFE_NAME.sub("_", name)
 
 
-def write_command(path: str, text: str, directory: str = TEXTFILE_DIR) -> str:
+def write_command(path: str, text: str) -> str:
     """A shell command that replaces ``path`` in TEXTFILE_DIR with ``text`` whole (a temp
     file beside it, then rename), so the exporter never reads half a file. Run as root.
     Exits NOT_MONITORED, writing nothing, on a host without the directory."""
     from shlex import quote
 
-    if not path.startswith(directory + "/") or "/" in path[len(directory) + 1 :]:
-        raise ValueError(f"{path} is not a file directly in {directory}")
+    if not path.startswith(TEXTFILE_DIR + "/") or "/" in path[len(TEXTFILE_DIR) + 1 :]:
+        raise ValueError(f"{path} is not a file directly in {TEXTFILE_DIR}")
     tmp = quote(f"{path}.tmp")
-    absent = f"test -d {quote(directory)} || exit {NOT_MONITORED}"
+    absent = f"test -d {quote(TEXTFILE_DIR)} || exit {NOT_MONITORED}"
     return f"{absent}; umask 022 && printf %s {quote(text)} > {tmp} && mv -f {tmp} {quote(path)}"
 
 

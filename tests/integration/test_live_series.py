@@ -14,6 +14,7 @@ import pytest
 from provision import remote
 from provision.inventory import SshTarget
 from provision.launch import live, logs
+from provision.rules import monitoring
 from tests.helpers import loopback_sshd
 
 PROMTOOL = Path(sys.executable).parent / "promtool"
@@ -35,12 +36,20 @@ def _curves(*lines: str) -> logs.Curves:
     return curves
 
 
-def test_rank_0_s_figures_are_written_rewritten_and_removed(conn, tmp_path) -> None:
+@pytest.fixture
+def textfiles(tmp_path, monkeypatch) -> Path:
+    """The textfile directory moved into the test's tmp_path (the hosts here are this
+    machine, over loopback SSH)."""
+    monkeypatch.setattr(monitoring, "TEXTFILE_DIR", str(tmp_path))
+    return tmp_path
+
+
+def test_rank_0_s_figures_are_written_rewritten_and_removed(conn, textfiles) -> None:
     curves = _curves("step 7/20 | train loss 4.2500 | lr 3.00e-04 | 1234 tok/s | 80.0 ms")
-    series = live.LiveSeries("train-1-ab", {"n1": conn}, curves, clock=lambda: 1796500000.0, directory=str(tmp_path))
+    series = live.LiveSeries("train-1-ab", {"n1": conn}, curves, clock=lambda: 1796500000.0)
     series.rank0_on = "n1"
     series.publish()
-    path = tmp_path / "provision_train_train-1-ab.prom"
+    path = textfiles / "provision_train_train-1-ab.prom"
     text = path.read_text()
     assert 'provision_train_step{run="train-1-ab"} 7.0' in text
     assert 'provision_train_loss{run="train-1-ab"} 4.25' in text
@@ -57,11 +66,12 @@ def test_rank_0_s_figures_are_written_rewritten_and_removed(conn, tmp_path) -> N
     assert not path.exists()
 
 
-def test_a_host_without_the_monitoring_step_gets_nothing(conn, tmp_path) -> None:
+def test_a_host_without_the_monitoring_step_gets_nothing(conn, tmp_path, monkeypatch) -> None:
     missing = tmp_path / "no-such-directory"
     curves = _curves("step 1/2 | train loss 5.0000 | lr 1.00e-03 | 10 tok/s | 1.0 ms")
     assert curves.train == [(1, 5.0)]
-    series = live.LiveSeries("train-2", {"n1": conn}, curves, directory=str(missing))
+    monkeypatch.setattr(monitoring, "TEXTFILE_DIR", str(missing))
+    series = live.LiveSeries("train-2", {"n1": conn}, curves)
     series.rank0_on = "n1"
     series.publish()
     assert series.failed == {}
@@ -69,12 +79,12 @@ def test_a_host_without_the_monitoring_step_gets_nothing(conn, tmp_path) -> None
     assert not missing.exists()
 
 
-def test_before_rank_0_speaks_nothing_is_written(conn, tmp_path) -> None:
-    series = live.LiveSeries("train-3", {"n1": conn}, logs.Curves(), directory=str(tmp_path))
+def test_before_rank_0_speaks_nothing_is_written(conn, textfiles) -> None:
+    series = live.LiveSeries("train-3", {"n1": conn}, logs.Curves())
     series.publish()
     series.rank0_on = "n1"
     series.publish()  # no step logged yet
-    assert list(tmp_path.iterdir()) == []
+    assert list(textfiles.iterdir()) == []
 
 
 def test_a_run_id_that_is_not_a_file_name_is_refused() -> None:
