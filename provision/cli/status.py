@@ -34,7 +34,8 @@ def status(
     host's row instead: OS and kernel, versions, reboot, mounts, last backup, last validate
     verdict, Slurm state, then each host's drift. Where Slurm runs, last: its node states
     counted, every node not idle, allocated or mixed with its reason (drained, down), and the
-    queue. Changes nothing.
+    queue. Changes nothing on the hosts but its own figures for Prometheus (each host's
+    drift count, in the monitoring step's textfile directory).
 
     Exit code 0 when every host is reachable and nothing drifted, 1 otherwise.
 
@@ -47,6 +48,7 @@ def status(
     with host_progress([n.name for n in cluster.nodes], enabled=not as_json) as progress:
         statuses = gather_status(cluster, on_event=progress)
     slurm = gather_slurm(cluster, statuses)
+    _publish(cluster, statuses)
     report = summary_lib.as_json(statuses, slurm)
     if as_json:
         print_json(report)
@@ -56,6 +58,18 @@ def status(
             print_slurm(slurm)
     if not report["ok"]:
         raise typer.Exit(EXIT_FAILED)
+
+
+def _publish(cluster: Any, statuses: list[HostStatus]) -> None:
+    """Each reachable host's drift count for Prometheus; a host that could not take it is
+    named on stderr and changes nothing else."""
+    import time
+
+    from provision.cli.console import err
+    from provision.status import textfile
+
+    for host, why in textfile.publish(cluster, statuses, time.time()).items():
+        err.print(f"[yellow]monitoring:[/] {safe(host)}: the drift count was not written for Prometheus: {safe(why)}")
 
 
 def print_status(statuses: list[HostStatus], every: bool) -> None:

@@ -56,12 +56,18 @@ def exposition(result: NodeResult, at: float) -> str:
 def publish(cluster: Cluster, results: list[NodeResult], at: float) -> dict[str, str]:
     """Write each judged node's series on it; returns host -> why not, for the hosts where
     a write failed (a host without monitoring is not one of them)."""
-    by_name = {r.node: r for r in results}
-    nodes = [n for n in cluster.nodes if n.name in by_name]
+    return write_each(cluster, FILE, {r.node: exposition(r, at) for r in results})
+
+
+def write_each(cluster: Cluster, path: str, texts: dict[str, str]) -> dict[str, str]:
+    """Write ``texts[host]`` to ``path`` (in the textfile directory) on each host named,
+    in parallel, each within WRITE_S; host -> why not where a write failed. A host without
+    the monitoring step (no textfile directory) is skipped, not failed. `provision status`
+    writes its drift counts through this too."""
+    nodes = [n for n in cluster.nodes if n.name in texts]
 
     def write(node: Node) -> str | None:
-        command = layout.write_command(FILE, exposition(by_name[node.name], at))
-        done = remote.run(node, command, timeout=WRITE_S)
+        done = remote.run(node, layout.write_command(path, texts[node.name]), timeout=WRITE_S)
         if done.ok or done.exited == layout.NOT_MONITORED:
             return None
         return (done.stderr.strip() or f"exit {done.exited}")[:300]

@@ -8,8 +8,10 @@ import sys
 from pathlib import Path
 
 from provision import inventory, remote
+from provision.rules import monitoring
 from provision.rules.frameworks import REMOTE_WHEELHOUSE
 from provision.settings import Settings
+from tests.e2e.prometheus_helpers import wait_until
 from tests.e2e.storage_helpers import cli, sh
 
 OTHER_NUMPY = "1.26.4"  # any release other than the pinned one; a real wheel from PyPI
@@ -75,6 +77,14 @@ def test_status_after_up_is_clean_then_names_a_hand_changed_package(provisioned,
             ("numpy", installed, OTHER_NUMPY)
         ]
         assert all(h["drift"] == [] for name, h in hosts.items() if name != victim.name)
+        # each host's drift count reached Prometheus on the head (status wrote it there)
+        head = monitoring.prometheus_node(cluster)
+        expected = {n.name: 1.0 if n.name == victim.name else 0.0 for n in cluster.nodes}
+
+        def counts(result: list[dict]) -> dict[str, float]:
+            return {s["metric"]["node"]: float(s["value"][1]) for s in result}
+
+        assert counts(wait_until(head, "provision_drift_items", lambda r: counts(r) == expected)) == expected
         # The table of the same drift is tested on loopback (test_facts_loopback): a third
         # status run here would cost a minute of TCG for the rendering alone.
     finally:

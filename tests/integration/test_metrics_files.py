@@ -15,6 +15,8 @@ import pynvml
 
 from provision.monitoring import gpu_collector
 from provision.resources import render_template
+from provision.status import textfile as status_textfile
+from provision.status.judge import Drift, HostStatus
 from provision.validate import textfile
 from provision.validate.records import Finding, NodeResult
 from tests.standins import nvml_from_captures as nvml
@@ -111,3 +113,10 @@ def test_validate_s_series_pass_promtool() -> None:
     assert 'provision_validate_value{metric="gpu_bf16_tflops",device="gpu1",unit="TFLOP/s"} 790.1' in text
     assert "nan" not in text.lower().replace("metric=", "")  # no NaN or Inf sample
     assert 'metric="odd\\"name\\\\"' in text
+
+
+def test_status_s_drift_count_passes_promtool() -> None:
+    drift = [Drift("numpy", "2.2.6", "1.26.4"), Drift("torch", "2.13.0", "2.12.0")]
+    text = status_textfile.exposition(HostStatus("n1", True, drift=drift), 1796500000.0)
+    _check(text)
+    assert "provision_drift_items 2\n" in text
