@@ -9,11 +9,12 @@ import json
 from pathlib import Path
 from shlex import quote
 
-from provision import inventory
+from provision import inventory, remote
 from provision.monitoring import fleet
 from provision.rules import monitoring
 from tests.e2e.prometheus_helpers import api, query, wait_for
 from tests.e2e.storage_helpers import cli, sh
+from tests.helpers import chromium, loopback_sshd
 
 
 def test_prometheus_scrapes_every_node_with_provision_s_series_and_rules(provisioned, testbed):
@@ -85,3 +86,38 @@ def test_monitor_once_json_shows_every_node_with_figures(provisioned, testbed):
     assert view["head"] == "node1"
     # exit 1 exactly when an alert fires or a node is down: none should be
     assert result.exit_code == (1 if view["alerts"] else 0), view["alerts"]
+
+
+def _coloured_pixels(png: Path) -> int:
+    """Pixels with a clear hue (a plotted line), not the page's greys and whites."""
+    from PIL import Image
+
+    with Image.open(png) as image:
+        return sum(1 for r, g, b in image.convert("RGB").getdata() if max(r, g, b) - min(r, g, b) > 80)
+
+
+def test_prometheus_graph_page_draws_a_node_metric(provisioned, testbed, tmp_path):
+    """Prometheus' own graph page, in headless Chromium here, through an SSH forward to
+    the head's cluster address (bound to 127.0.0.1 here): a node metric draws a line, which
+    a query with no series does not."""
+    head = monitoring.prometheus_node(inventory.load(testbed.inventory_path))
+    wait_for(head, "node_load1", len(testbed.nodes))
+    port = loopback_sshd.free_port()
+    conn = remote.connection(head)
+    pixels = {}
+    try:
+        with conn.forward_local(
+            local_port=port,
+            remote_port=monitoring.PROMETHEUS_PORT,
+            remote_host=head.cluster_address,
+            local_host="127.0.0.1",
+        ):
+            for name, expr in (("metric", "node_load1"), ("none", "provision_no_such_series")):
+                url = f"http://127.0.0.1:{port}/graph?g0.expr={expr}&g0.tab=0&g0.range_input=15m"
+                png = tmp_path / f"{name}.png"
+                chromium.screenshot(url, png, tmp_path / f"profile-{name}", script_ms=20000)
+                pixels[name] = _coloured_pixels(png)
+    finally:
+        conn.close()
+    print(pixels)
+    assert pixels["metric"] > pixels["none"] + 300, pixels  # two lines of a 1600-px-wide graph

@@ -9,9 +9,11 @@ from pathlib import Path
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
-def screenshot(page: Path, png: Path, profile: Path, timeout_s: float = 120) -> None:
-    """Open `page` and save its first 1600x1400 screen to `png`; `profile` is a fresh
-    directory (Chromium's user data, so runs do not share a cache)."""
+def screenshot(page: Path | str, png: Path, profile: Path, timeout_s: float = 120, script_ms: int = 0) -> None:
+    """Open `page` (a file, or a URL) and save its first 1600x1400 screen to `png`;
+    `profile` is a fresh directory (Chromium's user data, so runs do not share a cache).
+    ``script_ms``: virtual time the page's scripts get first (a page drawn by JavaScript
+    after its data arrives)."""
     if CHROMIUM is None:
         raise FileNotFoundError("chromium is not installed (apt-get install chromium)")
     subprocess.run(
@@ -28,7 +30,8 @@ def screenshot(page: Path, png: Path, profile: Path, timeout_s: float = 120) -> 
             "--hide-scrollbars",
             "--window-size=1600,1400",
             f"--screenshot={png}",
-            page.as_uri(),
+            *([f"--virtual-time-budget={script_ms}"] if script_ms else []),
+            page.as_uri() if isinstance(page, Path) else page,
         ],
         capture_output=True,
         text=True,
