@@ -106,6 +106,11 @@ def stages(paths: DemoPaths, nodes: int) -> list[Stage]:
             [str(rep / "validate.html"), str(rep / "validate.json"), str(rep / "validate.xml")],
         ),
         Stage(
+            "monitor",
+            "the fleet from Prometheus on the head (the monitoring step), once",
+            ["monitor", inv, "--once"],
+        ),
+        Stage(
             "train",
             f"the reference DDP trainer across {nodes} nodes, checkpoints on NFS",
             ["train", inv, "--steps", "40"],

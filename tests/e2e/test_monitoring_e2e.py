@@ -6,10 +6,12 @@ collectors; the exporter listens on the cluster address only, never the manageme
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from shlex import quote
 
 from provision import inventory, remote
+from provision.demo.stages import DemoPaths, stages
 from provision.monitoring import fleet
 from provision.rules import monitoring
 from tests.e2e.prometheus_helpers import api, query, wait_for
@@ -70,9 +72,16 @@ def test_the_exporter_listens_on_the_cluster_address_only(provisioned, testbed):
     assert int(sh(head, f"python3 -c {quote(code)}")) > 1000
 
 
-def test_monitor_once_json_shows_every_node_with_figures(provisioned, testbed):
+def test_monitor_once_json_shows_every_node_with_figures(provisioned, testbed, tmp_path):
     """The monitor's own path: the head's SSH connection, a channel to Prometheus on the
-    head's cluster address, every node with its figures."""
+    head's cluster address, every node with its figures; and the demo's monitor stage, its
+    argv taken from provision.demo.stages, exits 0 with every node up in its table."""
+    paths = DemoPaths(tmp_path / "demo", testbed.inventory_path)
+    (argv,) = [s.argv for s in stages(paths, len(testbed.nodes)) if s.name == "monitor"]
+    demo = cli(*argv, timeout_s=300)
+    assert demo.exit_code == 0, demo.stdout + demo.stderr
+    for node in testbed.nodes:
+        assert re.search(rf"{node.name}\s*[│|]\s*up\b", demo.stdout), demo.stdout  # unicode or ASCII box
     result = cli("monitor", str(testbed.inventory_path), "--once", "--json", timeout_s=300)
     view = result.json()
     nodes = {n["name"]: n for n in view["nodes"]}

@@ -39,6 +39,7 @@ def test_runs_every_stage_in_order(tmp_path):
         "up",
         "verify",
         "validate",
+        "monitor",
         "train",
         "backup run",
         "backup restore",
@@ -52,6 +53,7 @@ def test_failed_stage_stops_the_pipeline_and_exits_1(tmp_path):
     assert code == 1
     assert names(results)[3:] == [
         ("validate", "failed"),
+        ("monitor", "not run"),
         ("train", "not run"),
         ("backup", "not run"),
         ("restore", "not run"),
