@@ -83,6 +83,7 @@ def node_collector(node: Node, cluster: Cluster) -> str:
         schedule=quote(s.backup_schedule),
         # each share's path, and the same escaped as a label value (rendered here, not in sh)
         mounts=[(quote(p), quote(layout.label_value(p))) for p in shares_layout.mount_paths(s)] if shares else [],
+        nfs_server=storage is not None and storage.name == node.name,
         slurm=s.slurm != "skip",
         slurm_node=quote(node.name),
     )

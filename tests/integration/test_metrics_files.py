@@ -40,6 +40,7 @@ def _collector(tmp_path: Path, **changes: object) -> str:
         "backup_timer": quote(str(tmp_path / "timer")),
         "schedule": "daily",
         "mounts": [(quote(str(tmp_path / 'not an "nfs" mount')), quote(f'{tmp_path}/not an \\"nfs\\" mount'))],
+        "nfs_server": False,
         "slurm": True,
         "slurm_node": "n1",
     }
@@ -120,3 +121,15 @@ def test_status_s_drift_count_passes_promtool() -> None:
     text = status_textfile.exposition(HostStatus("n1", True, drift=drift), 1796500000.0)
     _check(text)
     assert "provision_drift_items 2\n" in text
+
+
+def test_on_the_nfs_server_a_share_counts_when_it_is_on_a_mounted_volume(tmp_path: Path) -> None:
+    """The storage host sees its shares through its own volume (the bind of the export
+    root), not over NFS: a share on a mounted filesystem counts (/proc stands in for the
+    volume here, a mount point on every Linux machine), one on the root filesystem does
+    not (the volume is not mounted, and nfsd waits for it)."""
+    (tmp_path / "timer").write_text("")
+    mounts = [(quote("/proc"), quote("/proc")), (quote("/etc"), quote("/etc"))]
+    series = _run(tmp_path, _collector(tmp_path, mounts=mounts, nfs_server=True, slurm=False))
+    assert series['provision_nfs_mount_present{path="/proc"}'] == 1
+    assert series['provision_nfs_mount_present{path="/etc"}'] == 0

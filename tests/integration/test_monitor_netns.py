@@ -213,6 +213,7 @@ def test_every_dashboard_panel_returns_series_from_the_real_prometheus(monitored
             backup_timer=shlex.quote(str(tmp / f"stamp-{host}")),
             schedule="daily",
             mounts=[(shlex.quote(str(tmp)), shlex.quote(str(tmp)))],
+            nfs_server=False,
             slurm=False,
             slurm_node=host,
         )

@@ -126,3 +126,16 @@ def test_write_command_refuses_a_path_outside_the_textfile_directory() -> None:
             layout.write_command(bad, "x 1\n")
     command = layout.write_command(f"{layout.TEXTFILE_DIR}/provision_validate.prom", "a 1\n'; rm -rf /\n")
     assert "'a 1\n'\"'\"'; rm -rf /\n'" in command
+
+
+def test_the_storage_host_checks_its_shares_on_its_volume_the_others_over_nfs(tmp_path: Path) -> None:
+    """Seen on the testbed: the storage host's shares are a bind of its volume, never NFS
+    mounts; checked as NFS they read as missing and NfsMountMissing fired there."""
+    storage, client = node("n1", ("storage",)), node("n2")
+    cluster = _cluster(tmp_path, storage, client)
+    server_script = monitoring.node_collector(storage, cluster)
+    client_script = monitoring.node_collector(client, cluster)
+    assert "findmnt -n -o TARGET -T" in server_script
+    assert "-t nfs,nfs4" not in server_script
+    assert "findmnt -n -t nfs,nfs4 -M" in client_script
+    assert "  mounted /shared/datasets /shared/datasets\n" in client_script
