@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -247,3 +248,21 @@ def test_the_training_dashboard_leaves_out_stale_runs_as_the_monitor_does() -> N
     train = [t["expr"] for p in board["panels"] for t in p["targets"] if "provision_train_" in t["expr"]]
     assert train
     assert all(e.endswith(monitoring.FRESH_TRAIN) for e in train)
+
+
+def test_off_a_terminal_the_monitor_prints_a_block_per_read_until_ctrl_c(monitored) -> None:
+    _, inv, _ = monitored
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "provision", "monitor", str(inv), "--interval", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        time.sleep(8)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert out.count("fleet from Prometheus on ns0") >= 2, out
+    assert "Traceback" not in err
