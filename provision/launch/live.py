@@ -100,6 +100,10 @@ class LiveSeries:
             remote.run_beside(self.conns[host], host, f"rm -f {quote(self.path)}", WRITE_S)
         self.written_on = None
 
+    def halt(self) -> None:
+        """No new write from here on (one in flight ends within its deadline)."""
+        self._stop.set()
+
     def stop(self, unreachable: Collection[str] = ()) -> None:
         """End the loop and remove the file, unless its host is gone (its figures then go
         stale and drop out of the views by their update time)."""

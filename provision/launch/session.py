@@ -367,8 +367,7 @@ class Supervisor:
             with self._closing:  # no node is started again from here on
                 self._watching = False
             mon.stop()
-            gone = set(self._silent) | {e.host for e in self.out.losses}
-            self.live.stop(unreachable=gone)
+            self.live.halt()  # no new write; the file goes once the hosts are clean (below)
         for work in self._loss_work.values():  # a late loss reaper must not race the end's own
             work.join(timeout=JOIN_S)
         if self.out.failure:
@@ -381,6 +380,9 @@ class Supervisor:
                 self.out.ends.setdefault(host, end)
         if not self.out.failure:
             self._check_clean()
+        # After the teardown, never before it: a write in flight to a lost host may take
+        # its whole deadline, and the others' teardown must not wait for it.
+        self.live.stop(unreachable=set(self._silent) | {e.host for e in self.out.losses})
         self._blame()
         self.out.samples = mon.series
         return self.out
