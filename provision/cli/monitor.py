@@ -17,6 +17,7 @@ from provision import remote
 from provision.cli.console import err, out, print_json, safe
 from provision.cli.options import InventoryArg
 from provision.errors import EXIT_FAILED
+from provision.rules import monitoring as layout
 
 if TYPE_CHECKING:
     from provision.inventory import Cluster
@@ -43,9 +44,11 @@ def monitor(
     """
     from provision.monitoring import fleet
 
-    cluster = inventory_lib.load(inventory)
+    whole = inventory_lib.load(inventory)
+    # hosts with monitoring = false have no exporter: not shown, and not called down
+    cluster = whole.part(layout.monitored(whole))
     try:
-        head = fleet.head_of(cluster)
+        head = fleet.head_of(whole)
         prometheus = fleet.Prometheus(head)
     except fleet.MonitorError as e:
         _fail(str(e))

@@ -24,6 +24,7 @@ from provision import remote
 MAX_FILE_BYTES = 64 * 2**20
 MAX_FILES = 1000
 ARCHIVE_CAP = 128 * 2**20  # the gzip stream, before base64
+MAX_TOTAL_BYTES = 1024 * 2**20  # all files unpacked here, whatever the stream's size
 FETCH_S = 120
 _NAME = re.compile(r"(?:hparams/)?events\.out\.tfevents\.[A-Za-z0-9._-]{1,200}")
 
@@ -47,12 +48,18 @@ def unpack(encoded: str, dest: Path) -> tuple[list[str], str | None]:
         return [], "the copy was not base64"
     written: list[str] = []
     note = None
+    total = 0
     try:
         with tarfile.open(fileobj=io.BytesIO(raw), mode="r:gz") as archive:
             for member in archive:
                 name = member.name.removeprefix("./")
                 if not member.isreg() or not _NAME.fullmatch(name) or member.size > MAX_FILE_BYTES:
                     continue
+                # The node's limits again here: sparse files compress to nothing on the way.
+                total += member.size
+                if len(written) >= MAX_FILES or total > MAX_TOTAL_BYTES:
+                    note = f"the events stop at {len(written)} file(s): more than this copy keeps"
+                    break
                 source = archive.extractfile(member)
                 if source is None:
                     continue

@@ -48,6 +48,11 @@ def exposition(run_id: str, step: int, loss: float, tokens_per_second: float | N
     return "\n".join(lines) + "\n"
 
 
+def _as_root(conn: Any, command: str) -> str:
+    """The textfile directory is root's: through sudo unless the run's SSH user is root."""
+    return command if getattr(conn, "user", "root") == "root" else f"sudo -n sh -c {quote(command)}"
+
+
 class LiveSeries:
     """Follows rank 0 (``rank0_on``: the host its lines come from, which an elastic run
     may move) and keeps its figures in that host's textfile directory until stop()."""
@@ -80,15 +85,17 @@ class LiveSeries:
         """Write the latest figures on rank 0's host (and remove the file from the host
         rank 0 left)."""
         host = self.rank0_on
-        if host is None or not self.curves.train or host not in self.conns:
+        # The stream threads replace these lists on a restart (logs.Curves.feed): each is
+        # read once here, then only the copy is used.
+        train, rates = self.curves.train, self.curves.tokens_per_s
+        if host is None or not train or host not in self.conns:
             return
-        step, loss = self.curves.train[-1]
-        rates = self.curves.tokens_per_s
+        step, loss = train[-1]
         rate = rates[-1][1] if rates and rates[-1][0] == step else None
-        text = exposition(self.run_id, step, loss, rate, self.clock())
+        write = layout.write_command(self.path, exposition(self.run_id, step, loss, rate, self.clock()))
         if self.written_on not in (None, host):
             self._remove(self.written_on)
-        done = remote.run_beside(self.conns[host], host, layout.write_command(self.path, text), WRITE_S)
+        done = remote.run_beside(self.conns[host], host, _as_root(self.conns[host], write), WRITE_S)
         if done.ok:
             self.written_on = host
             self.failed.pop(host, None)
@@ -97,7 +104,7 @@ class LiveSeries:
 
     def _remove(self, host: str) -> None:
         if host in self.conns:
-            remote.run_beside(self.conns[host], host, f"rm -f {quote(self.path)}", WRITE_S)
+            remote.run_beside(self.conns[host], host, _as_root(self.conns[host], f"rm -f {quote(self.path)}"), WRITE_S)
         self.written_on = None
 
     def halt(self) -> None:

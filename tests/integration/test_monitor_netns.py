@@ -266,3 +266,15 @@ def test_off_a_terminal_the_monitor_prints_a_block_per_read_until_ctrl_c(monitor
     assert proc.returncode == 0, err
     assert out.count("fleet from Prometheus on ns0") >= 2, out
     assert "Traceback" not in err
+
+
+def test_a_host_with_monitoring_off_is_left_out_not_called_down(monitored, tmp_path) -> None:
+    cluster, _, _ = monitored
+    hosts = [
+        (h.name, {**cluster.host_data(h), **({"monitoring": False} if h.name == "ns1" else {})}) for h in cluster.hosts
+    ]
+    inv = tmp_path / "inv.py"
+    inv.write_text(f"nodes = {hosts!r}\n")
+    result = _monitor(inv, "--once", "--json")
+    assert result.returncode == 0, result.stderr
+    assert [n["name"] for n in json.loads(result.stdout)["nodes"]] == ["ns0"]
