@@ -21,6 +21,7 @@ from provision.rules import monitoring as layout
 
 if TYPE_CHECKING:
     from provision.inventory import Cluster
+    from provision.launch.session import StopRequest
     from provision.monitoring.fleet import FleetView, Prometheus
 
 
@@ -86,23 +87,35 @@ def _fail(message: str) -> NoReturn:
 
 
 def _watch(cluster: Cluster, prometheus: Prometheus, interval: float, as_json: bool) -> None:
+    """Read and show every ``interval`` seconds until Ctrl-C or SIGTERM. The signals only
+    set a flag, checked between reads and every 0.2 s of the wait: the SSH threads are
+    gevent greenlets here, and a KeyboardInterrupt raised in one of them would be dropped
+    by gevent's hub, leaving the monitor running (launch.session.stop_signals)."""
+    from provision.launch.session import stop_signals
+
     live = sys.stdout.isatty() and not as_json
-    try:
+    with stop_signals() as stop:
         if live:
             with Live(render(_read(cluster, prometheus)), console=out, auto_refresh=False) as screen:
-                while True:
-                    time.sleep(interval)
+                while _wait(stop, interval):
                     screen.update(render(_read(cluster, prometheus)), refresh=True)
-        while True:  # off a terminal: one block per read, so a log shows every one
+            return
+        while stop.why is None:  # off a terminal: one block per read, so a log shows every one
             view = _read(cluster, prometheus)
             if as_json:
                 print_json(view.as_json())
             else:
                 out.print(render(view))
             sys.stdout.flush()
-            time.sleep(interval)
-    except KeyboardInterrupt:
-        return
+            _wait(stop, interval)
+
+
+def _wait(stop: StopRequest, seconds: float) -> bool:
+    """Sleep ``seconds`` unless a stop is asked for; whether to go on."""
+    deadline = time.monotonic() + seconds
+    while stop.why is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return stop.why is None
 
 
 def _pct(value: float | None) -> str:
