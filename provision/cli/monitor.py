@@ -82,7 +82,7 @@ def _read(cluster: Cluster, prometheus: Prometheus) -> FleetView:
 
 
 def _fail(message: str) -> NoReturn:
-    err.print(f"[red]monitor[/]: {safe(message)}")
+    err.print(f"[red]monitor[/]: {safe(message)}", soft_wrap=True)  # one line, whatever the width
     raise typer.Exit(EXIT_FAILED)
 
 
