@@ -14,6 +14,10 @@ are the idle fleet's, i.e. what monitoring adds.
   window's start and end.
 - The node collector (a oneshot, every 60 s): each run's "Consumed ... CPU time" line in
   the journal within the window (systemd's per-run accounting).
+- The host: each VM's qemu CPU time (utime + stime, /proc/PID/stat) over the window, then
+  over a second window of the same length with the monitoring units stopped on every node:
+  the ratio is what monitoring costs the machine that runs the testbed (TCG), measured
+  against a reference in the same run.
 - Disk: the growth of Prometheus' data directory (WAL and blocks) over the window, per
   node scraped, times 86400 / window. A 10-minute window sees the WAL only; blocks
   compacted from it are smaller (Prometheus' documentation: 1-2 bytes a sample), so this
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import tempfile
@@ -66,8 +71,20 @@ def _usage(node, units: tuple[str, ...]) -> dict[str, float]:
             usage[unit] = int(value) / 1e9 if value.isdigit() else 0.0
     cpu = next(line for line in lines if line.startswith("cpu "))
     ticks = int(lines[-1])
-    usage["node_total"] = sum(int(v) for v in cpu.split()[1:8]) / ticks
+    # busy time: user nice system irq softirq steal (idle and iowait are not CPU spent)
+    fields = [int(v) for v in cpu.split()[1:9]]
+    usage["node_total"] = (sum(fields) - fields[3] - fields[4]) / ticks
     return usage
+
+
+def _qemu_cpu_s(pids: list[int]) -> float:
+    """CPU seconds the VMs' qemu processes have used so far, on this host."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / ticks
 
 
 def _data_bytes(head) -> int:
@@ -134,6 +151,29 @@ def main() -> int:
                 "samples_per_node_per_day": round((samples_after - samples_before) * per_day),
             }
             print(json.dumps(disk), flush=True)
+            # The host's reference: the same VMs, the same length of window, monitoring stopped.
+            pids = [n.pid for n in tb.status() if n.pid]
+            host_on = _qemu_cpu_s(pids)
+            time.sleep(args.window_s)
+            host_on = _qemu_cpu_s(pids) - host_on
+            stop = " ".join(
+                [f"{monitoring.NODE_COLLECTOR_UNIT}.timer", f"{monitoring.GPU_COLLECTOR_UNIT}.timer", *LONG_RUNNING]
+            )
+            for node in cluster.nodes:
+                sh(node, f"systemctl stop {stop} 2>/dev/null || true")
+            time.sleep(30)  # a collector run under way ends
+            host_off = _qemu_cpu_s(pids)
+            time.sleep(args.window_s)
+            host_off = _qemu_cpu_s(pids) - host_off
+            host = {
+                "window_s": args.window_s,
+                "host_cpu_s_monitoring_on": round(host_on, 1),
+                "host_cpu_s_monitoring_off": round(host_off, 1),
+                "host_cores_on": round(host_on / args.window_s, 3),
+                "host_cores_off": round(host_off / args.window_s, 3),
+                "on_over_off": round(host_on / max(host_off, 1e-9), 2),
+            }
+            print(json.dumps(host), flush=True)
         finally:
             tb.down()
     return 0

@@ -384,12 +384,15 @@ def http_get(conn: Any, host: str, address: str, port: int, path: str, timeout: 
     if "\r" in path or "\n" in path or not path.startswith("/"):
         raise ValueError(f"not a request path: {path!r}")
 
+    opened: list[Any] = []  # the channel, for the deadline to close: the wait ends with it
+
     def ask() -> bytes:
         if not conn.is_connected:
             conn.open()
         channel = conn.client.get_transport().open_channel(
             "direct-tcpip", (address, port), ("127.0.0.1", 0), timeout=timeout
         )
+        opened.append(channel)
         try:
             channel.settimeout(timeout)
             channel.sendall(f"GET {path} HTTP/1.0\r\nHost: {address}:{port}\r\nConnection: close\r\n\r\n".encode())
@@ -405,7 +408,7 @@ def http_get(conn: Any, host: str, address: str, port: int, path: str, timeout: 
 
     where = f"{host} ({address}:{port})"
     try:
-        raw = _within(ask, timeout, on_timeout=lambda: None, what=f"GET {path}")
+        raw = _within(ask, timeout, on_timeout=lambda: [c.close() for c in opened], what=f"GET {path}")
     except RemoteError as e:
         raise RemoteError(f"{where}: {e}") from e
     head, _, body = raw.partition(b"\r\n\r\n")

@@ -76,6 +76,7 @@ def node_collector(node: Node, cluster: Cluster) -> str:
         unit=layout.NODE_COLLECTOR_UNIT,
         every_s=layout.NODE_COLLECTOR_EVERY_S,
         out=quote(f"{layout.TEXTFILE_DIR}/provision_node.prom"),
+        cache=quote(layout.NODE_COLLECTOR_CACHE),
         site_glob=f"{quote(s.venv_path)}/lib/python3*/site-packages",
         backups=backs_up,
         backup_stamp=quote(BACKUP_STAMP),

@@ -45,6 +45,9 @@ STORAGE = "/var/lib/prometheus/metrics2"  # the package's own data directory
 NODE_COLLECTOR = "/usr/local/libexec/provision-node-metrics"
 NODE_COLLECTOR_UNIT = "provision-node-metrics"  # .service and .timer
 NODE_COLLECTOR_EVERY_S = 60
+# What the node collector computes only when its input changes (the backup schedule's
+# interval): root's, beside the textfile directory, never read by the exporter.
+NODE_COLLECTOR_CACHE = "/var/lib/provision/node-metrics.cache"
 GPU_COLLECTOR = "/usr/local/libexec/provision-gpu-metrics.py"
 GPU_COLLECTOR_UNIT = "provision-gpu-metrics"
 GPU_COLLECTOR_EVERY_S = 30

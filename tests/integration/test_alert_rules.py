@@ -167,6 +167,32 @@ def test_alert(
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_collector_stale_fires_on_a_full_path_in_the_file_label(tmp_path: Path) -> None:
+    """Some node exporter releases put the file's whole path in the `file` label, others its
+    name (1.5, the testbed's): the rule matches both, and no other file."""
+    (tmp_path / "alerts.yml").write_text(RULES.read_text())
+    whole = f"{monitoring.TEXTFILE_DIR}/provision_gpu.prom"
+    labels = {"node": "n1", "file": whole, "severity": "warning"}
+    summary = f"n1: {whole} was not rewritten for 5 minutes"
+    other = f'node_textfile_mtime_seconds{{node="n1",file="{monitoring.TEXTFILE_DIR}/provision_gpuXprom"}}'
+    tests = {
+        "rule_files": ["alerts.yml"],
+        "evaluation_interval": "1m",
+        "tests": [
+            _case(
+                "CollectorStale",
+                {f'node_textfile_mtime_seconds{{node="n1",file="{whole}"}}': "0x20"},
+                "10m",
+                [{"exp_labels": labels, "exp_annotations": {"summary": summary}}],
+            ),
+            _case("CollectorStale", {other: "0x20"}, "10m", []),
+        ],
+    }
+    (tmp_path / "tests.yml").write_text(json.dumps(tests))
+    result = _promtool("test", "rules", "tests.yml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_the_generated_configuration_passes_promtool_and_scrapes_cluster_addresses(tmp_path: Path) -> None:
     cluster = Cluster(
         tmp_path / "inv.py",

@@ -34,6 +34,7 @@ def _collector(tmp_path: Path, **changes: object) -> str:
         "unit": "provision-node-metrics",
         "every_s": 60,
         "out": quote(str(tmp_path / "provision_node.prom")),
+        "cache": quote(str(tmp_path / "node-metrics.cache")),
         "site_glob": quote(str(tmp_path / "venv")) + "/lib/python3*/site-packages",
         "backups": True,
         "backup_stamp": quote(str(tmp_path / "stamp")),
@@ -50,7 +51,7 @@ def _collector(tmp_path: Path, **changes: object) -> str:
 def _run(tmp_path: Path, script: str) -> dict[str, float]:
     path = tmp_path / "collector"
     path.write_text(script)
-    subprocess.run(["sh", str(path)], check=True, timeout=60)
+    subprocess.run(["bash", str(path)], check=True, timeout=60)
     text = (tmp_path / "provision_node.prom").read_text()
     _check(text)
     return {

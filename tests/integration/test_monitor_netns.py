@@ -210,6 +210,7 @@ def test_every_dashboard_panel_returns_series_from_the_real_prometheus(monitored
             unit="provision-node-metrics",
             every_s=60,
             out=shlex.quote(str(textfiles / "provision_node.prom")),
+            cache=shlex.quote(str(tmp / f"cache-{host}")),
             site_glob=shlex.quote(str(tmp / "venv")) + "/lib/python3*/site-packages",
             backups=True,
             backup_stamp=shlex.quote(str(tmp / f"stamp-{host}")),
@@ -220,7 +221,7 @@ def test_every_dashboard_panel_returns_series_from_the_real_prometheus(monitored
             slurm=False,
             slurm_node=host,
         )
-        subprocess.run(["sh", "-c", script], check=True, timeout=60)
+        subprocess.run(["bash", "-c", script], check=True, timeout=60)
     finding = Finding("ns1", "ram_triad_gbs", "", 12.5, "GB/s", 10.0, "pass", "12.5 >= 10")
     (tmp / "textfile-ns1" / "provision_validate.prom").write_text(
         textfile.exposition(NodeResult("ns1", "pass", [finding]), now)

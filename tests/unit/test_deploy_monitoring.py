@@ -101,8 +101,8 @@ def test_the_node_collector_quotes_every_inventory_value(tmp_path: Path) -> None
         backup_schedule="*-*-* 02:00:00",
     )
     text = monitoring.node_collector(n1, _cluster(tmp_path, n1))
-    assert "  mounted '/shared/it'\"'\"'s/datasets' '/shared/it'\"'\"'s/datasets'\n" in text
-    assert "ls -d '/opt/v env'/lib/python3*/site-packages/torch-*.dist-info" in text
+    assert "  report '/shared/it'\"'\"'s/datasets' '/shared/it'\"'\"'s/datasets'\n" in text
+    assert "for dist in '/opt/v env'/lib/python3*/site-packages/torch-*.dist-info; do" in text
     assert "systemd-analyze calendar --iterations=2 -- '*-*-* 02:00:00'" in text
     assert "scontrol show node -o n1" in text
 
@@ -135,7 +135,10 @@ def test_the_storage_host_checks_its_shares_on_its_volume_the_others_over_nfs(tm
     cluster = _cluster(tmp_path, storage, client)
     server_script = monitoring.node_collector(storage, cluster)
     client_script = monitoring.node_collector(client, cluster)
-    assert "findmnt -n -o TARGET -T" in server_script
-    assert "-t nfs,nfs4" not in server_script
-    assert "findmnt -n -t nfs,nfs4 -M" in client_script
-    assert "  mounted /shared/datasets /shared/datasets\n" in client_script
+    # the server: the mount holding the share's directory; the clients: an NFS mount there,
+    # after one stat of every share (it mounts the automounted ones) within one deadline
+    assert "stat -f" not in server_script
+    assert "nfs | nfs4" not in server_script
+    assert "timeout -k 2 10 stat -f -- /shared/datasets /shared/checkpoints" in client_script
+    assert "nfs | nfs4) return 0" in client_script
+    assert "  report /shared/datasets /shared/datasets\n" in client_script
