@@ -25,22 +25,23 @@ from provision.rules import slurm
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 # What the captured H200 answered to the fact's query (tests/fixtures/gpu-facts_h200_580.159.04.txt).
 CAPTURED_DRIVER = re.search(r"^smi=(\S+)$", (FIXTURES / "gpu-facts_h200_580.159.04.txt").read_text(), re.M)[1]
+# Every program the script runs (and the nvidia-smi stand-in's sleep and cat), and no other:
+# one it starts that is not here fails the test.
 REAL_TOOLS = (
+    "sleep",
+    "cat",
     "bash",
     "sh",
-    "cat",
     "mv",
     "rm",
     "mkdir",
-    "sleep",
+    "mkfifo",
     "head",
     "tr",
     "grep",
-    "awk",
     "df",
     "stat",
     "mountpoint",
-    "findmnt",
     "logger",
     "printf",
     "flock",
