@@ -12,8 +12,10 @@ are the idle fleet's, i.e. what monitoring adds.
 
 - Long-running services (exporter, Prometheus): systemd's CPUUsageNSec of the unit at the
   window's start and end.
-- The node collector (a oneshot, every 60 s): each run's "Consumed ... CPU time" line in
-  the journal within the window (systemd's per-run accounting).
+- The node collector (a oneshot, every 60 s) and, beside it, the Slurm health check
+  (slurmd's, every 60 s): the median CPU time of three runs of each by hand as a
+  transient unit (systemd's per-cgroup accounting), after the window; the collector's
+  share of the window is that times the runs a window holds.
 - The host: each VM's qemu CPU time (utime + stime, /proc/PID/stat) over the window, then
   over a second window of the same length with the monitoring units stopped on every node:
   the ratio is what monitoring costs the machine that runs the testbed (TCG), measured
@@ -39,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from provision import inventory
 from provision.rules import monitoring
+from provision.rules import slurm as slurm_rules
 from provision.testbed import Testbed
 from tests.e2e import snapshot
 from tests.e2e.conftest import NODES, SHAPE, _wait_for_boot
@@ -49,32 +52,33 @@ LONG_RUNNING = ("prometheus-node-exporter.service", "prometheus.service")
 CONSUMED = re.compile(r"Consumed (?:(\d+)min )?(?:([\d.]+)s )?(?:(\d+)ms )?CPU time")
 
 
-def _consumed_s(line: str) -> float:
-    m = CONSUMED.search(line)
-    if not m:
-        return 0.0
-    minutes, seconds, millis = m.groups()
-    return 60 * float(minutes or 0) + float(seconds or 0) + float(millis or 0) / 1000
-
-
 def _usage(node, units: tuple[str, ...]) -> dict[str, float]:
-    """CPU seconds each unit has used so far (systemd's accounting), and the node's total."""
-    out = sh(node, "systemctl show -p Id -p CPUUsageNSec " + " ".join(units) + "; head -n1 /proc/stat; getconf CLK_TCK")
-    usage: dict[str, float] = {}
-    unit = None
-    lines = out.splitlines()
-    for line in lines:
-        if line.startswith("Id="):
-            unit = line[3:]
-        elif line.startswith("CPUUsageNSec=") and unit:
-            value = line.split("=", 1)[1]
-            usage[unit] = int(value) / 1e9 if value.isdigit() else 0.0
+    """CPU seconds each unit has used so far (systemd's accounting, one unit at a time: a
+    unit that is not there reads 0), and the node's busy CPU seconds."""
+    asks = "; ".join(f"systemctl show -p CPUUsageNSec --value {u}" for u in units)
+    lines = sh(node, f"{asks}; head -n1 /proc/stat; getconf CLK_TCK").splitlines()
+    usage = {u: int(v) / 1e9 if v.isdigit() else 0.0 for u, v in zip(units, lines, strict=False)}
     cpu = next(line for line in lines if line.startswith("cpu "))
     ticks = int(lines[-1])
     # busy time: user nice system irq softirq steal (idle and iowait are not CPU spent)
     fields = [int(v) for v in cpu.split()[1:9]]
     usage["node_total"] = (sum(fields) - fields[3] - fields[4]) / ticks
     return usage
+
+
+CONSUMED = re.compile(r"CPU time consumed: ([\d.]+)(ms|s|min)")
+
+
+def _per_run_cpu_s(node, program: str, runs: int = 3) -> float:
+    """The median CPU time of ``runs`` runs of ``program`` as a transient unit (systemd
+    counts every process of its cgroup, detached probes included)."""
+    seen = []
+    for _ in range(runs):
+        out = sh(node, f"systemd-run --wait -p CPUAccounting=yes {program} 2>&1 || true")
+        m = CONSUMED.search(out)
+        if m:
+            seen.append(float(m[1]) * {"ms": 1e-3, "s": 1.0, "min": 60.0}[m[2]])
+    return sorted(seen)[len(seen) // 2] if seen else float("nan")
 
 
 def _qemu_cpu_s(pids: list[int]) -> float:
@@ -109,7 +113,6 @@ def main() -> int:
             head = monitoring.prometheus_node(cluster)
             assert head is not None
             time.sleep(60)  # a scrape or two after boot before the window opens
-            since = sh(head, "date '+%Y-%m-%d %H:%M:%S'").strip()
             before = {n.name: _usage(n, LONG_RUNNING) for n in cluster.nodes}
             disk_before = _data_bytes(head)
             samples_before = float(query(head, "sum(prometheus_tsdb_head_samples_appended_total)")[0]["value"][1])
@@ -121,26 +124,22 @@ def main() -> int:
             samples_after = float(query(head, "sum(prometheus_tsdb_head_samples_appended_total)")[0]["value"][1])
             rows = []
             for node in cluster.nodes:
-                journal = sh(
-                    node,
-                    f"journalctl -u {monitoring.NODE_COLLECTOR_UNIT}.service --since '{since}' -o cat --no-pager "
-                    "| grep 'Consumed' || true",
-                )
-                collector = sum(_consumed_s(line) for line in journal.splitlines())
-                runs = len(journal.splitlines())
                 used = {u: after[node.name][u] - before[node.name][u] for u in after[node.name]}
+                collector = _per_run_cpu_s(node, monitoring.NODE_COLLECTOR)
+                health = _per_run_cpu_s(node, slurm_rules.HEALTH_PROGRAM)
                 row = {
                     "node": node.name,
                     "wall_s": round(wall, 1),
                     "exporter_cpu_s": round(used["prometheus-node-exporter.service"], 2),
-                    "collector_cpu_s": round(collector, 2),
-                    "collector_runs": runs,
-                    "prometheus_cpu_s": round(used.get("prometheus.service", 0.0), 2),
-                    "node_cpu_s": round(used["node_total"], 1),
+                    "prometheus_cpu_s": round(used["prometheus.service"], 2),
+                    "collector_cpu_s_per_run": round(collector, 3),
+                    "collector_cpu_s_in_window": round(collector * wall / monitoring.NODE_COLLECTOR_EVERY_S, 2),
+                    "slurm_health_cpu_s_per_run": round(health, 3),
+                    "node_busy_cpu_s": round(used["node_total"], 1),
                 }
-                monitored = row["exporter_cpu_s"] + row["collector_cpu_s"] + row["prometheus_cpu_s"]
+                monitored = row["exporter_cpu_s"] + row["collector_cpu_s_in_window"] + row["prometheus_cpu_s"]
                 row["monitoring_share_of_wall"] = round(monitored / wall, 5)
-                row["monitoring_share_of_node_cpu"] = round(monitored / max(row["node_cpu_s"], 1e-9), 4)
+                row["monitoring_share_of_node_busy_cpu"] = round(monitored / max(row["node_busy_cpu_s"], 1e-9), 4)
                 rows.append(row)
                 print(json.dumps(row), flush=True)
             per_day = 86400 / wall / len(cluster.nodes)
