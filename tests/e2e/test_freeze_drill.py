@@ -85,6 +85,7 @@ def _cli(args: list[str], env: dict[str, str]) -> subprocess.Popen:
     )
 
 
+@pytest.mark.takes_s(330)  # session 46's clean clone: 272 s
 def test_a_frozen_host_costs_each_command_its_deadline_and_names_it_while_the_other_is_reported(
     provisioned, testbed, tmp_path
 ):

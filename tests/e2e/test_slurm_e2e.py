@@ -11,6 +11,8 @@ import shlex
 import time
 from pathlib import Path
 
+import pytest
+
 from provision import inventory, remote
 from provision.rules import slurm as rules
 from provision.up import pipeline
@@ -151,6 +153,7 @@ def _unit(node, unit: str) -> list[str]:
     return sh(node, f"systemctl is-active {unit} || true; systemctl is-enabled {unit} || true").split()
 
 
+@pytest.mark.takes_s(660)  # CI's run of stop 46: 544 s
 def test_a_node_leaving_the_compute_nodes_is_drained_kept_while_its_job_runs_then_dropped_and_taken_back(
     provisioned, testbed
 ) -> None:

@@ -68,6 +68,7 @@ def trainer_processes(node, run_id: str) -> list[str]:
     return [line for line in out.splitlines() if line.strip() and "pgrep" not in line]
 
 
+@pytest.mark.takes_s(1300)  # CI's run of stop 42: 1,246 s
 @pytest.mark.destructive
 def test_two_vms_train_elastically_lose_one_and_a_slurm_resume_with_requeue_continues(provisioned, testbed, tmp_path):
     # One drill carries the training checks: under TCG every run of the trainer costs

@@ -89,6 +89,7 @@ def test_throttled_data_disk_is_flagged_on_its_node_and_drained_in_slurm_until_a
         remote.run(head, f"scontrol update NodeName={slow} State=RESUME", timeout=60)
 
 
+@pytest.mark.takes_s(420)  # session 46's clean clone: 359 s
 def test_validate_with_the_demos_flags_measures_every_group_within_its_deadline_and_says_no_gpu(
     provisioned, testbed, tmp_path
 ):

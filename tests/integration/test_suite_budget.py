@@ -9,22 +9,35 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _suite(tmp_path: Path, budget_s: str, require_all: str | None = None) -> subprocess.CompletedProcess[str]:
+ONE = "def test_due():\n    assert 1 + 1 == 2\n"
+
+
+def _suite(
+    tmp_path: Path,
+    budget_s: str,
+    require_all: str | None = None,
+    tests_text: str = ONE,
+    started_at: float | None = None,
+) -> subprocess.CompletedProcess[str]:
     tests = tmp_path / "tests"
     (tests / "e2e").mkdir(parents=True)
     shutil.copy(ROOT / "tests" / "conftest.py", tests / "conftest.py")
-    (tests / "e2e" / "test_one.py").write_text("def test_due():\n    assert 1 + 1 == 2\n")
-    env = {k: v for k, v in os.environ.items() if k != "PROVISION_TEST_REQUIRE_ALL"}  # the default, as CI has it
+    (tests / "e2e" / "test_one.py").write_text(tests_text)
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    takes_s(seconds): as in pyproject.toml\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PROVISION_TEST_REQUIRE_ALL", "PROVISION_SUITE_STARTED_AT")}
     env["PROVISION_TEST_BUDGET_S"] = budget_s
     if require_all is not None:
         env["PROVISION_TEST_REQUIRE_ALL"] = require_all
+    if started_at is not None:
+        env["PROVISION_SUITE_STARTED_AT"] = str(started_at)
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), "tests"],
+        [sys.executable, "-m", "pytest", "-ra", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), "tests"],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -53,3 +66,22 @@ def test_without_require_all_a_skip_for_time_is_named_and_the_run_passes(tmp_pat
     assert done.returncode == 0, done.stdout
     assert "NOT RUN: time budget" in done.stdout
     assert "tests/e2e/test_one.py::test_due" in done.stdout
+
+
+def test_a_test_that_would_end_past_the_limit_is_skipped_while_a_short_one_still_runs(tmp_path: Path) -> None:
+    """Each e2e test is held to what it can take (its takes_s mark, else 5 minutes): in an
+    hour's limit, a 58-minute test does not start, and the 5-minute one beside it runs."""
+    two = "import pytest\n\n\n@pytest.mark.takes_s(3480)\ndef test_long():\n    pass\n\n\n" + ONE
+    done = _suite(tmp_path, "3600", tests_text=two)
+    assert done.returncode == 1, done.stdout
+    assert "1 passed, 1 skipped" in done.stdout
+    assert "tests/e2e/test_one.py::test_long" in done.stdout.split("NOT RUN: time budget")[1]
+    assert "can take 58" in done.stdout
+
+
+def test_the_clock_starts_when_scripts_test_does(tmp_path: Path) -> None:
+    """scripts/test sets PROVISION_SUITE_STARTED_AT before its bootstrap: minutes the
+    bootstrap took count against CI's limit."""
+    done = _suite(tmp_path, "3600", started_at=time.time() - 3400)
+    assert done.returncode == 1, done.stdout
+    assert "the run has used 57 of its 60 minutes" in done.stdout
