@@ -49,12 +49,14 @@ def drop_in(binary: str, args: list[str]) -> str:
     )
 
 
-def timer_units(unit: str, command: str, every_s: int, timeout_s: int) -> dict[str, str]:
-    """A oneshot service and the timer that runs it every ``every_s`` seconds."""
+def timer_units(unit: str, command: str, every_s: int, timeout_s: int, stop_post: str = "") -> dict[str, str]:
+    """A oneshot service and the timer that runs it every ``every_s`` seconds; ``stop_post``
+    runs after every run, killed ones included (systemd's ExecStopPost)."""
+    after = f"ExecStopPost={stop_post}\n" if stop_post else ""
     return {
         f"/etc/systemd/system/{unit}.service": (
             "# Written by provision's monitoring step.\n[Unit]\nDescription=provision metrics: "
-            f"{unit}\n\n[Service]\nType=oneshot\nExecStart={command}\nTimeoutStartSec={timeout_s}\n"
+            f"{unit}\n\n[Service]\nType=oneshot\nExecStart={command}\n{after}TimeoutStartSec={timeout_s}\n"
             "Nice=10\n"
         ),
         f"/etc/systemd/system/{unit}.timer": (
@@ -99,12 +101,20 @@ def collector_units(node: Node, cluster: Cluster, gpus: bool) -> dict[str, str]:
     if gpus:
         units[layout.GPU_COLLECTOR] = Path(gpu_collector.__file__).read_text()
         python = posixpath.join(node.settings.venv_path, "bin", "python")
-        command = (
-            f"{python} -I {layout.GPU_COLLECTOR} --out {layout.TEXTFILE_DIR}/provision_gpu.prom "
-            f"--timeout-s {layout.GPU_COLLECTOR_TIMEOUT_S}"
+        collector = f"{python} -I {layout.GPU_COLLECTOR} --out {layout.TEXTFILE_DIR}/provision_gpu.prom"
+        # A pass blocked inside the driver ignores its own SIGALRM and is killed at the unit's
+        # deadline, which would leave the last pass's "up" in place: after a killed pass,
+        # NVML is written down. ($$: a literal $ for the shell, not systemd's expansion.)
+        down = (
+            '/bin/sh -c \'case "$$SERVICE_RESULT" in success | exit-code) ;; '
+            f'*) exec {collector} --down "pass killed: $$SERVICE_RESULT" ;; esac\''
         )
         units |= timer_units(
-            layout.GPU_COLLECTOR_UNIT, command, layout.GPU_COLLECTOR_EVERY_S, layout.GPU_COLLECTOR_TIMEOUT_S + 10
+            layout.GPU_COLLECTOR_UNIT,
+            f"{collector} --timeout-s {layout.GPU_COLLECTOR_TIMEOUT_S}",
+            layout.GPU_COLLECTOR_EVERY_S,
+            layout.GPU_COLLECTOR_TIMEOUT_S + 10,
+            stop_post=down,
         )
     return units
 

@@ -24,26 +24,21 @@ BACKUP_SERVICE = "provision-backup.service"
 # at a reboot, so `status` would call a host that backed up an hour ago "never".
 BACKUP_STAMP = "/var/lib/provision/backup-last-success"
 
+# The venv's versions from its installed distributions' metadata, not by importing them:
+# importing torch takes seconds on a GPU node and minutes on an emulated one, and status
+# asks every host. torch's NCCL is the nvidia-nccl-cu* wheel its CUDA builds load.
 _VENV_PROBE = (
     "import json\n"
+    "from importlib import metadata\n"
     "out = {}\n"
-    "try:\n"
-    "    import torch\n"
-    "    out['torch'] = torch.__version__\n"
-    "    if torch.cuda.is_available():\n"
-    "        out['nccl'] = '.'.join(map(str, torch.cuda.nccl.version()))\n"
-    "except Exception as e:\n"
-    "    out['torch_error'] = type(e).__name__\n"
-    "try:\n"
-    "    import numpy\n"
-    "    out['numpy'] = numpy.__version__\n"
-    "except Exception:\n"
-    "    pass\n"
-    "try:\n"
-    "    from importlib.metadata import version\n"
-    "    out['nvidia-ml-py'] = version('nvidia-ml-py')\n"
-    "except Exception:\n"
-    "    pass\n"
+    "for name in ('torch', 'numpy', 'nvidia-ml-py'):\n"
+    "    try:\n"
+    "        out[name] = metadata.version(name)\n"
+    "    except Exception:\n"
+    "        pass\n"
+    "for dist in metadata.distributions():\n"
+    "    if (dist.metadata['Name'] or '').lower().startswith('nvidia-nccl-cu'):\n"
+    "        out['nccl'] = dist.version\n"
     "print('venv=' + json.dumps(out))\n"
 )
 

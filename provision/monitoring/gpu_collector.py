@@ -184,7 +184,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="the .prom file to write")
     parser.add_argument("--timeout-s", type=int, default=40, help="one pass's deadline")
+    parser.add_argument(
+        "--down",
+        metavar="REASON",
+        help="write NVML as down and ask nothing (systemd's ExecStopPost, when the pass was killed: "
+        "SIGALRM cannot end a call blocked inside the driver, and systemd's deadline then kills the pass)",
+    )
     args = parser.parse_args(argv)
+    if args.down:
+        write(args.out, exposition([], args.down))
+        print(f"NVML down: {args.down}", file=sys.stderr)
+        return 0
     import pynvml
 
     def expire(signum: int, frame: Any) -> None:

@@ -5,6 +5,8 @@ the NVML collector's output over the captured-GPU stand-in."""
 
 from __future__ import annotations
 
+import re
+import shlex
 import subprocess
 import sys
 import time
@@ -13,12 +15,16 @@ from shlex import quote
 
 import pynvml
 
+from provision.deploys import monitoring as monitoring_deploy
+from provision.inventory import Cluster
 from provision.monitoring import gpu_collector
 from provision.resources import render_template
+from provision.rules import monitoring as monitoring_layout
 from provision.status import textfile as status_textfile
 from provision.status.judge import Drift, HostStatus
 from provision.validate import textfile
 from provision.validate.records import Finding, NodeResult
+from tests.helpers.deploy_facts import node
 from tests.standins import nvml_from_captures as nvml
 
 PROMTOOL = Path(sys.executable).parent / "promtool"
@@ -134,3 +140,22 @@ def test_on_the_nfs_server_a_share_counts_when_it_is_on_a_mounted_volume(tmp_pat
     series = _run(tmp_path, _collector(tmp_path, mounts=mounts, nfs_server=True, slurm=False))
     assert series['provision_nfs_mount_present{path="/proc"}'] == 1
     assert series['provision_nfs_mount_present{path="/etc"}'] == 0
+
+
+def test_a_killed_gpu_pass_is_followed_by_nvml_down_and_a_finished_one_is_not(tmp_path: Path) -> None:
+    """The GPU unit's ExecStopPost, run as systemd runs it (its $$ made $, SERVICE_RESULT set)
+    with this machine's python and the collector's own file: after a pass killed at the
+    unit's deadline the file says NVML is down; after a pass that ended, it is left alone."""
+    gpu = node("g1", ("gpu_nodes",), venv_path=str(Path(sys.executable).parent.parent))
+    units = monitoring_deploy.collector_units(gpu, Cluster(tmp_path / "inv.py", (gpu,)), gpus=True)
+    service = units[f"/etc/systemd/system/{monitoring_layout.GPU_COLLECTOR_UNIT}.service"]
+    (line,) = re.findall(r"^ExecStopPost=(.*)$", service, re.M)
+    out = tmp_path / "provision_gpu.prom"
+    line = line.replace("$$", "$").replace(monitoring_layout.GPU_COLLECTOR, gpu_collector.__file__)
+    line = line.replace(f"{monitoring_layout.TEXTFILE_DIR}/provision_gpu.prom", str(out))
+    argv = shlex.split(line)  # systemd's own word splitting follows the same quotes
+    for result in ("success", "exit-code"):
+        subprocess.run(argv, env={"SERVICE_RESULT": result}, check=True, timeout=60)
+        assert not out.exists()
+    subprocess.run(argv, env={"SERVICE_RESULT": "timeout"}, check=True, timeout=60)
+    assert "provision_gpu_nvml_up 0\n" in out.read_text()
