@@ -33,18 +33,16 @@ import json
 import os
 import re
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import snapshot_testbed
+
 from provision import inventory
 from provision.rules import monitoring
 from provision.rules import slurm as slurm_rules
-from provision.testbed import Testbed
-from tests.e2e import snapshot
-from tests.e2e.conftest import NODES, SHAPE, _wait_for_boot
 from tests.e2e.prometheus_helpers import query
 from tests.e2e.storage_helpers import sh
 
@@ -99,82 +97,71 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--window-s", type=float, default=600, help="seconds measured")
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory(prefix="monitoring-overhead-") as tmp:
-        root = Path(tmp)
-        inv = root / "inventories" / "testbed.py"
-        tb = Testbed(root / "state", inventory_path=inv)
-        names = [f"node{i}" for i in range(1, NODES + 1)]
-        if snapshot.restore(tb, snapshot.key(tb, SHAPE), inv, names) is None:
-            raise SystemExit("no provisioned snapshot for this tree: run the e2e tier once (it saves one)")
-        try:
-            tb.up(nodes=NODES, disks=SHAPE["disks"])
-            _wait_for_boot(tb, names)
-            cluster = inventory.load(inv)
-            head = monitoring.prometheus_node(cluster)
-            assert head is not None
-            time.sleep(60)  # a scrape or two after boot before the window opens
-            before = {n.name: _usage(n, LONG_RUNNING) for n in cluster.nodes}
-            disk_before = _data_bytes(head)
-            samples_before = float(query(head, "sum(prometheus_tsdb_head_samples_appended_total)")[0]["value"][1])
-            started = time.monotonic()
-            time.sleep(args.window_s)
-            wall = time.monotonic() - started
-            after = {n.name: _usage(n, LONG_RUNNING) for n in cluster.nodes}
-            disk_after = _data_bytes(head)
-            samples_after = float(query(head, "sum(prometheus_tsdb_head_samples_appended_total)")[0]["value"][1])
-            rows = []
-            for node in cluster.nodes:
-                used = {u: after[node.name][u] - before[node.name][u] for u in after[node.name]}
-                collector = _per_run_cpu_s(node, monitoring.NODE_COLLECTOR)
-                health = _per_run_cpu_s(node, slurm_rules.HEALTH_PROGRAM)
-                row = {
-                    "node": node.name,
-                    "wall_s": round(wall, 1),
-                    "exporter_cpu_s": round(used["prometheus-node-exporter.service"], 2),
-                    "prometheus_cpu_s": round(used["prometheus.service"], 2),
-                    "collector_cpu_s_per_run": round(collector, 3),
-                    "collector_cpu_s_in_window": round(collector * wall / monitoring.NODE_COLLECTOR_EVERY_S, 2),
-                    "slurm_health_cpu_s_per_run": round(health, 3),
-                    "node_busy_cpu_s": round(used["node_total"], 1),
-                }
-                monitored = row["exporter_cpu_s"] + row["collector_cpu_s_in_window"] + row["prometheus_cpu_s"]
-                row["monitoring_share_of_wall"] = round(monitored / wall, 5)
-                row["monitoring_share_of_node_busy_cpu"] = round(monitored / max(row["node_busy_cpu_s"], 1e-9), 4)
-                rows.append(row)
-                print(json.dumps(row), flush=True)
-            per_day = 86400 / wall / len(cluster.nodes)
-            disk = {
-                "nodes_scraped": len(cluster.nodes),
-                "data_dir_growth_bytes": disk_after - disk_before,
-                "bytes_per_node_per_day_upper_bound": round((disk_after - disk_before) * per_day),
-                "samples_per_node_per_day": round((samples_after - samples_before) * per_day),
+    with snapshot_testbed.booted("monitoring-overhead-") as (tb, inv, _root):
+        cluster = inventory.load(inv)
+        head = monitoring.prometheus_node(cluster)
+        assert head is not None
+        time.sleep(60)  # a scrape or two after boot before the window opens
+        before = {n.name: _usage(n, LONG_RUNNING) for n in cluster.nodes}
+        disk_before = _data_bytes(head)
+        samples_before = float(query(head, "sum(prometheus_tsdb_head_samples_appended_total)")[0]["value"][1])
+        started = time.monotonic()
+        time.sleep(args.window_s)
+        wall = time.monotonic() - started
+        after = {n.name: _usage(n, LONG_RUNNING) for n in cluster.nodes}
+        disk_after = _data_bytes(head)
+        samples_after = float(query(head, "sum(prometheus_tsdb_head_samples_appended_total)")[0]["value"][1])
+        rows = []
+        for node in cluster.nodes:
+            used = {u: after[node.name][u] - before[node.name][u] for u in after[node.name]}
+            collector = _per_run_cpu_s(node, monitoring.NODE_COLLECTOR)
+            health = _per_run_cpu_s(node, slurm_rules.HEALTH_PROGRAM)
+            row = {
+                "node": node.name,
+                "wall_s": round(wall, 1),
+                "exporter_cpu_s": round(used["prometheus-node-exporter.service"], 2),
+                "prometheus_cpu_s": round(used["prometheus.service"], 2),
+                "collector_cpu_s_per_run": round(collector, 3),
+                "collector_cpu_s_in_window": round(collector * wall / monitoring.NODE_COLLECTOR_EVERY_S, 2),
+                "slurm_health_cpu_s_per_run": round(health, 3),
+                "node_busy_cpu_s": round(used["node_total"], 1),
             }
-            print(json.dumps(disk), flush=True)
-            # The host's reference: the same VMs, the same length of window, monitoring stopped.
-            pids = [n.pid for n in tb.status() if n.pid]
-            host_on = _qemu_cpu_s(pids)
-            time.sleep(args.window_s)
-            host_on = _qemu_cpu_s(pids) - host_on
-            stop = " ".join(
-                [f"{monitoring.NODE_COLLECTOR_UNIT}.timer", f"{monitoring.GPU_COLLECTOR_UNIT}.timer", *LONG_RUNNING]
-            )
-            for node in cluster.nodes:
-                sh(node, f"systemctl stop {stop} 2>/dev/null || true")
-            time.sleep(30)  # a collector run under way ends
-            host_off = _qemu_cpu_s(pids)
-            time.sleep(args.window_s)
-            host_off = _qemu_cpu_s(pids) - host_off
-            host = {
-                "window_s": args.window_s,
-                "host_cpu_s_monitoring_on": round(host_on, 1),
-                "host_cpu_s_monitoring_off": round(host_off, 1),
-                "host_cores_on": round(host_on / args.window_s, 3),
-                "host_cores_off": round(host_off / args.window_s, 3),
-                "on_over_off": round(host_on / max(host_off, 1e-9), 2),
-            }
-            print(json.dumps(host), flush=True)
-        finally:
-            tb.down()
+            monitored = row["exporter_cpu_s"] + row["collector_cpu_s_in_window"] + row["prometheus_cpu_s"]
+            row["monitoring_share_of_wall"] = round(monitored / wall, 5)
+            row["monitoring_share_of_node_busy_cpu"] = round(monitored / max(row["node_busy_cpu_s"], 1e-9), 4)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        per_day = 86400 / wall / len(cluster.nodes)
+        disk = {
+            "nodes_scraped": len(cluster.nodes),
+            "data_dir_growth_bytes": disk_after - disk_before,
+            "bytes_per_node_per_day_upper_bound": round((disk_after - disk_before) * per_day),
+            "samples_per_node_per_day": round((samples_after - samples_before) * per_day),
+        }
+        print(json.dumps(disk), flush=True)
+        # The host's reference: the same VMs, the same length of window, monitoring stopped.
+        pids = [n.pid for n in tb.status() if n.pid]
+        host_on = _qemu_cpu_s(pids)
+        time.sleep(args.window_s)
+        host_on = _qemu_cpu_s(pids) - host_on
+        stop = " ".join(
+            [f"{monitoring.NODE_COLLECTOR_UNIT}.timer", f"{monitoring.GPU_COLLECTOR_UNIT}.timer", *LONG_RUNNING]
+        )
+        for node in cluster.nodes:
+            sh(node, f"systemctl stop {stop} 2>/dev/null || true")
+        time.sleep(30)  # a collector run under way ends
+        host_off = _qemu_cpu_s(pids)
+        time.sleep(args.window_s)
+        host_off = _qemu_cpu_s(pids) - host_off
+        host = {
+            "window_s": args.window_s,
+            "host_cpu_s_monitoring_on": round(host_on, 1),
+            "host_cpu_s_monitoring_off": round(host_off, 1),
+            "host_cores_on": round(host_on / args.window_s, 3),
+            "host_cores_off": round(host_off / args.window_s, 3),
+            "on_over_off": round(host_on / max(host_off, 1e-9), 2),
+        }
+        print(json.dumps(host), flush=True)
     return 0
 
 

@@ -26,16 +26,15 @@ import json
 import re
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import snapshot_testbed
+
 from provision import inventory
 from provision.testbed import Testbed
-from tests.e2e import snapshot
-from tests.e2e.conftest import NODES, SHAPE, _wait_for_boot
 from tests.e2e.storage_helpers import sh
 from tests.e2e.test_train_e2e import report_of, start
 
@@ -111,22 +110,11 @@ def main() -> int:
     ap.add_argument("--ckpt-every", type=int, default=10)
     args = ap.parse_args()
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="train-elastic-testbed-") as tmp:
-        root = Path(tmp)
-        inv = root / "inventories" / "testbed.py"
-        tb = Testbed(root / "state", inventory_path=inv)
-        names = [f"node{i}" for i in range(1, NODES + 1)]
-        if snapshot.restore(tb, snapshot.key(tb, SHAPE), inv, names) is None:
-            raise SystemExit("no provisioned snapshot for this tree: run the e2e tier once (it saves one)")
-        try:
-            tb.up(nodes=NODES, disks=SHAPE["disks"])
-            _wait_for_boot(tb, names)
-            trials = []
-            while not trials or time.monotonic() - started < args.budget_s:
-                trials.append(trial(tb, inv, root / f"t{len(trials)}", args.ckpt_every))
-                print(json.dumps(trials[-1]), flush=True)
-        finally:
-            tb.down()
+    with snapshot_testbed.booted("train-elastic-testbed-") as (tb, inv, root):
+        trials = []
+        while not trials or time.monotonic() - started < args.budget_s:
+            trials.append(trial(tb, inv, root / f"t{len(trials)}", args.ckpt_every))
+            print(json.dumps(trials[-1]), flush=True)
     print(
         f"{len(trials)} trial(s), checkpoint every {args.ckpt_every} steps: loss -> next step median "
         f"{statistics.median(t['recovery_s'] for t in trials):.1f} s, "
