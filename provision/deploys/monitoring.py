@@ -57,7 +57,9 @@ def timer_units(unit: str, command: str, every_s: int, timeout_s: int, stop_post
         f"/etc/systemd/system/{unit}.service": (
             "# Written by provision's monitoring step.\n[Unit]\nDescription=provision metrics: "
             f"{unit}\n\n[Service]\nType=oneshot\nExecStart={command}\n{after}TimeoutStartSec={timeout_s}\n"
-            "Nice=10\n"
+            # a killed pass stuck in the kernel is given up after 5 s, not the default 90,
+            # so what follows it (ExecStopPost) is not minutes late
+            "TimeoutStopSec=5\nNice=10\n"
         ),
         f"/etc/systemd/system/{unit}.timer": (
             "# Written by provision's monitoring step.\n[Unit]\nDescription=provision metrics: "

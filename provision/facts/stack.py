@@ -36,8 +36,9 @@ _VENV_PROBE = (
     "        out[name] = metadata.version(name)\n"
     "    except Exception:\n"
     "        pass\n"
+    "import re\n"
     "for dist in metadata.distributions():\n"
-    "    if (dist.metadata['Name'] or '').lower().startswith('nvidia-nccl-cu'):\n"
+    "    if re.sub(r'[-_.]+', '-', dist.metadata['Name'] or '').lower().startswith('nvidia-nccl-cu'):\n"
     "        out['nccl'] = dist.version\n"
     "print('venv=' + json.dumps(out))\n"
 )

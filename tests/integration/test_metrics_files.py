@@ -82,6 +82,23 @@ def test_the_node_collector_writes_valid_series(tmp_path: Path) -> None:
     assert oct((tmp_path / "provision_node.prom").stat().st_mode & 0o777) == "0o644"
 
 
+def test_the_backup_interval_follows_a_changed_schedule_and_a_failed_reading_is_tried_again(tmp_path: Path) -> None:
+    """The interval is cached with its schedule: a new schedule (the script is rendered
+    again with it, the timer file untouched) is read again, and a schedule systemd cannot
+    read leaves no interval and nothing cached, so the next pass tries again."""
+    (tmp_path / "timer").write_text("")
+    assert _run(tmp_path, _collector(tmp_path, mounts=[], slurm=False))["provision_backup_interval_seconds"] == 86400
+    hourly = _run(tmp_path, _collector(tmp_path, schedule="hourly", mounts=[], slurm=False))
+    assert hourly["provision_backup_interval_seconds"] == 3600
+    (tmp_path / "node-metrics.cache").unlink()
+    broken = _run(tmp_path, _collector(tmp_path, schedule=quote("not a schedule"), mounts=[], slurm=False))
+    assert "provision_backup_interval_seconds" not in broken
+    assert broken["provision_backup_since_timestamp_seconds"] == int((tmp_path / "timer").stat().st_mtime)
+    assert not (tmp_path / "node-metrics.cache").exists()
+    again = _run(tmp_path, _collector(tmp_path, mounts=[], slurm=False))
+    assert again["provision_backup_interval_seconds"] == 86400
+
+
 def test_a_backup_never_run_counts_from_the_timer_s_installation(tmp_path: Path) -> None:
     (tmp_path / "timer").write_text("")
     series = _run(tmp_path, _collector(tmp_path, mounts=[], slurm=False))

@@ -103,7 +103,8 @@ def test_the_node_collector_quotes_every_inventory_value(tmp_path: Path) -> None
     text = monitoring.node_collector(n1, _cluster(tmp_path, n1))
     assert "  report '/shared/it'\"'\"'s/datasets' '/shared/it'\"'\"'s/datasets'\n" in text
     assert "for dist in '/opt/v env'/lib/python3*/site-packages/torch-*.dist-info; do" in text
-    assert "systemd-analyze calendar --iterations=2 -- '*-*-* 02:00:00'" in text
+    assert "  schedule='*-*-* 02:00:00'\n" in text
+    assert 'systemd-analyze calendar --iterations=2 -- "$schedule"' in text
     assert "scontrol show node -o n1" in text
 
 
@@ -139,6 +140,7 @@ def test_the_storage_host_checks_its_shares_on_its_volume_the_others_over_nfs(tm
     # after one stat of every share (it mounts the automounted ones) within one deadline
     assert "stat -f" not in server_script
     assert "nfs | nfs4" not in server_script
-    assert "timeout -k 2 10 stat -f -- /shared/datasets /shared/checkpoints" in client_script
+    assert "timeout -k 2 10 stat -f -c %n -- /shared/datasets /shared/checkpoints" in client_script
+    assert '[ -n "${answered[$1]+set}" ] || return 1' in client_script  # a hung share: no answer, missing
     assert "nfs | nfs4) return 0" in client_script
     assert "  report /shared/datasets /shared/datasets\n" in client_script
