@@ -102,6 +102,19 @@ def pytest_configure(config):
     import signal
 
     def _interrupt(signum, frame):
+        # Raised in whichever greenlet runs when the signal lands: during a pyinfra run
+        # (the shared `up`) that is often one of its host greenlets, which the exception
+        # would end while the run went on (seen: a SIGTERM during the shared `up` was lost,
+        # and its VMs lived on). It goes to the root greenlet, the test's own code, instead.
+        import greenlet
+
+        current = greenlet.getcurrent()
+        root = current
+        while root.parent is not None:
+            root = root.parent
+        if current is not root:
+            root.throw(KeyboardInterrupt(f"signal {signum}"))
+            return
         raise KeyboardInterrupt(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, _interrupt)
