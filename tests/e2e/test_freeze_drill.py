@@ -39,9 +39,9 @@ pytestmark = pytest.mark.destructive
 FROZEN = "node2"
 DEADLINES = {"connect_timeout_s": 10, "command_timeout_s": 30, "step_timeout_s": 120}
 # status and validate start with the host already frozen, so its connection attempt is what
-# it costs them (10 s, tried three times: no banner is a transient error). Their commands
-# on the host that answers import torch, which alone takes a minute or more on a TCG VM
-# with the validate agent beside it: a 30 s command deadline would cut that host off too.
+# it costs them (10 s, tried three times: no banner is a transient error). Validate's agent
+# on the host that answers imports torch, which alone takes a minute or more on a TCG VM,
+# and status runs beside it: a 30 s command deadline would cut that host off too.
 STARTED_FROZEN = {**DEADLINES, "command_timeout_s": 400, "step_timeout_s": 600}
 MARGIN_S = 60  # disconnects (at most 30 s), reports and TCG's slowness on the host that answers
 
