@@ -47,7 +47,6 @@ from tests.e2e.prometheus_helpers import query
 from tests.e2e.storage_helpers import sh
 
 LONG_RUNNING = ("prometheus-node-exporter.service", "prometheus.service")
-CONSUMED = re.compile(r"Consumed (?:(\d+)min )?(?:([\d.]+)s )?(?:(\d+)ms )?CPU time")
 
 
 def _usage(node, units: tuple[str, ...]) -> dict[str, float]:
@@ -112,7 +111,6 @@ def main() -> int:
         after = {n.name: _usage(n, LONG_RUNNING) for n in cluster.nodes}
         disk_after = _data_bytes(head)
         samples_after = float(query(head, "sum(prometheus_tsdb_head_samples_appended_total)")[0]["value"][1])
-        rows = []
         for node in cluster.nodes:
             used = {u: after[node.name][u] - before[node.name][u] for u in after[node.name]}
             collector = _per_run_cpu_s(node, monitoring.NODE_COLLECTOR)
@@ -130,7 +128,6 @@ def main() -> int:
             monitored = row["exporter_cpu_s"] + row["collector_cpu_s_in_window"] + row["prometheus_cpu_s"]
             row["monitoring_share_of_wall"] = round(monitored / wall, 5)
             row["monitoring_share_of_node_busy_cpu"] = round(monitored / max(row["node_busy_cpu_s"], 1e-9), 4)
-            rows.append(row)
             print(json.dumps(row), flush=True)
         per_day = 86400 / wall / len(cluster.nodes)
         disk = {

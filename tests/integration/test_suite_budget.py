@@ -18,13 +18,9 @@ ROOT = Path(__file__).resolve().parents[2]
 ONE = "def test_due():\n    assert 1 + 1 == 2\n"
 
 
-def _suite(
-    tmp_path: Path,
-    budget_s: str,
-    require_all: str | None = None,
-    tests_text: str = ONE,
-    started_at: float | None = None,
-) -> subprocess.CompletedProcess[str]:
+def _tree(tmp_path: Path, tests_text: str, budget_s: str) -> dict[str, str]:
+    """A throwaway tree with the real conftest and one e2e-tier module; the environment a
+    child pytest runs it in (the defaults CI has, and this budget)."""
     tests = tmp_path / "tests"
     (tests / "e2e").mkdir(parents=True)
     shutil.copy(ROOT / "tests" / "conftest.py", tests / "conftest.py")
@@ -32,6 +28,17 @@ def _suite(
     (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    takes_s(seconds): as in pyproject.toml\n")
     env = {k: v for k, v in os.environ.items() if k not in ("PROVISION_TEST_REQUIRE_ALL", "PROVISION_SUITE_STARTED_AT")}
     env["PROVISION_TEST_BUDGET_S"] = budget_s
+    return env
+
+
+def _suite(
+    tmp_path: Path,
+    budget_s: str,
+    require_all: str | None = None,
+    tests_text: str = ONE,
+    started_at: float | None = None,
+) -> subprocess.CompletedProcess[str]:
+    env = _tree(tmp_path, tests_text, budget_s)
     if require_all is not None:
         env["PROVISION_TEST_REQUIRE_ALL"] = require_all
     if started_at is not None:
@@ -109,7 +116,7 @@ def spin():
     n = 0
     while True:  # pure Python work: the signal mostly lands in one of these threads
         n += 1
-        if n % 50000 == 0:
+        if n % 2000000 == 0:  # rarely: the hub, where an interrupt would reach the test anyway, seldom runs
             time.sleep(0)
 
 
@@ -128,12 +135,7 @@ def test_sigterm_while_greenlets_run_ends_the_run_and_tears_down(tmp_path: Path)
     the session fixtures (the testbed's VMs) are torn down, not left running. (Raised in a
     thread's greenlet, the interrupt ended that thread and the run went on: seen in session
     47, a SIGTERM during the shared `up` lost and its VMs left running.)"""
-    tests = tmp_path / "tests"
-    (tests / "e2e").mkdir(parents=True)
-    shutil.copy(ROOT / "tests" / "conftest.py", tests / "conftest.py")
-    (tests / "e2e" / "test_busy.py").write_text(BUSY_GREENLETS)
-    env = {k: v for k, v in os.environ.items() if k != "PROVISION_SUITE_STARTED_AT"}
-    env["PROVISION_TEST_BUDGET_S"] = "3600"
+    env = _tree(tmp_path, BUSY_GREENLETS, "3600")
     env["TORN_DOWN_MARK"] = str(tmp_path / "torn-down")
     proc = subprocess.Popen(
         [sys.executable, "-m", "pytest", "-s", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), "tests"],
