@@ -351,6 +351,12 @@ class Settings:
     # --- monitoring ---
     monitoring: bool = knob(True, "the monitoring step: node exporter on every host, Prometheus on the head")
     prometheus_retention: str = knob("30d", "how long Prometheus keeps samples (15d, 12w, 1y)", _retention)
+    gpu_telemetry: Literal["auto", "nvml"] = knob(
+        "auto",
+        "auto: DCGM's host engine and exporter (NVIDIA's repository) on hosts declared GPU hosts "
+        "(gpu_nodes, nvidia = force), provision's NVML collector on hosts whose GPUs are only found; "
+        "nvml: the NVML collector on every GPU host",
+    )
 
     # --- validate ---
     validate_expect: dict[str, float] = knob(

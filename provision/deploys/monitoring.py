@@ -1,6 +1,7 @@
 """The `monitoring` step: the distribution's node exporter on every host, bound to the
-host's cluster address, with provision's own series in its textfile directory; the NVML
-GPU collector on GPU hosts; Prometheus with provision's alert rules on the head. See
+host's cluster address, with provision's own series in its textfile directory; on GPU
+hosts, DCGM's host engine and exporter from NVIDIA's repository (declared GPU hosts) or
+else the NVML collector; Prometheus with provision's alert rules on the head. See
 provision.rules.monitoring for the layout and which host is the head.
 
 The services' systemd drop-ins are written (and systemd reloaded) before the packages are
@@ -21,7 +22,8 @@ from pyinfra.api import deploy
 from pyinfra.operations import files, server, systemd
 
 from provision import resources
-from provision.engine import Step, current_cluster, current_node
+from provision.engine import Step, current_cluster, current_node, refuse
+from provision.facts.apt import AptCandidates
 from provision.facts.gpus import NvidiaDevices
 from provision.facts.stack import BACKUP_STAMP
 from provision.inventory import Cluster, Node
@@ -30,6 +32,7 @@ from provision.operations.apt import install
 from provision.operations.stamps import follow_up
 from provision.resources import render_template
 from provision.rules import backups as backup_rules
+from provision.rules import dcgm as dcgm_fields
 from provision.rules import monitoring as layout
 from provision.rules import shares as shares_layout
 
@@ -142,9 +145,57 @@ def exporter(node: Node, cluster: Cluster) -> None:
     systemd.service(name="node exporter running", service=layout.EXPORTER_SERVICE, running=True, enabled=True)
 
 
+def dcgm(node: Node) -> None:
+    """DCGM's host engine and exporter from NVIDIA's repository, the exporter on the
+    cluster address with provision's field list. Refused, with the way out, where no apt
+    source offers them: Prometheus on the head expects this host's exporter."""
+    offered = host.get_fact(AptCandidates, packages=tuple(layout.DCGM_PACKAGES))
+    missing = [p for p in layout.DCGM_PACKAGES if offered.get(p) is None]
+    if missing:
+        refuse(
+            "monitoring",
+            f"DCGM: no apt source on this host offers {', '.join(missing)} (NVIDIA's CUDA repository, "
+            "which the nvidia step adds, has them); set gpu_telemetry = 'nvml' for this host to "
+            "report its GPUs with provision's NVML collector instead",
+        )
+        return
+    counters = dcgm_fields.counters_csv()
+    engine = drop_in("/usr/bin/nv-hostengine", layout.dcgm_args())
+    exporter = drop_in("/usr/bin/dcgm-exporter", layout.dcgm_exporter_args(node))
+    puts = [
+        files.put(name=f"dcgm-exporter: {layout.DCGM_COUNTERS}", dest=layout.DCGM_COUNTERS, src=StringIO(counters)),
+        files.put(name="DCGM host engine: localhost only", dest=layout.DCGM_DROP_IN, src=StringIO(engine)),
+        files.put(
+            name="dcgm-exporter: listen on the cluster address",
+            dest=layout.DCGM_EXPORTER_DROP_IN,
+            src=StringIO(exporter),
+        ),
+    ]
+    # As for the node exporter: the drop-ins are in place before the packages start the
+    # services, so neither ever listens where it should not.
+    server.shell(
+        name="DCGM: reload systemd", commands=["systemctl daemon-reload"], _if=lambda: any(p.did_change() for p in puts)
+    )
+    install("Install DCGM and its exporter", layout.DCGM_PACKAGES, node.settings.apt_lock_wait_s, recommends=False)
+    follow_up(
+        "DCGM: restart on its drop-ins",
+        "monitoring-dcgm",
+        [counters, engine, exporter],
+        [
+            "systemctl daemon-reload",
+            f"systemctl restart {layout.DCGM_SERVICE}",
+            f"systemctl restart {layout.DCGM_EXPORTER_SERVICE}",
+        ],
+        lambda: any(p.did_change() for p in puts),
+    )
+    systemd.service(name="DCGM host engine running", service=layout.DCGM_SERVICE, running=True, enabled=True)
+    systemd.service(name="dcgm-exporter running", service=layout.DCGM_EXPORTER_SERVICE, running=True, enabled=True)
+
+
 def collectors(node: Node, cluster: Cluster) -> None:
     devices = host.get_fact(NvidiaDevices)
-    gpus = bool(devices.gpus) and node.settings.nvidia != "skip"
+    # The NVML collector where GPUs are found and DCGM does not report them.
+    gpus = bool(devices.gpus) and node.settings.nvidia != "skip" and not layout.uses_dcgm(node)
     units = collector_units(node, cluster, gpus)
     changed = []
     for path, text in units.items():
@@ -160,7 +211,7 @@ def collectors(node: Node, cluster: Cluster) -> None:
     )
     for unit in _timers(gpus):
         systemd.service(name=f"{unit}.timer enabled", service=f"{unit}.timer", running=True, enabled=True)
-    if not gpus:  # a host whose GPUs went away (or skipped) keeps no stale GPU series
+    if not gpus:  # a host whose GPUs went away (skipped, or DCGM's now) keeps no stale NVML series
         for path in [layout.GPU_COLLECTOR, f"{layout.TEXTFILE_DIR}/provision_gpu.prom"]:
             files.file(name=f"no {path}", path=path, present=False)
 
@@ -172,21 +223,24 @@ def _timers(gpus: bool) -> list[str]:
 def prometheus(node: Node, cluster: Cluster) -> None:
     config = layout.scrape_config(cluster)
     rules = (resources.templates_dir() / "monitoring" / "alerts.yml").read_text()
+    recorded = dcgm_fields.recording_rules()
     service = drop_in("/usr/bin/prometheus", layout.prometheus_args(node))
+    service_put = files.put(
+        name="prometheus: listen on the cluster address", dest=layout.PROMETHEUS_DROP_IN, src=StringIO(service)
+    )
     puts = [
         files.put(name=f"prometheus: {layout.CONFIG}", dest=layout.CONFIG, src=StringIO(config), mode="644"),
         files.put(name=f"prometheus: {layout.RULES}", dest=layout.RULES, src=StringIO(rules), mode="644"),
-        files.put(
-            name="prometheus: listen on the cluster address", dest=layout.PROMETHEUS_DROP_IN, src=StringIO(service)
-        ),
+        files.put(name=f"prometheus: {layout.DCGM_RULES}", dest=layout.DCGM_RULES, src=StringIO(recorded), mode="644"),
+        service_put,
     ]
-    server.shell(name="prometheus: reload systemd", commands=["systemctl daemon-reload"], _if=puts[2].did_change)
+    server.shell(name="prometheus: reload systemd", commands=["systemctl daemon-reload"], _if=service_put.did_change)
     install("Install Prometheus", [layout.PROMETHEUS_PACKAGE], node.settings.apt_lock_wait_s, recommends=False)
     refused = quote(f"promtool refused {layout.CONFIG}; Prometheus keeps running on its last configuration")
     follow_up(
         "prometheus: check the configuration, restart",
         "monitoring-prometheus",
-        [config, rules, service],
+        [config, rules, recorded, service],
         [
             "systemctl daemon-reload",
             f"promtool check config {quote(layout.CONFIG)} || {{ echo {refused} >&2; exit 1; }}",
@@ -203,6 +257,8 @@ def monitoring() -> None:
     cluster = current_cluster()
     exporter(node, cluster)
     collectors(node, cluster)
+    if layout.uses_dcgm(node):
+        dcgm(node)
     head = layout.prometheus_node(cluster)
     if head is not None and head.name == node.name:
         prometheus(node, cluster)
@@ -215,6 +271,6 @@ def applies(node: Node) -> str | None:
 step = Step(
     "monitoring",
     monitoring,
-    "node exporter on the cluster address, provision's and NVML's series, Prometheus with alerts on the head",
+    "node exporter on the cluster address, provision's series, NVML's or DCGM's, Prometheus with alerts on the head",
     applies,
 )

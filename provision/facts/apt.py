@@ -1,4 +1,5 @@
-"""apt source entries per file: which file names which repository.
+"""apt facts provision needs beyond pyinfra's: which file names which repository, and
+which version apt would install of a package.
 
 pyinfra's ``apt.AptSources`` reads the same files but returns one flat list, so it cannot
 say which file to remove; this fact runs its command and parsers and keeps the file.
@@ -6,6 +7,9 @@ say which file to remove; this fact runs its command and parsers and keeps the f
 
 from __future__ import annotations
 
+import shlex
+
+from pyinfra.api import FactBase
 from pyinfra.facts.apt import AptRepo, AptSources, AptSourcesFile, parse_apt_list_file
 
 # AptSources' command starts each file's text with this line.
@@ -42,3 +46,37 @@ class AptSourceFiles(AptSources):
 
     def process(self, output: list[str]) -> dict[str, list[AptRepo]]:
         return parse_source_files(output)
+
+
+class AptCandidates(FactBase[dict[str, str | None]]):
+    """apt's candidate version of each package named, None where no source offers it.
+
+    .. code:: python
+
+        offered = host.get_fact(AptCandidates, packages=("datacenter-gpu-manager-exporter",))
+    """
+
+    def command(self, packages: tuple[str, ...] = ()) -> str:
+        names = " ".join(shlex.quote(p) for p in packages)
+        return (
+            f'for p in {names}; do printf "%s=%s\\n" "$p" '
+            '"$(apt-cache policy "$p" 2>/dev/null | awk \'/Candidate:/ {print $2}\')"; done'
+        )
+
+    def process(self, output: list[str]) -> dict[str, str | None]:
+        return parse_candidates(output)
+
+    @staticmethod
+    def default() -> dict[str, str | None]:
+        return {}
+
+
+def parse_candidates(lines: list[str]) -> dict[str, str | None]:
+    """``package=version`` lines; an empty version or apt's ``(none)`` is None."""
+    found: dict[str, str | None] = {}
+    for line in lines:
+        name, sep, version = line.strip().partition("=")
+        if sep and name:
+            version = version.strip()
+            found[name] = None if version in ("", "(none)") else version
+    return found

@@ -20,6 +20,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
+from typing import Any
 
 from provision.inventory import Cluster, Node
 
@@ -53,6 +54,19 @@ GPU_COLLECTOR_UNIT = "provision-gpu-metrics"
 GPU_COLLECTOR_EVERY_S = 30
 GPU_COLLECTOR_TIMEOUT_S = 40  # one pass of NVML queries; past it the collector says NVML is down
 
+# DCGM, from NVIDIA's CUDA repository, on hosts uses_dcgm() names: the host engine
+# (nvidia-dcgm, on localhost only: it can change GPU settings) and the exporter, on the
+# cluster address, reading provision's field list and connected to that host engine.
+DCGM_PACKAGES = ["datacenter-gpu-manager-4-core", "datacenter-gpu-manager-exporter"]
+DCGM_SERVICE = "nvidia-dcgm.service"
+DCGM_EXPORTER_SERVICE = "nvidia-dcgm-exporter.service"
+DCGM_PORT = 5555  # the host engine's default
+DCGM_EXPORTER_PORT = 9400
+DCGM_DROP_IN = "/etc/systemd/system/nvidia-dcgm.service.d/provision.conf"
+DCGM_EXPORTER_DROP_IN = "/etc/systemd/system/nvidia-dcgm-exporter.service.d/provision.conf"
+DCGM_COUNTERS = "/etc/dcgm-exporter/provision-counters.csv"
+DCGM_RULES = "/etc/prometheus/provision-dcgm.yml"
+
 SCRAPE_S = 15
 # The trainer's live figures are rewritten every LIVE_EVERY_S; older than TRAIN_FRESH_S
 # they belong to a run that ended or hung, and the monitor and dashboards leave them out.
@@ -70,6 +84,38 @@ def prometheus_node(cluster: Cluster) -> Node | None:
 def monitored(cluster: Cluster) -> list[Node]:
     """Every host whose exporter Prometheus scrapes (all hosts, not only a --limit's)."""
     return [n for n in cluster.all_nodes if n.settings.monitoring]
+
+
+def declared_gpu_host(node: Node) -> bool:
+    """The inventory says this host has GPUs (the nvidia step runs there whatever it finds)."""
+    return node.settings.nvidia != "skip" and (node.settings.nvidia == "force" or node.has_role("gpu_nodes"))
+
+
+def uses_dcgm(node: Node) -> bool:
+    """DCGM, not the NVML collector, reports this host's GPUs. Decided from the inventory
+    alone, so that the head's scrape configuration knows it without asking the host: on
+    declared GPU hosts, whose nvidia step installs NVIDIA's repository (where DCGM comes
+    from), unless ``gpu_telemetry = "nvml"``. A host whose GPUs are only found by lspci
+    gets the NVML collector."""
+    return node.settings.monitoring and node.settings.gpu_telemetry == "auto" and declared_gpu_host(node)
+
+
+def dcgm_args() -> list[str]:
+    # The package's own command line (run as root, dropping to its service account), bound
+    # to localhost: a host engine on the network would let any host there change GPU
+    # settings.
+    return ["-n", "--service-account", "nvidia-dcgm", "--bind-interface", "127.0.0.1", "--port", str(DCGM_PORT)]
+
+
+def dcgm_exporter_args(node: Node) -> list[str]:
+    return [
+        "-f",
+        DCGM_COUNTERS,
+        "-a",
+        host_port(node.cluster_address, DCGM_EXPORTER_PORT),
+        "-r",
+        f"127.0.0.1:{DCGM_PORT}",
+    ]
 
 
 def host_port(address: str, port: int) -> str:
@@ -100,13 +146,14 @@ def prometheus_args(node: Node) -> list[str]:
 
 def scrape_config(cluster: Cluster) -> str:
     """Prometheus' configuration: every monitored node's exporter, labelled with its
-    inventory name (``node``), and Prometheus itself. Written as JSON, which is YAML: no
+    inventory name (``node``), Prometheus itself, and the DCGM exporters with the rules
+    that put their fields in provision's names (provision.rules.dcgm). Written as JSON, which is YAML: no
     value from the inventory can change the file's structure."""
     head = prometheus_node(cluster)
     nodes = monitored(cluster)
-    config = {
+    config: dict[str, Any] = {
         "global": {"scrape_interval": f"{SCRAPE_S}s", "evaluation_interval": f"{SCRAPE_S}s"},
-        "rule_files": [RULES],
+        "rule_files": [RULES, DCGM_RULES],
         "scrape_configs": [
             {
                 "job_name": "prometheus",
@@ -126,6 +173,17 @@ def scrape_config(cluster: Cluster) -> str:
             },
         ],
     }
+    dcgm = [n for n in nodes if uses_dcgm(n)]
+    if dcgm:
+        config["scrape_configs"].append(
+            {
+                "job_name": "dcgm",
+                "static_configs": [
+                    {"targets": [host_port(n.cluster_address, DCGM_EXPORTER_PORT)], "labels": {"node": n.name}}
+                    for n in dcgm
+                ],
+            }
+        )
     header = "# Written by provision's monitoring step; changes here are replaced.\n"
     return header + json.dumps(config, indent=2) + "\n"
 

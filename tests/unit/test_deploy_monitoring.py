@@ -67,7 +67,7 @@ def test_the_head_runs_prometheus_checked_by_promtool_before_a_restart(tmp_path:
 
 
 def test_a_gpu_host_gets_the_nvml_collector_run_by_the_venv_python_isolated(tmp_path: Path) -> None:
-    gpu = node("g1", ("gpu_nodes",))
+    gpu = node("g1")  # its GPU found, not declared: DCGM is for declared GPU hosts
     facts = FakeHost(NvidiaDevices=Gpus((H100,), ()))
     ops, _ = plan_with_facts(monitoring.step, gpu, facts, _cluster(tmp_path, gpu))
     by_name = {o.name.removeprefix(PREFIX): o for o in ops}
@@ -75,6 +75,79 @@ def test_a_gpu_host_gets_the_nvml_collector_run_by_the_venv_python_isolated(tmp_
     service = "".join(by_name[f"/etc/systemd/system/{layout.GPU_COLLECTOR_UNIT}.service"].diffs)
     assert f"ExecStart=/opt/provision/venv/bin/python -I {layout.GPU_COLLECTOR} --out" in service
     assert f"{layout.GPU_COLLECTOR_UNIT}.timer enabled" in by_name
+
+
+DCGM_OFFERED = {"datacenter-gpu-manager-4-core": "1:4.4.1-1", "datacenter-gpu-manager-exporter": "4.4.1-4.5.2-1"}
+
+
+def test_a_declared_gpu_host_gets_dcgm_on_localhost_and_its_exporter_on_the_cluster_address(tmp_path: Path) -> None:
+    gpu = node("g1", ("gpu_nodes",), cluster_address="10.9.0.7")
+    facts = FakeHost(NvidiaDevices=Gpus((H100,), ()), AptCandidates=DCGM_OFFERED)
+    ops, refused = plan_with_facts(monitoring.step, gpu, facts, _cluster(tmp_path, gpu))
+    assert refused == []
+    by_name = {o.name.removeprefix(PREFIX): o for o in ops}
+    names = list(by_name)
+    assert layout.GPU_COLLECTOR not in by_name  # DCGM reports this host's GPUs, not NVML
+    install = names.index("Install DCGM and its exporter")
+    for drop_in in ("DCGM host engine: localhost only", "dcgm-exporter: listen on the cluster address"):
+        assert names.index(drop_in) < names.index("DCGM: reload systemd") < install
+    assert install < names.index("DCGM: restart on its drop-ins")
+    commands = by_name[names[install]].commands
+    assert any("--no-install-recommends" in c and "datacenter-gpu-manager-exporter" in c for c in commands)
+    engine = "".join(by_name["DCGM host engine: localhost only"].diffs)
+    assert "ExecStart=/usr/bin/nv-hostengine -n --service-account nvidia-dcgm --bind-interface 127.0.0.1" in engine
+    exporter = "".join(by_name["dcgm-exporter: listen on the cluster address"].diffs)
+    assert f"-f {layout.DCGM_COUNTERS} -a 10.9.0.7:9400 -r 127.0.0.1:5555" in exporter
+    assert "Restart=always" in exporter
+    counters = "".join(by_name[f"dcgm-exporter: {layout.DCGM_COUNTERS}"].diffs)
+    assert "DCGM_FI_DEV_GPU_TEMP, gauge" in counters
+    assert {"DCGM host engine running", "dcgm-exporter running"} <= set(names)
+
+
+def test_a_declared_gpu_host_without_dcgm_on_offer_is_refused_with_the_way_out(tmp_path: Path) -> None:
+    gpu = node("g1", ("gpu_nodes",))
+    offered = {"datacenter-gpu-manager-4-core": None, "datacenter-gpu-manager-exporter": None}
+    ops, refused = plan_with_facts(
+        monitoring.step, gpu, FakeHost(NvidiaDevices=Gpus((H100,), ()), AptCandidates=offered), _cluster(tmp_path, gpu)
+    )
+    (reason,) = refused
+    assert "datacenter-gpu-manager-4-core, datacenter-gpu-manager-exporter" in reason
+    assert "gpu_telemetry = 'nvml'" in reason
+    assert "Install DCGM and its exporter" not in _names(ops)
+
+
+def test_gpu_telemetry_nvml_keeps_a_declared_gpu_host_on_the_nvml_collector(tmp_path: Path) -> None:
+    gpu = node("g1", ("gpu_nodes",), gpu_telemetry="nvml")
+    facts = FakeHost(NvidiaDevices=Gpus((H100,), ()), AptCandidates=DCGM_OFFERED)
+    ops, _ = plan_with_facts(monitoring.step, gpu, facts, _cluster(tmp_path, gpu))
+    names = _names(ops)
+    assert layout.GPU_COLLECTOR in names
+    assert "Install DCGM and its exporter" not in names
+
+
+def test_which_hosts_use_dcgm_is_decided_from_the_inventory() -> None:
+    assert layout.uses_dcgm(node("a", ("gpu_nodes",)))
+    assert layout.uses_dcgm(node("b", nvidia="force"))
+    assert not layout.uses_dcgm(node("c"))  # GPUs only found: the NVML collector
+    assert not layout.uses_dcgm(node("d", ("gpu_nodes",), nvidia="skip"))
+    assert not layout.uses_dcgm(node("e", ("gpu_nodes",), gpu_telemetry="nvml"))
+    assert not layout.uses_dcgm(node("f", ("gpu_nodes",), monitoring=False))
+
+
+def test_prometheus_scrapes_the_dcgm_exporters_of_dcgm_hosts_only(tmp_path: Path) -> None:
+    head = node("head", ("head",), cluster_address="10.9.0.1")
+    gpu = node("g1", ("gpu_nodes",), cluster_address="fd00::7")
+    config = json.loads(layout.scrape_config(_cluster(tmp_path, head, gpu)).split("\n", 1)[1])
+    assert config["rule_files"] == [layout.RULES, layout.DCGM_RULES]
+    (job,) = [j for j in config["scrape_configs"] if j["job_name"] == "dcgm"]
+    assert job["static_configs"] == [{"targets": ["[fd00::7]:9400"], "labels": {"node": "g1"}}]
+
+
+def test_the_head_loads_the_rules_that_put_dcgm_fields_in_provision_names(tmp_path: Path) -> None:
+    head = node("head", ("head",))
+    ops, _ = plan_with_facts(monitoring.step, head, FakeHost(), _cluster(tmp_path, head))
+    by_name = {o.name.removeprefix(PREFIX): o for o in ops}
+    assert "provision_gpu_temperature_celsius" in "".join(by_name[f"prometheus: {layout.DCGM_RULES}"].diffs)
 
 
 def test_a_host_without_gpus_removes_a_gpu_collector_left_from_before(tmp_path: Path) -> None:
@@ -111,7 +184,8 @@ def test_the_node_collector_quotes_every_inventory_value(tmp_path: Path) -> None
 def test_the_scrape_configuration_is_json_whatever_the_names(tmp_path: Path) -> None:
     n1 = node("n1", ("head",), cluster_address="10.9.0.1")
     config = json.loads(layout.scrape_config(_cluster(tmp_path, n1)).split("\n", 1)[1])
-    assert config["rule_files"] == [layout.RULES]
+    assert config["rule_files"] == [layout.RULES, layout.DCGM_RULES]
+    assert [j["job_name"] for j in config["scrape_configs"]] == ["prometheus", "node"]  # no DCGM host
     assert config["scrape_configs"][1]["static_configs"] == [{"targets": ["10.9.0.1:9100"], "labels": {"node": "n1"}}]
 
 

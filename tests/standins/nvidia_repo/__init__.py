@@ -2,8 +2,9 @@
 
 ``build(directory)`` writes a flat, signed apt repository of stand-in packages with the
 real names, versions and dependencies of the 580 driver branch (plus a 590 release that
-the branch pin must refuse). Their ``nvidia-smi`` is a script printing the driver version;
-the kernel-module package's postinst marks a reboot as required, as the real one does.
+the branch pin must refuse), and DCGM's host engine and exporter (``dcgm.py``). Their
+``nvidia-smi`` is a script printing the driver version; the kernel-module package's
+postinst marks a reboot as required, as the real one does.
 ``serve(directory)`` serves it over HTTP on 127.0.0.1; testbed VMs reach it as
 ``http://10.0.2.2:PORT/`` through qemu user networking.
 
@@ -131,7 +132,15 @@ def nccl_builds() -> list[Package]:
 
 
 def packages() -> list[Package]:
-    return driver_release(DRIVER) + driver_release(NEWER) + [Package("cuda-toolkit-12-8", TOOLKIT)] + nccl_builds()
+    from tests.standins.nvidia_repo import dcgm  # its packages are built from this module's Package
+
+    return [
+        *driver_release(DRIVER),
+        *driver_release(NEWER),
+        Package("cuda-toolkit-12-8", TOOLKIT),
+        *nccl_builds(),
+        *dcgm.packages(),
+    ]
 
 
 def build_deb(pkg: Package, out: Path) -> Path:
@@ -153,7 +162,7 @@ def build_deb(pkg: Package, out: Path) -> Path:
         if pkg.postinst:
             script = root / "DEBIAN" / "postinst"
             script.write_text(
-                f"#!/bin/sh\nset -e\n# TEST STAND-IN: the real module package asks for a reboot.\n{pkg.postinst}\n"
+                f"#!/bin/sh\nset -e\n# TEST STAND-IN for the real package's maintainer script.\n{pkg.postinst}\n"
             )
             script.chmod(0o755)
         for path, content in pkg.files.items():
@@ -161,7 +170,8 @@ def build_deb(pkg: Package, out: Path) -> Path:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(content)
             target.chmod(0o755 if path in pkg.executable else 0o644)
-        deb = out / f"{pkg.name}_{pkg.version}_amd64.deb"
+        # Named as Debian's pools name files: the version without its epoch (no ':' in a URL).
+        deb = out / f"{pkg.name}_{pkg.version.split(':')[-1]}_amd64.deb"
         subprocess.run(
             ["dpkg-deb", "--root-owner-group", "-Zgzip", "--build", str(root), str(deb)],
             check=True,
