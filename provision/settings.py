@@ -351,6 +351,12 @@ class Settings:
     # --- monitoring ---
     monitoring: bool = knob(True, "the monitoring step: node exporter on every host, Prometheus on the head")
     prometheus_retention: str = knob("30d", "how long Prometheus keeps samples (15d, 12w, 1y)", _retention)
+    exporter_collectors: list[str] = knob(
+        ["cpu", "diskstats", "filesystem", "loadavg", "meminfo", "netdev", "pressure", "stat", "time", "uname"],
+        "the node exporter's collectors (its others are off: each costs CPU on every node every scrape); "
+        "textfile, provision's own series, is always on",
+        v.each(v.exporter_collector),
+    )
     gpu_telemetry: Literal["auto", "nvml"] = knob(
         "auto",
         "auto: DCGM's host engine and exporter (NVIDIA's repository) on hosts declared GPU hosts "

@@ -235,6 +235,13 @@ def export_options(value: Any) -> str | None:
     return None
 
 
+def exporter_collector(value: Any) -> str | None:
+    """A node exporter collector's name (cpu, meminfo, netdev...): it becomes --collector.NAME."""
+    if isinstance(value, str) and re.fullmatch(r"[a-z][a-z0-9_]{0,39}", value):
+        return None
+    return f"{value!r} is not a node exporter collector name (lower-case letters, digits and _)"
+
+
 def disk_name(value: Any) -> str | None:
     """A disk serial or /dev/disk/by-id path: no space, quote or shell character."""
     if isinstance(value, str) and re.fullmatch(r"[A-Za-z0-9._:+@/-]+", value):

@@ -129,8 +129,13 @@ def host_port(address: str, port: int) -> str:
 
 
 def exporter_args(node: Node) -> list[str]:
+    # Only the collectors asked for: the exporter was two thirds of monitoring's CPU on a
+    # node with its default thirty-odd (BENCHMARKS.md, issue 18).
+    collectors = sorted({*node.settings.exporter_collectors, "textfile"})
     return [
         f"--web.listen-address={host_port(node.cluster_address, EXPORTER_PORT)}",
+        "--collector.disable-defaults",
+        *[f"--collector.{name}" for name in collectors],
         f"--collector.textfile.directory={TEXTFILE_DIR}",
     ]
 

@@ -17,20 +17,24 @@ from pathlib import Path
 import pytest
 
 from provision import inventory, remote, verify
+from provision.rules import monitoring
 from provision.rules.nvidia import keyring_fingerprints
 from provision.rules.slurm import REBOOT_PREFIX
 from provision.up import host_lock, pipeline
 from tests.e2e import clock
+from tests.e2e.prometheus_helpers import query, wait_until
 from tests.e2e.storage_helpers import FINGERPRINT, derived_inventory
 from tests.standins import nvidia_repo
 
 BOOT_ID = "cat /proc/sys/kernel/random/boot_id"
 CLEANUP = (
     "apt-mark unhold $(apt-mark showhold) >/dev/null 2>&1; "
-    "DEBIAN_FRONTEND=noninteractive apt-get purge -y 'nvidia-*' 'libnvidia-*' 'cuda-*' 'libnccl*' >/dev/null; "
+    "DEBIAN_FRONTEND=noninteractive apt-get purge -y 'nvidia-*' 'libnvidia-*' 'cuda-*' 'libnccl*' "
+    "'datacenter-gpu-manager*' >/dev/null; "
     "rm -f /etc/apt/sources.list.d/cuda-*.sources /etc/apt/preferences.d/90-provision-nvidia "
     "/etc/apt/keyrings/cuda-archive-keyring.gpg /etc/modprobe.d/blacklist-nouveau.conf; "
-    "rm -rf /etc/systemd/system/nvidia-persistenced.service.d; systemctl daemon-reload; "
+    "rm -rf /etc/systemd/system/nvidia-persistenced.service.d /etc/systemd/system/nvidia-dcgm.service.d "
+    "/etc/systemd/system/nvidia-dcgm-exporter.service.d /etc/dcgm-exporter; systemctl daemon-reload; "
     "apt-get update -qq"
 )
 
@@ -310,3 +314,79 @@ def test_nouveau_blacklisted_and_persistenced_in_persistence_mode(first_and_seco
         # started by the reboot, with the override applied
         assert "--persistence-mode" in sh(node, "systemctl show -p ExecStart nvidia-persistenced")
         assert sh(node, "systemctl is-active nvidia-persistenced") == "active"
+
+
+# --- DCGM: the monitoring step on a declared GPU host ------------------------------------
+# Last in the module: the verify suite above sees the hosts as the nvidia step left them.
+
+
+@pytest.fixture(scope="module")
+def dcgm_up(provisioned, testbed, first_and_second, tmp_path_factory):
+    """`up --only monitoring` on the whole testbed with HOST a declared GPU host (nvidia
+    force), its apt sources holding the stand-in repository since the first run: DCGM's
+    stand-ins on HOST, and the head's Prometheus scraping HOST's exporter. Afterwards the
+    head gets the testbed's own monitoring again (the module's cleanup purges DCGM)."""
+    work = tmp_path_factory.mktemp("dcgm")
+    source = Path(testbed.inventory_path)
+    names = [n.name for n in inventory.load(source).nodes]
+    inv = derived_inventory(source, work / "inventory.py", names, {HOST: {"nvidia": "force"}})
+    (work / "group_data").mkdir()
+    data = source.parent / "group_data" / "all.py"
+    (work / "group_data" / "all.py").write_text(data.read_text() if data.is_file() else "")
+    cluster = inventory.load(inv)
+    result = pipeline.up(
+        cluster,
+        pipeline.select(only="monitoring"),
+        on_event=lambda host, text: clock.record("op", "dcgm monitoring up", host=host, text=text),
+    )
+    yield cluster, result
+    shared = inventory.load(source)
+    head = shared.head_node()[0]
+    restored = pipeline.up(shared.part([head]), pipeline.select(only="monitoring"))
+    assert restored.exit_code == 0, restored.as_json()
+
+
+def test_dcgm_runs_on_the_declared_gpu_host_its_exporter_on_the_cluster_address_only(dcgm_up) -> None:
+    cluster, result = dcgm_up
+    assert result.exit_code == 0, result.as_json()
+    node = cluster.node(HOST)
+    active = sh(node, f"systemctl is-active {monitoring.DCGM_SERVICE} {monitoring.DCGM_EXPORTER_SERVICE}")
+    assert active.split() == ["active", "active"]
+    assert not remote.run(node, f"test -e {monitoring.GPU_COLLECTOR}").ok  # DCGM, not the NVML collector
+    listening = sh(node, f"ss -Hltn 'sport = :{monitoring.DCGM_EXPORTER_PORT}'").split()
+    local = [w for w in listening if w.endswith(f":{monitoring.DCGM_EXPORTER_PORT}")]
+    assert local == [monitoring.host_port(node.cluster_address, monitoring.DCGM_EXPORTER_PORT)], listening
+    engine = sh(node, f"ss -Hltn 'sport = :{monitoring.DCGM_PORT}'").split()
+    assert [w for w in engine if w.endswith(f":{monitoring.DCGM_PORT}")] == [f"127.0.0.1:{monitoring.DCGM_PORT}"]
+    # the other hosts are not GPU hosts: no DCGM there
+    for other in cluster.nodes:
+        if other.name != HOST:
+            assert not remote.run(other, f"systemctl cat {monitoring.DCGM_EXPORTER_SERVICE}").ok, other.name
+
+
+def test_prometheus_records_the_dcgm_fields_as_provisions_gpu_series(dcgm_up) -> None:
+    cluster, result = dcgm_up
+    assert result.exit_code == 0, result.as_json()
+    head = cluster.head_node()[0]
+    up = wait_until(head, f'up{{job="dcgm",node="{HOST}"}}', lambda r: [s["value"][1] for s in r] == ["1"])
+    assert [s["value"][1] for s in up] == ["1"], up
+    # The captured H200's idle figures (the stand-in's values), in provision's names and units.
+    temperature = wait_until(head, f'provision_gpu_temperature_celsius{{node="{HOST}"}}', bool)
+    assert [(s["metric"]["gpu"], s["value"][1]) for s in temperature] == [("0", "28")], temperature
+    assert temperature[0]["metric"]["uuid"] == "GPU-00000000-0000-0000-0000-000000000000"
+    total = query(head, f'provision_gpu_memory_total_bytes{{node="{HOST}"}}')
+    assert [float(s["value"][1]) for s in total] == [(143158 + 614) * 1024 * 1024], total
+    assert [s["value"][1] for s in query(head, f'provision_gpu_nvml_up{{node="{HOST}"}}')] == ["1"]
+
+
+def test_a_lost_host_engine_reads_as_nvml_down(dcgm_up) -> None:
+    cluster, _ = dcgm_up
+    head, node = cluster.head_node()[0], cluster.node(HOST)
+    sh(node, f"systemctl stop {monitoring.DCGM_SERVICE}")
+    try:
+        down = wait_until(
+            head, f'provision_gpu_nvml_up{{node="{HOST}"}}', lambda r: [s["value"][1] for s in r] == ["0"]
+        )
+        assert [s["value"][1] for s in down] == ["0"], down
+    finally:
+        sh(node, f"systemctl start {monitoring.DCGM_SERVICE}")

@@ -59,6 +59,8 @@ CASES: list[Case] = [
     *_key("cluster_cidr", "0.0.0.0/0", "10.0.0.0/4", "::/0", "192.168.0.0/24", "10.9.0.0/33", "garbage"),
     *_key("cluster_address", "10.9.0.1;x", "not-an-ip", f"$(touch {M})"),
     *_key("nfs_exports", ["../../../etc"], ["a/b"], [".."], ["a b"], ["x", "x"], [f"$(touch {M})"]),
+    *_key("exporter_collectors", ["cpu --web.listen-address=0.0.0.0:9100"], [f"cpu;touch {M}"], "cpu", ["CPU"], [5]),
+    *_key("gpu_telemetry", "dcgm", "", True),
     *_key("nfs_export_options", "rw,no_root_squash", "rw) *(rw,no_root_squash", "rw,sync\n/etc *(rw)", "rw insecure"),
     *_key("nfs_server", "n1;x", "ghost"),
     *_key("ntp_servers", [f"pool.ntp.org;touch {M}"], ["a b"], "pool.ntp.org"),

@@ -218,3 +218,15 @@ def test_the_storage_host_checks_its_shares_on_its_volume_the_others_over_nfs(tm
     assert '[ -n "${answered[$1]+set}" ] || return 1' in client_script  # a hung share: no answer, missing
     assert "nfs | nfs4) return 0" in client_script
     assert "  report /shared/datasets /shared/datasets\n" in client_script
+
+
+def test_the_exporter_runs_only_the_collectors_asked_for_and_always_the_textfile_one() -> None:
+    args = layout.exporter_args(node("n1", cluster_address="10.9.0.2", exporter_collectors=["meminfo", "cpu"]))
+    assert args == [
+        "--web.listen-address=10.9.0.2:9100",
+        "--collector.disable-defaults",
+        "--collector.cpu",
+        "--collector.meminfo",
+        "--collector.textfile",
+        f"--collector.textfile.directory={layout.TEXTFILE_DIR}",
+    ]

@@ -36,6 +36,8 @@ from provision.settings import Settings, knob_docs, parse_settings
         (v.export_options, "rw,sync,root_squash,no_subtree_check,sec=krb5p,anonuid=2000"),
         (v.share_name, "datasets"),
         (v.disk_name, "/dev/disk/by-id/nvme-SAMSUNG_MZ1L23T8HBLA-00A07_S6EXAMPLE0001"),
+        (v.exporter_collector, "hwmon"),
+        (v.exporter_collector, "netclass"),
     ],
 )
 def test_accepts_what_real_inventories_hold(check, value):
