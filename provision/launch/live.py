@@ -24,6 +24,9 @@ from provision.launch import logs
 from provision.rules import monitoring as layout
 
 WRITE_S = 15  # one write's deadline; a late one waits for the next round
+# A file no run has rewritten for this long was left by a controller killed mid-run (a live
+# run rewrites its file every LIVE_EVERY_S): removed when a run first writes on the host.
+STALE_MIN = 60
 _RUN_ID = re.compile(r"[A-Za-z0-9._-]{1,80}")
 
 
@@ -71,6 +74,9 @@ class LiveSeries:
         self.rank0_on: str | None = None
         self.written_on: str | None = None  # where the file is now
         self.failed: dict[str, str] = {}  # host -> why its last write failed
+        # host -> its clock less the controller's: the figures' update time is the node's,
+        # as Prometheus' time() on the head is, not a laptop's that may be minutes off
+        self.offsets: dict[str, float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="live-series")
 
@@ -92,7 +98,10 @@ class LiveSeries:
             return
         step, loss = train[-1]
         rate = rates[-1][1] if rates and rates[-1][0] == step else None
-        write = layout.write_command(self.path, exposition(self.run_id, step, loss, rate, self.clock()))
+        if host not in self.offsets:
+            self._meet(host)
+        at = self.clock() + self.offsets.get(host, 0.0)
+        write = layout.write_command(self.path, exposition(self.run_id, step, loss, rate, at))
         if self.written_on not in (None, host):
             self._remove(self.written_on)
         done = remote.run_beside(self.conns[host], host, _as_root(self.conns[host], write), WRITE_S)
@@ -101,6 +110,22 @@ class LiveSeries:
             self.failed.pop(host, None)
         elif done.exited != layout.NOT_MONITORED:
             self.failed[host] = (done.stderr.strip() or f"exit {done.exited}")[:200]
+
+    def _meet(self, host: str) -> None:
+        """The first round on a host: read its clock, and remove the files of runs long dead
+        there (root's directory: nothing the training user wrote is touched)."""
+        prune = (
+            f"find {quote(layout.TEXTFILE_DIR)} -maxdepth 1 -type f -name 'provision_train_*.prom' "
+            f"! -name {quote(self.path.rsplit('/', 1)[1])} -mmin +{STALE_MIN} -delete 2>/dev/null"
+        )
+        before = self.clock()
+        done = remote.run_beside(
+            self.conns[host], host, _as_root(self.conns[host], f"date +%s; {prune}; true"), WRITE_S
+        )
+        after = self.clock()
+        first = done.stdout.split()[0] if done.ok and done.stdout.split() else ""
+        if first.isdigit():  # else: the controller's clock this run, and no pruning said
+            self.offsets[host] = int(first) + 0.5 - (before + after) / 2
 
     def _remove(self, host: str) -> None:
         if host in self.conns:

@@ -48,6 +48,7 @@ def test_rank_0_s_figures_are_written_rewritten_and_removed(conn, textfiles) -> 
     curves = _curves("step 7/20 | train loss 4.2500 | lr 3.00e-04 | 1234 tok/s | 80.0 ms")
     series = live.LiveSeries("train-1-ab", {"n1": conn}, curves, clock=lambda: 1796500000.0)
     series.rank0_on = "n1"
+    series.offsets["n1"] = 0.0  # the node's clock taken as the controller's (read in the next test)
     series.publish()
     path = textfiles / "provision_train_train-1-ab.prom"
     text = path.read_text()
@@ -64,6 +65,28 @@ def test_rank_0_s_figures_are_written_rewritten_and_removed(conn, textfiles) -> 
     assert 'provision_train_step{run="train-1-ab"} 8.0' in path.read_text()
     series.stop()
     assert not path.exists()
+
+
+def test_the_update_time_is_the_nodes_clock_and_a_dead_runs_file_is_removed(conn, textfiles) -> None:
+    """A controller an hour behind the node still writes the node's time (what Prometheus
+    compares with); a file an older run left two hours ago goes, a fresh one stays."""
+    import os
+    import time
+
+    dead, other = textfiles / "provision_train_train-0-old.prom", textfiles / "provision_train_train-9.prom"
+    for path in (dead, other):
+        path.write_text("provision_train_step 1\n")
+    os.utime(dead, (time.time() - 7200, time.time() - 7200))
+    curves = _curves("step 3/20 | train loss 4.0000 | lr 3.00e-04 | 100 tok/s | 80.0 ms")
+    series = live.LiveSeries("train-4", {"n1": conn}, curves, clock=lambda: time.time() - 3600)
+    series.rank0_on = "n1"
+    series.publish()
+    text = (textfiles / "provision_train_train-4.prom").read_text()
+    (stamp,) = [line for line in text.splitlines() if line.startswith("provision_train_updated_timestamp_seconds{")]
+    assert abs(float(stamp.split()[-1]) - time.time()) < 10, stamp
+    assert not dead.exists()
+    assert other.exists()
+    series.stop()
 
 
 def test_a_host_without_the_monitoring_step_gets_nothing(conn, tmp_path, monkeypatch) -> None:
