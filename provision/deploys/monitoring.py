@@ -19,10 +19,11 @@ from shlex import quote
 
 from pyinfra import host
 from pyinfra.api import deploy
+from pyinfra.facts.files import File
 from pyinfra.operations import files, server, systemd
 
 from provision import resources
-from provision.engine import Step, current_cluster, current_node, refuse
+from provision.engine import Step, current_cluster, current_node, current_run, note, refuse
 from provision.facts.apt import AptCandidates
 from provision.facts.gpus import NvidiaDevices
 from provision.facts.stack import BACKUP_STAMP
@@ -34,6 +35,7 @@ from provision.resources import render_template
 from provision.rules import backups as backup_rules
 from provision.rules import dcgm as dcgm_fields
 from provision.rules import monitoring as layout
+from provision.rules import nvidia as nvidia_rules
 from provision.rules import shares as shares_layout
 
 # Every service here restarts however often it fails: an exporter that started before
@@ -151,6 +153,12 @@ def dcgm(node: Node) -> None:
     source offers them: Prometheus on the head expects this host's exporter."""
     offered = host.get_fact(AptCandidates, packages=tuple(layout.DCGM_PACKAGES))
     missing = [p for p in layout.DCGM_PACKAGES if offered.get(p) is None]
+    run = current_run()
+    if missing and run.planning and "nvidia" in run.step_names and nvidia_rules.skip_reason(node) is None:
+        # A plan of a host without NVIDIA's repository yet: `up` runs the nvidia step first,
+        # which adds it; what DCGM's install will do cannot be shown before.
+        note(f"DCGM: {', '.join(missing)} offered once the nvidia step has added NVIDIA's repository")
+        return
     if missing:
         refuse(
             "monitoring",
@@ -212,8 +220,31 @@ def collectors(node: Node, cluster: Cluster) -> None:
     for unit in _timers(gpus):
         systemd.service(name=f"{unit}.timer enabled", service=f"{unit}.timer", running=True, enabled=True)
     if not gpus:  # a host whose GPUs went away (skipped, or DCGM's now) keeps no stale NVML series
-        for path in [layout.GPU_COLLECTOR, f"{layout.TEXTFILE_DIR}/provision_gpu.prom"]:
-            files.file(name=f"no {path}", path=path, present=False)
+        _no_nvml_collector()
+
+
+def _no_nvml_collector() -> None:
+    """The NVML collector gone: its timer stopped and disabled (else it would fail every 30 s
+    on its missing script), its units, script and series removed."""
+    timer = f"{layout.GPU_COLLECTOR_UNIT}.timer"
+    units = [f"/etc/systemd/system/{timer}", f"/etc/systemd/system/{layout.GPU_COLLECTOR_UNIT}.service"]
+    if host.get_fact(File, path=units[0]):
+        server.shell(
+            name="NVML collector: timer stopped and disabled",
+            commands=[
+                f"systemctl disable --now {timer}",
+                f"systemctl reset-failed {layout.GPU_COLLECTOR_UNIT}.service || true",
+            ],
+        )
+    removed = [
+        files.file(name=f"no {path}", path=path, present=False)
+        for path in [*units, layout.GPU_COLLECTOR, f"{layout.TEXTFILE_DIR}/provision_gpu.prom"]
+    ]
+    server.shell(
+        name="NVML collector: reload systemd",
+        commands=["systemctl daemon-reload"],
+        _if=lambda: any(r.did_change() for r in removed[:2]),
+    )
 
 
 def _timers(gpus: bool) -> list[str]:

@@ -24,6 +24,9 @@ class RunContext:
     cluster: Cluster | None  # the whole inventory, for deploys that write about every node (/etc/hosts);
     # None for a pass outside `up` and `plan` (the reboot step a run adds, tests)
     step_names: tuple[str, ...]  # the steps of this run (preflight checks disks only if volumes runs)
+    # A plan: nothing earlier steps would do has happened (a later step's facts are the
+    # host's as it is now, e.g. no NVIDIA repository yet for the monitoring step's DCGM).
+    planning: bool = False
     notes: dict[str, list[str]] = field(default_factory=dict)  # host -> notes for its summary row
     skips: dict[str, set[str]] = field(default_factory=dict)  # host -> steps that found nothing to do
     refusals: dict[str, list[str]] = field(default_factory=dict)  # host -> reasons a deploy refused it

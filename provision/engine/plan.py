@@ -28,7 +28,7 @@ def plan_steps(cluster: Cluster, steps: list[Step], on_event: OnEvent = no_event
     base would have brought their dependencies).
     """
     plans = {n.name: HostPlan(n.name) for n in cluster.nodes}
-    run = RunContext(cluster, tuple(s.name for s in steps))
+    run = RunContext(cluster, tuple(s.name for s in steps), planning=True)
     for step in steps:
         alive = [n for n in cluster.nodes if plans[n.name].reachable and not plans[n.name].refused]
         if alive:

@@ -76,8 +76,12 @@ RECORDS: dict[str, str] = {
 
 # NVML answers through DCGM: 1 while the node's exporter is scraped and reports GPU
 # fields, 0 while it does not answer or reports none (the host engine or the driver lost).
-# Per node, as the NVML collector's series is.
-NVML_UP = '(count by (job, instance, node) (DCGM_FI_DEV_GPU_TEMP) > bool 0) or on (node) (0 * up{job="dcgm"})'
+# Per node, as the NVML collector's series is; and like it, absent while the whole node is
+# down (NodeDown says that; a node rebooting is not a lost GPU).
+NVML_UP = (
+    "(count by (job, instance, node) (DCGM_FI_DEV_GPU_TEMP) > bool 0) or on (node) "
+    '(0 * (up{job="dcgm"} unless on (node) (up{job="node"} == 0)))'
+)
 
 GROUP = "provision-dcgm"
 

@@ -96,7 +96,9 @@ def uses_dcgm(node: Node) -> bool:
     alone, so that the head's scrape configuration knows it without asking the host: on
     declared GPU hosts, whose nvidia step installs NVIDIA's repository (where DCGM comes
     from), unless ``gpu_telemetry = "nvml"``. A host whose GPUs are only found by lspci
-    gets the NVML collector."""
+    gets the NVML collector. (The nvidia step adds NVIDIA's repository unless the driver
+    is Canonical's and nothing else is wanted from it: cuda_toolkit_version null, no NCCL,
+    no container toolkit; the monitoring step then refuses the host, naming the setting.)"""
     return node.settings.monitoring and node.settings.gpu_telemetry == "auto" and declared_gpu_host(node)
 
 

@@ -29,6 +29,8 @@ from tests.standins import nvidia_repo
 BOOT_ID = "cat /proc/sys/kernel/random/boot_id"
 CLEANUP = (
     "apt-mark unhold $(apt-mark showhold) >/dev/null 2>&1; "
+    # the stand-ins have no prerm: their services are stopped before their packages go
+    "systemctl disable --now nvidia-dcgm-exporter.service nvidia-dcgm.service >/dev/null 2>&1; "
     "DEBIAN_FRONTEND=noninteractive apt-get purge -y 'nvidia-*' 'libnvidia-*' 'cuda-*' 'libnccl*' "
     "'datacenter-gpu-manager*' >/dev/null; "
     "rm -f /etc/apt/sources.list.d/cuda-*.sources /etc/apt/preferences.d/90-provision-nvidia "
@@ -334,6 +336,8 @@ def dcgm_up(provisioned, testbed, first_and_second, tmp_path_factory):
     data = source.parent / "group_data" / "all.py"
     (work / "group_data" / "all.py").write_text(data.read_text() if data.is_file() else "")
     cluster = inventory.load(inv)
+    # As a host the NVML collector reported before: its timer running, which must not stay.
+    sh(cluster.node(HOST), NVML_COLLECTOR_BEFORE)
     result = pipeline.up(
         cluster,
         pipeline.select(only="monitoring"),
@@ -346,13 +350,27 @@ def dcgm_up(provisioned, testbed, first_and_second, tmp_path_factory):
     assert restored.exit_code == 0, restored.as_json()
 
 
+NVML_COLLECTOR_BEFORE = (
+    f"printf '#!/bin/sh\\nexit 0\\n' > {monitoring.GPU_COLLECTOR}; chmod 755 {monitoring.GPU_COLLECTOR}; "
+    f"printf '[Service]\\nType=oneshot\\nExecStart={monitoring.GPU_COLLECTOR}\\n' "
+    f"> /etc/systemd/system/{monitoring.GPU_COLLECTOR_UNIT}.service; "
+    f"printf '[Timer]\\nOnUnitActiveSec=30\\nOnBootSec=30\\n[Install]\\nWantedBy=timers.target\\n' "
+    f"> /etc/systemd/system/{monitoring.GPU_COLLECTOR_UNIT}.timer; "
+    f"systemctl daemon-reload && systemctl enable --now {monitoring.GPU_COLLECTOR_UNIT}.timer"
+)
+
+
 def test_dcgm_runs_on_the_declared_gpu_host_its_exporter_on_the_cluster_address_only(dcgm_up) -> None:
     cluster, result = dcgm_up
     assert result.exit_code == 0, result.as_json()
     node = cluster.node(HOST)
     active = sh(node, f"systemctl is-active {monitoring.DCGM_SERVICE} {monitoring.DCGM_EXPORTER_SERVICE}")
     assert active.split() == ["active", "active"]
-    assert not remote.run(node, f"test -e {monitoring.GPU_COLLECTOR}").ok  # DCGM, not the NVML collector
+    # DCGM, not the NVML collector: the one running before is stopped and gone
+    for path in (monitoring.GPU_COLLECTOR, f"/etc/systemd/system/{monitoring.GPU_COLLECTOR_UNIT}.timer"):
+        assert not remote.run(node, f"test -e {path}").ok, path
+    timer = remote.run(node, f"systemctl is-active {monitoring.GPU_COLLECTOR_UNIT}.timer")
+    assert timer.stdout.strip() in ("inactive", "unknown"), timer.stdout
     listening = sh(node, f"ss -Hltn 'sport = :{monitoring.DCGM_EXPORTER_PORT}'").split()
     local = [w for w in listening if w.endswith(f":{monitoring.DCGM_EXPORTER_PORT}")]
     assert local == [monitoring.host_port(node.cluster_address, monitoring.DCGM_EXPORTER_PORT)], listening

@@ -92,11 +92,13 @@ def plan_with_facts(
     facts: Callable[[type, dict[str, Any]], Any],
     cluster: Cluster | None = None,
     steps: list[Step] | None = None,
+    planning: bool = False,
 ) -> tuple[list[PlannedOp], list[str]]:
     """Prepare one step for one node against given facts instead of a live host: pyinfra's
     "fake state". Returns the operations that would change and the refusals. Nothing is
     contacted; ``facts(FactClass, kwargs)`` answers every fact the deploy reads. ``steps``
-    are the steps of the run it pretends to be part of (default: this step alone).
+    are the steps of the run it pretends to be part of (default: this step alone);
+    ``planning``: that run is `provision plan`'s (earlier steps' changes not made).
 
     This is how deploys are tested on captured facts (an Ubuntu host, a GPU host): the real
     engine prepares the deploy, and only pyinfra's Host.get_fact is answered from the test.
@@ -106,7 +108,11 @@ def plan_with_facts(
     from pyinfra.api.deploy import add_deploy
     from pyinfra.api.host import Host
 
-    run = RunContext(cluster or Cluster(Path("fake-inventory.py"), (node,)), tuple(s.name for s in steps or [step]))
+    run = RunContext(
+        cluster or Cluster(Path("fake-inventory.py"), (node,)),
+        tuple(s.name for s in steps or [step]),
+        planning=planning,
+    )
     state = new_state([node], run=run)
 
     def get_fact(self: Any, cls: type, *args: Any, **kwargs: Any) -> Any:

@@ -188,6 +188,30 @@ def test_nvml_reads_down_when_the_exporter_stops_answering_or_reports_no_gpu(tmp
     assert not failed, failed
 
 
+def test_a_node_that_is_down_is_node_down_not_a_lost_gpu(tmp_path: Path) -> None:
+    """The whole node gone (a reboot, a power loss): both its exporters fail their scrapes.
+    NodeDown fires; NVML's "up" is absent, as the NVML collector's is, so GpuNvmlDown does not."""
+    gone = [
+        {"series": 'up{job="dcgm",instance="10.9.0.7:9400",node="g1"}', "values": "1 1 0x10"},
+        {"series": 'up{job="node",instance="10.9.0.7:9100",node="g1"}', "values": "1 1 0x10"},
+    ]
+    down = {"job": "node", "instance": "10.9.0.7:9100", "node": "g1", "severity": "critical"}
+    node_down = {"exp_labels": down, "exp_annotations": {"summary": "g1: its exporter has not answered for 2 minutes"}}
+    tests = [
+        {
+            "interval": "1m",
+            "input_series": gone,
+            "promql_expr_test": [{"expr": "provision_gpu_nvml_up", "eval_time": "6m", "exp_samples": []}],
+            "alert_rule_test": [
+                {"eval_time": "6m", "alertname": "GpuNvmlDown", "exp_alerts": []},
+                {"eval_time": "6m", "alertname": "NodeDown", "exp_alerts": [node_down]},
+            ],
+        }
+    ]
+    failed = _write(tmp_path, tests)
+    assert not failed, failed
+
+
 def test_the_configuration_with_a_dcgm_host_passes_promtool_check(tmp_path: Path) -> None:
     cluster = Cluster(
         tmp_path / "inv.py",

@@ -230,3 +230,39 @@ def test_the_exporter_runs_only_the_collectors_asked_for_and_always_the_textfile
         "--collector.textfile",
         f"--collector.textfile.directory={layout.TEXTFILE_DIR}",
     ]
+
+
+def test_a_host_leaving_the_nvml_collector_stops_its_timer_and_removes_its_units(tmp_path: Path) -> None:
+    gpu = node("g1", ("gpu_nodes",))  # DCGM's now; the NVML collector's timer is still there
+    from datetime import datetime
+
+    when = datetime(2026, 12, 1)
+    there = {"user": "root", "group": "root", "mode": 644, "size": 300, "atime": when, "mtime": when, "ctime": when}
+    facts = FakeHost(NvidiaDevices=Gpus((H100,), ()), AptCandidates=DCGM_OFFERED, File=there)
+    ops, _ = plan_with_facts(monitoring.step, gpu, facts, _cluster(tmp_path, gpu))
+    by_name = {o.name.removeprefix(PREFIX): o for o in ops}
+    names = list(by_name)
+    stop = names.index("NVML collector: timer stopped and disabled")
+    assert by_name[names[stop]].commands[0] == f"systemctl disable --now {layout.GPU_COLLECTOR_UNIT}.timer"
+    timer = f"no /etc/systemd/system/{layout.GPU_COLLECTOR_UNIT}.timer"
+    assert stop < names.index(timer)  # disabled while its unit file is still there
+    assert names.index(timer) < names.index("NVML collector: reload systemd")
+    assert f"no {layout.GPU_COLLECTOR}" in names
+
+
+def test_a_plan_before_the_nvidia_step_adds_the_repository_notes_dcgm_instead_of_refusing(tmp_path: Path) -> None:
+    from provision.deploys import nvidia
+
+    gpu = node("g1", ("gpu_nodes",))
+    nothing = {"datacenter-gpu-manager-4-core": None, "datacenter-gpu-manager-exporter": None}
+    facts = FakeHost(NvidiaDevices=Gpus((H100,), ()), AptCandidates=nothing)
+    ops, refused = plan_with_facts(
+        monitoring.step, gpu, facts, _cluster(tmp_path, gpu), steps=[nvidia.step, monitoring.step], planning=True
+    )
+    assert refused == []
+    assert "Install DCGM and its exporter" not in _names(ops)
+    # the same host in `up` (not a plan), the repository still without DCGM: refused
+    _, refused = plan_with_facts(
+        monitoring.step, gpu, facts, _cluster(tmp_path, gpu), steps=[nvidia.step, monitoring.step]
+    )
+    assert len(refused) == 1
