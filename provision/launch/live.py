@@ -100,7 +100,7 @@ class LiveSeries:
         rate = rates[-1][1] if rates and rates[-1][0] == step else None
         if host not in self.offsets:
             self._meet(host)
-        at = self.clock() + self.offsets.get(host, 0.0)
+        at = self.clock() + self.offsets[host]
         write = layout.write_command(self.path, exposition(self.run_id, step, loss, rate, at))
         if self.written_on not in (None, host):
             self._remove(self.written_on)
