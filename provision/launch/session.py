@@ -34,8 +34,9 @@ JOIN_S = 60  # joining a loss's reaper threads before the end's own check
 _STRAGGLER = re.compile(r"^straggler: dropping (\S+): ")  # the trainer's StragglerWatch line
 STREAM_JOIN_S = 30  # how long to wait for log streams to end after teardown
 TEARDOWN_TIMEOUT_S = 40  # per host: reaper grace (5 s) + SIGKILL wait + SSH slack
-# The node check imports torch: cold after a boot, on an emulated or busy node, that alone
-# took over 60 s (the testbed's VM after its restart, with other work beside it).
+# The node check: python started, nvidia-smi -L, a write test on each share (an automount
+# mounts it). Each can be slow on a node just booted or overloaded; a hung driver or NFS
+# server holds it until this deadline.
 PROBE_TIMEOUT_S = 300
 
 
@@ -242,7 +243,7 @@ def _prepare_node(
     if probe.exited == remote.TIMED_OUT:
         raise LaunchError(
             f"checking python, interface and GPUs timed out after {probe_s} s "
-            "(importing torch on a busy or just-booted node can take minutes; is the node overloaded?)"
+            "(an overloaded node, or a GPU driver or NFS share that does not answer)"
         )
     head, _, rest = probe.stdout.partition("--gpus--")
     gpus, _, rest = rest.partition("--run-as--")
@@ -250,7 +251,9 @@ def _prepare_node(
     can_write, _, dirs = rest.partition("--dirs--")
     run_as = s.training_user if f"RUN_AS={s.training_user}" in run_as_out else None
     if "PY_OK" not in head:
-        raise LaunchError(f"{python} cannot import torch; run `provision up` (frameworks) or set venv_path / --python")
+        raise LaunchError(
+            f"{python} cannot be run or has no torch; run `provision up` (frameworks) or set venv_path / --python"
+        )
     ip_json = head.split("PY_OK", 1)[1].strip()
     interface = s.cluster_interface or plan.interface_for(node.cluster_address, ip_json)
     if not interface:
@@ -290,7 +293,11 @@ def _prepare_node(
 
 
 def _python_check(torch: bool) -> str:
-    return "import torch" if torch else "pass"
+    """Whether the node's python has torch, found without importing it: the import (libtorch
+    loaded and initialised) costs seconds on a GPU server and a minute or more on a busy or
+    emulated one, and torchrun imports it moments later anyway, where a torch that is there
+    but broken fails in the node's log."""
+    return "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is None)" if torch else "pass"
 
 
 class Supervisor:

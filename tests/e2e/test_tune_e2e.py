@@ -43,7 +43,7 @@ high = 8
 # Four evaluations a trial (the pruner's reports), one thread per trial: each VM runs one
 # trial at a time and the host's two cores are shared by the two VMs. Two sequences a
 # step: a step takes about 0.5 s under TCG, and a trial's time is mostly the trainer's
-# torch import (the first on a node also the launch's check): about 75 s.
+# torch import: about 75 s.
 TRIAL = ["--steps", "12", "--eval-interval", "3", "--batch-per-rank", "2", "--threads", "1"]
 TRAINER = ["--", "--data-max-mb", "1", "--eval-samples", "8"]
 

@@ -340,3 +340,20 @@ def test_as_root_the_trainer_runs_as_the_training_user(netns_hosts, tmp_path):
             assert tried.returncode != 0, attempt
     finally:
         shutil.rmtree(node_dir, ignore_errors=True)
+
+
+def test_the_node_check_finds_torch_without_importing_it():
+    """The check each node runs before a launch (session._python_check): exit 0 where the
+    python has torch, 1 where it has none (the same python without its site-packages), and torch is
+    never imported by it: the import costs a minute on an emulated or busy node, and
+    torchrun pays it moments later anyway."""
+    from provision.launch import session
+
+    check = session._python_check(True)
+    assert subprocess.run([sys.executable, "-c", check], timeout=60).returncode == 0
+    assert subprocess.run([sys.executable, "-I", "-S", "-c", check], timeout=60).returncode == 1
+    imported = subprocess.run(
+        [sys.executable, "-c", f"{check.replace('sys.exit', 'print')}; print('torch' in sys.modules)"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert imported.stdout.split() == ["False", "False"], imported.stdout + imported.stderr
