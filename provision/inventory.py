@@ -11,7 +11,9 @@ raised together as one ``InputError``, so the user fixes them all in one pass.
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -21,6 +23,7 @@ from provision import inventory_file
 from provision import values as v
 from provision.errors import InputError, Problem
 from provision.settings import ROLES, Settings, is_pyinfra_key, key_label, parse_settings
+from provision.values import Check
 
 
 @dataclass(frozen=True)
@@ -150,13 +153,22 @@ def load(path: str | os.PathLike[str]) -> Cluster:
 
 def _node(inv: Any, host: Any, inventory_path: Path, problems: list[Problem], groups: dict[str, list[Problem]]) -> Node:
     where = f"{inventory_path}: host {host_label(host.name)}"
-    name_problem = v.address(host.name)
+    name_problem = v.node_name(host.name)
     if name_problem:
         problems.append(Problem(where, name_problem, "name hosts by host name; the address goes in ssh_hostname"))
     _check_layers(inv, host, inventory_path, problems, groups)
     data = {k: v for k, v in host.data.dict().items()}
     settings, _ = parse_settings(data, where)  # layer problems were reported with their source
     ssh = _ssh_target(host.name, data, where, problems)
+    if ssh.user is not None and ssh.user == settings.training_user:
+        problems.append(
+            Problem(
+                f"{where}: key training_user",
+                f"{settings.training_user!r} is also ssh_user, the account provision logs in as (with sudo): "
+                "a training job would run with root's reach",
+                "keep the default training_user (train), or name another unprivileged account",
+            )
+        )
     return Node(host.name, ssh, tuple(host.groups), settings, data)
 
 
@@ -196,12 +208,91 @@ def _layer_problems(where: str, data: dict[str, Any]) -> list[Problem]:
 # "ask" needs a terminal per host, which a parallel run cannot give.
 HOST_KEY_POLICIES = ("yes", "accept-new", "no", "off")
 
-# pyinfra keys whose values provision also writes into ssh_config and fabric's connection.
-SSH_VALUE_CHECKS = {
+
+def _program(value: Any) -> str | None:
+    """A shell or program for pyinfra to run commands with: a name or a path, one word."""
+    if isinstance(value, str) and re.fullmatch(r"/?[A-Za-z0-9_.+-]+(/[A-Za-z0-9_.+-]+)*", value):
+        return None
+    return f"{value!r} is not a program name or path (one word of letters, digits and ._+-/)"
+
+
+def _port(value: Any) -> str | None:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 65536:
+        return None
+    return f"{value!r} is not a port number (1-65535)"
+
+
+def _env(value: Any) -> str | None:
+    names_ok = isinstance(value, dict) and all(
+        isinstance(k, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k) for k in value
+    )
+    if names_ok and all(isinstance(x, str) and x.isprintable() for x in value.values()):
+        return None
+    return f"{value!r} is not a dict of environment variable names to one-line strings"
+
+
+def _paramiko_kwargs(value: Any) -> str | None:
+    # Where and as whom to connect are the inventory's own keys, checked above.
+    reserved = {"hostname", "port", "username", "password", "pkey", "key_filename", "sock", "passphrase"}
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value) and not reserved & set(value):
+        return None
+    return f"{value!r} is not a dict of paramiko options other than {', '.join(sorted(reserved))}"
+
+
+def _of_type(kind: type, low: float | None = None) -> Check:
+    def check(value: Any) -> str | None:
+        ok = isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
+        if kind is float:
+            ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        if ok and low is not None and value < low:
+            ok = False
+        if ok:
+            return None
+        return f"{value!r} is not {'a ' + kind.__name__ if low is None else f'a {kind.__name__} of {low:g} or more'}"
+
+    return check
+
+
+# pyinfra's keys an inventory may give, each with the check of its value. pyinfra passes
+# them to its connector and into the commands it builds, unquoted where they are a program
+# (`_shell_executable: "sh -c id;"` would run `id` as root on every command) and untyped
+# everywhere (`_sudo: "false"` is a true value). Operation arguments (`_ignore_errors`,
+# `_if`, `_run_once`...) have no place in host data: they would change what `up` reports.
+PYINFRA_VALUE_CHECKS: dict[str, Check] = {
     "ssh_hostname": v.address,
+    "ssh_port": _port,
     "ssh_user": v.user_name,
+    "ssh_password": _of_type(str),
     "ssh_key": v.controller_path,
+    "ssh_key_password": _of_type(str),
+    "ssh_allow_agent": _of_type(bool),
+    "ssh_look_for_keys": _of_type(bool),
+    "ssh_forward_agent": _of_type(bool),
+    "ssh_config_file": v.controller_path,
     "ssh_known_hosts_file": v.controller_path,
+    "ssh_paramiko_connect_kwargs": _paramiko_kwargs,
+    "ssh_connect_retries": _of_type(int, 0),
+    "ssh_connect_retry_min_delay": _of_type(float, 0),
+    "ssh_connect_retry_max_delay": _of_type(float, 0),
+    "ssh_file_transfer_protocol": lambda x: None if x in ("sftp", "scp") else f"{x!r} is not 'sftp' or 'scp'",
+    "_sudo": _of_type(bool),
+    "_sudo_user": v.user_name,
+    "_use_sudo_login": _of_type(bool),
+    "_sudo_password": _of_type(str),
+    "_preserve_sudo_env": _of_type(bool),
+    "_su_user": v.user_name,
+    "_use_su_login": _of_type(bool),
+    "_preserve_su_env": _of_type(bool),
+    "_su_shell": _program,
+    "_su_password": _of_type(str),
+    "_doas": _of_type(bool),
+    "_doas_user": v.user_name,
+    "_shell_executable": _program,
+    "_env": _env,
+    "_timeout": _of_type(int, 1),
+    "_get_pty": _of_type(bool),
+    "_temp_dir": v.absolute_path,
+    "_chdir": v.absolute_path,
 }
 
 
@@ -218,13 +309,23 @@ def pyinfra_key_problems(data: dict[str, Any], where: str) -> list[Problem]:
     known = {*connector_data_meta, *all_argument_meta}
     problems = []
     for key, value in data.items():
-        if not is_pyinfra_key(key) or key in {"winrm_username", "winrm_password"}:
+        if not is_pyinfra_key(key):
             continue
-        if key not in known:
+        if key.startswith("winrm_"):
+            problems.append(Problem(f"{where}: key {key_label(key)}", "provision connects over SSH only"))
+        elif key not in known:
             close = difflib.get_close_matches(key, sorted(known), n=1)
             hint = f"did you mean {close[0]}?" if close else "see pyinfra's connector and global arguments"
             problems.append(Problem(f"{where}: key {key_label(key)}", "unknown pyinfra key", hint))
-        elif key in SSH_VALUE_CHECKS and (what := SSH_VALUE_CHECKS[key](value)):
+        elif key not in PYINFRA_VALUE_CHECKS and key != "ssh_strict_host_key_checking":
+            problems.append(
+                Problem(
+                    f"{where}: key {key}",
+                    "an argument of single operations, not a host's setting",
+                    "leave it out of the inventory",
+                )
+            )
+        elif key in PYINFRA_VALUE_CHECKS and (what := PYINFRA_VALUE_CHECKS[key](value)):
             problems.append(Problem(f"{where}: key {key}", what))
         elif key == "ssh_strict_host_key_checking" and value not in HOST_KEY_POLICIES:
             problems.append(
@@ -240,9 +341,8 @@ def pyinfra_key_problems(data: dict[str, Any], where: str) -> list[Problem]:
 def _ssh_target(name: str, data: dict[str, Any], where: str, problems: list[Problem]) -> SshTarget:
     hostname = data.get("ssh_hostname") or name
     port = data.get("ssh_port", 22)
-    if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
-        problems.append(Problem(f"{where}: key ssh_port", f"{port!r} is not a port number (1-65535)"))
-        port = 22
+    if _port(port):
+        port = 22  # its layer's check said so, naming the file it came from
     key = data.get("ssh_key")
     if key is not None:
         key = os.path.expanduser(str(key))
@@ -250,7 +350,7 @@ def _ssh_target(name: str, data: dict[str, Any], where: str, problems: list[Prob
             problems.append(
                 Problem(
                     f"{where}: key ssh_key",
-                    f"SSH key file {key} does not exist",
+                    f"SSH key file {key if key.isprintable() else ascii(key)} does not exist",
                     "point ssh_key at an existing private key",
                 )
             )
@@ -295,11 +395,23 @@ def _address(address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | No
         return None
 
 
+def _same_address(address: str) -> str:
+    """One spelling of an address, to compare two: an IP in its compressed form (::1 and
+    0:0::1 are one; an IPv4-mapped IPv6 address is its IPv4 one), a name in lower case."""
+    ip = _address(address)
+    if ip is None:
+        return address.lower().rstrip(".")
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return str(ip.ipv4_mapped)
+    return str(ip)
+
+
 def _duplicates(inventory_path: Path, nodes: list[Node], attrs: dict[str, Any]) -> list[Problem]:
     problems = []
     for label, keyfunc in (
-        ("SSH address", lambda n: f"{n.ssh.hostname}:{n.ssh.port}"),
-        ("cluster address", lambda n: n.cluster_address),
+        ("host name", lambda n: n.name.lower()),  # names are case-insensitive (DNS, /etc/hosts, Slurm)
+        ("SSH address", lambda n: f"{_same_address(n.ssh.hostname)}:{n.ssh.port}"),
+        ("cluster address", lambda n: _same_address(n.cluster_address)),
     ):
         seen: dict[str, str] = {}
         for node in nodes:
@@ -340,6 +452,15 @@ def _duplicate_names(inventory_path: Path, attrs: dict[str, Any]) -> list[Proble
 def _references(inventory_path: Path, nodes: list[Node]) -> list[Problem]:
     names = {n.name for n in nodes}
     problems = []
+    servers = sorted({n.settings.nfs_server for n in nodes if n.settings.nfs_server})
+    if len(servers) > 1:
+        problems.append(
+            Problem(
+                f"{inventory_path}: key nfs_server",
+                f"hosts name different NFS servers ({', '.join(host_label(s) for s in servers)}); the cluster has one",
+                "set nfs_server once, in group_data/all.py",
+            )
+        )
     for node in nodes:
         server = node.settings.nfs_server
         if server is not None and server not in names:

@@ -54,6 +54,7 @@ def load(path: Path) -> tuple[Any, dict[str, Any]]:
     with _guarded(path), held(ctx_state, State()):
         attrs = exec_file(str(path), return_locals=True)
         problems = [p for name, value in attrs.items() for p in group_problems(path, name, value)]
+        problems += member_problems(path, attrs) if not problems else []
         if problems:
             raise InputError(problems)
         groups = {k: val for k, val in attrs.items() if pyinfra_inventory._is_inventory_group(k, val)}
@@ -164,8 +165,8 @@ def group_problems(path: Path, name: str, value: Any) -> list[Problem]:
     host"), and reads a tuple as (hosts, data); a helper variable starts with '_'."""
     if name.startswith("_") or isinstance(value, ModuleType) or callable(value):
         return []
-    if not isinstance(value, str | dict | set | frozenset | list | tuple):
-        return []
+    # Anything else at the top level is read as a group: `storage = None` or a generator
+    # (pyinfra reads one, but only once) would quietly mean "no storage host".
     where = f"{path}: group {name}"
     fix = f"write {name} = ['node1', ...] (a list of host names or (name, data) tuples), or name a helper _{name}"
     if isinstance(value, tuple):
@@ -183,3 +184,50 @@ def _host_entry_problem(entry: Any) -> str | None:
     if isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[0], str) and isinstance(entry[1], dict):
         return None
     return "a host is a name or a (name, dict of host data) tuple"
+
+
+def _entries(value: Any) -> list[Any]:
+    return list(value[0] if isinstance(value, tuple) else value)
+
+
+def member_problems(path: Path, attrs: dict[str, Any]) -> list[Problem]:
+    """Hosts that the groups disagree on. pyinfra merges a host's data from every group that
+    gives it, silently, and takes a bare name in a role group for a new host: so
+    `storage = ["gpu09"]` (for gpu01) adds a host reached by its DNS name, and two groups
+    giving one host two SSH ports connect to one of them. Both are refused: a host's data
+    given twice must agree, and where hosts come with their data, a host named without
+    data anywhere is a typo."""
+    groups = {k: _entries(v) for k, v in attrs.items() if not k.startswith("_") and isinstance(v, list | tuple)}
+    given: dict[str, dict[str, tuple[str, Any]]] = {}  # host -> key -> (group, value)
+    problems = []
+    for group, entries in groups.items():
+        for entry in entries:
+            if not isinstance(entry, tuple):
+                continue
+            name, data = entry
+            given.setdefault(name, {})
+            for key, value in data.items():
+                first = given[name].get(key)
+                if first is None:
+                    given[name][key] = (group, value)
+                elif first[1] != value:
+                    problems.append(
+                        Problem(
+                            f"{path}: host {ascii(name) if not name.isprintable() else name}",
+                            f"key {key!r} is {first[1]!r} in group {first[0]} and {value!r} in group {group}",
+                            "give a host's data once, in one group",
+                        )
+                    )
+    if given:
+        named = sorted({e for entries in groups.values() for e in entries if isinstance(e, str)} - set(given))
+        for name in named:
+            where = [g for g, entries in groups.items() if name in entries]
+            problems.append(
+                Problem(
+                    f"{path}: group {where[0]}",
+                    f"host {ascii(name) if not name.isprintable() else name} is named only here, without data, "
+                    "while the other hosts come with theirs: a typo?",
+                    f"name one of the inventory's hosts, or give it its data: ({name!r}, {{'ssh_hostname': ...}})",
+                )
+            )
+    return problems

@@ -165,7 +165,7 @@ class Settings:
 
     # --- cluster addressing ---
     cluster_address: str | None = knob(
-        None, "the host's address on the cluster (data) network; default: its SSH address", v.optional(v.ip_address)
+        None, "the host's address on the cluster (data) network; default: its SSH address", v.optional(v.host_ip)
     )
     cluster_cidr: str | None = knob(
         None, "the cluster network, e.g. 10.0.0.0/24; NFS exports go to it only", v.optional(v.cluster_network)
@@ -181,13 +181,13 @@ class Settings:
     apt_lock_wait_s: int = knob(300, "how long to wait for another apt/dpkg to let go", v.bounded(1, 86400))
 
     # --- base ---
-    training_user: str = knob("train", "the account that runs training jobs", v.user_name)
+    training_user: str = knob("train", "the account that runs training jobs (not root)", v.unprivileged_user)
     training_uid: int = knob(
         2000, "uid and gid of the training user and its group, the same on every node (NFS ownership)", _uid
     )
     nofile_limit: int = knob(NR_OPEN_DEFAULT, "open-files limit for training processes (1 to 1048576)", _nofile)
     ntp_servers: list[str] = knob(
-        [], "chrony's only servers (the distribution's pool is parked); empty keeps the pool", v.each(v.address)
+        [], "chrony's only servers (the distribution's pool is parked); empty keeps the pool", v.each(v.server_address)
     )
     apt_cache_valid_s: int = knob(
         86400, "an apt cache younger than this is not updated again (re-runs stay quick)", v.bounded(1, 31_536_000)
@@ -380,7 +380,9 @@ class Settings:
     )
 
     # --- train ---
-    train_master_port: int = knob(29500, "c10d rendezvous port on the first node", v.bounded(1, 65535))
+    train_master_port: int = knob(
+        29500, "c10d rendezvous port on the first node (the training user binds it: 1024 up)", v.bounded(1024, 65535)
+    )
     train_max_restarts: int = knob(
         3, "train --min-nodes: times torchrun restarts a node's workers (each lost node is one)", v.bounded(0, 100)
     )
@@ -419,9 +421,9 @@ def knob_docs() -> list[tuple[str, Any, str]]:
     return out
 
 
-def is_pyinfra_key(key: str) -> bool:
-    """pyinfra's own connection data and global arguments, passed through untouched."""
-    return key.startswith(("ssh_", "_")) or key in {"winrm_username", "winrm_password"}
+def is_pyinfra_key(key: object) -> bool:
+    """pyinfra's own connection data and global arguments (checked by inventory.py)."""
+    return isinstance(key, str) and (key.startswith(("ssh_", "_")) or key.startswith("winrm_"))
 
 
 def _type_ok(value: Any, annotation: Any) -> bool:
@@ -504,13 +506,14 @@ def parse_settings(data: dict[str, Any], where: str) -> tuple[Settings, list[Pro
         except ValueError as e:
             problems.append(Problem(f"{where}: key install_nccl", str(e)))
     problems += _train_dir_problems(settings, where)
+    problems += _layout_problems(settings, where)
     return settings, problems
 
 
 def _unknown_key(where: str, key: str) -> Problem:
     import difflib
 
-    close = difflib.get_close_matches(key, [f.name for f in fields(Settings)], n=1)
+    close = difflib.get_close_matches(key, [f.name for f in fields(Settings)], n=1) if isinstance(key, str) else []
     fix = f"did you mean {close[0]!r}?" if close else "see `provision inventory knobs`"
     return Problem(f"{where}: key {key_label(key)}", "unknown setting", fix)
 
@@ -545,6 +548,40 @@ def _train_dir_problems(s: Settings, where: str) -> list[Problem]:
     message = train_dir_problem(s)
     fix = "use a directory of its own, e.g. /srv/train"
     return [Problem(f"{where}: key train_dir", message, fix)] if message else []
+
+
+def _layout_problems(s: Settings, where: str) -> list[Problem]:
+    """Directories that would land on each other. The venv is PATH's and root's: on the data
+    volume or a share it is not the node's own (and a share is root-squashed); ':' splits
+    PATH. The clients' mount point must not be the data volume or the exported tree (the
+    server mounts the shares there too, over its own data)."""
+    import posixpath
+
+    problems = []
+    venv = posixpath.normpath(s.venv_path)
+    if ":" in venv:
+        problems.append(Problem(f"{where}: key venv_path", f"{s.venv_path!r} holds ':', which splits PATH"))
+    for name, tree in (("data_mount", s.data_mount), ("nfs_mount_root", s.nfs_mount_root)):
+        if _inside(venv, posixpath.normpath(tree)) or _inside(posixpath.normpath(tree), venv):
+            problems.append(
+                Problem(
+                    f"{where}: key venv_path",
+                    f"{s.venv_path!r} is on or holds {name} {tree}",
+                    "keep the venv on the root disk, e.g. /opt/provision/venv",
+                )
+            )
+    mounts = posixpath.normpath(s.nfs_mount_root)
+    for name, tree in (("data_mount", s.data_mount), ("nfs_export_root", s.nfs_export_root)):
+        other = posixpath.normpath(tree)
+        if _inside(mounts, other) or _inside(other, mounts):
+            problems.append(
+                Problem(
+                    f"{where}: key nfs_mount_root",
+                    f"{s.nfs_mount_root!r} is on or holds {name} {tree}",
+                    "mount the shares at a directory of their own, e.g. /shared",
+                )
+            )
+    return problems
 
 
 def _inside(path: str, tree: str) -> bool:

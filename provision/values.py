@@ -99,7 +99,38 @@ def host_name(value: Any) -> str | None:
     return f"{value!r} is not an RFC 1123 host name (ASCII letters, digits, '-' and '.')"
 
 
+def node_name(value: Any) -> str | None:
+    """An inventory host's name: an RFC 1123 host name that names one machine. It goes into
+    every node's /etc/hosts and Slurm's NodeName, so not an address ("10.0.0.1", "123": a
+    last label of digits reads as one) and not localhost."""
+    problem = host_name(value)
+    if problem:
+        return problem
+    if value.rsplit(".", 1)[-1].isdigit():
+        return f"{value!r} reads as an IP address; name hosts by host name (the address goes in ssh_hostname)"
+    if value.lower() == "localhost" or value.lower().startswith("localhost."):
+        return f"{value!r} names the local machine on every host; give each host its own name"
+    return None
+
+
+def _zone_or_space(value: str) -> str | None:
+    # Python's ipaddress takes an IPv6 zone ("fe80::1%eth0") holding any character at all,
+    # spaces and newlines included: written into /etc/hosts, chrony's sources or exports, such
+    # a value adds lines of its own. Neither a zone nor whitespace belongs in a cluster file.
+    if "%" in value:
+        return f"{value!r}: an IPv6 zone (%...) is not accepted; give the address alone"
+    if not value.isascii() or not value.isprintable() or any(c.isspace() for c in value):
+        return f"{value!a} holds a space, a control character or a non-ASCII character"
+    return None
+
+
 def ip_address(value: Any) -> str | None:
+    """An IP address written as text (an int or a bool is not one, though Python takes both)."""
+    if not isinstance(value, str):
+        return f"{value!r} is not an IP address (a string such as '10.0.0.1')"
+    problem = _zone_or_space(value)
+    if problem:
+        return problem
     try:
         ipaddress.ip_address(value)
     except ValueError:
@@ -107,9 +138,33 @@ def ip_address(value: Any) -> str | None:
     return None
 
 
+def host_ip(value: Any) -> str | None:
+    """An IP address one host can have: not unspecified (0.0.0.0, ::), multicast or
+    reserved. (Loopback stays: hosts in one machine's network namespaces, as the tests
+    run them, talk over 127.0.0.0/8.)"""
+    problem = ip_address(value)
+    if problem:
+        return problem
+    ip = ipaddress.ip_address(value)
+    if ip.is_unspecified or ip.is_multicast or ip.is_reserved:
+        return f"{value!r} is not a host's address (unspecified, multicast or reserved)"
+    return None
+
+
+def _looks_like_ip(value: Any) -> bool:
+    # A host name has no ':' and its last label is not all digits: anything else is meant
+    # as an address, and is told what is wrong with it as one.
+    return not isinstance(value, str) or ":" in value or value.rsplit(".", 1)[-1].isdigit()
+
+
 def address(value: Any) -> str | None:
     """An IP address or an RFC 1123 host name."""
-    return None if ip_address(value) is None else host_name(value)
+    return ip_address(value) if _looks_like_ip(value) else host_name(value)
+
+
+def server_address(value: Any) -> str | None:
+    """A server to reach: a host name, or an IP address a host can have."""
+    return host_ip(value) if _looks_like_ip(value) else host_name(value)
 
 
 _USER = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
@@ -122,6 +177,14 @@ def user_name(value: Any) -> str | None:
     return f"{value!r} is not a POSIX user name (letters, digits, '_', '.', '-'; up to 32)"
 
 
+def unprivileged_user(value: Any) -> str | None:
+    """A POSIX user name for an account that must not be root."""
+    problem = user_name(value)
+    if problem is None and value == "root":
+        return "'root' is not an unprivileged account; name the account training runs as, e.g. train"
+    return problem
+
+
 def interface(value: Any) -> str | None:
     """A Linux network interface name (at most 15 characters, no '/' or space)."""
     if isinstance(value, str) and re.fullmatch(r"[A-Za-z0-9_.-]{1,15}", value) and value not in (".", ".."):
@@ -130,6 +193,11 @@ def interface(value: Any) -> str | None:
 
 
 def cidr(value: Any) -> str | None:
+    if not isinstance(value, str):
+        return f"{value!r} is not a network in CIDR form, e.g. 10.0.0.0/24"
+    problem = _zone_or_space(value)
+    if problem:
+        return problem
     try:
         ipaddress.ip_network(value, strict=False)
     except (ValueError, TypeError):
@@ -179,6 +247,13 @@ def restic_repository(value: Any) -> str | None:
     """A restic repository spec: an absolute path or backend:location ({host} allowed)."""
     spec = re.compile(r"(/|(local|sftp|rest|s3|b2|azure|gs|swift|rclone):)[A-Za-z0-9._~:/@%+=,{}-]*")
     if isinstance(value, str) and spec.fullmatch(value):
+        backend, colon, location = value.partition(":") if not value.startswith("/") else ("", "", value)
+        if colon and (not location or location.startswith("-")):
+            # restic hands sftp's host to ssh as an argument: "-o..." would be an ssh option
+            return f"{value!r}: the location after {backend}: is empty or starts with '-'"
+        path = location if backend in ("", "local") else ""
+        if path and (problem := data_directory(path.replace("{host}", "host"))):
+            return f"backup repository {problem}"
         return None
     return (
         f"{value!r} is not a restic repository (an absolute path, or sftp:, rest:, s3:, b2:, azure:, gs:, "
@@ -204,7 +279,7 @@ def slurm_name(value: Any) -> str | None:
 def slurm_time(value: Any) -> str | None:
     """A Slurm time limit: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS, or UNLIMITED."""
     pattern = r"UNLIMITED|\d{1,6}|\d{1,6}:\d{2}|\d{1,6}:\d{2}:\d{2}|\d{1,4}-\d{1,2}(:\d{2}(:\d{2})?)?"
-    if isinstance(value, str) and re.fullmatch(pattern, value):
+    if isinstance(value, str) and re.fullmatch(pattern, value, re.ASCII):  # ASCII: \d is any script's digits
         return None
     return f"{value!r} is not a Slurm time such as 60, 01:00:00, 2-00:00:00 or UNLIMITED"
 
@@ -227,6 +302,11 @@ def export_options(value: Any) -> str | None:
     no_root_squash (root on any node would be root on the share) is not one of them."""
     if not isinstance(value, str) or not value:
         return f"{value!r} is not a comma-separated list of exports(5) options"
+    # The squashed users become anonuid/anongid: 0 makes every client's root, or with
+    # all_squash every client user, root on the share: no_root_squash by another name.
+    root = [t for t in value.split(",") if re.fullmatch(r"anon[ug]id=0+", t)]
+    if root:
+        return f"{', '.join(root)} maps squashed users to root on the share; give an unprivileged id"
     bad = [t for t in value.split(",") if t not in _EXPORT_FLAGS and not _EXPORT_VALUED.fullmatch(t)]
     if bad:
         return (

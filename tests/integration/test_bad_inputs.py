@@ -105,7 +105,7 @@ CASES: list[Case] = [
     Case("file-sleeps", "took longer than", whole="import time\nwhile True:\n    time.sleep(0.01)"),
     Case("file-raises", "raised ValueError: boom", whole="raise ValueError('boom')"),
     Case("file-syntax", "syntax error", whole="nodes = [("),
-    Case("file-no-hosts", "the inventory has no hosts", whole="x_ = 1"),
+    Case("file-no-hosts", "the inventory has no hosts", whole="_x = 1"),
     Case("group-data-all", "group_data/all.py: key venv_path", group_data={"all": f"venv_path = '/v$(touch {M})'"}),
     Case(
         "group-data-storage",

@@ -191,7 +191,7 @@ def test_a_cluster_cidr_must_hold_every_cluster_address(tmp_path):
 
 
 def test_empty_inventory(tmp_path):
-    inv = write(tmp_path / "inv.py", "# nothing here\nx = 1\n")
+    inv = write(tmp_path / "inv.py", "# nothing here\n_x = 1\n")
     (line,) = problems_of(inv)
     assert "no hosts" in line
 

@@ -1,0 +1,162 @@
+"""Hostile inventories found by an audit (session 49): values that Python's own parsers
+take but that would have written lines of their own into a node's files or commands, and
+inventories whose groups disagree. Each is refused at load, with one line naming the key,
+before any host is contacted (load reads no network)."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from provision import inventory
+from provision.errors import InputError
+
+BASE = {"ssh_hostname": "192.0.2.1", "cluster_address": "10.0.0.1"}
+OTHER = {"ssh_hostname": "192.0.2.2", "cluster_address": "10.0.0.2"}
+
+
+def problems(tmp_path: Path, text: str, all_py: str | None = None) -> list[str]:
+    inv = tmp_path / "inv.py"
+    inv.write_text(textwrap.dedent(text))
+    if all_py is not None:
+        (tmp_path / "group_data").mkdir(exist_ok=True)
+        (tmp_path / "group_data" / "all.py").write_text(all_py)
+    with pytest.raises(InputError) as info:
+        inventory.load(inv)
+    return [str(p) for p in info.value.problems]
+
+
+def two(first: dict, second: dict | None = None, name1: str = "gpu01", name2: str = "gpu02") -> str:
+    return f"nodes = [({name1!r}, {first!r}), ({name2!r}, {second or OTHER!r})]\n"
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "said"),
+    [
+        # ipaddress takes an IPv6 zone of any characters: newlines would be new lines in
+        # /etc/hosts, chrony's sources and exports
+        ("cluster_address", "fe80::1%x\n10.0.0.9 evil", "IPv6 zone"),
+        ("ssh_hostname", "::1%lo\nProxyCommand touch pwn", "IPv6 zone"),
+        ("ssh_hostname", "gpu01\nProxyCommand touch pwn", "is not an RFC 1123 host name"),
+        ("ntp_servers", ["fe80::1%x\nserver evil iburst"], "IPv6 zone"),
+        ("cluster_cidr", "fd00::%x y/64", "IPv6 zone"),
+        ("ssh_hostname", True, "is not an IP address"),
+        ("ssh_hostname", 2130706433, "is not an IP address"),
+        ("cluster_address", "0.0.0.0", "not a host's address"),
+        ("cluster_address", "224.0.0.5", "not a host's address"),
+        ("ntp_servers", ["0.0.0.0"], "not a host's address"),
+        ("slurm_default_time", "\u0661\u0662:\u0660\u0660:\u0660\u0660", "is not a Slurm time"),
+        ("nfs_export_options", "rw,sync,all_squash,anonuid=0,anongid=0,no_subtree_check", "to root on the share"),
+        ("backup_repository", "sftp:-oProxyCommand=/tmp/x:/repo", "starts with '-'"),
+        ("backup_repository", "/etc", "system directory"),
+        ("backup_repository", "/", "system directory"),
+        ("backup_repository", "/data/../etc", "normalised"),
+        ("training_user", "root", "not an unprivileged account"),
+        ("train_master_port", 22, "1024"),
+        # pyinfra's global arguments and connector data, typed
+        ("_shell_executable", "sh -c id;", "is not a program"),
+        ("_sudo", "false", "is not a bool"),
+        ("_timeout", -5, "1 or more"),
+        ("ssh_connect_retries", "x", "is not a int"),
+        ("ssh_paramiko_connect_kwargs", {"hostname": "10.0.0.1"}, "paramiko options other than"),
+        ("_ignore_errors", True, "an argument of single operations"),
+        ("winrm_username", ["x"], "over SSH only"),
+    ],
+)
+def test_a_hostile_value_is_refused_naming_its_key(tmp_path, key, value, said):
+    found = problems(tmp_path, two({**BASE, key: value}))
+    assert any(f"key {key}" in line and said in line for line in found), found
+
+
+@pytest.mark.parametrize(
+    ("name", "said"),
+    [
+        ("fe80::1%x\n10.0.0.9 evil", "RFC 1123"),
+        ("10.0.0.5", "reads as an IP address"),
+        ("123", "reads as an IP address"),
+        ("localhost", "names the local machine"),
+    ],
+)
+def test_a_host_name_that_is_not_one_machines_name_is_refused(tmp_path, name, said):
+    found = problems(tmp_path, two(BASE, name1=name))
+    assert any(said in line for line in found), found
+
+
+def test_a_data_key_that_is_not_a_string_is_refused_without_a_traceback(tmp_path):
+    found = problems(tmp_path, two({**BASE, 1: "x"}))
+    assert any("key 1" in line and "unknown setting" in line for line in found), found
+
+
+def test_the_training_user_is_not_the_login_user(tmp_path):
+    found = problems(tmp_path, two({**BASE, "ssh_user": "ubuntu", "training_user": "ubuntu"}))
+    assert any("key training_user" in line and "also ssh_user" in line for line in found), found
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "said"),
+    [
+        ({**BASE, "ssh_hostname": "::1", "ssh_port": 2222}, {**OTHER, "ssh_hostname": "0:0::1", "ssh_port": 2222},
+         "duplicate SSH address"),
+        ({**BASE, "ssh_hostname": "127.0.0.1"}, {**OTHER, "ssh_hostname": "::ffff:127.0.0.1"}, "duplicate SSH address"),
+        ({**BASE, "ssh_hostname": "gpu-a.example"}, {**OTHER, "ssh_hostname": "GPU-A.example"},
+         "duplicate SSH address"),
+        ({**BASE, "cluster_address": "fd00::1", "cluster_cidr": "fd00::/64"},
+         {**OTHER, "cluster_address": "fd00:0::1", "cluster_cidr": "fd00::/64"}, "duplicate cluster address"),
+    ],
+)  # fmt: skip
+def test_one_address_written_two_ways_is_a_duplicate(tmp_path, first, second, said):
+    found = problems(tmp_path, two(first, second))
+    assert any(said in line for line in found), found
+
+
+def test_host_names_differing_in_case_are_one_name(tmp_path):
+    found = problems(tmp_path, two(BASE, name2="GPU01"))
+    assert any("duplicate host name" in line for line in found), found
+
+
+def test_a_role_naming_a_host_the_inventory_lacks_is_a_typo(tmp_path):
+    found = problems(tmp_path, two(BASE) + "storage = ['gpu09']\n")
+    assert any("gpu09 is named only here" in line for line in found), found
+
+
+def test_a_hosts_data_given_twice_must_agree(tmp_path):
+    found = problems(tmp_path, two({**BASE, "ssh_port": 1}) + f"storage = [('gpu01', {{**{BASE!r}, 'ssh_port': 3}})]\n")
+    assert any("key 'ssh_port'" in line and "in group storage" in line for line in found), found
+
+
+@pytest.mark.parametrize("value", ["None", "1", "(n for n in ['gpu01'])"])
+def test_a_top_level_name_that_is_not_a_list_of_hosts_is_refused(tmp_path, value):
+    found = problems(tmp_path, two(BASE) + f"storage = {value}\n")
+    assert any("group storage" in line and "not a list of hosts" in line for line in found), found
+
+
+def test_hosts_naming_two_nfs_servers_are_refused(tmp_path):
+    found = problems(tmp_path, two({**BASE, "nfs_server": "gpu01"}, {**OTHER, "nfs_server": "gpu02"}))
+    assert any("different NFS servers" in line for line in found), found
+
+
+def test_a_bad_port_in_group_data_is_refused_where_it_is_written(tmp_path):
+    found = problems(tmp_path, two(BASE), all_py="ssh_port = True\n")
+    assert any("all.py: key ssh_port" in line for line in found), found
+
+
+def test_an_ssh_key_path_with_a_newline_is_said_escaped(tmp_path):
+    found = problems(tmp_path, two({**BASE, "ssh_key": "/tmp/a\nb"}))
+    assert all("\n" not in line for line in found), found
+
+
+@pytest.mark.parametrize(
+    ("data", "key", "said"),
+    [
+        ({"venv_path": "/opt/a:b"}, "venv_path", "splits PATH"),
+        ({"venv_path": "/data/venv"}, "venv_path", "on or holds data_mount"),
+        ({"venv_path": "/shared/datasets/venv"}, "venv_path", "on or holds nfs_mount_root"),
+        ({"nfs_mount_root": "/data"}, "nfs_mount_root", "on or holds data_mount"),
+        ({"nfs_export_root": "/srv/x", "nfs_mount_root": "/srv/x/y"}, "nfs_mount_root", "nfs_export_root"),
+    ],
+)
+def test_directories_that_would_land_on_each_other_are_refused(tmp_path, data, key, said):
+    found = problems(tmp_path, two({**BASE, **data}))
+    assert any(f"key {key}" in line and said in line for line in found), found
