@@ -22,7 +22,15 @@ from typing import Any
 from provision import inventory_file
 from provision import values as v
 from provision.errors import InputError, Problem
-from provision.settings import ROLES, Settings, is_pyinfra_key, key_label, parse_settings
+from provision.settings import (
+    ROLES,
+    Settings,
+    cross_key_problems,
+    is_pyinfra_key,
+    key_label,
+    parse_settings,
+    type_ok,
+)
 from provision.values import Check
 
 
@@ -134,6 +142,7 @@ def load(path: str | os.PathLike[str]) -> Cluster:
     problems: list[Problem] = []
     groups: dict[str, list[Problem]] = {}  # each group's own problems, checked once, not once a host
     nodes = [_node(pyinfra_inventory, host, inventory_path, problems, groups) for host in pyinfra_inventory]
+    problems += _cross_key_problems(inventory_path, nodes)
     if not nodes:
         problems.append(
             Problem(
@@ -170,6 +179,23 @@ def _node(inv: Any, host: Any, inventory_path: Path, problems: list[Problem], gr
             )
         )
     return Node(host.name, ssh, tuple(host.groups), settings, data)
+
+
+def _cross_key_problems(inventory_path: Path, nodes: list[Node]) -> list[Problem]:
+    """Each host's merged settings taken together (settings.cross_key_problems): any layer
+    may give either key of a pair, so only the merged data can tell. Hosts that share the
+    problem (one group's data, usually) are named in one line, not a line each."""
+    hosts: dict[Problem, list[str]] = {}
+    for node in nodes:
+        for problem in cross_key_problems(node.settings):
+            hosts.setdefault(problem, []).append(host_label(node.name))
+    out = []
+    for problem, names in hosts.items():
+        who = f"host {names[0]}" if len(names) == 1 else f"hosts {', '.join(names[:3])}"
+        if len(names) > 3:
+            who += f" and {len(names) - 3} more"
+        out.append(replace(problem, where=f"{inventory_path}: {who}: {problem.where}"))
+    return out
 
 
 def host_label(name: str) -> str:
@@ -240,13 +266,12 @@ def _paramiko_kwargs(value: Any) -> str | None:
 
 
 def _of_type(kind: type, low: float | None = None) -> Check:
+    """A value of pyinfra's type for the key (settings' own rule: a bool is not an int, a
+    float is any finite number), at least ``low`` when given."""
+    bound = v.bounded(low, math.inf) if low is not None else None
+
     def check(value: Any) -> str | None:
-        ok = isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
-        if kind is float:
-            ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-        if ok and low is not None and value < low:
-            ok = False
-        if ok:
+        if type_ok(value, kind) and not (bound and bound(value)):
             return None
         return f"{value!r} is not {'a ' + kind.__name__ if low is None else f'a {kind.__name__} of {low:g} or more'}"
 
@@ -350,7 +375,7 @@ def _ssh_target(name: str, data: dict[str, Any], where: str, problems: list[Prob
             problems.append(
                 Problem(
                     f"{where}: key ssh_key",
-                    f"SSH key file {key if key.isprintable() else ascii(key)} does not exist",
+                    f"SSH key file {v.shown(key)} does not exist",
                     "point ssh_key at an existing private key",
                 )
             )
@@ -368,13 +393,33 @@ def _network_problems(inventory_path: Path, nodes: list[Node]) -> list[Problem]:
     # Each address parsed once and each network's outsiders found once: asked per node of
     # per node, a 1,000-node inventory took a million parses (BENCHMARKS.md, issue 20).
     addresses = [(n.name, _address(n.cluster_address)) for n in nodes]
+    for name, a in addresses:
+        if isinstance(a, ipaddress.IPv6Address):
+            problems.append(
+                Problem(
+                    f"{inventory_path}: host {host_label(name)}: key cluster_address",
+                    f"{a} is an IPv6 address; the cluster network is IPv4 only (NFS mounts, the backup "
+                    "repository's sftp URL, Slurm and torchrun's rendezvous write address:port unbracketed)",
+                    "give cluster_address the host's IPv4 address (SSH may stay on IPv6)",
+                )
+            )
     outsiders: dict[str, list[str]] = {}
     for node in nodes:
         if not node.settings.cluster_cidr:
             continue
+        net = ipaddress.ip_network(node.settings.cluster_cidr, strict=False)
         if node.settings.cluster_cidr not in outsiders:
-            net = ipaddress.ip_network(node.settings.cluster_cidr, strict=False)
             outsiders[node.settings.cluster_cidr] = [name for name, a in addresses if a is not None and a not in net]
+        own = _address(node.cluster_address)
+        if net.prefixlen < net.max_prefixlen - 1 and own in (net.network_address, net.broadcast_address):
+            problems.append(
+                Problem(
+                    f"{inventory_path}: host {host_label(node.name)}: key cluster_address",
+                    f"{own} is the {'network' if own == net.network_address else 'broadcast'} address of "
+                    f"{node.settings.cluster_cidr}, not a host's",
+                    "give the host its own address in the cluster network",
+                )
+            )
         outside = outsiders[node.settings.cluster_cidr]
         if outside:
             problems.append(
@@ -420,8 +465,7 @@ def _duplicates(inventory_path: Path, nodes: list[Node], attrs: dict[str, Any]) 
                 problems.append(
                     Problem(
                         f"{inventory_path}: host {host_label(node.name)}",
-                        f"duplicate {label} {value if value.isprintable() else ascii(value)}, "
-                        f"also used by host {host_label(seen[value])}",
+                        f"duplicate {label} {v.shown(value)}, also used by host {host_label(seen[value])}",
                         "every host needs its own address",
                     )
                 )
@@ -435,9 +479,8 @@ def _duplicate_names(inventory_path: Path, attrs: dict[str, Any]) -> list[Proble
     """A name listed twice in one group is almost always a copy-paste slip: pyinfra would
     silently merge the two entries' data."""
     problems = []
-    groups = {k: val for k, val in attrs.items() if not k.startswith("_") and isinstance(val, list | tuple)}
-    for group, hosts in groups.items():
-        names = [h[0] if isinstance(h, tuple) else h for h in (hosts[0] if isinstance(hosts, tuple) else hosts)]
+    for group, entries in inventory_file.group_entries(attrs).items():
+        names = [h[0] if isinstance(h, tuple) else h for h in entries]
         for name in sorted({n for n in names if names.count(n) > 1}):
             problems.append(
                 Problem(

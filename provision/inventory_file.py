@@ -21,6 +21,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from provision import values as v
 from provision.errors import InputError, Problem
 from provision.pyinfra_context import held
 
@@ -190,6 +191,12 @@ def _entries(value: Any) -> list[Any]:
     return list(value[0] if isinstance(value, tuple) else value)
 
 
+def group_entries(attrs: dict[str, Any]) -> dict[str, list[Any]]:
+    """The file's groups and their host entries (a name, or a (name, data) tuple): a
+    ``(hosts, data)`` group unwrapped to its hosts; helpers (``_x``) and non-groups left out."""
+    return {k: _entries(v) for k, v in attrs.items() if not k.startswith("_") and isinstance(v, list | tuple)}
+
+
 def member_problems(path: Path, attrs: dict[str, Any]) -> list[Problem]:
     """Hosts that the groups disagree on. pyinfra merges a host's data from every group that
     gives it, silently, and takes a bare name in a role group for a new host: so
@@ -197,7 +204,7 @@ def member_problems(path: Path, attrs: dict[str, Any]) -> list[Problem]:
     giving one host two SSH ports connect to one of them. Both are refused: a host's data
     given twice must agree, and where hosts come with their data, a host named without
     data anywhere is a typo."""
-    groups = {k: _entries(v) for k, v in attrs.items() if not k.startswith("_") and isinstance(v, list | tuple)}
+    groups = group_entries(attrs)
     given: dict[str, dict[str, tuple[str, Any]]] = {}  # host -> key -> (group, value)
     problems = []
     for group, entries in groups.items():
@@ -213,7 +220,7 @@ def member_problems(path: Path, attrs: dict[str, Any]) -> list[Problem]:
                 elif first[1] != value:
                     problems.append(
                         Problem(
-                            f"{path}: host {ascii(name) if not name.isprintable() else name}",
+                            f"{path}: host {v.shown(name)}",
                             f"key {key!r} is {first[1]!r} in group {first[0]} and {value!r} in group {group}",
                             "give a host's data once, in one group",
                         )
@@ -225,7 +232,7 @@ def member_problems(path: Path, attrs: dict[str, Any]) -> list[Problem]:
             problems.append(
                 Problem(
                     f"{path}: group {where[0]}",
-                    f"host {ascii(name) if not name.isprintable() else name} is named only here, without data, "
+                    f"host {v.shown(name)} is named only here, without data, "
                     "while the other hosts come with theirs: a typo?",
                     f"name one of the inventory's hosts, or give it its data: ({name!r}, {{'ssh_hostname': ...}})",
                 )

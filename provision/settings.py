@@ -43,7 +43,7 @@ def knob(default: Any, doc: str, check: typing.Callable[[Any], str | None] | Non
     return field(default=default, metadata=meta)
 
 
-_VERSION = re.compile(r"[0-9][0-9A-Za-z.+!~-]*")
+_VERSION = re.compile(r"[0-9]([0-9A-Za-z.+!~-]*[0-9A-Za-z+~])?")  # not ending in '.' or '-'
 
 
 def _version(value: str | None) -> str | None:
@@ -132,20 +132,32 @@ def disk_id_problem(disk: str) -> str | None:
     """Why ``disk`` cannot name a data disk, or None. Only a /dev/disk/by-id path or a
     serial will do: kernel names (/dev/sdb) change between boots, so naming a disk by one
     could format the wrong disk, and the volumes step matches disks by id and serial only,
-    so by-uuid, by-path or by-label would name nothing it can find."""
-    if disk.startswith(BY_ID) and "/" not in disk.removeprefix(BY_ID) and disk != BY_ID:
-        return None
+    so by-uuid, by-path or by-label would name nothing it can find. A serial is one name:
+    no '/' (so no path of any other kind), and no leading '-' or '.' (an option to a
+    command, or '..')."""
+    if not disk.strip():
+        return f"{disk!r} is neither a /dev/disk/by-id path nor a serial"
+    problem = v.disk_name(disk)
+    if problem:
+        return problem
+    if disk.startswith(BY_ID):
+        name = disk.removeprefix(BY_ID)
+        if name and "/" not in name and not name.startswith(("-", ".")):
+            return None
+        return f"{disk!r} is not a disk's link in {BY_ID} (one name after it, not starting with '-' or '.')"
     if disk.startswith("/dev/disk/"):
         return f"{disk!r} is not a /dev/disk/by-id path; use /dev/disk/by-id/... or the disk's serial"
     if disk.startswith("/dev/"):
         return f"{disk!r} is a kernel name that can change between boots; use /dev/disk/by-id/... or the disk's serial"
-    if not disk.strip():
-        return f"{disk!r} is neither a /dev/disk/by-id path nor a serial"
+    if "/" in disk or disk.startswith(("-", ".")):
+        return f"{disk!r} is neither a /dev/disk/by-id path nor a serial (which has no '/' and no leading '-' or '.')"
     return None
 
 
 def _disk_ids(value: list[str]) -> str | None:
-    found = [p for p in (disk_id_problem(d) or v.disk_name(d) for d in value) if p]
+    found = [p for p in (disk_id_problem(d) for d in value) if p]
+    if not found and len(set(value)) != len(value):
+        found = [f"{', '.join(sorted({d for d in value if value.count(d) > 1}))} listed twice"]
     return "; ".join(found) or None
 
 
@@ -423,25 +435,25 @@ def knob_docs() -> list[tuple[str, Any, str]]:
 
 def is_pyinfra_key(key: object) -> bool:
     """pyinfra's own connection data and global arguments (checked by inventory.py)."""
-    return isinstance(key, str) and (key.startswith(("ssh_", "_")) or key.startswith("winrm_"))
+    return isinstance(key, str) and key.startswith(("ssh_", "_", "winrm_"))
 
 
-def _type_ok(value: Any, annotation: Any) -> bool:
+def type_ok(value: Any, annotation: Any) -> bool:
     origin = get_origin(annotation)
     if annotation is Any:
         return True
     if origin is Literal:
         return value in get_args(annotation) and type(value) in {type(a) for a in get_args(annotation)}
     if origin in (typing.Union, types.UnionType):
-        return any(_type_ok(value, arg) for arg in get_args(annotation))
+        return any(type_ok(value, arg) for arg in get_args(annotation))
     if annotation is type(None):
         return value is None
     if origin is list:
         (item,) = get_args(annotation)
-        return isinstance(value, list) and all(_type_ok(v, item) for v in value)
+        return isinstance(value, list) and all(type_ok(v, item) for v in value)
     if origin is dict:
         key_t, val_t = get_args(annotation)
-        return isinstance(value, dict) and all(_type_ok(k, key_t) and _type_ok(v, val_t) for k, v in value.items())
+        return isinstance(value, dict) and all(type_ok(k, key_t) and type_ok(v, val_t) for k, v in value.items())
     if annotation is float:
         return isinstance(value, int | float) and not isinstance(value, bool)
     if annotation is int:
@@ -466,7 +478,9 @@ _HINTS = typing.get_type_hints(Settings)
 
 
 def parse_settings(data: dict[str, Any], where: str) -> tuple[Settings, list[Problem]]:
-    """Validate raw host data into Settings. Returns the settings and every problem found.
+    """Validate raw host data into Settings, key by key. Returns the settings (a key that
+    is wrong keeps its default) and every problem found. What is wrong only with keys taken
+    together is cross_key_problems', asked of the merged settings.
 
     ``where`` prefixes each problem ("inventories/x.py: host node1").
     """
@@ -480,7 +494,7 @@ def parse_settings(data: dict[str, Any], where: str) -> tuple[Settings, list[Pro
             problems.append(_unknown_key(where, key))
             continue
         annotation = _HINTS[key]
-        if not _type_ok(value, annotation):
+        if not type_ok(value, annotation):
             problems.append(
                 Problem(
                     f"{where}: key {key}",
@@ -499,15 +513,24 @@ def parse_settings(data: dict[str, Any], where: str) -> tuple[Settings, list[Pro
     # (a fixed /data/shared would put them on the root disk).
     if "data_mount" in values and "nfs_export_root" not in values:
         values["nfs_export_root"] = f"{values['data_mount'].rstrip('/')}/shared"
-    settings = Settings(**values)
-    if settings.install_nccl:
+    return Settings(**values), problems
+
+
+def cross_key_problems(s: Settings) -> list[Problem]:
+    """What is wrong with a host's settings taken together (keys that name each other's
+    directories, versions that need one another). Asked of the merged settings, once a host,
+    since any layer may give either key; each Problem's ``where`` is the key alone, and the
+    caller says whose settings they are."""
+    problems = []
+    if s.install_nccl:
         try:
-            nccl_version_pattern(settings.cuda_toolkit_version, settings.nccl_version)
+            nccl_version_pattern(s.cuda_toolkit_version, s.nccl_version)
         except ValueError as e:
-            problems.append(Problem(f"{where}: key install_nccl", str(e)))
-    problems += _train_dir_problems(settings, where)
-    problems += _layout_problems(settings, where)
-    return settings, problems
+            problems.append(Problem("key install_nccl", str(e)))
+    message = _train_dir_problem(s)
+    if message:
+        problems.append(Problem("key train_dir", message, "use a directory of its own, e.g. /srv/train"))
+    return problems + _layout_problems(s)
 
 
 def _unknown_key(where: str, key: str) -> Problem:
@@ -544,39 +567,30 @@ def nccl_version_pattern(cuda_toolkit: str | None, nccl_version: str | None) -> 
     return f"{nccl_version or '*'}+cuda{cuda}"
 
 
-def _train_dir_problems(s: Settings, where: str) -> list[Problem]:
-    message = train_dir_problem(s)
-    fix = "use a directory of its own, e.g. /srv/train"
-    return [Problem(f"{where}: key train_dir", message, fix)] if message else []
-
-
-def _layout_problems(s: Settings, where: str) -> list[Problem]:
-    """Directories that would land on each other. The venv is PATH's and root's: on the data
-    volume or a share it is not the node's own (and a share is root-squashed); ':' splits
-    PATH. The clients' mount point must not be the data volume or the exported tree (the
-    server mounts the shares there too, over its own data)."""
-    import posixpath
-
+def _layout_problems(s: Settings) -> list[Problem]:
+    """Directories that would land on each other (each path knob is already absolute and
+    normalised: values.data_directory). The venv is PATH's and root's: on the data volume,
+    a share or the trainer's directory it is not the node's own (and a share is
+    root-squashed); ':' splits PATH. The clients' mount point must not be the data volume or
+    the exported tree (the server mounts the shares there too, over its own data)."""
     problems = []
-    venv = posixpath.normpath(s.venv_path)
+    venv = s.venv_path
     if ":" in venv:
-        problems.append(Problem(f"{where}: key venv_path", f"{s.venv_path!r} holds ':', which splits PATH"))
-    for name, tree in (("data_mount", s.data_mount), ("nfs_mount_root", s.nfs_mount_root)):
-        if _inside(venv, posixpath.normpath(tree)) or _inside(posixpath.normpath(tree), venv):
+        problems.append(Problem("key venv_path", f"{venv!r} holds ':', which splits PATH"))
+    for name, tree in (("data_mount", s.data_mount), ("nfs_mount_root", s.nfs_mount_root), ("train_dir", s.train_dir)):
+        if _inside(venv, tree) or _inside(tree, venv):
             problems.append(
                 Problem(
-                    f"{where}: key venv_path",
-                    f"{s.venv_path!r} is on or holds {name} {tree}",
+                    "key venv_path",
+                    f"{venv!r} is on or holds {name} {tree}",
                     "keep the venv on the root disk, e.g. /opt/provision/venv",
                 )
             )
-    mounts = posixpath.normpath(s.nfs_mount_root)
     for name, tree in (("data_mount", s.data_mount), ("nfs_export_root", s.nfs_export_root)):
-        other = posixpath.normpath(tree)
-        if _inside(mounts, other) or _inside(other, mounts):
+        if _inside(s.nfs_mount_root, tree) or _inside(tree, s.nfs_mount_root):
             problems.append(
                 Problem(
-                    f"{where}: key nfs_mount_root",
+                    "key nfs_mount_root",
                     f"{s.nfs_mount_root!r} is on or holds {name} {tree}",
                     "mount the shares at a directory of their own, e.g. /shared",
                 )
@@ -588,20 +602,15 @@ def _inside(path: str, tree: str) -> bool:
     return path == tree or path.startswith(tree.rstrip("/") + "/")
 
 
-def train_dir_problem(s: Settings) -> str | None:
+def _train_dir_problem(s: Settings) -> str | None:
     """Why train_dir cannot hold the trainer's files, or None. It is made and owned by root
     on every node, so it must be a directory of its own: not the root, not a system
-    directory, not on an NFS share (root_squash; and every node would share one run
-    directory), and not the data volume itself or a directory above it or the shares."""
-    import posixpath
-
-    # Not / nor a system directory: the knob's own check (values.data_directory, the one list
-    # of system directories) refused those before the settings were made.
-    path = posixpath.normpath(s.train_dir)
-    data = posixpath.normpath(s.data_mount)
+    directory (the knob's own check, values.data_directory, refused those), not on an NFS
+    share (root_squash; and every node would share one run directory), and not the data
+    volume itself or a directory above it or the shares."""
     for name, other in (("nfs_mount_root", s.nfs_mount_root), ("nfs_export_root", s.nfs_export_root)):
-        if _inside(path, posixpath.normpath(other)):
+        if _inside(s.train_dir, other):
             return f"{s.train_dir!r} is on the NFS shares ({name} {other})"
-    if path == data or any(_inside(posixpath.normpath(p), path) for p in (s.data_mount, s.nfs_mount_root)):
-        return f"{s.train_dir!r} is, or holds, the data volume or the NFS shares (data_mount {data})"
+    if s.train_dir == s.data_mount or any(_inside(p, s.train_dir) for p in (s.data_mount, s.nfs_mount_root)):
+        return f"{s.train_dir!r} is, or holds, the data volume or the NFS shares (data_mount {s.data_mount})"
     return None

@@ -42,8 +42,18 @@ _SYSTEM_TREES += ("/run", "/sbin", "/sys", "/usr")
 _SYSTEM_DIRS = {"/", "/home", "/media", "/mnt", "/opt", "/snap", "/srv", "/tmp", "/var"}
 _SYSTEM_DIRS |= {f"/var/{d}" for d in ("backups", "cache", "lib", "local", "lock", "log", "mail", "opt", "run")}
 _SYSTEM_DIRS |= {"/var/spool", "/var/tmp"}
+# Trees under those that packages and the system keep their own state in: a data volume
+# mounted over dpkg's database or the journal hides what was there.
+_SYSTEM_TREES += tuple(f"/var/lib/{d}" for d in ("apt", "dpkg", "systemd", "nfs", "ucf", "pam", "sudo"))
+_SYSTEM_TREES += ("/var/log/journal", "/var/cache/apt", "/var/cache/debconf")
 # Pseudo filesystems: nothing there is a file to back up.
 _PSEUDO_TREES = ("/dev", "/proc", "/run", "/sys")
+
+
+def shown(text: str) -> str:
+    """A value as a message prints it: as written when printable, else escaped (a newline or
+    an escape sequence from an input file must not reach the terminal raw)."""
+    return text if text.isprintable() else ascii(text)
 
 
 def _under(path: str, trees: tuple[str, ...]) -> bool:
@@ -264,6 +274,8 @@ def restic_repository(value: Any) -> str | None:
 def calendar(value: Any) -> str | None:
     """A systemd OnCalendar expression: its own characters only, one line."""
     if isinstance(value, str) and 0 < len(value) <= 100 and re.fullmatch(r"[A-Za-z0-9*:,./~ +-]+", value):
+        if value.startswith("-"):  # no calendar expression does; to a command it is an option
+            return f"{value!r} starts with '-'; give a systemd OnCalendar expression such as daily"
         return None if value.strip() == value else f"{value!r} starts or ends with a space"
     return f"{value!r} is not a systemd OnCalendar expression such as daily or *-*-* 02:00:00"
 
@@ -294,6 +306,14 @@ def share_name(value: Any) -> str | None:
 _EXPORT_FLAGS = {"rw", "ro", "sync", "async", "root_squash", "all_squash", "secure", "insecure"}
 _EXPORT_FLAGS |= {"subtree_check", "no_subtree_check", "wdelay", "no_wdelay", "hide", "nohide", "crossmnt"}
 _EXPORT_FLAGS |= {"secure_locks", "insecure_locks", "no_acl", "mp"}
+_EXPORT_OPPOSITES: tuple[tuple[str, str], ...] = (
+    ("rw", "ro"),
+    ("sync", "async"),
+    ("secure", "insecure"),
+    ("hide", "nohide"),
+)
+_EXPORT_OPPOSITES += (("subtree_check", "no_subtree_check"), ("wdelay", "no_wdelay"))
+_EXPORT_OPPOSITES += (("secure_locks", "insecure_locks"),)
 _EXPORT_VALUED = re.compile(r"(anonuid|anongid|fsid)=[0-9]{1,10}|sec=(sys|krb5|krb5i|krb5p)(:(sys|krb5|krb5i|krb5p))*")
 
 
@@ -307,11 +327,16 @@ def export_options(value: Any) -> str | None:
     root = [t for t in value.split(",") if re.fullmatch(r"anon[ug]id=0+", t)]
     if root:
         return f"{', '.join(root)} maps squashed users to root on the share; give an unprivileged id"
-    bad = [t for t in value.split(",") if t not in _EXPORT_FLAGS and not _EXPORT_VALUED.fullmatch(t)]
+    tokens = value.split(",")
+    bad = [t for t in tokens if t not in _EXPORT_FLAGS and not _EXPORT_VALUED.fullmatch(t)]
     if bad:
         return (
             f"{', '.join(repr(t) for t in bad)} not allowed; options: {', '.join(sorted(_EXPORT_FLAGS))}, anonuid=N..."
         )
+    # exportfs keeps one of two opposites without a word: the export is not what was asked.
+    both = [f"{a} and {b}" for a, b in _EXPORT_OPPOSITES if a in tokens and b in tokens]
+    if both:
+        return f"{'; '.join(both)} contradict each other; keep one"
     return None
 
 

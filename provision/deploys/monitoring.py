@@ -270,7 +270,7 @@ def prometheus(node: Node, cluster: Cluster) -> None:
     refused = quote(f"promtool refused {layout.CONFIG}; Prometheus keeps running on its last configuration")
     follow_up(
         "prometheus: check the configuration, restart",
-        "monitoring-prometheus",
+        layout.PROMETHEUS_STAMP,
         [config, rules, recorded, service],
         [
             "systemctl daemon-reload",

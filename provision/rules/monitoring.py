@@ -39,6 +39,8 @@ TEXTFILE_DIR = "/var/lib/provision/metrics"
 # that dpkg would ask about); the drop-ins point the services at it.
 CONFIG = "/etc/prometheus/provision.yml"
 RULES = "/etc/prometheus/provision-alerts.yml"
+# The follow-up stamp (facts/stamps) of Prometheus' check-and-restart after its files change.
+PROMETHEUS_STAMP = "monitoring-prometheus"
 EXPORTER_DROP_IN = "/etc/systemd/system/prometheus-node-exporter.service.d/provision.conf"
 PROMETHEUS_DROP_IN = "/etc/systemd/system/prometheus.service.d/provision.conf"
 STORAGE = "/var/lib/prometheus/metrics2"  # the package's own data directory

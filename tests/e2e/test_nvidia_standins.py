@@ -341,7 +341,7 @@ def dcgm_up(provisioned, testbed, first_and_second, tmp_path_factory):
     (work / "group_data" / "all.py").write_text(data.read_text() if data.is_file() else "")
     cluster = inventory.load(inv)
     head = cluster.head_node()[0]
-    kept = [monitoring.CONFIG, stamp_path(PROMETHEUS_STAMP)]
+    kept = [monitoring.CONFIG, stamp_path(monitoring.PROMETHEUS_STAMP)]
     sh(head, " && ".join(f"cp -a {path} {path}.before-dcgm" for path in kept))
     # As a host the NVML collector reported before: its timer running, which must not stay.
     sh(cluster.node(HOST), NVML_COLLECTOR_BEFORE)
@@ -354,9 +354,8 @@ def dcgm_up(provisioned, testbed, first_and_second, tmp_path_factory):
     sh(head, " && ".join([*(f"mv -f {path}.before-dcgm {path}" for path in kept), RESTART_PROMETHEUS]))
 
 
-# The follow-up stamp of the head's Prometheus configuration (deploys/monitoring.prometheus):
-# put back with the file, so the next `up` finds both as its own.
-PROMETHEUS_STAMP = "monitoring-prometheus"
+# The head's Prometheus configuration and its follow-up stamp are put back together, so the
+# next `up` finds both as its own; then the restart that follow-up would have run.
 RESTART_PROMETHEUS = (
     f"promtool check config {monitoring.CONFIG} >/dev/null && systemctl restart {monitoring.PROMETHEUS_SERVICE}"
 )

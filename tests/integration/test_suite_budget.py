@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ONE = "def test_due():\n    assert 1 + 1 == 2\n"
 
 
-def _tree(tmp_path: Path, tests_text: str, budget_s: str) -> dict[str, str]:
+def _tree(tmp_path: Path, tests_text: str, budget_s: str | None) -> dict[str, str]:
     """A throwaway tree with the real conftest and one e2e-tier module; the environment a
     child pytest runs it in (the defaults CI has, and this budget)."""
     tests = tmp_path / "tests"
@@ -26,14 +26,16 @@ def _tree(tmp_path: Path, tests_text: str, budget_s: str) -> dict[str, str]:
     shutil.copy(ROOT / "tests" / "conftest.py", tests / "conftest.py")
     (tests / "e2e" / "test_one.py").write_text(tests_text)
     (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    takes_s(seconds): as in pyproject.toml\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("PROVISION_TEST_REQUIRE_ALL", "PROVISION_SUITE_STARTED_AT")}
-    env["PROVISION_TEST_BUDGET_S"] = budget_s
+    drop = ("PROVISION_TEST_REQUIRE_ALL", "PROVISION_SUITE_STARTED_AT", "PROVISION_TEST_BUDGET_S")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    if budget_s is not None:
+        env["PROVISION_TEST_BUDGET_S"] = budget_s
     return env
 
 
 def _suite(
     tmp_path: Path,
-    budget_s: str,
+    budget_s: str | None,
     require_all: str | None = None,
     tests_text: str = ONE,
     started_at: float | None = None,
@@ -53,7 +55,7 @@ def _suite(
     )
 
 
-def test_by_default_an_e2e_test_skipped_for_time_fails_the_run_and_is_named(tmp_path: Path) -> None:
+def test_under_a_limit_an_e2e_test_skipped_for_time_fails_the_run_and_is_named(tmp_path: Path) -> None:
     done = _suite(tmp_path, "0")
     assert done.returncode == 1, done.stdout
     assert "NOT RUN: time budget" in done.stdout
@@ -73,6 +75,32 @@ def test_without_require_all_a_skip_for_time_is_named_and_the_run_passes(tmp_pat
     assert done.returncode == 0, done.stdout
     assert "NOT RUN: time budget" in done.stdout
     assert "tests/e2e/test_one.py::test_due" in done.stdout
+
+
+def test_without_a_limit_every_e2e_test_runs_however_late(tmp_path: Path) -> None:
+    """A person's ./scripts/test sets no limit: nothing stops the run, so a test is never
+    skipped for time, even ten hours after the clock started (a first run on a slow,
+    busy machine)."""
+    done = _suite(tmp_path, None, started_at=time.time() - 36000)
+    assert done.returncode == 0, done.stdout
+    assert "1 passed" in done.stdout
+    assert "NOT RUN" not in done.stdout
+
+
+def test_ci_runs_under_its_90_minute_limit(tmp_path: Path) -> None:
+    """.ci/run, CI's entry point, sets the limit CI stops a run at, unless one is given:
+    the real file, run in a tree whose scripts/test only says what limit it was given."""
+    (tmp_path / ".ci").mkdir()
+    shutil.copy(ROOT / ".ci" / "run", tmp_path / ".ci" / "run")
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "test").write_text('#!/bin/sh\necho "limit=${PROVISION_TEST_BUDGET_S:-none}"\n')
+    (tmp_path / "scripts" / "test").chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "PROVISION_TEST_BUDGET_S"}
+    said = [
+        subprocess.run(["bash", ".ci/run"], cwd=tmp_path, env=env | extra, capture_output=True, text=True, timeout=30)
+        for extra in ({}, {"PROVISION_TEST_BUDGET_S": "9000"})
+    ]
+    assert [s.stdout.strip() for s in said] == ["limit=5400", "limit=9000"], said
 
 
 def test_a_test_that_would_end_past_the_limit_is_skipped_while_a_short_one_still_runs(tmp_path: Path) -> None:

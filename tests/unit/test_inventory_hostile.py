@@ -160,3 +160,75 @@ def test_an_ssh_key_path_with_a_newline_is_said_escaped(tmp_path):
 def test_directories_that_would_land_on_each_other_are_refused(tmp_path, data, key, said):
     found = problems(tmp_path, two({**BASE, **data}))
     assert any(f"key {key}" in line and said in line for line in found), found
+
+
+def test_directories_are_judged_on_a_hosts_merged_data_not_one_layer_at_a_time(tmp_path):
+    # The venv on /data is fine once group_data moved the data volume away...
+    inv = tmp_path / "inv.py"
+    inv.write_text(two({**BASE, "venv_path": "/data/venv"}))
+    (tmp_path / "group_data").mkdir()
+    (tmp_path / "group_data" / "all.py").write_text("data_mount = '/scratch'\n")
+    assert [n.settings.venv_path for n in inventory.load(inv).nodes] == ["/data/venv", "/opt/provision/venv"]
+    # ...and on /scratch it is not, though each layer alone looks right.
+    found = problems(tmp_path, two({**BASE, "venv_path": "/scratch/venv"}), all_py="data_mount = '/scratch'\n")
+    assert found == [
+        f"{tmp_path / 'inv.py'}: host gpu01: key venv_path: '/scratch/venv' is on or holds data_mount /scratch "
+        "(keep the venv on the root disk, e.g. /opt/provision/venv)"
+    ], found
+
+
+def test_hosts_sharing_a_groups_bad_directories_are_named_in_one_line(tmp_path):
+    hosts = [(f"gpu{i:02}", {"ssh_hostname": f"192.0.2.{i}", "cluster_address": f"10.0.0.{i}"}) for i in range(1, 6)]
+    found = problems(tmp_path, f"nodes = {hosts!r}\n", all_py="train_dir = '/srv/t'\nvenv_path = '/srv/t'\n")
+    (line,) = [line for line in found if "key venv_path" in line]
+    assert ": hosts gpu01, gpu02, gpu03 and 2 more: key venv_path: '/srv/t' is on or holds train_dir" in line, found
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "said"),
+    [
+        ("data_disks", ["-rf"], "no leading '-'"),
+        ("data_disks", [".."], "no leading '-' or '.'"),
+        ("data_disks", ["x/../../sda"], "has no '/'"),
+        ("data_disks", ["/etc/passwd"], "neither a /dev/disk/by-id path nor a serial"),
+        ("data_disks", ["/dev/disk/by-id/../../sda"], "not a disk's link in /dev/disk/by-id/"),
+        ("data_disks", ["/dev/disk/by-id/-x"], "not a disk's link"),
+        ("data_disks", ["S6X0001", "S6X0001"], "S6X0001 listed twice"),
+        ("force_format", ["-rf"], "no leading '-'"),
+        ("data_mount", "/var/lib/dpkg", "system directory"),
+        ("data_mount", "/var/log/journal/x", "system directory"),
+        ("venv_path", "/var/tmp/provision-train", "on or holds train_dir"),
+        ("venv_path", "/var/tmp/provision-train/work/venv", "on or holds train_dir"),  # the training user's
+        ("backup_schedule", "--help", "starts with '-'"),
+        ("nccl_version", "1-", "is not a version number"),
+        ("torch_version", "2.", "is not a version number"),
+        ("nfs_export_options", "rw,sync,ro", "rw and ro contradict each other"),
+        ("nfs_export_options", "async,sync,no_subtree_check,subtree_check", "sync and async; subtree_check and"),
+    ],
+)
+def test_a_value_the_audit_found_accepted_is_refused(tmp_path, key, value, said):
+    found = problems(tmp_path, two({**BASE, key: value}))
+    assert any(f"key {key}" in line and said in line for line in found), found
+
+
+def test_an_ipv6_cluster_address_is_refused_but_ssh_may_be_ipv6(tmp_path):
+    # Also when it is only the SSH address taken as the cluster address.
+    found = problems(tmp_path, two({"ssh_hostname": "2001:db8::1"}, {**OTHER, "cluster_address": "fd00::2"}))
+    assert [line.split(": ", 1)[1].split(":", 1)[0] for line in found if "IPv6" in line] == [
+        "host gpu01",
+        "host gpu02",
+    ], found
+    inv = tmp_path / "inv.py"
+    inv.write_text(two({"ssh_hostname": "2001:db8::1", "cluster_address": "10.0.0.1"}))
+    assert inventory.load(inv).nodes[0].cluster_address == "10.0.0.1"
+
+
+@pytest.mark.parametrize(("address", "said"), [("10.0.0.0", "network"), ("10.0.0.255", "broadcast")])
+def test_a_networks_own_addresses_are_not_a_hosts(tmp_path, address, said):
+    found = problems(tmp_path, two({**BASE, "cluster_address": address, "cluster_cidr": "10.0.0.0/24"}))
+    assert any(f"{said} address of 10.0.0.0/24" in line for line in found), found
+    # A /31 (RFC 3021) has no network or broadcast address: both are hosts'.
+    inv = tmp_path / "p2p.py"
+    inv.write_text(two({**BASE, "cluster_address": "10.0.0.0", "cluster_cidr": "10.0.0.0/31"},
+                       {**OTHER, "cluster_address": "10.0.0.1", "cluster_cidr": "10.0.0.0/31"}))  # fmt: skip
+    assert len(inventory.load(inv).nodes) == 2

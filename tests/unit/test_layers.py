@@ -58,6 +58,10 @@ ALLOWED: dict[tuple[str, str], str] = {
         "provision.tune",
         "provision.launch",
     ): "a sweep's trial is a train launch: tune takes the trainer's presets from it",
+    (
+        "provision.inventory_file",
+        "provision.values",
+    ): "a host name from the file is printed by values' one rule for untrusted text (shown)",
 }
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from provision.settings import Settings, is_pyinfra_key, knob_docs, parse_settings
+from provision.settings import Settings, cross_key_problems, is_pyinfra_key, knob_docs, parse_settings
 
 
 def test_every_knob_has_a_one_line_comment():
@@ -126,8 +128,14 @@ def test_real_versions_pass_and_nulls_unpin():
     assert unpinned.nvml_version is None
 
 
+def all_problems(data: dict, where: str) -> list:
+    """What inventory.load says of one host's data: key by key, then the keys together."""
+    settings, problems = parse_settings(data, where)
+    return problems + [replace(p, where=f"{where}: {p.where}") for p in cross_key_problems(settings)]
+
+
 def test_nccl_without_a_cuda_version_to_match_is_refused():
-    _, problems = parse_settings({"install_nccl": True, "cuda_toolkit_version": None}, "inv.py: host n1")
+    problems = all_problems({"install_nccl": True, "cuda_toolkit_version": None}, "inv.py: host n1")
     (problem,) = problems
     assert str(problem).startswith("inv.py: host n1: key install_nccl: ")
     assert "nccl_version with its +cudaX.Y suffix" in str(problem)
@@ -135,7 +143,7 @@ def test_nccl_without_a_cuda_version_to_match_is_refused():
         {"install_nccl": True},
         {"install_nccl": True, "cuda_toolkit_version": None, "nccl_version": "2.27.7-1+cuda12.8"},
     ):
-        assert parse_settings(fine, "x")[1] == []
+        assert all_problems(fine, "x") == []
 
 
 def test_nofile_limit_above_the_kernels_nr_open_is_refused_because_logins_would_fail():
@@ -177,7 +185,7 @@ def test_deadline_knobs_have_defaults_and_refuse_zero_or_absurd_values():
     ],
 )
 def test_train_dir_refuses_the_root_system_directories_the_data_volume_and_the_shares(data, expected):
-    _, problems = parse_settings(data, "inv.py: host n1")
+    problems = all_problems(data, "inv.py: host n1")
     assert [p.where for p in problems] == ["inv.py: host n1: key train_dir"]
     assert problems[0].what.startswith(expected)
 
