@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -100,6 +101,15 @@ def run(node: Node, command: str, timeout: float | None = None, conn: Any = None
     finally:
         if own:
             conn.close()
+
+
+def as_root(user: str | None, command: str) -> str:
+    """``command`` for a root shell on a host logged into as ``user`` (None: as OpenSSH
+    does, the local user): as it is for root, else through ``sudo -n`` (never a password
+    prompt that would hang the run)."""
+    if (user or os.environ.get("USER")) == "root":
+        return command
+    return f"sudo -n sh -c {shlex.quote(command)}"
 
 
 FANOUT = 32  # hosts worked on at once by on_all when no node sets `parallel`

@@ -6,7 +6,6 @@ files, and check repositories. Where things live and who backs up: provision.rul
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 from dataclasses import dataclass
@@ -58,9 +57,9 @@ def not_created_yet(stderr: str) -> bool:
 
 def as_root(node: Node, command: str) -> str:
     """Commands that read root-only files run through sudo unless we log in as root."""
-    if (node.ssh.user or os.environ.get("USER")) == "root":
-        return command
-    return f"sudo -n sh -c {shlex.quote(command)}"
+    from provision import remote
+
+    return remote.as_root(node.ssh.user, command)
 
 
 def run_command() -> str:

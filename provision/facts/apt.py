@@ -71,12 +71,18 @@ class AptCandidates(FactBase[dict[str, str | None]]):
         return {}
 
 
+def candidate_version(value: str | None) -> str | None:
+    """A candidate version as apt prints it: empty, or apt's ``(none)``, is None (apt has
+    no version of the package to install)."""
+    value = (value or "").strip()
+    return None if value in ("", "(none)") else value
+
+
 def parse_candidates(lines: list[str]) -> dict[str, str | None]:
-    """``package=version`` lines; an empty version or apt's ``(none)`` is None."""
+    """``package=version`` lines, each version read by candidate_version."""
     found: dict[str, str | None] = {}
     for line in lines:
         name, sep, version = line.strip().partition("=")
         if sep and name:
-            version = version.strip()
-            found[name] = None if version in ("", "(none)") else version
+            found[name] = candidate_version(version)
     return found

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from pyinfra.api import FactBase
 
+from provision.facts.apt import candidate_version
 from provision.facts.dpkg import LIST_COMMAND, installed_package
 
 # dpkg and apt take fcntl (POSIX) locks on these files; flock(1) cannot see those, so the
@@ -65,8 +66,7 @@ def parse_apt_candidate(text: str) -> str | None:
     for line in text.splitlines():
         key, _, value = line.strip().partition(":")
         if key == "Candidate":
-            value = value.strip()
-            return None if value in ("", "(none)") else value
+            return candidate_version(value)
     return None
 
 
@@ -140,10 +140,6 @@ class Probe(FactBase[HostProbe]):
         return parse_probe(output)
 
 
-def _candidate(value: str | None) -> str | None:
-    return None if not value or value == "(none)" else value
-
-
 def parse_probe(lines: list[str]) -> HostProbe:
     values = parse_key_values(lines)
     return HostProbe(
@@ -153,8 +149,8 @@ def parse_probe(lines: list[str]) -> HostProbe:
         lock_holders=values.get("holders", "").strip(),
         reboot_pending=values.get("reboot_pending") == "1",
         machine_id=values.get("machine_id", ""),
-        headers_candidate=_candidate(values.get("headers")),
-        candidates={key[4:]: _candidate(value) for key, value in values.items() if key.startswith("pkg:")},
+        headers_candidate=candidate_version(values.get("headers")),
+        candidates={key[4:]: candidate_version(value) for key, value in values.items() if key.startswith("pkg:")},
         user_uid=_number(values.get("user_uid")),
         uid_owner=values.get("uid_owner", ""),
         group_gid=_number(values.get("group_gid")),
@@ -162,7 +158,7 @@ def parse_probe(lines: list[str]) -> HostProbe:
         apt_lists=_number(values.get("apt_lists")),
         # A release starts with a digit: leaves out a stray vmlinuz-old or the like.
         kernels={
-            key[7:]: _candidate(value)
+            key[7:]: candidate_version(value)
             for key, value in values.items()
             if key.startswith("kernel:") and key[7:8].isdigit()
         },

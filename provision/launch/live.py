@@ -53,7 +53,7 @@ def exposition(run_id: str, step: int, loss: float, tokens_per_second: float | N
 
 def _as_root(conn: Any, command: str) -> str:
     """The textfile directory is root's: through sudo unless the run's SSH user is root."""
-    return command if getattr(conn, "user", "root") == "root" else f"sudo -n sh -c {quote(command)}"
+    return remote.as_root(getattr(conn, "user", "root"), command)
 
 
 class LiveSeries:

@@ -118,8 +118,8 @@ class HostLocks:
     def _take_one(self, node: Node) -> remote.Held | str | None:
         """The held lock, why it cannot be held, or None when this run holds it already."""
         command = lock_script(self.holder, self.token)
-        if node.ssh.user not in (None, "root") and node.data.get("_sudo"):
-            command = f"sudo -n sh -c {shlex.quote(command)}"
+        if node.data.get("_sudo"):  # as pyinfra runs the step's commands
+            command = remote.as_root(node.ssh.user, command)
         try:
             held = remote.hold(node, command, answer_s=node.settings.command_timeout_s)
         except remote.RemoteError as e:

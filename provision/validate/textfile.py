@@ -9,8 +9,6 @@ its own series, never the run's verdicts or exit code."""
 from __future__ import annotations
 
 import math
-import os
-import shlex
 
 from provision import remote
 from provision.inventory import Cluster, Node
@@ -61,13 +59,6 @@ def publish(cluster: Cluster, results: list[NodeResult], at: float) -> dict[str,
     return write_each(cluster, FILE, {r.node: exposition(r, at) for r in results})
 
 
-def _as_root(node: Node, command: str) -> str:
-    """The directory is root's: through sudo unless the SSH user is root."""
-    if (node.ssh.user or os.environ.get("USER")) == "root":
-        return command
-    return f"sudo -n sh -c {shlex.quote(command)}"
-
-
 def write_each(cluster: Cluster, path: str, texts: dict[str, str]) -> dict[str, str]:
     """Write ``texts[host]`` to ``path`` (in the textfile directory) on each host named,
     in parallel, each within WRITE_S; host -> why not where a write failed. A host without
@@ -76,7 +67,9 @@ def write_each(cluster: Cluster, path: str, texts: dict[str, str]) -> dict[str, 
     nodes = [n for n in cluster.nodes if n.name in texts]
 
     def write(node: Node) -> str | None:
-        done = remote.run(node, _as_root(node, layout.write_command(path, texts[node.name])), timeout=WRITE_S)
+        done = remote.run(
+            node, remote.as_root(node.ssh.user, layout.write_command(path, texts[node.name])), timeout=WRITE_S
+        )
         if done.ok or done.exited == layout.NOT_MONITORED:
             return None
         return (done.stderr.strip() or f"exit {done.exited}")[:300]
