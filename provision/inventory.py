@@ -151,6 +151,8 @@ def load(path: str | os.PathLike[str]) -> Cluster:
                 "add a group, e.g. nodes = [('node1', {'ssh_hostname': '10.0.0.1'})]",
             )
         )
+    problems += _file_name_problems(inventory_path, attrs)
+    problems += _cluster_wide_problems(inventory_path, nodes)
     problems += _duplicates(inventory_path, nodes, attrs)
     problems += _references(inventory_path, nodes)
     problems += _network_problems(inventory_path, nodes)
@@ -179,6 +181,62 @@ def _node(inv: Any, host: Any, inventory_path: Path, problems: list[Problem], gr
             )
         )
     return Node(host.name, ssh, tuple(host.groups), settings, data)
+
+
+def _file_name_problems(inventory_path: Path, attrs: dict[str, Any]) -> list[Problem]:
+    """pyinfra makes the file's name a group of every host: a file named storage.py or
+    gpu_nodes.py would give every host that role."""
+    stem = inventory_path.name.rsplit(".", 1)[0]
+    if stem not in ROLES or stem in attrs:
+        return []
+    return [
+        Problem(
+            str(inventory_path),
+            f"the file's name {stem!r} is a role, and pyinfra makes the file's name a group of every host",
+            "rename the file (e.g. cluster.py)",
+        )
+    ]
+
+
+# Settings every host must share: the training account owns files on the NFS shares by uid,
+# and one run (the launcher, the checkpoints' paths) reads one host's shares and mount root.
+CLUSTER_WIDE = ("training_user", "training_uid", "nfs_mount_root")
+
+
+def _cluster_wide_problems(inventory_path: Path, nodes: list[Node]) -> list[Problem]:
+    problems = []
+    try:
+        storage = Cluster(inventory_path, tuple(nodes)).storage_node()
+    except KeyError:  # nfs_server names no host: _references says so
+        storage = None
+    if storage is not None:  # a host may mount fewer shares than the server exports, never more
+        exported = set(storage.settings.nfs_exports)
+        for node in nodes:
+            missing = [share for share in node.settings.nfs_exports if share not in exported]
+            if missing:
+                problems.append(
+                    Problem(
+                        f"{inventory_path}: host {host_label(node.name)}: key nfs_exports",
+                        f"{', '.join(missing)} not exported by the storage host {host_label(storage.name)}",
+                        "give every host the storage host's nfs_exports (or fewer)",
+                    )
+                )
+    for key in CLUSTER_WIDE:
+        seen: dict[str, list[str]] = {}
+        for node in nodes:
+            seen.setdefault(repr(getattr(node.settings, key)), []).append(host_label(node.name))
+        if len(seen) > 1:
+            said = "; ".join(
+                f"{value} on {', '.join(names[:3])}{' ...' if len(names) > 3 else ''}" for value, names in seen.items()
+            )
+            problems.append(
+                Problem(
+                    f"{inventory_path}: key {key}",
+                    f"differs between hosts ({said}); the cluster has one",
+                    "set it once, in group_data/all.py",
+                )
+            )
+    return problems
 
 
 def _cross_key_problems(inventory_path: Path, nodes: list[Node]) -> list[Problem]:
@@ -235,26 +293,52 @@ def _layer_problems(where: str, data: dict[str, Any]) -> list[Problem]:
 HOST_KEY_POLICIES = ("yes", "accept-new", "no", "off")
 
 
-def _program(value: Any) -> str | None:
-    """A shell or program for pyinfra to run commands with: a name or a path, one word."""
-    if isinstance(value, str) and re.fullmatch(r"/?[A-Za-z0-9_.+-]+(/[A-Za-z0-9_.+-]+)*", value):
+# The shells root's commands may run under: each a system package's, in a root-owned
+# directory. A path anywhere else (a home, /tmp) would be a file someone else can change.
+SHELLS = tuple(f"{d}/{sh}" for d in ("/bin", "/usr/bin") for sh in ("sh", "bash", "dash"))
+
+
+def _shell(value: Any) -> str | None:
+    """A shell for pyinfra to run every command with, as root: one of SHELLS or its name."""
+    if isinstance(value, str) and (value in SHELLS or f"/bin/{value}" in SHELLS):
         return None
-    return f"{value!r} is not a program name or path (one word of letters, digits and ._+-/)"
+    return f"{v.brief(value)} is not one of the system's shells ({', '.join(SHELLS)})"
+
+
+def _root_dir(value: Any) -> str | None:
+    """A directory root's commands work in or upload through: absolute, and not in a home
+    (where its owner could swap what root then runs or copies into place)."""
+    problem = v.absolute_path(value)
+    if problem is None and (value == "/home" or value.startswith("/home/")):
+        return f"{value!r} is in a home directory, which its owner can change under root"
+    return problem
 
 
 def _port(value: Any) -> str | None:
     if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 65536:
         return None
-    return f"{value!r} is not a port number (1-65535)"
+    return f"{v.brief(value)} is not a port number (1-65535)"
+
+
+# Variables a host's commands (root's, through sudo) may be given. An allow-list: the loader
+# and shell variables (LD_PRELOAD, PATH, BASH_ENV, PYTHONPATH...) would make root run code
+# from wherever they point.
+_ENV_NAMES = re.compile(r"(?i:(http|https|ftp|all|no)_proxy)|LANG|LANGUAGE|LC_[A-Z]+|TZ|TERM|DEBIAN_FRONTEND")
 
 
 def _env(value: Any) -> str | None:
     names_ok = isinstance(value, dict) and all(
         isinstance(k, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k) for k in value
     )
-    if names_ok and all(isinstance(x, str) and x.isprintable() for x in value.values()):
-        return None
-    return f"{value!r} is not a dict of environment variable names to one-line strings"
+    if not names_ok or not all(isinstance(x, str) and x.isprintable() for x in value.values()):
+        return f"{v.brief(value)} is not a dict of environment variable names to one-line strings"
+    refused = sorted(k for k in value if not _ENV_NAMES.fullmatch(k))
+    if refused:
+        return (
+            f"{', '.join(refused)}: not given to root's commands (proxies, LANG, LC_*, TZ, TERM and "
+            "DEBIAN_FRONTEND are; a loader or shell variable would run code from where it points)"
+        )
+    return None
 
 
 def _paramiko_kwargs(value: Any) -> str | None:
@@ -273,7 +357,8 @@ def _of_type(kind: type, low: float | None = None) -> Check:
     def check(value: Any) -> str | None:
         if type_ok(value, kind) and not (bound and bound(value)):
             return None
-        return f"{value!r} is not {'a ' + kind.__name__ if low is None else f'a {kind.__name__} of {low:g} or more'}"
+        wanted = f"a {kind.__name__}" if low is None else f"a {kind.__name__} of {low:g} or more"
+        return f"{v.brief(value)} is not {wanted}"
 
     return check
 
@@ -308,16 +393,16 @@ PYINFRA_VALUE_CHECKS: dict[str, Check] = {
     "_su_user": v.user_name,
     "_use_su_login": _of_type(bool),
     "_preserve_su_env": _of_type(bool),
-    "_su_shell": _program,
+    "_su_shell": _shell,
     "_su_password": _of_type(str),
     "_doas": _of_type(bool),
     "_doas_user": v.user_name,
-    "_shell_executable": _program,
+    "_shell_executable": _shell,
     "_env": _env,
     "_timeout": _of_type(int, 1),
     "_get_pty": _of_type(bool),
-    "_temp_dir": v.absolute_path,
-    "_chdir": v.absolute_path,
+    "_temp_dir": _root_dir,
+    "_chdir": _root_dir,
 }
 
 
@@ -350,6 +435,8 @@ def pyinfra_key_problems(data: dict[str, Any], where: str) -> list[Problem]:
                     "leave it out of the inventory",
                 )
             )
+        elif odd := v.plain_data(value):
+            problems.append(Problem(f"{where}: key {key}", f"{v.brief(value)} {odd}"))
         elif key in PYINFRA_VALUE_CHECKS and (what := PYINFRA_VALUE_CHECKS[key](value)):
             problems.append(Problem(f"{where}: key {key}", what))
         elif key == "ssh_strict_host_key_checking" and value not in HOST_KEY_POLICIES:
@@ -393,7 +480,20 @@ def _network_problems(inventory_path: Path, nodes: list[Node]) -> list[Problem]:
     # Each address parsed once and each network's outsiders found once: asked per node of
     # per node, a 1,000-node inventory took a million parses (BENCHMARKS.md, issue 20).
     addresses = [(n.name, _address(n.cluster_address)) for n in nodes]
+    ssh_hosts = {_same_address(n.ssh.hostname): n.name for n in nodes}
     for name, a in addresses:
+        if a is None:  # a DNS name: its address is not known here
+            continue
+        other = ssh_hosts.get(_same_address(str(a)))
+        if other is not None and other != name and not a.is_loopback:  # loopback: port-forwarded hosts share it
+            problems.append(
+                Problem(
+                    f"{inventory_path}: host {host_label(name)}: key cluster_address",
+                    f"{a} is host {host_label(other)}'s SSH address; /etc/hosts and Slurm would send this host's "
+                    "traffic there",
+                    "give each host its own address",
+                )
+            )
         if isinstance(a, ipaddress.IPv6Address):
             problems.append(
                 Problem(

@@ -106,6 +106,12 @@ def _guarded(path: Path) -> Iterator[None]:
         raise
     except Exception as e:  # pyinfra's own validation, e.g. an unknown @connector
         raise InputError(Problem(str(path), f"{type(e).__name__}: {_one_line(e)}")) from None
+    except KeyboardInterrupt:  # the person's Ctrl-C: exit 130, as anywhere else
+        raise
+    except BaseException as e:  # the code's own BaseException subclass: still its failure
+        raise InputError(
+            Problem(str(path), f"raised {type(e).__name__}: {_one_line(e)}", "an inventory must run without errors")
+        ) from None
 
 
 def _one_line(err: BaseException) -> str:
@@ -168,8 +174,9 @@ def group_problems(path: Path, name: str, value: Any) -> list[Problem]:
         return []
     # Anything else at the top level is read as a group: `storage = None` or a generator
     # (pyinfra reads one, but only once) would quietly mean "no storage host".
-    where = f"{path}: group {name}"
-    fix = f"write {name} = ['node1', ...] (a list of host names or (name, data) tuples), or name a helper _{name}"
+    label = v.shown(name)
+    where = f"{path}: group {label}"
+    fix = f"write {label} = ['node1', ...] (a list of host names or (name, data) tuples), or name a helper _{label}"
     if isinstance(value, tuple):
         if len(value) != 2 or not isinstance(value[0], list) or not isinstance(value[1], dict):
             return [Problem(where, "is a tuple but not (list of hosts, dict of group data)", fix)]
@@ -180,9 +187,14 @@ def group_problems(path: Path, name: str, value: Any) -> list[Problem]:
 
 
 def _host_entry_problem(entry: Any) -> str | None:
-    if isinstance(entry, str):
+    name = entry[0] if isinstance(entry, tuple) and len(entry) == 2 else entry
+    if isinstance(name, str) and name.startswith("@"):
+        # pyinfra reads "@terraform/...", "@docker/..." as a connector that runs a program,
+        # here on the controller, to find its hosts: provision's hosts are named, over SSH.
+        return "a name starting with '@' is a pyinfra connector, which runs a program to find hosts; name each host"
+    if type(entry) is str:
         return None
-    if isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[0], str) and isinstance(entry[1], dict):
+    if type(entry) is tuple and len(entry) == 2 and type(entry[0]) is str and type(entry[1]) is dict:
         return None
     return "a host is a name or a (name, dict of host data) tuple"
 

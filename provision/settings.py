@@ -83,10 +83,6 @@ def _retention(value: str) -> str | None:
     return f"{value!r} is not a retention such as 30d (a number, then h, d, w or y)"
 
 
-def _positive(value: int | float) -> str | None:
-    return None if value > 0 else f"{value!r} must be greater than 0"
-
-
 def _seconds_between(low: int, high: int) -> typing.Callable[[int], str | None]:
     """A check for a deadline in whole seconds: at least ``low``, at most ``high``."""
 
@@ -100,16 +96,31 @@ def _seconds_between(low: int, high: int) -> typing.Callable[[int], str | None]:
 NR_OPEN_DEFAULT = 1048576
 
 
+# Fewest members per raid_level (the knob allows these). RAID10 takes 2: mdadm builds the
+# "near 2" layout, a mirror, on two disks. (A listed data_disks is checked against it at
+# load; "auto" once the host's disks are known, rules/disks.)
+RAID_MIN_DISKS = {0: 2, 1: 2, 5: 3, 6: 4, 10: 2}
+
+
+NOFILE_FLOOR = 1024  # the kernel's own default soft limit: below it sshd and sudo cannot work
+
+
 def _nofile(value: int) -> str | None:
     """pam_limits applies the limit at every login, root's SSH included (the limits file
-    names root too); above fs.nr_open setrlimit fails and pam_limits refuses the login,
-    which would lock everyone out of the host."""
+    names root too); above fs.nr_open setrlimit fails and pam_limits refuses the login, and
+    a hard limit of a few files leaves no login able to open what it needs: either would
+    lock everyone out of the host."""
     if value > NR_OPEN_DEFAULT:
         return (
             f"{value} is above {NR_OPEN_DEFAULT}, the kernel's fs.nr_open default; pam_limits "
             f"would then refuse every login, root's SSH included; use {NR_OPEN_DEFAULT} or less"
         )
-    return _positive(value)
+    if value < NOFILE_FLOOR:
+        return (
+            f"{value} is below {NOFILE_FLOOR}: applied to every login, root's included, it would leave "
+            "sshd and sudo without the files they open; training wants far more (the default is the most)"
+        )
+    return None
 
 
 def _uid(value: int) -> str | None:
@@ -197,7 +208,7 @@ class Settings:
     training_uid: int = knob(
         2000, "uid and gid of the training user and its group, the same on every node (NFS ownership)", _uid
     )
-    nofile_limit: int = knob(NR_OPEN_DEFAULT, "open-files limit for training processes (1 to 1048576)", _nofile)
+    nofile_limit: int = knob(NR_OPEN_DEFAULT, "open-files limit for training processes (1024 to 1048576)", _nofile)
     ntp_servers: list[str] = knob(
         [], "chrony's only servers (the distribution's pool is parked); empty keeps the pool", v.each(v.server_address)
     )
@@ -494,11 +505,15 @@ def parse_settings(data: dict[str, Any], where: str) -> tuple[Settings, list[Pro
             problems.append(_unknown_key(where, key))
             continue
         annotation = _HINTS[key]
+        odd = v.plain_data(value)
+        if odd:
+            problems.append(Problem(f"{where}: key {key}", f"{v.brief(value)} {odd}"))
+            continue
         if not type_ok(value, annotation):
             problems.append(
                 Problem(
                     f"{where}: key {key}",
-                    f"{value!r} is not {_describe(annotation)}",
+                    f"{v.brief(value)} is not {_describe(annotation)}",
                     f"see `provision inventory knobs` for {key}",
                 )
             )
@@ -527,6 +542,25 @@ def cross_key_problems(s: Settings) -> list[Problem]:
             nccl_version_pattern(s.cuda_toolkit_version, s.nccl_version)
         except ValueError as e:
             problems.append(Problem("key install_nccl", str(e)))
+    disks = s.data_disks
+    if s.raid_level and isinstance(disks, list) and 0 < len(disks) < RAID_MIN_DISKS[s.raid_level]:
+        problems.append(
+            Problem(
+                "key raid_level",
+                f"raid_level {s.raid_level} needs at least {RAID_MIN_DISKS[s.raid_level]} disks; data_disks lists "
+                f"{len(disks)}",
+                "list more disks, or set raid_level 0 (one disk: a plain filesystem)",
+            )
+        )
+    version = s.nvidia_driver_version
+    if version and version.split(".", 1)[0] != s.nvidia_driver_branch:
+        problems.append(
+            Problem(
+                "key nvidia_driver_version",
+                f"{version} is not of nvidia_driver_branch {s.nvidia_driver_branch}",
+                "give a version of the branch, or set nvidia_driver_branch to its branch",
+            )
+        )
     message = _train_dir_problem(s)
     if message:
         problems.append(Problem("key train_dir", message, "use a directory of its own, e.g. /srv/train"))
@@ -577,7 +611,8 @@ def _layout_problems(s: Settings) -> list[Problem]:
     venv = s.venv_path
     if ":" in venv:
         problems.append(Problem("key venv_path", f"{venv!r} holds ':', which splits PATH"))
-    for name, tree in (("data_mount", s.data_mount), ("nfs_mount_root", s.nfs_mount_root), ("train_dir", s.train_dir)):
+    trees = {"data_mount": s.data_mount, "nfs_mount_root": s.nfs_mount_root, "nfs_export_root": s.nfs_export_root}
+    for name, tree in {**trees, "train_dir": s.train_dir}.items():
         if _inside(venv, tree) or _inside(tree, venv):
             problems.append(
                 Problem(
@@ -586,6 +621,15 @@ def _layout_problems(s: Settings) -> list[Problem]:
                     "keep the venv on the root disk, e.g. /opt/provision/venv",
                 )
             )
+    # In a world-writable directory, anyone could make the venv before root does.
+    if _inside(venv, "/tmp") or _inside(venv, "/var/tmp"):
+        problems.append(
+            Problem(
+                "key venv_path",
+                f"{venv!r} is in a world-writable directory, where anyone could make it first",
+                "keep the venv on the root disk, e.g. /opt/provision/venv",
+            )
+        )
     for name, tree in (("data_mount", s.data_mount), ("nfs_export_root", s.nfs_export_root)):
         if _inside(s.nfs_mount_root, tree) or _inside(tree, s.nfs_mount_root):
             problems.append(

@@ -38,8 +38,11 @@ _SYSTEM_TREES: tuple[str, ...] = (
     "/root",
 )
 _SYSTEM_TREES += ("/run", "/sbin", "/sys", "/usr")
+# People's homes: their own (a volume mounted over one hides its authorized_keys; a venv
+# or train_dir there is the user's to change, and root would run it).
+_SYSTEM_TREES += ("/home",)
 # Directories that may hold a data directory but must not be one.
-_SYSTEM_DIRS = {"/", "/home", "/media", "/mnt", "/opt", "/snap", "/srv", "/tmp", "/var"}
+_SYSTEM_DIRS = {"/", "/media", "/mnt", "/opt", "/snap", "/srv", "/tmp", "/var"}
 _SYSTEM_DIRS |= {f"/var/{d}" for d in ("backups", "cache", "lib", "local", "lock", "log", "mail", "opt", "run")}
 _SYSTEM_DIRS |= {"/var/spool", "/var/tmp"}
 # Trees under those that packages and the system keep their own state in: a data volume
@@ -48,6 +51,40 @@ _SYSTEM_TREES += tuple(f"/var/lib/{d}" for d in ("apt", "dpkg", "systemd", "nfs"
 _SYSTEM_TREES += ("/var/log/journal", "/var/cache/apt", "/var/cache/debconf")
 # Pseudo filesystems: nothing there is a file to back up.
 _PSEUDO_TREES = ("/dev", "/proc", "/run", "/sys")
+
+
+def brief(value: Any, limit: int = 80) -> str:
+    """Any value as a message prints it: its repr, cut to ``limit`` characters, and never an
+    error (an int of 5,000 digits has no repr; a hostile object's may raise)."""
+    try:
+        text = repr(value)
+    except Exception:  # any failure of a hostile __repr__ reads as its type
+        text = f"<a {type(value).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def plain_data(value: Any, depth: int = 0) -> str | None:
+    """Why ``value`` is not plain data (str, int, float, bool, None, and lists, tuples and
+    dicts of them), or None. A subclass of str is refused: every check here reads the
+    value, but a file or command is written from its str() or format(), which a subclass
+    may make say anything (a line of its own). Ints are 64-bit at most."""
+    kind = type(value)
+    if depth > 20:
+        return "nests too deep"
+    if kind is str:
+        return None if len(value) <= 4096 else "is longer than 4096 characters"
+    if kind in (bool, type(None)):
+        return None
+    if kind is int:
+        return None if -(2**63) <= value < 2**63 else "is an integer too large for any setting"
+    if kind is float:
+        return None
+    if kind in (list, tuple):
+        return next((p for p in (plain_data(x, depth + 1) for x in value) if p), None)
+    if kind is dict:
+        items = (plain_data(x, depth + 1) for pair in value.items() for x in pair)
+        return next((p for p in items if p), None)
+    return f"is a {kind.__name__}, not plain data (a string, number, bool, list or dict)"
 
 
 def shown(text: str) -> str:
@@ -109,14 +146,26 @@ def host_name(value: Any) -> str | None:
     return f"{value!r} is not an RFC 1123 host name (ASCII letters, digits, '-' and '.')"
 
 
+def _reads_as_ipv4(value: str) -> bool:
+    # glibc's resolver takes inet_aton's forms before it reads /etc/hosts: "0x7f000001" is
+    # 127.0.0.1, "1.0x1" is 1.0.0.1, "123" is 0.0.0.123.
+    import socket
+
+    try:
+        socket.inet_aton(value)
+    except OSError:
+        return False
+    return True
+
+
 def node_name(value: Any) -> str | None:
     """An inventory host's name: an RFC 1123 host name that names one machine. It goes into
-    every node's /etc/hosts and Slurm's NodeName, so not an address ("10.0.0.1", "123": a
-    last label of digits reads as one) and not localhost."""
+    every node's /etc/hosts and Slurm's NodeName, so not an address ("10.0.0.1", "123" and
+    "0x7f000001" read as one) and not localhost."""
     problem = host_name(value)
     if problem:
         return problem
-    if value.rsplit(".", 1)[-1].isdigit():
+    if value.rsplit(".", 1)[-1].isdigit() or _reads_as_ipv4(value):
         return f"{value!r} reads as an IP address; name hosts by host name (the address goes in ssh_hostname)"
     if value.lower() == "localhost" or value.lower().startswith("localhost."):
         return f"{value!r} names the local machine on every host; give each host its own name"
@@ -148,6 +197,11 @@ def ip_address(value: Any) -> str | None:
     return None
 
 
+def is_ip(value: Any) -> bool:
+    """Is ``value`` an IP address as ip_address takes one (a DNS name is not)?"""
+    return ip_address(value) is None
+
+
 def host_ip(value: Any) -> str | None:
     """An IP address one host can have: not unspecified (0.0.0.0, ::), multicast or
     reserved. (Loopback stays: hosts in one machine's network namespaces, as the tests
@@ -162,9 +216,10 @@ def host_ip(value: Any) -> str | None:
 
 
 def _looks_like_ip(value: Any) -> bool:
-    # A host name has no ':' and its last label is not all digits: anything else is meant
-    # as an address, and is told what is wrong with it as one.
-    return not isinstance(value, str) or ":" in value or value.rsplit(".", 1)[-1].isdigit()
+    # A host name has no ':', its last label is not all digits, and the resolver does not
+    # read it as an IPv4 address ("0x7f000001"): anything else is meant as an address, and
+    # is told what is wrong with it as one (only the dotted-quad form is one).
+    return not isinstance(value, str) or ":" in value or value.rsplit(".", 1)[-1].isdigit() or _reads_as_ipv4(value)
 
 
 def address(value: Any) -> str | None:
@@ -187,11 +242,22 @@ def user_name(value: Any) -> str | None:
     return f"{value!r} is not a POSIX user name (letters, digits, '_', '.', '-'; up to 32)"
 
 
+# Accounts of the system and of the packages provision installs: a training user by one of
+# these names would own what that service trusts (munge's key forges any uid's Slurm
+# credential, slurm is SlurmUser, prometheus owns the metrics the drain rules read).
+_SERVICE_ACCOUNTS = {"root", "daemon", "bin", "sys", "sync", "games", "man", "lp", "mail", "news", "uucp", "proxy"}
+_SERVICE_ACCOUNTS |= {"www-data", "backup", "list", "irc", "gnats", "nobody", "sshd", "messagebus", "syslog"}
+_SERVICE_ACCOUNTS |= {"_apt", "systemd-network", "systemd-resolve", "systemd-timesync", "polkitd", "chrony", "_chrony"}
+_SERVICE_ACCOUNTS |= {"statd", "_rpc", "munge", "slurm", "mysql", "prometheus", "nvidia-dcgm", "nvidia-persistenced"}
+
+
 def unprivileged_user(value: Any) -> str | None:
-    """A POSIX user name for an account that must not be root."""
+    """A POSIX user name for an account that must not be root or a service's account (nor
+    provision's backup accounts, provision-backup-*)."""
     problem = user_name(value)
-    if problem is None and value == "root":
-        return "'root' is not an unprivileged account; name the account training runs as, e.g. train"
+    if problem is None and (value in _SERVICE_ACCOUNTS or value.startswith("provision-")):
+        what = "root" if value == "root" else "a system or service account"
+        return f"{value!r} is {what}, not an unprivileged account; name the account training runs as, e.g. train"
     return problem
 
 
@@ -314,7 +380,9 @@ _EXPORT_OPPOSITES: tuple[tuple[str, str], ...] = (
 )
 _EXPORT_OPPOSITES += (("subtree_check", "no_subtree_check"), ("wdelay", "no_wdelay"))
 _EXPORT_OPPOSITES += (("secure_locks", "insecure_locks"),)
-_EXPORT_VALUED = re.compile(r"(anonuid|anongid|fsid)=[0-9]{1,10}|sec=(sys|krb5|krb5i|krb5p)(:(sys|krb5|krb5i|krb5p))*")
+# No fsid=: the one option string goes on every share's line, and shares with one fsid are
+# one filesystem to the clients (their file handles collide).
+_EXPORT_VALUED = re.compile(r"(anonuid|anongid)=[0-9]{1,10}|sec=(sys|krb5|krb5i|krb5p)(:(sys|krb5|krb5i|krb5p))*")
 
 
 def export_options(value: Any) -> str | None:
@@ -324,9 +392,14 @@ def export_options(value: Any) -> str | None:
         return f"{value!r} is not a comma-separated list of exports(5) options"
     # The squashed users become anonuid/anongid: 0 makes every client's root, or with
     # all_squash every client user, root on the share: no_root_squash by another name.
-    root = [t for t in value.split(",") if re.fullmatch(r"anon[ug]id=0+", t)]
-    if root:
-        return f"{', '.join(root)} maps squashed users to root on the share; give an unprivileged id"
+    # Below 1000 are system accounts and groups (disk, adm, sudo...): files a squashed
+    # client leaves are theirs on the server, setuid or setgid ones included.
+    low = [t for t in value.split(",") if re.fullmatch(r"anon[ug]id=[0-9]+", t) and int(t.split("=")[1]) < 1000]
+    if low:
+        return (
+            f"{', '.join(low)} maps squashed users to root or a system account on the share; "
+            "give an unprivileged id (1000 or more, e.g. 65534)"
+        )
     tokens = value.split(",")
     bad = [t for t in tokens if t not in _EXPORT_FLAGS and not _EXPORT_VALUED.fullmatch(t)]
     if bad:

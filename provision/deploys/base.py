@@ -17,6 +17,7 @@ from pyinfra.api import deploy
 from pyinfra.facts.files import FileContents
 from pyinfra.operations import apt, files, server, systemd
 
+from provision import values as v
 from provision.engine import Step, current_cluster, current_node, each_connected_host, note, once_per_pass, put_secret
 from provision.facts import chrony
 from provision.facts.probes import CloudInitFact, DpkgInterrupted, HostKeys
@@ -52,8 +53,10 @@ def training_key(cluster: Cluster, user: str) -> Path:
 
 
 def hosts_block(nodes: list[Node]) -> str:
-    """/etc/hosts lines: every node's cluster address and name."""
-    return "\n".join(f"{n.cluster_address} {n.name}" for n in nodes)
+    """/etc/hosts lines: every node's cluster address and name. A node whose cluster address
+    is a DNS name (no cluster_address, and SSH by name) is left to DNS: /etc/hosts maps
+    addresses to names, and a line of two names means nothing."""
+    return "\n".join(f"{n.cluster_address} {n.name}" for n in nodes if v.is_ip(n.cluster_address))
 
 
 def known_hosts_lines(keys_by_node: dict[str, tuple[str, list[str]]]) -> str:

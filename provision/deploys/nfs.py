@@ -68,10 +68,12 @@ def exports_text(settings: Settings) -> str:
     )
 
 
-def client_fstab_line(server_address: str, settings: Settings, share: str) -> str:
+def client_fstab_line(server_address: str, server: Settings, client: Settings, share: str) -> str:
+    """A client's line for one share: the path the server exports (its own nfs_export_root,
+    which follows its data_mount) at the client's own mount root."""
     return (
-        f"{fstab_field(server_address)}:{fstab_field(settings.nfs_export_root)}/{fstab_field(share)} "
-        f"{fstab_field(settings.nfs_mount_root)}/{fstab_field(share)} nfs {CLIENT_OPTIONS} 0 0"
+        f"{fstab_field(server_address)}:{fstab_field(server.nfs_export_root)}/{fstab_field(share)} "
+        f"{fstab_field(client.nfs_mount_root)}/{fstab_field(share)} nfs {CLIENT_OPTIONS} 0 0"
     )
 
 
@@ -143,14 +145,15 @@ def nfs_server(settings: Settings) -> None:
         _mount_now(settings.nfs_mount_root)
 
 
-def nfs_client(settings: Settings, address: str) -> None:
-    """Mount every share from the server on first access (systemd automount)."""
+def nfs_client(settings: Settings, address: str, server: Settings) -> None:
+    """Mount every share from the server (at ``address``, with its ``server`` settings) on
+    first access (systemd automount)."""
     install("Install nfs-common", ["nfs-common"], settings.apt_lock_wait_s)
     training_account(settings)
     changes, lines = [], []
     for share, path in zip(settings.nfs_exports, mount_paths(settings), strict=True):
         files.directory(name=f"Mount point {path}", path=path)
-        lines.append(client_fstab_line(address, settings, share))
+        lines.append(client_fstab_line(address, server, settings, share))
         changes.append(
             files.line(
                 name=f"fstab: {path}",
@@ -188,7 +191,7 @@ def nfs() -> None:
             return
         nfs_server(node.settings)
     else:
-        nfs_client(node.settings, storage.cluster_address)
+        nfs_client(node.settings, storage.cluster_address, storage.settings)
 
 
 def applies(node: Node) -> str | None:

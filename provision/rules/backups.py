@@ -29,6 +29,7 @@ import hashlib
 import re
 from pathlib import Path
 
+from provision import controller_files
 from provision.errors import InputError, Problem
 from provision.inventory import Cluster, Node
 from provision.state import SECRET_MODE, generated_key, generated_secret, inventory_dir, state_dir, write_atomic
@@ -89,6 +90,9 @@ def cluster_dir(cluster: Cluster) -> Path:
     return inventory_dir(cluster.path)
 
 
+PASSWORD_MAX_BYTES = 4096  # restic reads the first line; a larger file is not a password
+
+
 def password_problem(node: Node, cluster: Cluster) -> Problem | None:
     """What is wrong with this host's backup_password_file, or None (unset, or usable).
     restic refuses an empty password, so an empty file is as bad as a missing one."""
@@ -98,10 +102,9 @@ def password_problem(node: Node, cluster: Cluster) -> Problem | None:
     path = Path(configured).expanduser()
     where = f"{cluster.path}: host {node.name}: key backup_password_file"
     try:
-        empty = not path.read_bytes().strip()
-    except OSError as e:
-        what = f"{path} does not exist" if not path.exists() else f"{path} cannot be read ({e.strerror})"
-        return Problem(where, what, "create it, or unset the key to generate one")
+        empty = not controller_files.read_small(path, PASSWORD_MAX_BYTES).strip()
+    except controller_files.Unreadable as e:
+        return Problem(where, str(e), "create it, or unset the key to generate one")
     return Problem(where, f"{path} is empty", "restic refuses an empty password") if empty else None
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from provision.facts.blockdevices import BlockDevice
 from provision.inventory import Node
-from provision.settings import Settings
+from provision.settings import RAID_MIN_DISKS, Settings
 
 LABEL = "PVDATA"  # filesystem label that marks our data volume (xfs allows 12 characters)
 
@@ -23,11 +23,6 @@ ARRAY_NAME = "provision:data"  # md array name written into each member's superb
 
 
 OURS_FILESYSTEMS = ("xfs", "ext4")
-
-
-# Fewest members per raid_level (settings allow these). RAID10 takes 2: mdadm builds the
-# "near 2" layout, a mirror, on two disks.
-RAID_MIN_DISKS = {0: 2, 1: 2, 5: 3, 6: 4, 10: 2}
 
 
 def is_ours(device: BlockDevice) -> bool:

@@ -10,6 +10,7 @@ import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
+from provision import controller_files
 from provision.facts.venv import normalize
 from provision.settings import Settings
 
@@ -133,10 +134,14 @@ def file_sha256(path: Path) -> str:
     return _SHA256[key]
 
 
+SUMS_MAX_BYTES = 2**20  # a line a wheel: thousands of wheels
+
+
 def read_sums(directory: str) -> dict[str, str]:
     """wheel file name -> sha256 from the wheelhouse's SHA256SUMS (sha256sum's format)."""
     sums = {}
-    for line in (Path(directory).expanduser() / SUMS_FILE).read_text().splitlines():
+    text = controller_files.read_small_text(Path(directory).expanduser() / SUMS_FILE, SUMS_MAX_BYTES)
+    for line in text.splitlines():
         digest, _, name = line.strip().partition(" ")
         if digest:
             sums[name.strip().lstrip("*")] = digest.lower()
@@ -149,9 +154,11 @@ def sums_problem(directory: str) -> str | None:
     here, on the controller, before it reaches any host)."""
     try:
         sums = read_sums(directory)
-    except OSError:
-        return f"{directory} has no readable {SUMS_FILE}; write it where the wheels were downloaded: sha256sum *.whl"
+    except controller_files.Unreadable as e:
+        return f"{e}; write {SUMS_FILE} where the wheels were downloaded: sha256sum *.whl"
     for wheel in wheel_files(directory):
+        if not wheel.is_file():
+            return f"{wheel} is not a regular file"
         want = sums.get(wheel.name)
         if want is None:
             return f"{wheel.name} is not listed in {directory}/{SUMS_FILE}"

@@ -14,7 +14,7 @@ import shlex
 from collections.abc import Callable
 from pathlib import Path
 
-from provision import engine
+from provision import controller_files, engine
 from provision.deploys import backups, base, frameworks, monitoring, nfs, nvidia, preflight, slurm, volumes
 from provision.deploys.slurm import controller as slurm_controller
 from provision.engine import HostResult, RunReport, Step
@@ -185,14 +185,9 @@ def _lock_problems(node: Node) -> list[tuple[str, str, str]]:
         ]
     path = Path(s.pip_lock_file).expanduser()
     try:
-        if not path.is_file():  # a FIFO or /dev/zero would hang the check or fill memory
-            why = f"{path} does not exist" if not path.exists() else f"{path} is not a regular file"
-            return [("pip_lock_file", why, "write the lock, or unset pip_lock_file")]
-        if path.stat().st_size > LOCK_MAX_BYTES:
-            return [("pip_lock_file", f"{path} is over {LOCK_MAX_BYTES // 2**20} MiB: not a lock", "")]
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        return [("pip_lock_file", f"{path} cannot be read ({e})", "write the lock, or unset pip_lock_file")]
+        text = controller_files.read_small_text(path, LOCK_MAX_BYTES)
+    except controller_files.Unreadable as e:
+        return [("pip_lock_file", str(e), "write the lock, or unset pip_lock_file")]
     fix = "make it again from the pins (uv pip compile --universal --generate-hashes)"
     return [("pip_lock_file", f"{path}: {problem}", fix) for problem in framework_rules.lock_problems(s, text)]
 

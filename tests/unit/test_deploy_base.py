@@ -13,11 +13,12 @@ from provision import engine
 from provision.deploys import base
 from provision.facts import probes
 from provision.facts.chrony import NO_CONF, ChronySources, parse_chrony_sources
-from provision.inventory import Cluster
+from provision.inventory import Cluster, Node, SshTarget
 from provision.operations import hosts as hosts_ops
 from provision.operations import stamps, time_sync
 from provision.resources import render_template
 from provision.rules.packages import BASE_PACKAGES
+from provision.settings import Settings
 from provision.state import inventory_dir
 from tests.helpers.deploy_facts import FIXTURES, FakeHost, node, os_info, plan_with_facts
 
@@ -83,6 +84,14 @@ def test_hosts_block_lists_every_node_of_the_inventory() -> None:
     assert (
         "# BEGIN provision cluster nodes\n10.77.0.11 node1\n10.77.0.12 node2\n# END provision cluster nodes" in command
     )
+
+
+def test_hosts_block_leaves_a_node_reached_by_dns_name_to_dns() -> None:
+    # No cluster_address and SSH by name: the cluster address is that name, and a line of
+    # two names ("gpu9.example.net gpu9") would mean nothing to the resolver.
+    nodes = list(cluster().nodes)
+    by_name_only = Node("gpu9", SshTarget("gpu9.example.net", 22, None, None, None, "yes"), (), Settings())
+    assert base.hosts_block([*nodes, by_name_only]) == "10.77.0.11 node1\n10.77.0.12 node2"
 
 
 # /etc/hosts as the Debian installer (and cloud-init's default template) leave it.

@@ -32,7 +32,7 @@ def test_loads_a_plain_pyinfra_inventory_with_groups_and_group_data(tmp_path):
         """
         gpu_nodes = [("gpu1", {"ssh_hostname": "192.0.2.1", "cluster_address": "10.0.0.1"}),
                      ("gpu2", {"ssh_hostname": "192.0.2.2", "cluster_address": "10.0.0.2"})]
-        storage = (["gpu1"], {"nfs_exports": ["datasets"]})
+        storage = (["gpu1"], {"min_root_free_gb": 5})
     """,
     )
     write(tmp_path / "group_data" / "all.py", "ssh_user = 'ubuntu'\n_sudo = True\ndata_mount = '/scratch'\n")
@@ -44,8 +44,8 @@ def test_loads_a_plain_pyinfra_inventory_with_groups_and_group_data(tmp_path):
     assert gpu1.cluster_address == "10.0.0.1"
     assert gpu1.has_role("storage")
     assert gpu1.has_role("gpu_nodes")
-    assert gpu1.settings.nfs_exports == ["datasets"]
-    assert cluster.node("gpu2").settings.nfs_exports == ["datasets", "checkpoints", "scratch"]
+    assert gpu1.settings.min_root_free_gb == 5
+    assert cluster.node("gpu2").settings.min_root_free_gb == 20
     assert gpu1.settings.data_mount == "/scratch"
     assert cluster.storage_node().name == "gpu1"
 

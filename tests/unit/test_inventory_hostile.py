@@ -48,7 +48,11 @@ def two(first: dict, second: dict | None = None, name1: str = "gpu01", name2: st
         ("cluster_address", "224.0.0.5", "not a host's address"),
         ("ntp_servers", ["0.0.0.0"], "not a host's address"),
         ("slurm_default_time", "\u0661\u0662:\u0660\u0660:\u0660\u0660", "is not a Slurm time"),
-        ("nfs_export_options", "rw,sync,all_squash,anonuid=0,anongid=0,no_subtree_check", "to root on the share"),
+        (
+            "nfs_export_options",
+            "rw,sync,all_squash,anonuid=0,anongid=0,no_subtree_check",
+            "to root or a system account on the share",
+        ),
         ("backup_repository", "sftp:-oProxyCommand=/tmp/x:/repo", "starts with '-'"),
         ("backup_repository", "/etc", "system directory"),
         ("backup_repository", "/", "system directory"),
@@ -56,7 +60,7 @@ def two(first: dict, second: dict | None = None, name1: str = "gpu01", name2: st
         ("training_user", "root", "not an unprivileged account"),
         ("train_master_port", 22, "1024"),
         # pyinfra's global arguments and connector data, typed
-        ("_shell_executable", "sh -c id;", "is not a program"),
+        ("_shell_executable", "sh -c id;", "is not one of the system's shells"),
         ("_sudo", "false", "is not a bool"),
         ("_timeout", -5, "1 or more"),
         ("ssh_connect_retries", "x", "is not a int"),
@@ -232,3 +236,115 @@ def test_a_networks_own_addresses_are_not_a_hosts(tmp_path, address, said):
     inv.write_text(two({**BASE, "cluster_address": "10.0.0.0", "cluster_cidr": "10.0.0.0/31"},
                        {**OTHER, "cluster_address": "10.0.0.1", "cluster_cidr": "10.0.0.0/31"}))  # fmt: skip
     assert len(inventory.load(inv).nodes) == 2
+
+
+class Expr(str):
+    """A value written into the inventory as this Python expression (an int too large to
+    print is made there, not here)."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+# A second audit (session 50): values that reached root through a path someone else can
+# write, service accounts, addresses the resolver reads differently, contradictions that
+# `up` found only on the hosts, and values that crashed the loader.
+@pytest.mark.parametrize(
+    ("key", "value", "said"),
+    [
+        ("nofile_limit", 1, "is below 1024"),
+        ("venv_path", "/home/train/venv", "system directory"),
+        ("venv_path", "/tmp/venv", "world-writable"),
+        ("venv_path", "/var/tmp/venv", "world-writable"),
+        ("data_mount", "/home/ubuntu", "system directory"),
+        ("nfs_mount_root", "/home/train", "system directory"),
+        ("_shell_executable", "/home/train/bin/sh", "is not one of the system's shells"),
+        ("_su_shell", "/tmp/sh", "is not one of the system's shells"),
+        ("_temp_dir", "/home/train", "in a home directory"),
+        ("_chdir", "/home/train/x", "in a home directory"),
+        ("_env", {"LD_PRELOAD": "/tmp/x.so", "http_proxy": "http://p:3128"}, "LD_PRELOAD: not given to root's"),
+        ("_env", {"PATH": "/home/train/bin:/usr/bin"}, "PATH: not given to root's"),
+        ("training_user", "munge", "a system or service account"),
+        ("training_user", "slurm", "a system or service account"),
+        ("training_user", "provision-backup-gpu01", "a system or service account"),
+        ("ssh_hostname", "0xc0000201", "is not an IP address"),
+        ("nfs_export_options", "rw,sync,fsid=1", "'fsid=1' not allowed"),
+        ("nfs_export_options", "rw,all_squash,anonuid=1000,anongid=6", "anongid=6 maps squashed users"),
+        ("training_uid", Expr("2**70"), "too large"),
+        ("ssh_port", Expr("10**5000"), "too large"),  # no repr: over Python's 4,300 digits
+        ("validate_expect", Expr("{'fleet.mad_k': 10**400}"), "too large"),  # no float
+        ("train_dir", "/x" * 3000, "longer than 4096"),
+    ],
+)
+def test_a_value_the_second_audit_found_accepted_or_crashing_is_refused(tmp_path, key, value, said):
+    found = problems(tmp_path, two({**BASE, key: value}))
+    assert any(f"key {key}" in line and said in line for line in found), found
+    assert all(len(line) < 1000 for line in found), found  # a huge value is cut, not printed whole
+
+
+@pytest.mark.parametrize(
+    ("first", "said"),
+    [
+        ({**BASE, "venv_path": "/srv/export/datasets/venv", "nfs_export_root": "/srv/export"}, "nfs_export_root"),
+        ({**BASE, "raid_level": 5, "data_disks": ["S1", "S2"]}, "raid_level 5 needs at least 3 disks"),
+        ({**BASE, "nvidia_driver_version": "570.86.15"}, "570.86.15 is not of nvidia_driver_branch 580"),
+    ],
+)
+def test_keys_that_contradict_each_other_are_refused_at_load(tmp_path, first, said):
+    found = problems(tmp_path, two(first))
+    assert any(said in line for line in found), found
+
+
+def test_a_host_name_the_resolver_reads_as_an_address_is_refused(tmp_path):
+    found = problems(tmp_path, two(BASE, name1="0x7f000001"))
+    assert any("reads as an IP address" in line for line in found), found
+
+
+def test_a_cluster_address_that_is_another_hosts_ssh_address_is_refused(tmp_path):
+    found = problems(tmp_path, two({**BASE, "cluster_address": "192.0.2.2"}))
+    assert any("192.0.2.2 is host gpu02's SSH address" in line for line in found), found
+
+
+def test_the_cluster_wide_settings_must_agree(tmp_path):
+    found = problems(tmp_path, two({**BASE, "training_uid": 2001}))
+    assert any("key training_uid: differs between hosts (2001 on gpu01; 2000 on gpu02)" in line for line in found)
+
+
+def test_a_host_mounting_a_share_the_storage_host_does_not_export_is_refused(tmp_path):
+    text = two({**BASE, "nfs_exports": ["datasets"], "cluster_cidr": "10.0.0.0/24"}) + "storage = ['gpu01']\n"
+    found = problems(tmp_path, text)
+    assert any("host gpu02: key nfs_exports: checkpoints, scratch not exported" in line for line in found), found
+
+
+def test_a_connector_host_name_is_refused_before_it_runs(tmp_path):
+    ran = tmp_path / "ran"
+    found = problems(tmp_path, f"nodes = ['@terraform/{ran}', ('gpu01', {BASE!r})]\n")
+    assert any("pyinfra connector" in line for line in found), found
+    assert not ran.exists()
+
+
+def test_an_inventory_file_named_for_a_role_is_refused(tmp_path):
+    inv = tmp_path / "storage.py"
+    inv.write_text(two(BASE))
+    with pytest.raises(InputError) as info:
+        inventory.load(inv)
+    assert "the file's name 'storage' is a role" in str(info.value)
+
+
+def test_a_str_subclass_that_writes_other_text_is_refused(tmp_path):
+    text = "class _S(str):\n    def __str__(self):\n        return 'x\\nExecStartPre=/tmp/evil'\n" + two(BASE).replace(
+        "'10.0.0.1'}", "'10.0.0.1', 'backup_schedule': _S('daily')}", 1
+    )
+    found = problems(tmp_path, text)
+    assert any("key backup_schedule" in line and "not plain data" in line for line in found), found
+
+
+def test_an_inventory_raising_a_base_exception_is_one_line_not_a_traceback(tmp_path):
+    found = problems(tmp_path, "class _E(BaseException):\n    pass\n\nraise _E('boom')\n")
+    assert found == [f"{tmp_path / 'inv.py'}: raised _E: boom (an inventory must run without errors)"], found
+
+
+def test_a_group_name_with_a_newline_is_said_escaped(tmp_path):
+    found = problems(tmp_path, two(BASE) + "globals()['x\\nerror: fake'] = 1\n")
+    assert all("\n" not in line for line in found), found
+    assert any("group 'x\\nerror: fake'" in line for line in found), found

@@ -44,6 +44,7 @@ LAYERS: list[tuple[str, ...]] = [
         "provision.hostkeys",
         "provision.values",
         "provision.inventory_file",
+        "provision.controller_files",
         "provision.openfiles",
         # uploaded to GPU hosts by the monitoring step and run there alone: imports nothing
         "provision.monitoring.gpu_collector",

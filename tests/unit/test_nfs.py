@@ -38,8 +38,16 @@ def test_no_cluster_cidr_is_refused_rather_than_exported_to_everyone():
     assert nfs.export_problems(settings(), "node1") == []
 
 
+def test_a_client_mounts_the_path_the_server_exports_whatever_its_own_data_mount():
+    # The server keeps its data on /data (exports under /data/shared); a client's data
+    # volume is at /scratch, which moves only its own (unused) export root.
+    client = Settings(data_mount="/scratch", nfs_export_root="/scratch/shared", nfs_mount_root="/mnt/shares")
+    line = nfs.client_fstab_line("10.77.0.1", settings(), client, "datasets")
+    assert line.split()[:2] == ["10.77.0.1:/data/shared/datasets", "/mnt/shares/datasets"]
+
+
 def test_client_mounts_nfs_4_2_hard_nosuid_nodev_and_never_blocks_boot():
-    line = nfs.client_fstab_line("10.77.0.1", settings(), "checkpoints")
+    line = nfs.client_fstab_line("10.77.0.1", settings(), settings(), "checkpoints")
     device, path, fstype, options, dump, passno = line.split()
     assert (device, path, fstype, dump, passno) == (
         "10.77.0.1:/data/shared/checkpoints",
@@ -97,7 +105,7 @@ def test_server_exports_and_client_automounts_over_cluster_addresses(monkeypatch
     assert run.ran(s, re.escape("echo '/data/shared /shared none bind,nofail 0 0' >> /etc/fstab"))
     assert run.ran(s, r"^mount /shared$")
     assert not run.ran(s, r"nfs-common|automount")
-    line = nfs.client_fstab_line("10.77.0.1", settings(), "datasets")
+    line = nfs.client_fstab_line("10.77.0.1", settings(), settings(), "datasets")
     assert run.ran(c, re.escape(f"echo '{line}' >> /etc/fstab"))
     assert run.ran(c, r"systemctl daemon-reload")
     assert run.ran(c, r"systemctl start shared-datasets\.automount")
@@ -119,7 +127,7 @@ def test_server_without_cluster_cidr_is_refused_and_exports_nothing(monkeypatch)
 
 def _client_with_fstab_in_place(stamp: str | None):
     s = settings()
-    lines = [nfs.client_fstab_line("10.77.0.1", s, share) for share in s.nfs_exports]
+    lines = [nfs.client_fstab_line("10.77.0.1", s, s, share) for share in s.nfs_exports]
     answers: dict = {
         re.compile(rf"grep -E -e .*\]\+{re.escape(path)}\[.* /etc/fstab"): [line]
         for path, line in zip(nfs.mount_paths(s), lines, strict=True)

@@ -122,7 +122,7 @@ def test_fstab_lines_keep_six_fields(value):
     settings = Settings(data_mount=value, nfs_export_root=value, nfs_mount_root=value, nfs_exports=["a"])
     for line in (
         fstab_line("1234-abcd", settings),
-        nfs.client_fstab_line("10.0.0.1", settings, "a"),
+        nfs.client_fstab_line("10.0.0.1", settings, settings, "a"),
         nfs.bind_fstab_line(settings),
     ):
         assert "\n" not in line
