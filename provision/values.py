@@ -87,6 +87,12 @@ def plain_data(value: Any, depth: int = 0) -> str | None:
     return f"is a {kind.__name__}, not plain data (a string, number, bool, list or dict)"
 
 
+def host_label(name: str) -> str:
+    """A host's name as problems print it: as written when it is a host name, else
+    escaped (a newline or an escape sequence in a name must not reach the terminal raw)."""
+    return name if address(name) is None else ascii(name)
+
+
 def shown(text: str) -> str:
     """A value as a message prints it: as written when printable, else escaped (a newline or
     an escape sequence from an input file must not reach the terminal raw)."""

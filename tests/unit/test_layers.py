@@ -35,6 +35,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("provision.facts",),
     ("provision.limit",),
     ("provision.inventory",),
+    ("provision.inventory_checks", "provision.pyinfra_keys"),
+    ("provision.cluster",),
     ("provision.settings",),
     ("provision.verdicts",),
     (

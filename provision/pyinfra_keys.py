@@ -1,0 +1,180 @@
+"""pyinfra's own keys in an inventory (``ssh_*`` connection data, ``_*`` global arguments):
+which a host may carry, and what each may hold.
+
+pyinfra passes them to its connector and into the commands it builds, unquoted where they
+are a program and untyped everywhere, so each is checked here by the type pyinfra gives it
+and, where root runs or works in what it names, against paths someone else could change.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from provision import values as v
+from provision.errors import Problem
+from provision.settings import is_pyinfra_key, key_label, type_ok
+from provision.values import Check
+
+# Values of ssh_strict_host_key_checking that provision honours the same way in pyinfra
+# (up, plan, facts) and in fabric/OpenSSH (validate, train, backup, verify). pyinfra's
+# "ask" needs a terminal per host, which a parallel run cannot give.
+HOST_KEY_POLICIES = ("yes", "accept-new", "no", "off")
+
+
+# The shells root's commands may run under: each a system package's, in a root-owned
+# directory. A path anywhere else (a home, /tmp) would be a file someone else can change.
+SHELLS = tuple(f"{d}/{sh}" for d in ("/bin", "/usr/bin") for sh in ("sh", "bash", "dash"))
+
+
+def _shell(value: Any) -> str | None:
+    """A shell for pyinfra to run every command with, as root: one of SHELLS or its name."""
+    if isinstance(value, str) and (value in SHELLS or f"/bin/{value}" in SHELLS):
+        return None
+    return f"{v.brief(value)} is not one of the system's shells ({', '.join(SHELLS)})"
+
+
+def _root_dir(value: Any) -> str | None:
+    """A directory root's commands work in or upload through: absolute, and not in a home
+    (where its owner could swap what root then runs or copies into place)."""
+    problem = v.absolute_path(value)
+    if problem is None and (value == "/home" or value.startswith("/home/")):
+        return f"{value!r} is in a home directory, which its owner can change under root"
+    return problem
+
+
+def port_problem(value: Any) -> str | None:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 65536:
+        return None
+    return f"{v.brief(value)} is not a port number (1-65535)"
+
+
+# Variables a host's commands (root's, through sudo) may be given. An allow-list: the loader
+# and shell variables (LD_PRELOAD, PATH, BASH_ENV, PYTHONPATH...) would make root run code
+# from wherever they point.
+_ENV_NAMES = re.compile(r"(?i:(http|https|ftp|all|no)_proxy)|LANG|LANGUAGE|LC_[A-Z]+|TZ|TERM|DEBIAN_FRONTEND")
+
+
+def _env(value: Any) -> str | None:
+    names_ok = isinstance(value, dict) and all(
+        isinstance(k, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k) for k in value
+    )
+    if not names_ok or not all(isinstance(x, str) and x.isprintable() for x in value.values()):
+        return f"{v.brief(value)} is not a dict of environment variable names to one-line strings"
+    refused = sorted(k for k in value if not _ENV_NAMES.fullmatch(k))
+    if refused:
+        return (
+            f"{', '.join(refused)}: not given to root's commands (proxies, LANG, LC_*, TZ, TERM and "
+            "DEBIAN_FRONTEND are; a loader or shell variable would run code from where it points)"
+        )
+    return None
+
+
+def _paramiko_kwargs(value: Any) -> str | None:
+    # Where and as whom to connect are the inventory's own keys, checked above.
+    reserved = {"hostname", "port", "username", "password", "pkey", "key_filename", "sock", "passphrase"}
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value) and not reserved & set(value):
+        return None
+    return f"{value!r} is not a dict of paramiko options other than {', '.join(sorted(reserved))}"
+
+
+def _of_type(kind: type, low: float | None = None) -> Check:
+    """A value of pyinfra's type for the key (settings' own rule: a bool is not an int, a
+    float is any finite number), at least ``low`` when given."""
+    bound = v.bounded(low, math.inf) if low is not None else None
+
+    def check(value: Any) -> str | None:
+        if type_ok(value, kind) and not (bound and bound(value)):
+            return None
+        wanted = f"a {kind.__name__}" if low is None else f"a {kind.__name__} of {low:g} or more"
+        return f"{v.brief(value)} is not {wanted}"
+
+    return check
+
+
+# pyinfra's keys an inventory may give, each with the check of its value. pyinfra passes
+# them to its connector and into the commands it builds, unquoted where they are a program
+# (`_shell_executable: "sh -c id;"` would run `id` as root on every command) and untyped
+# everywhere (`_sudo: "false"` is a true value). Operation arguments (`_ignore_errors`,
+# `_if`, `_run_once`...) have no place in host data: they would change what `up` reports.
+PYINFRA_VALUE_CHECKS: dict[str, Check] = {
+    "ssh_hostname": v.address,
+    "ssh_port": port_problem,
+    "ssh_user": v.user_name,
+    "ssh_password": _of_type(str),
+    "ssh_key": v.controller_path,
+    "ssh_key_password": _of_type(str),
+    "ssh_allow_agent": _of_type(bool),
+    "ssh_look_for_keys": _of_type(bool),
+    "ssh_forward_agent": _of_type(bool),
+    "ssh_config_file": v.controller_path,
+    "ssh_known_hosts_file": v.controller_path,
+    "ssh_paramiko_connect_kwargs": _paramiko_kwargs,
+    "ssh_connect_retries": _of_type(int, 0),
+    "ssh_connect_retry_min_delay": _of_type(float, 0),
+    "ssh_connect_retry_max_delay": _of_type(float, 0),
+    "ssh_file_transfer_protocol": lambda x: None if x in ("sftp", "scp") else f"{x!r} is not 'sftp' or 'scp'",
+    "_sudo": _of_type(bool),
+    "_sudo_user": v.user_name,
+    "_use_sudo_login": _of_type(bool),
+    "_sudo_password": _of_type(str),
+    "_preserve_sudo_env": _of_type(bool),
+    "_su_user": v.user_name,
+    "_use_su_login": _of_type(bool),
+    "_preserve_su_env": _of_type(bool),
+    "_su_shell": _shell,
+    "_su_password": _of_type(str),
+    "_doas": _of_type(bool),
+    "_doas_user": v.user_name,
+    "_shell_executable": _shell,
+    "_env": _env,
+    "_timeout": _of_type(int, 1),
+    "_get_pty": _of_type(bool),
+    "_temp_dir": _root_dir,
+    "_chdir": _root_dir,
+}
+
+
+def pyinfra_key_problems(data: dict[str, Any], where: str) -> list[Problem]:
+    """pyinfra's own keys (``ssh_*`` connection data, ``_*`` global arguments) pass through
+    to pyinfra untyped, so a typo would silently fall back to a default (a mistyped
+    ``ssh_hostnme`` connects to the host's name). Check names against pyinfra's lists and
+    the values provision itself reads."""
+    import difflib
+
+    from pyinfra.api.arguments import all_argument_meta
+    from pyinfra.connectors.ssh import connector_data_meta
+
+    known = {*connector_data_meta, *all_argument_meta}
+    problems = []
+    for key, value in data.items():
+        if not is_pyinfra_key(key):
+            continue
+        if key.startswith("winrm_"):
+            problems.append(Problem(f"{where}: key {key_label(key)}", "provision connects over SSH only"))
+        elif key not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=1)
+            hint = f"did you mean {close[0]}?" if close else "see pyinfra's connector and global arguments"
+            problems.append(Problem(f"{where}: key {key_label(key)}", "unknown pyinfra key", hint))
+        elif key not in PYINFRA_VALUE_CHECKS and key != "ssh_strict_host_key_checking":
+            problems.append(
+                Problem(
+                    f"{where}: key {key}",
+                    "an argument of single operations, not a host's setting",
+                    "leave it out of the inventory",
+                )
+            )
+        elif odd := v.plain_data(value):
+            problems.append(Problem(f"{where}: key {key}", f"{v.brief(value)} {odd}"))
+        elif key in PYINFRA_VALUE_CHECKS and (what := PYINFRA_VALUE_CHECKS[key](value)):
+            problems.append(Problem(f"{where}: key {key}", what))
+        elif key == "ssh_strict_host_key_checking" and value not in HOST_KEY_POLICIES:
+            problems.append(
+                Problem(
+                    f"{where}: key {key}",
+                    f"{value!r} is not one of {', '.join(HOST_KEY_POLICIES)}",
+                    "'yes' (the default) refuses unknown and changed host keys",
+                )
+            )
+    return problems
