@@ -33,6 +33,7 @@ def problems(cluster: Cluster, attrs: dict[str, Any]) -> list[Problem]:
     found += _references(path, nodes)
     found += _network_problems(path, nodes)
     found += _head_problems(path, nodes)
+    found += _backup_problems(path, nodes, storage)
     return found
 
 
@@ -260,3 +261,50 @@ def _head_problems(inventory_path: Path, nodes: list[Node]) -> list[Problem]:
             "keep one host in the head group",
         )
     ]
+
+
+def _backup_problems(inventory_path: Path, nodes: list[Node], storage: Node | None) -> list[Problem]:
+    """Backups that would hold themselves, or that someone else could change: the default
+    repositories live under the storage host's <data_mount>/backups (sshd chroots each
+    host's account there, root-owned); a share is the training user's to write; a backup
+    of a tree that holds its own repository grows until the volume is full."""
+    found = _backups_tree_problems(storage) if storage is not None else []
+    for node in nodes:
+        found += _local_repository_problems(node)
+    return [
+        Problem(f"{inventory_path}: host {v.host_label(node.name)}: key {key}", what, fix)
+        for node, key, what, fix in found
+    ]
+
+
+def _backups_tree_problems(storage: Node) -> list[tuple[Node, str, str, str]]:
+    s = storage.settings
+    backups = f"{s.data_mount.rstrip('/')}/backups"
+    found = []
+    for share in s.nfs_exports:
+        exported = f"{s.nfs_export_root.rstrip('/')}/{share}"
+        if v.overlap(exported, backups):
+            what = f"the share {exported} is on or holds {backups}, the backups' root-owned tree"
+            found.append((storage, "nfs_export_root", what, "keep the export tree apart from <data_mount>/backups"))
+    for path in s.backup_paths:
+        if v.overlap(path, backups):
+            what = f"{path} is on or holds {backups}, where the backups are kept"
+            found.append((storage, "backup_paths", what, "back up the data, not the backups"))
+    return found
+
+
+def _local_repository_problems(node: Node) -> list[tuple[Node, str, str, str]]:
+    s, repo = node.settings, node.settings.backup_repository
+    if not repo or not repo.startswith(("/", "local:")):
+        return []
+    local = repo.removeprefix("local:").replace("{host}", node.name)
+    found = []
+    for name, tree in (("nfs_mount_root", s.nfs_mount_root), ("nfs_export_root", s.nfs_export_root)):
+        if v.overlap(local, tree):
+            what = f"{local} is on or holds {name} {tree}, which the training user writes to"
+            found.append((node, "backup_repository", what, "keep the repository on a root-owned directory"))
+    for path in s.backup_paths:
+        if v.overlap(path, local):
+            found.append((node, "backup_paths", f"{path} is on or holds the repository {local}",
+                          "back up the data, not the repository"))  # fmt: skip
+    return found

@@ -162,6 +162,10 @@ def disk_id_problem(disk: str) -> str | None:
         return f"{disk!r} is a kernel name that can change between boots; use /dev/disk/by-id/... or the disk's serial"
     if "/" in disk or disk.startswith(("-", ".")):
         return f"{disk!r} is neither a /dev/disk/by-id path nor a serial (which has no '/' and no leading '-' or '.')"
+    if len(disk) < 4 or re.fullmatch(r"part[0-9]+", disk):
+        # the volumes step takes a serial as the end of a by-id link ("...-<serial>"): "0"
+        # would name every disk whose id ends in -0, "part1" every first partition
+        return f"{disk!r} is too short or too common for a serial: it would match other disks' ids"
     return None
 
 
@@ -613,7 +617,7 @@ def _layout_problems(s: Settings) -> list[Problem]:
         problems.append(Problem("key venv_path", f"{venv!r} holds ':', which splits PATH"))
     trees = {"data_mount": s.data_mount, "nfs_mount_root": s.nfs_mount_root, "nfs_export_root": s.nfs_export_root}
     for name, tree in {**trees, "train_dir": s.train_dir}.items():
-        if _inside(venv, tree) or _inside(tree, venv):
+        if v.overlap(venv, tree):
             problems.append(
                 Problem(
                     "key venv_path",
@@ -622,7 +626,7 @@ def _layout_problems(s: Settings) -> list[Problem]:
                 )
             )
     # In a world-writable directory, anyone could make the venv before root does.
-    if _inside(venv, "/tmp") or _inside(venv, "/var/tmp"):
+    if v.inside(venv, "/tmp") or v.inside(venv, "/var/tmp"):
         problems.append(
             Problem(
                 "key venv_path",
@@ -631,7 +635,7 @@ def _layout_problems(s: Settings) -> list[Problem]:
             )
         )
     for name, tree in (("data_mount", s.data_mount), ("nfs_export_root", s.nfs_export_root)):
-        if _inside(s.nfs_mount_root, tree) or _inside(tree, s.nfs_mount_root):
+        if v.overlap(s.nfs_mount_root, tree):
             problems.append(
                 Problem(
                     "key nfs_mount_root",
@@ -642,10 +646,6 @@ def _layout_problems(s: Settings) -> list[Problem]:
     return problems
 
 
-def _inside(path: str, tree: str) -> bool:
-    return path == tree or path.startswith(tree.rstrip("/") + "/")
-
-
 def _train_dir_problem(s: Settings) -> str | None:
     """Why train_dir cannot hold the trainer's files, or None. It is made and owned by root
     on every node, so it must be a directory of its own: not the root, not a system
@@ -653,8 +653,8 @@ def _train_dir_problem(s: Settings) -> str | None:
     share (root_squash; and every node would share one run directory), and not the data
     volume itself or a directory above it or the shares."""
     for name, other in (("nfs_mount_root", s.nfs_mount_root), ("nfs_export_root", s.nfs_export_root)):
-        if _inside(s.train_dir, other):
+        if v.inside(s.train_dir, other):
             return f"{s.train_dir!r} is on the NFS shares ({name} {other})"
-    if s.train_dir == s.data_mount or any(_inside(p, s.train_dir) for p in (s.data_mount, s.nfs_mount_root)):
+    if s.train_dir == s.data_mount or any(v.inside(p, s.train_dir) for p in (s.data_mount, s.nfs_mount_root)):
         return f"{s.train_dir!r} is, or holds, the data volume or the NFS shares (data_mount {s.data_mount})"
     return None

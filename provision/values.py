@@ -99,8 +99,18 @@ def shown(text: str) -> str:
     return text if text.isprintable() else ascii(text)
 
 
+def inside(path: str, tree: str) -> bool:
+    """Is ``path`` the directory ``tree`` or under it (both absolute and normalised)?"""
+    return path == tree or path.startswith(tree.rstrip("/") + "/")
+
+
+def overlap(a: str, b: str) -> bool:
+    """Is either directory the other or under it?"""
+    return inside(a, b) or inside(b, a)
+
+
 def _under(path: str, trees: tuple[str, ...]) -> bool:
-    return any(path == t or path.startswith(t + "/") for t in trees)
+    return any(inside(path, t) for t in trees)
 
 
 def absolute_path(value: Any) -> str | None:

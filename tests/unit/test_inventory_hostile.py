@@ -286,7 +286,7 @@ def test_a_value_the_second_audit_found_accepted_or_crashing_is_refused(tmp_path
     ("first", "said"),
     [
         ({**BASE, "venv_path": "/srv/export/datasets/venv", "nfs_export_root": "/srv/export"}, "nfs_export_root"),
-        ({**BASE, "raid_level": 5, "data_disks": ["S1", "S2"]}, "raid_level 5 needs at least 3 disks"),
+        ({**BASE, "raid_level": 5, "data_disks": ["S6X01", "S6X02"]}, "raid_level 5 needs at least 3 disks"),
         ({**BASE, "nvidia_driver_version": "570.86.15"}, "570.86.15 is not of nvidia_driver_branch 580"),
     ],
 )
@@ -348,3 +348,27 @@ def test_a_group_name_with_a_newline_is_said_escaped(tmp_path):
     found = problems(tmp_path, two(BASE) + "globals()['x\\nerror: fake'] = 1\n")
     assert all("\n" not in line for line in found), found
     assert any("group 'x\\nerror: fake'" in line for line in found), found
+
+
+@pytest.mark.parametrize(
+    ("first", "said"),
+    [
+        # the storage host's shares over its backups tree (<data_mount>/backups, root's)
+        ({**BASE, "nfs_export_root": "/data", "nfs_exports": ["backups"]}, "the share /data/backups is on or holds"),
+        # a backup of the tree that holds the repositories: it grows until the volume is full
+        ({**BASE, "backup_paths": ["/data"]}, "/data is on or holds /data/backups"),
+        # a local repository on a share, which the training user writes to
+        ({**BASE, "backup_repository": "/shared/checkpoints/repo"}, "is on or holds nfs_mount_root /shared"),
+        ({**BASE, "backup_repository": "local:/srv/bk/{host}", "backup_paths": ["/srv"]}, "holds the repository"),
+    ],
+)
+def test_backups_that_would_hold_themselves_or_sit_on_a_share_are_refused(tmp_path, first, said):
+    text = two({**first, "cluster_cidr": "10.0.0.0/24"}, {**OTHER, "cluster_cidr": "10.0.0.0/24"})
+    found = problems(tmp_path, text + "storage = ['gpu01']\n")
+    assert any(said in line for line in found), found
+
+
+@pytest.mark.parametrize("serial", ["0", "0:0", "part1"])
+def test_a_serial_that_would_match_other_disks_ids_is_refused(tmp_path, serial):
+    found = problems(tmp_path, two({**BASE, "force_format": [serial]}))
+    assert any("too short or too common for a serial" in line for line in found), found
