@@ -34,6 +34,7 @@ def problems(cluster: Cluster, attrs: dict[str, Any]) -> list[Problem]:
     found += _network_problems(path, nodes)
     found += _head_problems(path, nodes)
     found += _backup_problems(path, nodes, storage)
+    found += _slurm_problems(cluster)
     return found
 
 
@@ -308,3 +309,34 @@ def _local_repository_problems(node: Node) -> list[tuple[Node, str, str, str]]:
             found.append((node, "backup_paths", f"{path} is on or holds the repository {local}",
                           "back up the data, not the repository"))  # fmt: skip
     return found
+
+
+def _slurm_problems(cluster: Cluster) -> list[Problem]:
+    """A Slurm cluster needs its controller and a host to run jobs: the slurm step on some
+    hosts with the head skipping it would point every slurm.conf at a controller that never
+    runs; with no compute host the partition would list no nodes."""
+    if not cluster.nodes or all(n.settings.slurm == "skip" for n in cluster.nodes):
+        return []
+    try:
+        head, why = cluster.head_node()
+    except KeyError:  # nfs_server names no host: _references says so
+        return []
+    if head.settings.slurm == "skip":
+        return [
+            Problem(
+                f"{cluster.path}: host {v.host_label(head.name)}: key slurm",
+                f"the head ({why}) skips Slurm while other hosts run it: their slurm.conf would name a "
+                "controller that never runs",
+                "set slurm = 'skip' on every host, or make another host the head (the head group)",
+            )
+        ]
+    if not cluster.compute_nodes():
+        return [
+            Problem(
+                str(cluster.path),
+                "no host would run Slurm jobs (the compute group's hosts skip Slurm, or the head alone runs it with "
+                "slurm_head_computes false)",
+                "add a compute host, or set slurm_head_computes = true",
+            )
+        ]
+    return []

@@ -372,3 +372,13 @@ def test_backups_that_would_hold_themselves_or_sit_on_a_share_are_refused(tmp_pa
 def test_a_serial_that_would_match_other_disks_ids_is_refused(tmp_path, serial):
     found = problems(tmp_path, two({**BASE, "force_format": [serial]}))
     assert any("too short or too common for a serial" in line for line in found), found
+
+
+def test_slurm_without_a_running_controller_or_a_compute_host_is_refused(tmp_path):
+    found = problems(tmp_path, two(BASE) + "head = [('gpu01', {'slurm': 'skip'})]\n")
+    assert any("key slurm: the head (the head group) skips Slurm" in line for line in found), found
+    found = problems(tmp_path, two(BASE) + "head = ['gpu01']\ncompute = [('gpu02', {'slurm': 'skip'})]\n")
+    assert any("no host would run Slurm jobs" in line for line in found), found
+    inv = tmp_path / "none.py"  # no host runs Slurm at all: nothing to contradict
+    inv.write_text(two({**BASE, "slurm": "skip"}, {**OTHER, "slurm": "skip"}))
+    assert len(inventory.load(inv).nodes) == 2
