@@ -59,13 +59,45 @@ def _progress(enabled: bool = True) -> Iterator[Callable[[str, str], None]]:
         yield report
 
 
+# What a testbed keeps in its state directory (provision/testbed: lifecycle, state, node),
+# and write_atomic's temp files. `down` deletes these names and `up` writes known_hosts and
+# keys/ there: a --state-dir holding anything else (~/.ssh, a project) is not a testbed's.
+TESTBED_NAMES = {"nodes", "switch", "keys", "known_hosts", "probe", "state.json", ".lock"}
+
+
 def _testbed(state_dir: Path | None, inventory: Path | None = None, mirror: str | None = None) -> Testbed:
     """The library handle. Made before any progress display starts: importing the
     testbed imports pyinfra's CLI package, which must patch threading (gevent) before
     rich's refresh thread or paramiko's threads exist."""
     from provision.testbed import Testbed
 
-    return Testbed(state_dir, inventory_path=inventory, mirror=mirror)
+    tb = Testbed(state_dir, inventory_path=inventory, mirror=mirror)
+    if state_dir is not None:
+        _check_state_dir(tb.state_dir)
+    return tb
+
+
+def _check_state_dir(path: Path) -> None:
+    from provision.errors import InputError, Problem
+
+    if path.exists() and not path.is_dir():
+        raise InputError(
+            Problem(f"--state-dir {path}", "is not a directory", "name a testbed's directory, or a new one")
+        )
+    foreign = sorted(
+        p.name
+        for p in (path.iterdir() if path.is_dir() else [])
+        if p.name not in TESTBED_NAMES and not p.name.endswith(".tmp")
+    )
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (" ..." if len(foreign) > 5 else "")
+        raise InputError(
+            Problem(
+                f"--state-dir {path}",
+                f"holds files a testbed never makes ({shown}): not a testbed's directory, so nothing in it is touched",
+                "name the directory `provision testbed up` made, or a new one",
+            )
+        )
 
 
 @app.command("up")

@@ -50,3 +50,20 @@ def test_down_without_a_testbed_stops_nothing(tmp_path: Path) -> None:
     assert done.returncode == 0
     assert "stopped 0 processes" in done.stdout
     assert not (tmp_path / "none").exists()
+
+
+@pytest.mark.parametrize("command", ["down", "up", "status"])
+def test_a_state_dir_that_is_not_a_testbeds_is_refused_and_left_whole(tmp_path: Path, command: str) -> None:
+    # `down` deletes known_hosts, keys/ and nodes/ in its state directory, and `up` writes
+    # them: --state-dir ~/.ssh would have cost someone their known_hosts and keys.
+    home_ssh = tmp_path / "ssh"
+    (home_ssh / "keys").mkdir(parents=True)
+    for name in ("known_hosts", "id_ed25519", "keys/id_rsa"):
+        (home_ssh / name).write_text("ORIGINAL\n")
+    done = _run(command, "--state-dir", str(home_ssh))
+    assert done.returncode == 2, done.stderr
+    assert "holds files a testbed never makes (id_ed25519)" in done.stderr
+    assert sorted(str(p.relative_to(home_ssh)) for p in home_ssh.rglob("*")) == [
+        "id_ed25519", "keys", "keys/id_rsa", "known_hosts",
+    ]  # fmt: skip
+    assert (home_ssh / "known_hosts").read_text() == "ORIGINAL\n"
