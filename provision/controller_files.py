@@ -19,7 +19,11 @@ def read_small(path: Path, max_bytes: int) -> bytes:
             raise Unreadable(f"{path} does not exist" if not path.exists() else f"{path} is not a regular file")
         if path.stat().st_size > max_bytes:
             raise Unreadable(f"{path} is over {_size(max_bytes)}")
-        return path.read_bytes()[: max_bytes + 1]
+        with open(path, "rb") as f:
+            data = f.read(max_bytes + 1)  # it may have grown since the stat
+        if len(data) > max_bytes:
+            raise Unreadable(f"{path} is over {_size(max_bytes)}")
+        return data
     except OSError as e:
         raise Unreadable(f"{path} cannot be read ({e.strerror or e})") from None
 

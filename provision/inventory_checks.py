@@ -114,29 +114,7 @@ def _network_problems(inventory_path: Path, nodes: list[Node]) -> list[Problem]:
     # Each address parsed once and each network's outsiders found once: asked per node of
     # per node, a 1,000-node inventory took a million parses (BENCHMARKS.md, issue 20).
     addresses = [(n.name, _address(n.cluster_address)) for n in nodes]
-    ssh_hosts = {_same_address(n.ssh.hostname): n.name for n in nodes}
-    for name, a in addresses:
-        if a is None:  # a DNS name: its address is not known here
-            continue
-        other = ssh_hosts.get(_same_address(str(a)))
-        if other is not None and other != name and not a.is_loopback:  # loopback: port-forwarded hosts share it
-            problems.append(
-                Problem(
-                    f"{inventory_path}: host {v.host_label(name)}: key cluster_address",
-                    f"{a} is host {v.host_label(other)}'s SSH address; /etc/hosts and Slurm would send this host's "
-                    "traffic there",
-                    "give each host its own address",
-                )
-            )
-        if isinstance(a, ipaddress.IPv6Address):
-            problems.append(
-                Problem(
-                    f"{inventory_path}: host {v.host_label(name)}: key cluster_address",
-                    f"{a} is an IPv6 address; the cluster network is IPv4 only (NFS mounts, the backup "
-                    "repository's sftp URL, Slurm and torchrun's rendezvous write address:port unbracketed)",
-                    "give cluster_address the host's IPv4 address (SSH may stay on IPv6)",
-                )
-            )
+    problems += _address_problems(inventory_path, nodes, addresses)
     outsiders: dict[str, list[str]] = {}
     for node in nodes:
         if not node.settings.cluster_cidr:
@@ -167,7 +145,41 @@ def _network_problems(inventory_path: Path, nodes: list[Node]) -> list[Problem]:
     return problems
 
 
-def _address(address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+def _address_problems(
+    inventory_path: Path, nodes: list[Node], addresses: list[tuple[str, Address | None]]
+) -> list[Problem]:
+    """Each host's cluster address is its own and IPv4. An address that is another host's
+    SSH address, and not its own too (hosts behind one NAT address, each on its own port,
+    share it), would send this host's traffic there; loopback is shared by port forwards."""
+    problems = []
+    ssh_hosts: dict[str, set[str]] = {}
+    for n in nodes:
+        ssh_hosts.setdefault(_same_address(n.ssh.hostname), set()).add(n.name)
+    for node, (name, a) in zip(nodes, addresses, strict=True):
+        if a is None:  # a DNS name: its address is not known here
+            continue
+        key = (
+            "cluster_address" if node.settings.cluster_address else "ssh_hostname (no cluster_address: the SSH address)"
+        )
+        where = f"{inventory_path}: host {v.host_label(name)}: key {key}"
+        users = ssh_hosts.get(_same_address(str(a)), set())
+        if users and name not in users and not a.is_loopback:
+            others = ", ".join(sorted(map(v.host_label, users)))
+            what = f"{a} is the SSH address of {others}; /etc/hosts and Slurm would send this host's traffic there"
+            problems.append(Problem(where, what, "give each host its own address"))
+        if isinstance(a, ipaddress.IPv6Address):
+            what = (
+                f"{a} is an IPv6 address; the cluster network is IPv4 only (NFS mounts, the backup repository's sftp "
+                "URL, Slurm and torchrun's rendezvous write address:port unbracketed)"
+            )
+            problems.append(Problem(where, what, "give cluster_address the host's IPv4 address (SSH may stay on IPv6)"))
+    return problems
+
+
+def _address(address: str) -> Address | None:
     try:
         return ipaddress.ip_address(address)
     except ValueError:  # a DNS name: its address is not known here, so it is not refused
@@ -269,7 +281,14 @@ def _backup_problems(inventory_path: Path, nodes: list[Node], storage: Node | No
     repositories live under the storage host's <data_mount>/backups (sshd chroots each
     host's account there, root-owned); a share is the training user's to write; a backup
     of a tree that holds its own repository grows until the volume is full."""
-    found = _backups_tree_problems(storage) if storage is not None else []
+    # The default repositories' tree is made when a host backs up without a repository of
+    # its own: the storage host (it always backs up) or a host with backup_paths.
+    uses_tree = storage is not None and any(
+        n.settings.backup_repository is None and (n.name == storage.name or n.settings.backup_paths) for n in nodes
+    )
+    found = []
+    if storage is not None and uses_tree:
+        found = _backups_tree_problems(storage, own=storage.settings.backup_repository is None)
     for node in nodes:
         found += _local_repository_problems(node)
     return [
@@ -278,7 +297,9 @@ def _backup_problems(inventory_path: Path, nodes: list[Node], storage: Node | No
     ]
 
 
-def _backups_tree_problems(storage: Node) -> list[tuple[Node, str, str, str]]:
+def _backups_tree_problems(storage: Node, own: bool) -> list[tuple[Node, str, str, str]]:
+    """The shares kept off the tree; the storage host's own backup (``own``: its repository
+    is there) kept from holding it."""
     s = storage.settings
     backups = f"{s.data_mount.rstrip('/')}/backups"
     found = []
@@ -287,7 +308,7 @@ def _backups_tree_problems(storage: Node) -> list[tuple[Node, str, str, str]]:
         if v.overlap(exported, backups):
             what = f"the share {exported} is on or holds {backups}, the backups' root-owned tree"
             found.append((storage, "nfs_export_root", what, "keep the export tree apart from <data_mount>/backups"))
-    for path in s.backup_paths:
+    for path in s.backup_paths if own else []:
         if v.overlap(path, backups):
             what = f"{path} is on or holds {backups}, where the backups are kept"
             found.append((storage, "backup_paths", what, "back up the data, not the backups"))

@@ -115,7 +115,11 @@ def _guarded(path: Path) -> Iterator[None]:
 
 
 def _one_line(err: BaseException) -> str:
-    return " ".join(str(err).split()) or "(no message)"
+    try:  # the inventory's own exception: its __str__ is its code's, and may raise too
+        text = str(err)
+    except BaseException:
+        text = ""
+    return " ".join(text.split()) or "(no message)"
 
 
 def _user_line(err: BaseException, filename: str) -> str:
@@ -233,7 +237,8 @@ def member_problems(path: Path, attrs: dict[str, Any]) -> list[Problem]:
                     problems.append(
                         Problem(
                             f"{path}: host {v.shown(name)}",
-                            f"key {key!r} is {first[1]!r} in group {first[0]} and {value!r} in group {group}",
+                            f"key {v.brief(key)} is {v.brief(first[1])} in group {first[0]} "
+                            f"and {v.brief(value)} in group {group}",
                             "give a host's data once, in one group",
                         )
                     )

@@ -23,8 +23,10 @@ from provision.values import Check
 HOST_KEY_POLICIES = ("yes", "accept-new", "no", "off")
 
 
-# The shells root's commands may run under: each a system package's, in a root-owned
-# directory. A path anywhere else (a home, /tmp) would be a file someone else can change.
+# The shells root's commands may run under. provision's commands are written for POSIX sh
+# (bash and dash run them as written; zsh and fish do not), and each of these is a system
+# package's file in a root-owned directory: a path anywhere else (a home, /tmp) would be a
+# file someone else can change.
 SHELLS = tuple(f"{d}/{sh}" for d in ("/bin", "/usr/bin") for sh in ("sh", "bash", "dash"))
 
 
@@ -32,14 +34,14 @@ def _shell(value: Any) -> str | None:
     """A shell for pyinfra to run every command with, as root: one of SHELLS or its name."""
     if isinstance(value, str) and (value in SHELLS or f"/bin/{value}" in SHELLS):
         return None
-    return f"{v.brief(value)} is not one of the system's shells ({', '.join(SHELLS)})"
+    return f"{v.brief(value)} is not one of the POSIX shells provision's commands are written for ({', '.join(SHELLS)})"
 
 
 def _root_dir(value: Any) -> str | None:
     """A directory root's commands work in or upload through: absolute, and not in a home
     (where its owner could swap what root then runs or copies into place)."""
     problem = v.absolute_path(value)
-    if problem is None and (value == "/home" or value.startswith("/home/")):
+    if problem is None and v.inside(value, "/home"):
         return f"{value!r} is in a home directory, which its owner can change under root"
     return problem
 
@@ -52,8 +54,10 @@ def port_problem(value: Any) -> str | None:
 
 # Variables a host's commands (root's, through sudo) may be given. An allow-list: the loader
 # and shell variables (LD_PRELOAD, PATH, BASH_ENV, PYTHONPATH...) would make root run code
-# from wherever they point.
+# from wherever they point. A TLS-inspecting proxy needs its CA bundle: those name a file,
+# which must be root's (not in a home or /tmp).
 _ENV_NAMES = re.compile(r"(?i:(http|https|ftp|all|no)_proxy)|LANG|LANGUAGE|LC_[A-Z]+|TZ|TERM|DEBIAN_FRONTEND")
+_ENV_CA_FILES = ("REQUESTS_CA_BUNDLE", "SSL_CERT_FILE", "SSL_CERT_DIR", "CURL_CA_BUNDLE", "PIP_CERT")
 
 
 def _env(value: Any) -> str | None:
@@ -62,12 +66,18 @@ def _env(value: Any) -> str | None:
     )
     if not names_ok or not all(isinstance(x, str) and x.isprintable() for x in value.values()):
         return f"{v.brief(value)} is not a dict of environment variable names to one-line strings"
-    refused = sorted(k for k in value if not _ENV_NAMES.fullmatch(k))
+    refused = sorted(k for k in value if not _ENV_NAMES.fullmatch(k) and k not in _ENV_CA_FILES)
     if refused:
+        index = " (a package index goes in pip_index_url)" if any("INDEX" in k for k in refused) else ""
         return (
-            f"{', '.join(refused)}: not given to root's commands (proxies, LANG, LC_*, TZ, TERM and "
-            "DEBIAN_FRONTEND are; a loader or shell variable would run code from where it points)"
+            f"{', '.join(refused)}: not given to root's commands{index}; they take proxies, CA bundles "
+            f"({', '.join(_ENV_CA_FILES)}), LANG, LC_*, TZ, TERM and DEBIAN_FRONTEND: PATH, LD_*, PYTHON* and "
+            "shell variables would run code from where they point"
         )
+    for name in (k for k in value if k in _ENV_CA_FILES):
+        path = value[name]
+        if v.absolute_path(path) is not None or v.inside(path, "/home") or v.inside(path, "/tmp"):
+            return f"{name}: {path!r} is not a root-owned absolute path (not in a home or /tmp) of a CA bundle"
     return None
 
 

@@ -55,11 +55,11 @@ _PSEUDO_TREES = ("/dev", "/proc", "/run", "/sys")
 
 def brief(value: Any, limit: int = 80) -> str:
     """Any value as a message prints it: its repr, cut to ``limit`` characters, and never an
-    error (an int of 5,000 digits has no repr; a hostile object's may raise)."""
-    try:
-        text = repr(value)
-    except Exception:  # any failure of a hostile __repr__ reads as its type
-        text = f"<a {type(value).__name__}>"
+    error. A value that is not plain data reads as its type: an object's repr is its code's
+    (it may raise, or exit), and an int of 5,000 digits has none."""
+    if plain_data(value) is not None:
+        return f"<a {type(value).__name__}>"
+    text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -128,7 +128,7 @@ def data_directory(value: Any) -> str | None:
     if problem:
         return problem
     if value in _SYSTEM_DIRS or _under(value, _SYSTEM_TREES):
-        return f"{value!r} is / or a system directory; use a directory of its own, e.g. /data or /opt/provision"
+        return f"{value!r} is / or a system directory; use a directory of its own (e.g. under /srv or /opt)"
     return None
 
 
@@ -167,6 +167,8 @@ def _reads_as_ipv4(value: str) -> bool:
     # 127.0.0.1, "1.0x1" is 1.0.0.1, "123" is 0.0.0.123.
     import socket
 
+    if not value.isascii() or not value.isprintable():  # inet_aton raises on NUL, not OSError
+        return False
     try:
         socket.inet_aton(value)
     except OSError:

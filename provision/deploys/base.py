@@ -217,7 +217,10 @@ def cluster_names() -> None:
     cluster = current_cluster()
     # The same for every host: made once per pass (per host, the fleet's size squared).
     block = once_per_pass("hosts block", lambda: hosts_block(list(cluster.all_nodes)))  # also on --limit
-    addresses = once_per_pass("cluster addresses", lambda: {n.name: n.cluster_address for n in cluster.all_nodes})
+    addresses = once_per_pass(
+        "cluster addresses",  # as hosts_block: a node known by DNS name has no line to shadow
+        lambda: {n.name: n.cluster_address for n in cluster.all_nodes if v.is_ip(n.cluster_address)},
+    )
     shadowed = shadowing_lines(host.get_fact(FileContents, path="/etc/hosts"), addresses)
     if shadowed:
         hosts_first(

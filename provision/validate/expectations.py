@@ -13,10 +13,12 @@ floor the user gives.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from provision import controller_files
 from provision.errors import InputError, Problem
 from provision.metrics import METRICS, parse_flat_keys
 
@@ -310,6 +312,9 @@ GROUP_FLEET_RULES: dict[str, FleetRule] = {
 }
 
 
+EXPECT_MAX_BYTES = 2**20  # a flat object of thresholds: a few hundred bytes
+
+
 def load_expect_file(path: str | Path) -> Overrides:
     """Read an --expect file: a JSON object of flat keys (same form as validate_expect).
 
@@ -317,10 +322,8 @@ def load_expect_file(path: str | Path) -> Overrides:
     """
     p = Path(path)
     try:
-        data = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise InputError(Problem(str(p), "expect file does not exist")) from None
-    except (OSError, UnicodeDecodeError) as e:
+        data = json.loads(controller_files.read_small_text(p, EXPECT_MAX_BYTES))
+    except controller_files.Unreadable as e:
         raise InputError(Problem(str(p), f"cannot read expect file: {e}")) from None
     except json.JSONDecodeError as e:
         raise InputError(
@@ -333,7 +336,21 @@ def load_expect_file(path: str | Path) -> Overrides:
 
 def parse_flat(values: dict[str, Any], where: str) -> Overrides:
     """Overrides from flat keys, the form of the ``validate_expect`` setting (the grammar:
-    provision.metrics.parse_flat_keys)."""
+    provision.metrics.parse_flat_keys). A threshold is a finite number: every comparison
+    with NaN is false, so a NaN floor or fail_drop would pass any node (JSON's NaN and
+    Infinity, and 1e999, all parse)."""
+    odd = [k for k, x in values.items() if isinstance(x, float) and not math.isfinite(x)]
+    if odd:
+        raise InputError([Problem(f"{where}: {k}", f"{values[k]!r} is not a finite number") for k in odd])
     keys = parse_flat_keys(values, where)
+    drops = keys.fleet.get("warn_drop", FleetRule.warn_drop), keys.fleet.get("fail_drop", FleetRule.fail_drop)
+    if drops[0] > drops[1]:
+        raise InputError(
+            Problem(
+                f"{where}: fleet.warn_drop",
+                f"{drops[0]:g} is above fleet.fail_drop {drops[1]:g}: a node would fail before it is ever warned of",
+                "keep warn_drop at or below fail_drop",
+            )
+        )
     fleet = replace(FleetRule(), **keys.fleet) if keys.fleet else None
     return Overrides(keys.floors, keys.fractions, keys.ceilings, fleet)

@@ -48,6 +48,7 @@ def spec(cluster: Cluster) -> dict[str, dict[str, object]]:
             "cluster_address": n.cluster_address,
             "all_nodes": {m.name: m.cluster_address for m in cluster.all_nodes},
             "storage_node": _storage_name(cluster),
+            "storage_export_root": _storage_export_root(cluster),  # what clients mount from
         }
         for n in cluster.nodes
     }
@@ -56,6 +57,11 @@ def spec(cluster: Cluster) -> dict[str, dict[str, object]]:
 def _storage_name(cluster: Cluster) -> str | None:
     storage = cluster.storage_node()
     return storage.name if storage else None
+
+
+def _storage_export_root(cluster: Cluster) -> str | None:
+    storage = cluster.storage_node()
+    return storage.settings.nfs_export_root if storage else None
 
 
 PARALLEL_HOSTS = 16  # hosts checked at once, one pytest process each on the controller

@@ -385,3 +385,29 @@ def test_each_fleet_pool_band_is_worked_out_once_however_many_values_ask_for_it(
     assert len(calls) == len(set(calls))  # no pool twice
     assert len(calls) < 20  # a handful of pools (GEMM, RAM, each health counter)
     assert all(r.verdict == "pass" for r in results)
+
+
+@pytest.mark.parametrize(
+    "text", ['{"gpu_ecc_uncorrected.max": NaN}', '{"fleet.fail_drop": Infinity}', '{"ram_triad_gbs": 1e999}']
+)
+def test_expect_file_with_a_threshold_that_is_not_finite_is_input_error(tmp_path, text):
+    # Every comparison with NaN is false: a NaN ceiling passed 12 ECC errors, a NaN fail_drop
+    # never failed a node. JSON's NaN and Infinity, and 1e999, all parse.
+    bad = tmp_path / "e.json"
+    bad.write_text(text)
+    with pytest.raises(InputError, match="is not a finite number"):
+        load_expect_file(bad)
+
+
+def test_fleet_warn_drop_above_fail_drop_is_input_error():
+    with pytest.raises(InputError, match=r"0\.5 is above fleet\.fail_drop 0\.25"):
+        parse_flat({"fleet.warn_drop": 0.5}, "expect.json")
+
+
+def test_an_expect_file_that_is_a_fifo_is_refused_not_waited_on(tmp_path):
+    import os
+
+    fifo = tmp_path / "e.json"
+    os.mkfifo(fifo)
+    with pytest.raises(InputError, match="is not a regular file"):
+        load_expect_file(fifo)

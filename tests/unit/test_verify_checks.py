@@ -229,3 +229,19 @@ def test_training_user_ssh_check_skips_on_one_node() -> None:
         base_checks.test_training_user_reaches_every_other_node_by_ssh(
             StandInHost({}), settings(), {"all_nodes": {"node1": "10.77.0.11"}}
         )
+
+
+def test_the_spec_gives_clients_the_export_root_of_the_server_they_mount(tmp_path) -> None:
+    # A client whose data volume is elsewhere mounts the server's tree (deploys/nfs), so
+    # verify compares its fstab with the server's nfs_export_root, not its own.
+    from provision import inventory, verify
+
+    inv = tmp_path / "inv.py"
+    inv.write_text(
+        "storage = [('s1', {'ssh_hostname': '192.0.2.1', 'cluster_address': '10.0.0.1',\n"
+        "                   'cluster_cidr': '10.0.0.0/24'})]\n"
+        "nodes = [('c1', {'ssh_hostname': '192.0.2.2', 'cluster_address': '10.0.0.2', 'data_mount': '/scratch'})]\n"
+    )
+    spec = verify.spec(inventory.load(inv))
+    assert spec["c1"]["settings"]["nfs_export_root"] == "/scratch/shared"  # its own, unused
+    assert spec["c1"]["storage_export_root"] == "/data/shared"
