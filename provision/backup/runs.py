@@ -11,6 +11,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
+from provision import values as v
 from provision.errors import InputError, Problem
 from provision.inventory import Cluster, Node
 from provision.rules.backups import UNIT, WRAPPER, backup_paths, repository
@@ -73,6 +74,26 @@ def journal_command(lines: int = 20) -> str:
 
 def snapshots_command(hostname: str) -> str:
     return f"{WRAPPER} snapshots --json --tag provision --host {shlex.quote(hostname)}"
+
+
+# A snapshot as restic names one: its id (8 hex digits or more, up to the full 64) or "latest".
+_SNAPSHOT = re.compile(r"latest|[0-9a-f]{8,64}")
+
+
+def restore_flag_problems(snapshot: str, target: str | None) -> list[Problem]:
+    """--snapshot and --target, before any host: each reaches root's restic command line on
+    the host, where "-t" would be an option and a relative target a path in root's home."""
+    problems = []
+    if not _SNAPSHOT.fullmatch(snapshot):
+        problems.append(Problem("--snapshot", f"{snapshot!r} is not a snapshot id (hex, as `provision backup list` "
+                                "shows it) or 'latest'"))  # fmt: skip
+    if target is not None:
+        why = v.absolute_path(target) or (
+            "is / (restore over the live files with --in-place)" if target == "/" else None
+        )
+        if why:
+            problems.append(Problem("--target", why, "name a new or empty directory, e.g. /data/restores/mine"))
+    return problems
 
 
 def restore_command(snapshot: str, target: str, hostname: str) -> str:

@@ -152,6 +152,9 @@ def restore(
     """
     if sum([in_place, check, target is not None]) > 1:
         raise InputError(Problem("restore", "--target, --in-place and --check exclude each other", "choose one"))
+    flag_problems = backup.restore_flag_problems(snapshot, target)
+    if flag_problems:
+        raise InputError(flag_problems)
     cluster = inventory_lib.load(inventory)
     nodes = _hosts(cluster, host)
     # --check only reads live data and removes its scratch copy, so it checks every host

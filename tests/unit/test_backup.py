@@ -364,6 +364,25 @@ def test_a_restore_that_could_mean_several_hosts_is_refused_before_any_host_is_t
     assert sent == {}
 
 
+@pytest.mark.parametrize(
+    ("args", "why"),
+    [
+        (["--snapshot", "-t"], "error: --snapshot: '-t' is not a snapshot id"),  # an option to root's restic
+        (["--snapshot", "--no-lock"], "error: --snapshot: '--no-lock' is not a snapshot id"),
+        (["--snapshot", ""], "error: --snapshot: '' is not a snapshot id"),
+        (["--target", "relative/dir"], "error: --target: 'relative/dir' is not an absolute path"),
+        (["--target", "/data/../etc"], "error: --target: '/data/../etc' is not a normalised absolute path"),
+        (["--target", "/"], "error: --target: is / (restore over the live files with --in-place)"),
+    ],
+)
+def test_a_restore_flag_that_root_would_misread_is_refused_before_any_host(cli, tmp_path, monkeypatch, args, why):
+    sent = _remote_run_stand_in(monkeypatch, {})
+    result = cli("backup", "restore", str(_inventory(tmp_path, TWO_BACKING_UP)), "--host", "node1", *args)
+    assert result.code == 2
+    assert result.err.strip().startswith(why), result.err
+    assert sent == {}
+
+
 # --- the password already on a host is never replaced by a different one ----------------
 
 HOST_PASSWORD = "/etc/provision/backup/password"
