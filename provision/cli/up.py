@@ -15,7 +15,7 @@ from provision import state
 from provision.cli.console import err, host_progress, out, plain, print_json, safe
 from provision.cli.options import InventoryArg, JsonOpt, LimitOpt, ProgressChoice, ProgressOpt
 from provision.engine import HostPlan, RunReport
-from provision.errors import EXIT_FAILED, EXIT_OK
+from provision.errors import EXIT_FAILED, EXIT_OK, InputError, Problem
 from provision.up import host_lock, pipeline
 
 _STEPS = ", ".join(pipeline.step_names())
@@ -177,6 +177,9 @@ def verify(
     """
     from provision import verify as verify_lib
 
+    problem = verify_lib.workdir_problem(workdir) if workdir else None
+    if problem:
+        raise InputError(Problem("--workdir", problem, "name a new or empty directory"))
     cluster = host_limit.apply(inventory_lib.load(inventory), limit)
     err.print(f"verifying {len(cluster.nodes)} hosts with pytest-testinfra ...")
     result = verify_lib.run(cluster, str(workdir) if workdir else None)

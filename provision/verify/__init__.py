@@ -67,6 +67,19 @@ def _storage_export_root(cluster: Cluster) -> str | None:
 PARALLEL_HOSTS = 16  # hosts checked at once, one pytest process each on the controller
 
 
+def workdir_problem(workdir: Path) -> str | None:
+    """Why verify may not write into ``workdir``, or None: it must be new, empty, or one an
+    earlier verify wrote (its spec.json there). Anything else is someone's directory, whose
+    ssh_config (/etc/ssh's, say) a run would overwrite."""
+    if not workdir.exists():
+        return None
+    if not workdir.is_dir():
+        return f"{workdir} is not a directory"
+    if (workdir / "spec.json").is_file() or not any(workdir.iterdir()):
+        return None
+    return f"{workdir} holds files verify did not write (its ssh_config, spec.json and XML would overwrite theirs)"
+
+
 def run(
     cluster: Cluster,
     workdir: str | None = None,

@@ -69,3 +69,22 @@ def test_the_hosts_junit_reports_become_one(tmp_path) -> None:
     root = ET.parse(tmp_path / "all.xml").getroot()
     assert root.tag == "testsuites"
     assert [c.get("name") for c in root.iter("testcase")] == ["t1[ssh://a]", "t2[ssh://a]", "t1[ssh://b]"]
+
+
+def test_a_workdir_holding_someone_elses_files_is_refused_before_any_host(cli, tmp_path) -> None:
+    # --workdir /etc/ssh would have had its ssh_config replaced by verify's.
+    etc_ssh = tmp_path / "ssh"
+    etc_ssh.mkdir()
+    (etc_ssh / "ssh_config").write_text("ORIGINAL\n")
+    inv = tmp_path / "inv.py"
+    inv.write_text("nodes = [('n1', {'ssh_hostname': '127.0.0.1', 'ssh_port': 1, 'cluster_address': '10.0.0.1'})]\n")
+    result = cli("verify", str(inv), "--workdir", str(etc_ssh))
+    assert result.code == 2, result.err
+    assert "holds files verify did not write" in result.err
+    assert (etc_ssh / "ssh_config").read_text() == "ORIGINAL\n"
+    # New, empty, or an earlier verify's (its spec.json there): written into.
+    assert verify.workdir_problem(tmp_path / "new") is None
+    (tmp_path / "empty").mkdir()
+    assert verify.workdir_problem(tmp_path / "empty") is None
+    (etc_ssh / "spec.json").write_text("{}")
+    assert verify.workdir_problem(etc_ssh) is None
