@@ -850,7 +850,9 @@ def finish(d: Dist, args, history: dict, rate: dict, params: int) -> dict:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    # No abbreviations: the launcher and the sweep set flags after the user's, and "--step 5"
+    # or "--stop-f x" would otherwise reach --steps and --stop-file past their checks.
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     arg = p.add_argument
     arg("--model", default=MODEL, choices=sorted(MODEL_SIZES), help="size preset (gpt2 for MFU on a GPU)")
     for name in ("n_layer", "n_head", "n_embd", "block_size"):

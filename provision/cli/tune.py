@@ -264,6 +264,9 @@ def _reserved(extra: tuple[str, ...]) -> list[Problem]:
     problems = []
     for word in extra:
         flag = word.split("=", 1)[0]
+        # A prefix is refused too: argparse took "--step" for --steps before the trainer
+        # stopped abbreviations, and a trainer of the user's own may still take them.
+        flag = next((r for r in RESERVED if flag.startswith("--") and len(flag) > 2 and r.startswith(flag)), flag)
         if flag in RESERVED:
             own = {"--steps": "--steps", "--eval-interval": "--eval-interval"}.get(flag)
             how = f"use tune's {own}" if own else "the sweep sets it for every trial"

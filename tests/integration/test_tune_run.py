@@ -327,3 +327,21 @@ def test_removing_trial_checkpoints_as_the_training_user_from_a_directory_it_can
         assert list(ck.iterdir()) == []
     finally:
         shutil.rmtree(ck)
+
+
+def test_an_abbreviation_of_a_flag_the_sweep_sets_is_refused_too(tmp_path):
+    # argparse took "--step 5" for --steps and "--stop-f" for --stop-file: the trainer no
+    # longer takes abbreviations, and tune refuses them before any host.
+    (tmp_path / "space.toml").write_text("[lr]\nlow = 1e-4\nhigh = 1e-2\n")
+    r = subprocess.run(
+        [sys.executable, "-m", "provision", "tune", str(tmp_path / "missing-inventory.py"), "--space",
+         str(tmp_path / "space.toml"), "--trials", "2", "--", "--step", "5", "--stop-f=/tmp/x", "--summ", "y"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 2, r.stderr
+    said = [x for x in r.stderr.splitlines() if x.startswith("error:")]
+    assert [x.split(":")[1].strip() for x in said] == ["-- --steps", "-- --stop-file", "-- --summary"], said
+    from training.train_ddp import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--step", "5"])
