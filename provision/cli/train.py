@@ -39,10 +39,10 @@ def train(
     nproc_per_node: str = typer.Option(
         "auto", "--nproc-per-node", help="ranks per node; auto: one per GPU, 1 without GPUs"
     ),
-    steps: int = typer.Option(100, "--steps", min=1, help="optimizer steps in total"),
+    steps: int = typer.Option(100, "--steps", min=1, max=10**9, help="optimizer steps in total"),
     model: str = typer.Option("tiny", "--model", help="trainer size preset: tiny, small, medium, gpt2"),
     batch_per_rank: int = typer.Option(
-        8, "--batch-per-rank", min=1, help="sequences per rank per step (global batch grows with ranks)"
+        8, "--batch-per-rank", min=1, max=65536, help="sequences per rank per step (global batch grows with ranks)"
     ),
     resume: bool = typer.Option(False, "--resume", help="continue from the checkpoint's step"),
     limit: str | None = LimitOpt,
@@ -51,10 +51,10 @@ def train(
     ),
     runs_dir: Path = typer.Option(Path("runs"), "--runs-dir", help="controller directory for logs, reports and plots"),
     monitor_interval: float = typer.Option(
-        5.0, "--monitor-interval", min=0.5, help="seconds between node utilisation samples"
+        5.0, "--monitor-interval", min=0.5, max=3600, help="seconds between node utilisation samples"
     ),
     timeout: float | None = typer.Option(
-        None, "--timeout", min=1, help="stop the run (exit 1) after this many seconds"
+        None, "--timeout", min=1, max=365 * 86400, help="stop the run (exit 1) after this many seconds"
     ),
     scheduler: str = typer.Option(
         "auto",
@@ -219,7 +219,9 @@ def _options(
         nproc_value = plan.parse_nproc(nproc)
     except ValueError:
         nproc_value = None
-        problems.append(Problem("--nproc-per-node", f"{nproc!r} is not 'auto' or a positive integer"))
+        problems.append(
+            Problem("--nproc-per-node", f"{nproc!r} is not 'auto' or an integer from 1 to {plan.MAX_NPROC}")
+        )
     sizes = plan.model_sizes()
     if model not in sizes:
         problems.append(Problem("--model", f"unknown size {model!r}", f"one of {', '.join(sizes)}"))
@@ -247,8 +249,12 @@ def _options(
                 "under Slurm, --requeue resumes a run from its checkpoint; else leave --scheduler slurm out",
             )
         )
-    if drop_stragglers is not None and (min_nodes is None or not drop_stragglers > 1):
-        why = "needs an elastic run (--min-nodes)" if min_nodes is None else f"{drop_stragglers:g}: F must be above 1"
+    if drop_stragglers is not None and (min_nodes is None or not 1 < drop_stragglers <= 100):
+        why = (
+            "needs an elastic run (--min-nodes)"
+            if min_nodes is None
+            else f"{drop_stragglers:g}: F must be above 1 and at most 100 (100 x the median is already a stalled node)"
+        )
         problems.append(Problem("--drop-stragglers", why, "e.g. --min-nodes 1 --drop-stragglers 1.5"))
     if problems:
         raise InputError(problems)

@@ -29,7 +29,9 @@ def tune(
     ),
     space_file: Path = typer.Option(..., "--space", help="the search space: a TOML file of trainer flags and ranges"),
     trials: int = typer.Option(..., "--trials", min=1, max=10_000, help="trials the study should finish"),
-    parallel: int = typer.Option(2, "--parallel", min=1, help="trials running at once, at most (one per slot)"),
+    parallel: int = typer.Option(
+        2, "--parallel", min=1, max=1024, help="trials running at once, at most (one per slot)"
+    ),
     sampler: str = typer.Option("tpe", "--sampler", help="tpe, random or grid"),
     pruner: str = typer.Option("median", "--pruner", help="median, hyperband or none"),
     study: str = typer.Option("sweep", "--study", help="the study's name: runs/tune/<study>/"),
@@ -39,7 +41,7 @@ def tune(
     model: str = typer.Option("tiny", "--model", help="size preset unless the space searches model"),
     batch_per_rank: int = typer.Option(8, "--batch-per-rank", min=1, help="sequences per step (a trial is one rank)"),
     threads: int | None = typer.Option(
-        None, "--threads", min=1, help="CPU threads per trial (the trainer's --threads); default: torch's"
+        None, "--threads", min=1, max=1024, help="CPU threads per trial (the trainer's --threads); default: torch's"
     ),
     per: str = typer.Option("gpu", "--slot", help="gpu: a slot per GPU on GPU nodes (node without GPUs: one); node"),
     scheduler: str = typer.Option(
@@ -51,12 +53,14 @@ def tune(
     ),
     retries: int = typer.Option(2, "--retries", min=0, max=20, help="tries after a trial's first failure, elsewhere"),
     trial_timeout: float = typer.Option(
-        7200, "--trial-timeout", min=10, help="seconds a trial may run before it is stopped and failed"
+        7200, "--trial-timeout", min=10, max=30 * 86400, help="seconds a trial may run before it is stopped and failed"
     ),
     node_timeout: float = typer.Option(
-        90, "--node-timeout", min=5, help="seconds a node may not answer SSH before its trial fails as lost"
+        90, "--node-timeout", min=5, max=86400, help="seconds a node may not answer SSH before its trial fails as lost"
     ),
-    seed: int | None = typer.Option(None, "--seed", help="the sampler's seed (reproducible suggestions)"),
+    seed: int | None = typer.Option(
+        None, "--seed", min=0, max=2**32 - 1, help="the sampler's seed (reproducible suggestions)"
+    ),
     limit: str | None = LimitOpt,
     python: str | None = typer.Option(
         None, "--python", help="interpreter on the nodes; default <venv_path>/bin/python"

@@ -449,11 +449,15 @@ def mig_gpus(nvidia_smi_l: str) -> list[int]:
     return gpus
 
 
+MAX_NPROC = 256  # ranks on one node: more GPUs than any node has
+
+
 def parse_nproc(value: str) -> int | None:
-    """'auto' -> None (one per GPU, else 1); a positive integer -> itself; else ValueError."""
+    """'auto' -> None (one per GPU, else 1); an integer from 1 to MAX_NPROC -> itself; else
+    ValueError."""
     if value == "auto":
         return None
     n = int(value)
-    if n < 1:
+    if not 1 <= n <= MAX_NPROC:
         raise ValueError(value)
     return n

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from provision import controller_files
 from provision.launch import plan
 
 # Trainer flags a sweep may set, and their types ("choice": only the values listed).
@@ -99,7 +100,9 @@ class Param:
         if self.kind == "int":
             return int((self.high - self.low) // (self.step or 1)) + 1
         if self.step:  # a float range in steps: low, low + step, ... up to high
-            return math.floor((self.high - self.low) / self.step + 1e-9) + 1
+            points = (self.high - self.low) / self.step + 1e-9
+            # a step of 5e-324 makes the count infinite: more than any grid (refused as such)
+            return math.floor(points) + 1 if math.isfinite(points) and points < 2**31 else 2**31
         return None
 
     def argv(self, value: Any) -> list[str]:
@@ -130,12 +133,15 @@ class SpaceError(ValueError):
         super().__init__(f"{path}: " + "; ".join(problems))
 
 
+SPACE_MAX_BYTES = 2**20  # a few flags and their ranges
+
+
 def load(path: str | Path, *, trials: int, sampler: str) -> Space:
     """The space in ``path``, checked for a study of ``trials`` trials with ``sampler``
     ("tpe", "random" or "grid"); SpaceError listing every problem otherwise."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
+        text = controller_files.read_small_text(Path(path), SPACE_MAX_BYTES)  # a FIFO would hang the read
+    except controller_files.Unreadable as e:
         raise SpaceError(str(path), [f"cannot read it: {e}"]) from None
     return parse(text, str(path), trials=trials, sampler=sampler)
 
