@@ -31,6 +31,9 @@ def patterns(text: str | None) -> list[str]:
 def select(cluster: Cluster, text: str | None, option: str = "--limit") -> list[Node]:
     """The hosts a limit selects, in inventory order (every host without one)."""
     wanted = patterns(text)
+    if text is not None and not wanted:
+        # A limit given empty (",", "" from a script's unset variable) would mean every host.
+        raise InputError(Problem(f"{option} {text!r}", "names no host, glob or group", "e.g. --limit node1,storage"))
     if not wanted:
         return list(cluster.nodes)
     problems = []

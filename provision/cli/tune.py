@@ -111,7 +111,11 @@ def tune(
     if problems or searched is None:
         raise InputError(problems)
     cluster = inventory_lib.load(inventory)
-    nodes = host_limit.select(cluster, limit) if limit else (cluster.with_role("compute") or list(cluster.nodes))
+    nodes = (
+        host_limit.select(cluster, limit)
+        if limit is not None
+        else (cluster.with_role("compute") or list(cluster.nodes))
+    )
     scheduler = _scheduler(cluster, nodes, scheduler)
     study_dir = runs_dir / "tune" / study
     settings = trial.TrialSettings(

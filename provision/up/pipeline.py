@@ -45,6 +45,8 @@ def step_names() -> list[str]:
 
 def _parse(names: str | None, option: str) -> list[str]:
     wanted = [n.strip() for n in (names or "").split(",") if n.strip()]
+    if names is not None and not wanted:  # given empty: --only "" would mean every step
+        raise InputError(Problem(f"{option} {names!r}", "names no step", f"steps are: {', '.join(step_names())}"))
     unknown = [n for n in wanted if n not in step_names()]
     if unknown:
         raise InputError(

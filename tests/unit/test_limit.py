@@ -97,3 +97,20 @@ def test_every_command_that_contacts_hosts_refuses_a_limit_matching_nothing_befo
     assert result.code == 2, result.err
     assert "error: --limit gpu-9*: matches no host or group of the inventory" in result.err
     assert "Traceback" not in result.err
+
+
+@pytest.mark.parametrize("text", ["", ",", " , "])
+def test_a_limit_given_empty_is_bad_input_not_every_host(cluster, text):
+    # A script's unset variable (--limit "$HOSTS") would have run on the whole fleet.
+    with pytest.raises(InputError, match="names no host, glob or group"):
+        limit.select(cluster, text)
+    assert names(limit.select(cluster, None)) == ["store1", "gpu-01", "gpu-02", "gpu-10"]
+
+
+@pytest.mark.parametrize("text", ["", ","])
+def test_only_or_skip_given_empty_is_bad_input_not_every_step(text):
+    from provision.up import pipeline
+
+    for option in ("only", "skip"):
+        with pytest.raises(InputError, match="names no step"):
+            pipeline.select(**{option: text})
