@@ -11,6 +11,7 @@ anything it prints sent to stderr (stdout stays clean for ``--json``), and with
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import sys
@@ -37,10 +38,20 @@ class _Deadline(SystemExit):
 
 
 def timeout_s() -> float:
-    try:
-        return max(0.1, float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S)))
-    except ValueError:
+    """The deadline from the environment: a number of seconds, 0.1 to 3600 (NaN compared as
+    0.1 and an infinity overflowed the timer, blamed on the inventory)."""
+    text = os.environ.get(TIMEOUT_ENV)
+    if text is None:
         return DEFAULT_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0.1 <= value <= 3600:
+        raise InputError(
+            Problem(TIMEOUT_ENV, f"{text!r} is not a number of seconds from 0.1 to 3600", "unset it for 30")
+        )
+    return value
 
 
 def load(path: Path) -> tuple[Any, dict[str, Any]]:

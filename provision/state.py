@@ -37,12 +37,22 @@ from provision.errors import EXIT_BAD_INPUT, ProvisionError
 SECRET_MODE = 0o600  # keys and passwords: the owner alone, from the first byte
 
 
+class StateDirUnusable(ProvisionError):
+    """The state directory is a file (a mistyped PROVISION_STATE_DIR): exit 2, bad input."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
 def state_dir() -> Path:
-    """The controller's state directory (not created)."""
+    """The controller's state directory (not created). StateDirUnusable when the path is
+    something other than a directory: said at once, not after a run whose results it keeps."""
     if os.environ.get("PROVISION_STATE_DIR"):
-        return Path(os.environ["PROVISION_STATE_DIR"])
-    xdg = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
-    return Path(xdg) / "provision"
+        path = Path(os.environ["PROVISION_STATE_DIR"])
+    else:
+        path = Path(os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")) / "provision"
+    if path.exists() and not path.is_dir():
+        raise StateDirUnusable(f"the state directory {path} is not a directory (PROVISION_STATE_DIR, XDG_STATE_HOME)")
+    return path
 
 
 def inventory_dir(inventory: Path) -> Path:

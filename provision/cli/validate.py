@@ -111,6 +111,8 @@ def _check_outputs(outputs: dict[str, str | Path | None]) -> None:
         parent = p.parent
         if p.is_dir():
             problems.append(Problem(f"{flag} {p}", "is a directory", "give a file name"))
+        elif p.exists() and not p.is_file():  # a FIFO would block the write, /dev/full fail it, after the run
+            problems.append(Problem(f"{flag} {p}", "is not a regular file", "give a file name"))
         elif not parent.is_dir():
             problems.append(Problem(f"{flag} {p}", f"directory {parent} does not exist", "create it first"))
         elif not os.access(parent, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
@@ -134,10 +136,13 @@ def _run(
 ) -> int:
     from provision import inventory as inventory_lib
     from provision import limit as host_limit
+    from provision import state
     from provision.validate import controller, history, judge, report_html, report_json, report_junit
     from provision.validate.expectations import Overrides, load_expect_file, parse_flat
 
-    # Every input is checked before the first host is contacted.
+    # Every input is checked before the first host is contacted: the state directory too,
+    # where the results are kept once every benchmark has run.
+    state.state_dir()
     groups = _groups(only)
     _check_outputs({"--json": None if json_out == "-" else json_out, "--html": html_out, "--junit": junit_out})
     overrides = load_expect_file(expect) if expect else Overrides()
@@ -155,14 +160,14 @@ def _run(
         outcome = controller.run(cluster, plan, progress)
     code = judge.exit_code(outcome.results, warn_ok)
     info = report_json.RunInfo(str(inventory), mode, sorted(groups), code, network=outcome.network)
-    history.append(outcome.results, info.created, mode)
-    _publish(cluster, outcome.results)
     if json_out == "-":
         print_json(report_json.document(outcome.results, info))
     else:
-        _print_table(outcome.results)
-        if json_out:
-            report_json.write(json_out, outcome.results, info)
+        _print_table(outcome.results)  # first: what the run measured is shown whatever fails next
+    history.append(outcome.results, info.created, mode)
+    _publish(cluster, outcome.results)
+    if json_out and json_out != "-":
+        report_json.write(json_out, outcome.results, info)
     if html_out:
         report_html.write(html_out, outcome.results, f"provision validate: {inventory}")
     if junit_out:

@@ -439,3 +439,22 @@ def test_a_hostile_repr_is_never_called_and_exit_is_not_taken(tmp_path):
     )
     found = problems(tmp_path, text)
     assert any("key backup_schedule: <a list> is a _S, not plain data" in line for line in found), found
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "1e300", "0", "-1", "soon"])
+def test_an_inventory_deadline_that_is_not_a_number_of_seconds_is_said_as_the_variables(tmp_path, monkeypatch, value):
+    monkeypatch.setenv("PROVISION_INVENTORY_TIMEOUT_S", value)
+    found = problems(tmp_path, two(BASE))
+    assert found == [
+        f"PROVISION_INVENTORY_TIMEOUT_S: {value!r} is not a number of seconds from 0.1 to 3600 (unset it for 30)"
+    ], found
+
+
+def test_a_state_directory_that_is_a_file_is_bad_input_said_at_once(cli, tmp_path, monkeypatch):
+    monkeypatch.setenv("PROVISION_STATE_DIR", str(tmp_path / "file"))
+    (tmp_path / "file").write_text("")
+    inv = tmp_path / "inv.py"
+    inv.write_text("nodes = [('n1', {'ssh_hostname': '127.0.0.1', 'ssh_port': 1, 'cluster_address': '10.0.0.1'})]\n")
+    result = cli("validate", str(inv), "--quick")
+    assert result.code == 2, (result.out, result.err)
+    assert "is not a directory" in result.err
