@@ -134,7 +134,7 @@ def up(
     tb = _testbed(state_dir, inventory, mirror=mirror)  # imports first: see _testbed
     from provision.testbed.lifecycle import check_up_args
 
-    check_up_args(nodes, disks, memory, cpus, disk_gb)  # bad input: one line each, no progress
+    check_up_args(nodes, disks, memory, cpus, disk_gb, accel, mirror)  # bad input: one line each, no progress
     with _progress(enabled=True) as report:
         tb.progress = report
         records = tb.up(nodes=nodes, disks=disks, memory_mb=memory, cpus=cpus, accel=accel, disk_gb=disk_gb)

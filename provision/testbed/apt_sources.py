@@ -128,7 +128,14 @@ def debian_mirror(sources: list[AptSource], suite: str = "bookworm") -> Mirror:
 
 
 def mirror_from_uri(uri: str, suite: str = "bookworm") -> Mirror:
-    """A Mirror given explicitly (controllers without a Debian source, e.g. Ubuntu)."""
+    """A Mirror given explicitly (controllers without a Debian source, e.g. Ubuntu).
+    InputError unless it is an http(s) or file URL: it is written into the guest's deb822
+    sources, where a line of its own ("Trusted: yes") would be a field."""
+    from provision import values
+
+    problem = values.url(uri)
+    if problem:
+        raise InputError(Problem("--mirror", problem, "e.g. --mirror http://mirror.example.org/debian"))
     return Mirror(uri, suite, (AptSource(("deb",), (uri,), (suite, f"{suite}-updates"), ("main",), "--mirror"),))
 
 

@@ -442,8 +442,12 @@ def _node(st: TestbedState, name: str) -> NodeRecord:
         raise InputError(Problem(f"node {name}", "no such node in the testbed", f"known nodes: {names}")) from None
 
 
-def check_up_args(nodes: int, disks: int, memory_mb: int, cpus: int, disk_gb: int) -> None:
-    """Raise InputError naming every out-of-range argument of up()."""
+def check_up_args(
+    nodes: int, disks: int, memory_mb: int, cpus: int, disk_gb: int, accel: str = "auto", mirror: str | None = None
+) -> None:
+    """Raise InputError naming every bad argument of up(), before anything is built."""
+    from provision import values
+
     limits = {
         "--nodes": (nodes, 1, 200),
         "--disks": (disks, 0, 8),
@@ -456,6 +460,10 @@ def check_up_args(nodes: int, disks: int, memory_mb: int, cpus: int, disk_gb: in
         for flag, (value, low, high) in limits.items()
         if not low <= value <= high
     ]
+    if accel not in accel_mod.CHOICES:
+        problems.append(Problem("--accel", f"{accel!r} is not one of {', '.join(accel_mod.CHOICES)}"))
+    if mirror is not None and (problem := values.url(mirror)):  # it goes into the guest's apt sources
+        problems.append(Problem("--mirror", problem))
     if problems:
         raise InputError(problems)
 

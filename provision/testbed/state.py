@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from provision.errors import ProvisionError
 from provision.state import write_atomic
 
 STATE_FILE = "state.json"
@@ -60,9 +61,15 @@ def load(state_dir: Path) -> TestbedState | None:
     path = state_dir / STATE_FILE
     if not path.is_file():
         return None
-    raw: dict[str, Any] = json.loads(path.read_text())
-    nodes = [NodeRecord(**n) for n in raw.pop("nodes", [])]
-    return TestbedState(nodes=nodes, **raw)
+    try:
+        raw: dict[str, Any] = json.loads(path.read_text())
+        nodes = [NodeRecord(**n) for n in raw.pop("nodes", [])]
+        return TestbedState(nodes=nodes, **raw)
+    except (OSError, ValueError, TypeError, AttributeError) as e:  # not JSON, or not this version's records
+        raise ProvisionError(
+            f"{path} is not a testbed's state ({type(e).__name__}: {e}); stop its VMs by hand if any run, "
+            "then remove the directory"
+        ) from None
 
 
 def save(state_dir: Path, state: TestbedState) -> None:

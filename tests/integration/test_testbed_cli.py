@@ -67,3 +67,27 @@ def test_a_state_dir_that_is_not_a_testbeds_is_refused_and_left_whole(tmp_path: 
         "id_ed25519", "keys", "keys/id_rsa", "known_hosts",
     ]  # fmt: skip
     assert (home_ssh / "known_hosts").read_text() == "ORIGINAL\n"
+
+
+def test_a_bad_accelerator_or_mirror_is_said_with_the_counts_before_anything_is_built(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    done = _run(
+        "up", "--nodes", "0", "--accel", "bogus", "--mirror", "http://x/debian\nTrusted: yes", "--state-dir", str(state)
+    )
+    assert done.returncode == 2
+    lines = done.stderr.splitlines()
+    assert lines[0] == "error: --nodes: 0 is outside 1..200"
+    assert lines[1] == "error: --accel: 'bogus' is not one of auto, kvm, tcg"
+    assert lines[2].startswith("error: --mirror: ")
+    assert "is not an http(s):// or file:/// URL" in lines[2]
+    assert not state.exists()
+
+
+def test_a_state_file_that_is_not_a_testbeds_is_one_line(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "state.json").write_text("{not json")
+    done = _run("status", "--state-dir", str(state))
+    assert done.returncode == 1, done.stderr
+    assert "is not a testbed's state" in done.stderr
+    assert "internal error" not in done.stderr
