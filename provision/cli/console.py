@@ -17,8 +17,9 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from provision.errors import ProvisionError
 
-err = Console(stderr=True, highlight=False)
-out = Console(highlight=False)
+# No emoji codes: ":abc:" in a host name or disk id (gpu01:ABC) printed as a symbol.
+err = Console(stderr=True, highlight=False, emoji=False)
+out = Console(highlight=False, emoji=False)
 
 
 # C0 and C1 control characters but newline and tab: an escape sequence from a host (or

@@ -52,3 +52,13 @@ def test_progress_log_lines_off_a_terminal_show_host_text_without_escape_sequenc
     assert "node1: base: FAILED exit 1: [/x] [bold]not bold[/bold]" in logged
     assert "\x1b" not in logged
     assert "\\x1b]0;retitled" in logged
+
+
+def test_an_emoji_code_in_a_value_is_printed_as_written(capsys):
+    # --force-format gpu01:ABC printed "gpu01🔤": rich read ":abc:" as an emoji code.
+    from provision.errors import InputError, Problem
+
+    console.report_error(InputError(Problem("--force-format gpu01:ABC:", "x :smile: y")))
+    said = capsys.readouterr().err
+    assert "gpu01:ABC:" in said
+    assert ":smile:" in said
