@@ -55,6 +55,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import signal
 import socket
 import sys
@@ -930,6 +931,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "each node's own step time, and the run's hyperparameters (needs the tensorboard package)",
     )
     args = p.parse_args(argv)
+    _check_ranges(p, args)
     if args.drop_stragglers is not None and args.drop_stragglers <= 1:
         p.error(f"--drop-stragglers {args.drop_stragglers:g}: the factor must be above 1")
     if args.straggler_window < 1:
@@ -937,6 +939,36 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.eval_only and not args.resume:
         p.error("--eval-only evaluates a checkpoint: give --resume (and --ckpt-dir/--ckpt-name to pick it)")
     return args
+
+
+# Flags that must be a positive count: 0 divided by (--log-interval, --eval-interval), made an
+# empty split (--eval-samples: a NaN loss), or trained nothing and called it done (--steps).
+POSITIVE = ("steps", "eval_interval", "eval_samples", "log_interval", "data_max_mb", "straggler_window")
+POSITIVE_IF_GIVEN = ("n_layer", "n_head", "n_embd", "block_size", "global_batch", "micro_batch", "threads")
+NOT_NEGATIVE = ("warmup_steps", "lr_decay_steps", "ckpt_interval")
+
+
+def _check_ranges(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Each number in its range, and a checkpoint name that stays a file name in --ckpt-dir:
+    a bad value is one line and exit 2 here, not a traceback (or a run that "succeeds")
+    minutes later on every rank."""
+    for name in POSITIVE + POSITIVE_IF_GIVEN:
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            p.error(f"--{name.replace('_', '-')} {value}: must be at least 1")
+    for name in NOT_NEGATIVE:
+        if getattr(args, name) < 0:
+            p.error(f"--{name.replace('_', '-')} {getattr(args, name)}: must not be negative")
+    for name in ("lr", "weight_decay", "grad_clip", "dropout", "val_fraction", "peak_tflops", "drop_stragglers"):
+        value = getattr(args, name)
+        if value is not None and (not math.isfinite(value) or value < 0):
+            p.error(f"--{name.replace('_', '-')} {value}: must be a finite number, not negative")
+    if not 0 < args.val_fraction < 1:
+        p.error(f"--val-fraction {args.val_fraction}: the held-out share must be between 0 and 1")
+    if not 0 <= args.dropout < 1:
+        p.error(f"--dropout {args.dropout}: a probability below 1")
+    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}", args.ckpt_name):
+        p.error(f"--ckpt-name {args.ckpt_name!r}: a file name prefix (letters, digits, _ . -), not a path")
 
 
 def batch_sizes(world: int, global_batch: int | None, micro_batch: int | None) -> tuple[int, int, str | None]:

@@ -490,3 +490,33 @@ def test_drop_stragglers_needs_a_factor_above_one_and_a_window():
     with pytest.raises(SystemExit):
         trainer.parse_args(["--drop-stragglers", "2", "--straggler-window", "0"])
     assert trainer.parse_args(["--drop-stragglers", "1.5"]).straggler_window == trainer.STRAGGLER_WINDOW
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--log-interval", "0"], "--log-interval 0: must be at least 1"),  # ZeroDivisionError a step later
+        (["--eval-interval", "0"], "--eval-interval 0: must be at least 1"),
+        (["--eval-samples", "0"], "--eval-samples 0: must be at least 1"),  # a NaN validation loss, "ok"
+        (["--steps", "-5"], "--steps -5: must be at least 1"),  # trained nothing and called it done
+        (["--threads", "-1"], "--threads -1: must be at least 1"),
+        (["--block-size", "0"], "--block-size 0: must be at least 1"),
+        (["--val-fraction", "0"], "--val-fraction 0.0: the held-out share must be between 0 and 1"),
+        (["--val-fraction", "nan"], "--val-fraction nan: must be a finite number"),
+        (["--lr", "inf"], "--lr inf: must be a finite number"),
+        (["--ckpt-name", "../escaped"], "--ckpt-name '../escaped': a file name prefix"),  # written outside --ckpt-dir
+        (["--ckpt-name", "a/b"], "--ckpt-name 'a/b': a file name prefix"),
+    ],
+)
+def test_a_flag_out_of_its_range_is_one_line_and_exit_2(argv, said, capsys):
+    trainer = load_trainer()
+    with pytest.raises(SystemExit) as e:
+        trainer.parse_args(argv)
+    assert e.value.code == 2
+    assert said in capsys.readouterr().err
+
+
+def test_the_flags_the_launcher_and_the_sweep_pass_are_in_range():
+    trainer = load_trainer()
+    args = trainer.parse_args(["--steps", "30", "--ckpt-name", "tune-e2e.v2-t12", "--run-id", "train-20261207-1"])
+    assert (args.steps, args.ckpt_name) == (30, "tune-e2e.v2-t12")
