@@ -79,13 +79,13 @@ def print_status(statuses: list[HostStatus], every: bool) -> None:
     _print_summary(summary)
     if summary_lib.lists_every_host(len(statuses), every):
         _print_hosts(statuses)
-        _print_drift([(s.name, d) for s in statuses for d in s.drift], summary.drifted)
+        _print_drift([(s.name, d) for s in statuses for d in s.drift], summary)
         return
     found = summary_lib.exceptions(statuses)
     _print_shared("[red]unreachable[/]", ("why",), found.unreachable)
     _print_shared("[red]drift from the pinned settings[/]", ("item", "expected", "actual"), found.drift)
     if not summary.drifted:
-        out.print("[green]no drift[/]: every host matches its pinned settings")
+        _print_no_drift(summary)
     if found.reboot_pending:
         out.print(f"[yellow]reboot pending[/]: {safe(summary_lib.host_ranges(found.reboot_pending))}")
     _print_shared("[red]mounts not ok[/]", ("mount", "state"), found.mounts)
@@ -151,11 +151,24 @@ def _print_rows(title: str, columns: tuple[str, ...], rows: list[tuple[Any, ...]
     out.print(table)
 
 
-def _print_drift(drifted: list[tuple[str, Drift]], hosts_drifted: int) -> None:
+def _print_drift(drifted: list[tuple[str, Drift]], summary: Any) -> None:
     if drifted:
         rows = [(name, d.item, d.expected, d.actual) for name, d in drifted]
         _print_rows("[red]drift from the pinned settings[/]", ("host", "item", "expected", "actual"), rows)
-    elif not hosts_drifted:
+    elif not summary.drifted:
+        _print_no_drift(summary)
+
+
+def _print_no_drift(summary: Any) -> None:
+    """No drift among the hosts that answered; a host that did not is unknown, not clean."""
+    if not summary.reachable:
+        out.print("[red]no host answered[/]: drift unknown")
+    elif summary.unreachable:
+        out.print(
+            f"[green]no drift[/] on the {summary.reachable} reachable hosts; "
+            f"[red]{summary.unreachable} unreachable[/], unknown"
+        )
+    else:
         out.print("[green]no drift[/]: every host matches its pinned settings")
 
 

@@ -175,6 +175,16 @@ def test_a_small_fleet_prints_every_host_row_after_the_summary(monkeypatch):
     assert "no drift" in text
 
 
+def test_no_drift_is_never_said_of_hosts_that_did_not_answer(monkeypatch):
+    # Every host unreachable printed "no drift: every host matches its pinned settings".
+    down = [HostStatus(f"node-{i:04d}", False, error="Connection refused") for i in range(2)]
+    text = printed(monkeypatch, down)
+    assert "no host answered: drift unknown" in text
+    assert "no drift" not in text
+    text = printed(monkeypatch, [host(0), down[1]])
+    assert "no drift on the 1 reachable hosts; 1 unreachable, unknown" in text
+
+
 HOSTILE = "[/x] [bold]not bold[/bold] \x1b]0;retitled\x07"
 
 
