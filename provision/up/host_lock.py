@@ -35,6 +35,7 @@ LOCK_DIR = "/run/provision"  # tmpfs: a reboot empties it; root's alone (0700)
 LOCK_FILE = f"{LOCK_DIR}/up.lock"
 HOLDER_FILE = f"{LOCK_DIR}/up.holder"
 STEP = "lock"  # the "step" a host that could not be locked failed in
+UNREACHABLE = "could not take the host's lock"  # the host did not answer: it is unreachable
 HELD = 75  # the script's exit status when another run holds the lock (EX_TEMPFAIL)
 OK_LINE = "provision-lock-ok"
 HELD_LINE = "provision-lock-held:"
@@ -87,6 +88,7 @@ class HostLocks:
     holder: str
     held: dict[str, remote.Held] = field(default_factory=dict)
     refused: dict[str, str] = field(default_factory=dict)
+    unreachable: set[str] = field(default_factory=set)  # of ``refused``: no answer at all
 
     def take(self, nodes: list[Node]) -> None:
         """Take the lock on every host at once, each within its own deadline (connect,
@@ -97,6 +99,8 @@ class HostLocks:
                 self.held[name] = outcome
             elif isinstance(outcome, str):
                 self.refused[name] = outcome
+                if outcome.startswith(UNREACHABLE):
+                    self.unreachable.add(name)
             # None: held by this run under another of the machine's names
 
     def renew(self, nodes: list[Node]) -> dict[str, str]:
@@ -123,7 +127,7 @@ class HostLocks:
         try:
             held = remote.hold(node, command, answer_s=node.settings.command_timeout_s)
         except remote.RemoteError as e:
-            return f"could not take the host's lock: {e}"
+            return f"{UNREACHABLE}: {e}"
         if held.first_line == OK_LINE:
             return held
         held.let_go()  # refused, or held by this run under another name

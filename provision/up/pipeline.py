@@ -233,6 +233,7 @@ def up(
     results = dict(report.hosts)
     for name, why in refused.items():
         results[name] = HostResult(name)
+        results[name].reachable = locks is None or name not in locks.unreachable
         results[name].fail(host_lock.STEP, why)
     return RunReport({n.name: results[n.name] for n in cluster.nodes})
 

@@ -114,5 +114,21 @@ def test_up_on_hosts_another_run_holds_fails_them_at_once_naming_it(sshd, tmp_pa
         assert hosts[name]["steps"] == []  # nothing ran on it
         (failure,) = hosts[name]["failures"]
         assert failure.startswith(f"lock: another run holds this host: provision up of {other} from ")
+        assert hosts[name]["reachable"] is True  # it answered: held, not unreachable
     done = up()  # the other run let go
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_host_whose_lock_cannot_be_asked_for_is_reported_unreachable(tmp_path):
+    # It said "reachable": true in up's JSON while nothing answered on its port.
+    dead = {"ssh_hostname": "127.0.0.1", "ssh_port": loopback_sshd.free_port(), "cluster_address": "127.0.0.2"}
+    inv = write_inventory(tmp_path / "inv.py", [("gone", dead)])
+    done = subprocess.run(
+        [sys.executable, "-m", "provision", "up", str(inv), "--only", "preflight", "--json"],
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PROVISION_STATE_DIR": str(tmp_path / "state")},
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    (host,) = json.loads(done.stdout)["hosts"]
+    assert host["reachable"] is False, host
+    assert host["failures"][0].startswith("lock: could not take the host's lock: ")
