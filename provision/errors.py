@@ -26,6 +26,17 @@ class Problem:
         return f"{line} ({self.fix})" if self.fix else line
 
 
+def names_label(names: list[str], shown: int = 3) -> str:
+    """Names as a problem lists them: "a, b, c and 7 more"."""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return f"{', '.join(names[:shown])}{more}"
+
+
+def hosts_label(names: list[str]) -> str:
+    """Hosts as a problem names them: "host a", or "hosts a, b, c and 7 more"."""
+    return f"host {names[0]}" if len(names) == 1 else f"hosts {names_label(names)}"
+
+
 class ProvisionError(Exception):
     """Base of every error the CLI knows how to report without a traceback."""
 

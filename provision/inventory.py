@@ -19,10 +19,10 @@ from provision import values as v
 from provision.cluster import Cluster, Node, SshTarget
 from provision.errors import InputError, Problem
 from provision.pyinfra_keys import port_problem, pyinfra_key_problems
-from provision.settings import ROLES, is_pyinfra_key, parse_settings
+from provision.settings import ROLES, parse_settings
 
 # Cluster, Node and SshTarget are cluster.py's; every importer finds them here too.
-__all__ = ["Cluster", "Node", "SshTarget", "describe_roles", "load", "pyinfra_keys"]
+__all__ = ["Cluster", "Node", "SshTarget", "describe_roles", "load"]
 
 
 def load(path: str | os.PathLike[str]) -> Cluster:
@@ -122,8 +122,3 @@ def _ssh_target(name: str, data: dict[str, Any], where: str, problems: list[Prob
 
 def describe_roles() -> list[tuple[str, str]]:
     return sorted(ROLES.items())
-
-
-def pyinfra_keys(data: dict[str, Any]) -> dict[str, Any]:
-    """The part of host data that belongs to pyinfra (connection keys, global arguments)."""
-    return {k: v for k, v in data.items() if is_pyinfra_key(k)}

@@ -15,7 +15,7 @@ from typing import Any
 from provision import inventory_file
 from provision import values as v
 from provision.cluster import Cluster, Node
-from provision.errors import Problem
+from provision.errors import Problem, hosts_label, names_label
 from provision.settings import ROLES, cross_key_problems
 
 
@@ -77,9 +77,7 @@ def _cluster_wide_problems(inventory_path: Path, nodes: list[Node], storage: Nod
         for node in nodes:
             seen.setdefault(repr(getattr(node.settings, key)), []).append(v.host_label(node.name))
         if len(seen) > 1:
-            said = "; ".join(
-                f"{value} on {', '.join(names[:3])}{' ...' if len(names) > 3 else ''}" for value, names in seen.items()
-            )
+            said = "; ".join(f"{value} on {names_label(names)}" for value, names in seen.items())
             problems.append(
                 Problem(
                     f"{inventory_path}: key {key}",
@@ -98,13 +96,10 @@ def _cross_key_problems(inventory_path: Path, nodes: list[Node]) -> list[Problem
     for node in nodes:
         for problem in cross_key_problems(node.settings):
             hosts.setdefault(problem, []).append(v.host_label(node.name))
-    out = []
-    for problem, names in hosts.items():
-        who = f"host {names[0]}" if len(names) == 1 else f"hosts {', '.join(names[:3])}"
-        if len(names) > 3:
-            who += f" and {len(names) - 3} more"
-        out.append(replace(problem, where=f"{inventory_path}: {who}: {problem.where}"))
-    return out
+    return [
+        replace(problem, where=f"{inventory_path}: {hosts_label(names)}: {problem.where}")
+        for problem, names in hosts.items()
+    ]
 
 
 def _network_problems(inventory_path: Path, nodes: list[Node]) -> list[Problem]:

@@ -18,7 +18,7 @@ from provision import controller_files, engine
 from provision.deploys import backups, base, frameworks, monitoring, nfs, nvidia, preflight, slurm, volumes
 from provision.deploys.slurm import controller as slurm_controller
 from provision.engine import HostResult, RunReport, Step
-from provision.errors import InputError, Problem
+from provision.errors import InputError, Problem, hosts_label
 from provision.inventory import Cluster, Node
 from provision.rules import backups as backup_layout
 from provision.rules import frameworks as framework_rules
@@ -122,16 +122,9 @@ def _framework_problems(cluster: Cluster) -> list[Problem]:
         for problem in checked[inputs]:
             hosts.setdefault(problem, []).append(node.name)
     return [
-        Problem(f"{cluster.path}: {_hosts_label(names)}: key {key}", what, fix)
+        Problem(f"{cluster.path}: {hosts_label(names)}: key {key}", what, fix)
         for (key, what, fix), names in hosts.items()
     ]
-
-
-def _hosts_label(names: list[str], shown: int = 3) -> str:
-    if len(names) == 1:
-        return f"host {names[0]}"
-    more = f" and {len(names) - shown} more" if len(names) > shown else ""
-    return f"hosts {', '.join(names[:shown])}{more}"
 
 
 def _wheelhouse_problems(node: Node) -> list[tuple[str, str, str]]:
