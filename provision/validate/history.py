@@ -9,6 +9,7 @@ rows: first, previous and latest value per metric, and the change since the prev
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,8 +94,11 @@ class TrendRow:
 def trend(lines: list[dict[str, Any]]) -> list[TrendRow]:
     series: dict[str, list[float]] = {}
     for line in lines:
-        for key, value in line.get("values", {}).items():
-            series.setdefault(key, []).append(float(value))
+        values = line.get("values") if isinstance(line, dict) else None
+        # A line another version wrote, or a hand edit: what is not a number is skipped.
+        for key, value in values.items() if isinstance(values, dict) else ():
+            if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+                series.setdefault(str(key), []).append(float(value))
     rows = []
     for key in sorted(series):
         v = series[key]

@@ -52,3 +52,11 @@ def test_a_line_torn_by_a_crash_costs_only_itself(tmp_path):
     lines = history.read("node1", tmp_path)
     assert [line["created"][:10] for line in lines] == ["2026-01-01", "2026-01-03"]
     assert history.last_run("node1", tmp_path) == ("pass", "2026-01-03T00:00:00+00:00")
+
+
+def test_a_history_line_that_is_not_numbers_is_skipped_not_a_crash():
+    from provision.validate import history
+
+    lines = [{"values": {"m": "abc", "n": 2.0}}, {"values": [1]}, "junk", {"values": {"n": 4.0, "m": None}}]
+    (row,) = history.trend(lines)  # "m" never held a number
+    assert (row.key, row.runs, row.first, row.latest, row.change) == ("n", 2, 2.0, 4.0, 1.0)
