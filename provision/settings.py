@@ -625,15 +625,6 @@ def _layout_problems(s: Settings) -> list[Problem]:
                     "keep the venv on the root disk, e.g. /opt/provision/venv",
                 )
             )
-    # In a world-writable directory, anyone could make the venv before root does.
-    if v.inside(venv, "/tmp") or v.inside(venv, "/var/tmp"):
-        problems.append(
-            Problem(
-                "key venv_path",
-                f"{venv!r} is in a world-writable directory, where anyone could make it first",
-                "keep the venv on the root disk, e.g. /opt/provision/venv",
-            )
-        )
     for name, tree in (("data_mount", s.data_mount), ("nfs_export_root", s.nfs_export_root)):
         if v.overlap(s.nfs_mount_root, tree):
             problems.append(
