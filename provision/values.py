@@ -264,7 +264,7 @@ def user_name(value: Any) -> str | None:
 # these names would own what that service trusts (munge's key forges any uid's Slurm
 # credential, slurm is SlurmUser, prometheus owns the metrics the drain rules read).
 _SERVICE_ACCOUNTS = {"root", "daemon", "bin", "sys", "sync", "games", "man", "lp", "mail", "news", "uucp", "proxy"}
-_SERVICE_ACCOUNTS |= {"www-data", "backup", "list", "irc", "gnats", "nobody", "sshd", "messagebus", "syslog"}
+_SERVICE_ACCOUNTS |= {"www-data", "backup", "list", "irc", "gnats", "sshd", "messagebus", "syslog"}
 _SERVICE_ACCOUNTS |= {"_apt", "systemd-network", "systemd-resolve", "systemd-timesync", "polkitd", "chrony", "_chrony"}
 _SERVICE_ACCOUNTS |= {"statd", "_rpc", "munge", "slurm", "mysql", "prometheus", "nvidia-dcgm", "nvidia-persistenced"}
 
