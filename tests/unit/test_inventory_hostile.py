@@ -458,3 +458,11 @@ def test_a_state_directory_that_is_a_file_is_bad_input_said_at_once(cli, tmp_pat
     result = cli("validate", str(inv), "--quick")
     assert result.code == 2, (result.out, result.err)
     assert "is not a directory" in result.err
+
+
+def test_a_venv_beside_the_trainers_files_in_train_dir_loads(tmp_path):
+    # train_dir is root's; only its work/ is the training user's (the namespace tests keep
+    # their venv at <train_dir>/venv).
+    inv = tmp_path / "inv.py"
+    inv.write_text(two({**BASE, "train_dir": "/srv/train", "venv_path": "/srv/train/venv"}))
+    assert inventory.load(inv).nodes[0].settings.venv_path == "/srv/train/venv"
