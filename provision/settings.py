@@ -618,9 +618,10 @@ def _layout_problems(s: Settings) -> list[Problem]:
     # train_dir is root's, but its work/ is the training user's (the launcher makes it so):
     # a venv there, or one holding train_dir, would be that user's to change.
     trees = {"data_mount": s.data_mount, "nfs_mount_root": s.nfs_mount_root, "nfs_export_root": s.nfs_export_root}
-    trees["train_dir's work/"] = f"{s.train_dir.rstrip('/')}/work"
     if v.inside(s.train_dir, venv):
         trees["train_dir"] = s.train_dir
+    else:
+        trees["train_dir's work/"] = f"{s.train_dir.rstrip('/')}/work"
     for name, tree in trees.items():
         if v.overlap(venv, tree):
             problems.append(
