@@ -78,7 +78,7 @@ def _testbed(state_dir: Path | None, inventory: Path | None = None, mirror: str 
 
 
 def _check_state_dir(path: Path) -> None:
-    from provision.errors import InputError, Problem
+    from provision.errors import InputError, Problem, names_label
 
     if path.exists() and not path.is_dir():
         raise InputError(
@@ -90,7 +90,7 @@ def _check_state_dir(path: Path) -> None:
         if p.name not in TESTBED_NAMES and not p.name.endswith(".tmp")
     )
     if foreign:
-        shown = ", ".join(foreign[:5]) + (" ..." if len(foreign) > 5 else "")
+        shown = names_label(foreign, shown=5)
         raise InputError(
             Problem(
                 f"--state-dir {path}",
