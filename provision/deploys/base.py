@@ -20,6 +20,7 @@ from pyinfra.operations import apt, files, server, systemd
 from provision import values as v
 from provision.engine import Step, current_cluster, current_node, each_connected_host, note, once_per_pass, put_secret
 from provision.facts import chrony
+from provision.facts.nics import Nics
 from provision.facts.probes import CloudInitFact, DpkgInterrupted, HostKeys
 from provision.inventory import Cluster, Node
 from provision.operations import time_sync as time_sync_ops
@@ -27,6 +28,7 @@ from provision.operations.accounts import training_account
 from provision.operations.hosts import HOSTS_MARKER, hosts_first, shadowing_lines
 from provision.operations.stamps import follow_up
 from provision.resources import render_template, templates_dir
+from provision.rules import cluster_env
 from provision.rules.packages import BASE_PACKAGES, UNATTENDED_BLACKLIST
 from provision.settings import Settings
 from provision.state import generated_key, inventory_dir
@@ -232,6 +234,29 @@ def cluster_names() -> None:
     files.block(name="/etc/hosts: cluster nodes", path="/etc/hosts", content=block, marker=HOSTS_MARKER)
 
 
+def cluster_interface() -> None:
+    """NCCL's and gloo's interface for every job on this node (rules/cluster_env): the
+    cluster_interface setting, else the interface that holds the cluster address."""
+    node = current_node()
+    interface = node.settings.cluster_interface or cluster_env.interface_of(
+        node.cluster_address,
+        host.get_fact(Nics) or [],  # None: no `ip` on the host
+    )
+    if interface is None:
+        note(
+            f"base: no interface holds cluster address {node.cluster_address}: jobs get no "
+            "NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME; set cluster_interface"
+        )
+        return
+    for key, line in cluster_env.environment_lines(interface).items():
+        files.line(
+            name=f"{cluster_env.ENVIRONMENT_FILE}: {line}",
+            path=cluster_env.ENVIRONMENT_FILE,
+            line=f"^{key}=.*$",
+            replace=line,
+        )
+
+
 def training_user() -> None:
     node = current_node()
     cluster = current_cluster()
@@ -276,7 +301,12 @@ def base() -> None:
     time_sync(node)
     system_settings()
     cluster_names()
+    cluster_interface()
     training_user()
 
 
-step = Step("base", base, "packages, chrony, limits, sysctls, /etc/hosts, training user and SSH keys")
+step = Step(
+    "base",
+    base,
+    "packages, chrony, limits, sysctls, /etc/hosts, the cluster interface for jobs, training user and SSH keys",
+)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from provision.facts.gpus import Gpus
 from provision.facts.system import CpuInfo
 from provision.resources import render_template
+from provision.rules.cluster_env import TASK_PROLOG
 from provision.settings import Settings
 
 # RealMemory's margin below MemTotal: 3 %, at least 256 MiB (a small VM's kernel moves by
@@ -211,6 +212,11 @@ def slurm_conf_with_lines(conf: ClusterConf, lines: list[str], names: list[str])
         "SchedulerType=sched/backfill",
         "GresTypes=gpu",
         "MpiDefault=none",
+        # A task that fails ends its step: without it, a rank whose peer died waits for it
+        # until the job's time limit (seen with `srun torchrun` on two nodes).
+        "KillOnBadExit=1",
+        # Every task gets its node's cluster interface for NCCL and gloo (rules/cluster_env).
+        f"TaskProlog={TASK_PROLOG}",
         "JobAcctGatherType=jobacct_gather/cgroup",
         # A node that was down comes back by itself once it registers healthy: provision's
         # drains (reason "provision: ...") are left to provision, an admin's to the admin.

@@ -43,7 +43,7 @@ from provision.resources import templates_dir
 from provision.testbed import Testbed, node, wheelhouse
 
 ROOT = Path(__file__).resolve().parents[2]
-NOT_UP_INPUTS = ("validate", "launch", "status", "demo", "verify", "backup", "cli", "tune")  # other commands
+NOT_UP_INPUTS = ("validate", "launch", "status", "demo", "verify", "backup", "cli", "tune", "jobs")  # other commands
 NODE_FILES = ("root.qcow2", "ssh_host_ed25519_key", "ssh_host_ed25519_key.pub")
 REPORT = "report.json"
 MAX_AGE_S = 3 * 86400

@@ -13,6 +13,7 @@ from provision import engine
 from provision.deploys import base
 from provision.facts import probes
 from provision.facts.chrony import NO_CONF, ChronySources, parse_chrony_sources
+from provision.facts.nics import Nic
 from provision.inventory import Cluster, Node, SshTarget
 from provision.operations import hosts as hosts_ops
 from provision.operations import stamps, time_sync
@@ -325,7 +326,7 @@ def test_the_lock_timeout_config_already_in_place_changes_nothing() -> None:
 def test_cloud_init_is_told_to_leave_etc_hosts_alone_where_it_is_installed(monkeypatch) -> None:
     said: list[str] = []
     monkeypatch.setattr(base, "note", said.append)
-    fake = FakeHost(Os=os_info("debian-12-bookworm"), CloudInitFact=probes.CloudInit(True, ()))
+    fake = FakeHost(Os=os_info("debian-12-bookworm"), CloudInitFact=probes.CloudInit(True, ()), Nics=_CLUSTER_NIC)
     ops = by_name(plan_with_facts(base.step, cluster().nodes[0], fake, cluster())[0])
     diff = ops["cloud-init: leave /etc/hosts to provision"].diffs[0]
     assert "+manage_etc_hosts: false" in diff
@@ -342,7 +343,7 @@ def test_user_data_that_sets_manage_etc_hosts_is_named_in_a_note(monkeypatch) ->
     said: list[str] = []
     monkeypatch.setattr(base, "note", said.append)
     data = ("/var/lib/cloud/instance/vendor-data.txt",)
-    fake = FakeHost(Os=os_info("debian-12-bookworm"), CloudInitFact=probes.CloudInit(True, data))
+    fake = FakeHost(Os=os_info("debian-12-bookworm"), CloudInitFact=probes.CloudInit(True, data), Nics=_CLUSTER_NIC)
     plan_with_facts(base.step, cluster().nodes[0], fake, cluster())
     (text,) = said
     assert text.startswith("base: /var/lib/cloud/instance/vendor-data.txt sets cloud-init's manage_etc_hosts")
@@ -380,3 +381,30 @@ def test_carried_keys_take_only_the_named_nodes_well_formed_lines() -> None:
     lines = ["node2,10.0.0.2 ssh-ed25519 K2", "node2 ecdsa-sha2-nistp256 K3", "node3 ssh-ed25519 K4", "# x y z", "bad"]
     assert base.carried_keys(["node2"], lines) == {"node2": ["ssh-ed25519 K2", "ecdsa-sha2-nistp256 K3"]}
     assert base.carried_keys(["node2"], None) == {}
+
+
+def _cluster_nic(address: str) -> list[Nic]:
+    return [Nic("eth1", None, "UP", 1500, (f"{address}/24",), None, "ether")]
+
+
+_CLUSTER_NIC = _cluster_nic("10.77.0.11")
+
+
+def test_jobs_get_the_interface_holding_the_cluster_address_in_etc_environment(monkeypatch) -> None:
+    said: list[str] = []
+    monkeypatch.setattr(base, "note", said.append)
+    first = cluster().nodes[0]
+    fake = FakeHost(Os=os_info("debian-12-bookworm"), Nics=_cluster_nic(first.cluster_address))
+    ops = by_name(plan_with_facts(base.step, first, fake, cluster())[0])
+    for key in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "PROVISION_CLUSTER_IFNAME"):
+        assert ops[f"/etc/environment: {key}=eth1"].commands  # the line added
+    assert not [s for s in said if "interface" in s]
+
+
+def test_no_interface_for_the_cluster_address_is_said_and_nothing_is_written(monkeypatch) -> None:
+    said: list[str] = []
+    monkeypatch.setattr(base, "note", said.append)
+    fake = FakeHost(Os=os_info("debian-12-bookworm"), Nics=_cluster_nic("10.99.0.1"))
+    ops = by_name(plan_with_facts(base.step, cluster().nodes[0], fake, cluster())[0])
+    assert not [name for name in ops if name.startswith("/etc/environment")]
+    assert [s for s in said if "no interface holds cluster address" in s]

@@ -64,6 +64,7 @@ from provision.facts.system import Cpu, Memory, Os
 from provision.inventory import Cluster, Node
 from provision.operations.apt import install
 from provision.operations.stamps import digest, follow_up, stamp_command
+from provision.rules import cluster_env
 from provision.rules import slurm as rules
 from provision.rules import slurm_accounting as accounting_rules
 
@@ -242,6 +243,16 @@ def slurm() -> None:
     # never one an older state file lacked.
     gres = (mine.gres if mine and computes else "") or rules.GRES_HEAD
     files.directory(name=CONF_DIR, path=CONF_DIR, mode="755")
+    # Before slurm.conf names it: a task on a node without it would fail to start.
+    files.put(
+        name="Task prolog (the cluster interface in every task)",
+        src=StringIO(cluster_env.task_prolog()),
+        dest=cluster_env.TASK_PROLOG,
+        user="root",
+        group="root",
+        mode="755",
+        create_remote_dir=False,  # CONF_DIR above: root's, and never chowned
+    )
     conf_op = files.put(name="slurm.conf (the same on every node)", src=StringIO(text), dest=SLURM_CONF, mode="644")
     gres_op = files.put(name="gres.conf (this node's GPUs)", src=StringIO(gres), dest=GRES_CONF, mode="644")
     cgroup_op = files.put(name="cgroup.conf", src=StringIO(rules.cgroup_conf()), dest=CGROUP_CONF, mode="644")
