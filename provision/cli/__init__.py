@@ -55,6 +55,9 @@ def _register() -> None:
     from provision.cli import tune
 
     app.command("tune")(tune.tune)
+    from provision.cli import run
+
+    run.register(app)
 
 
 def _quiet_paramiko() -> None:

@@ -1,0 +1,323 @@
+"""`provision run`: the user's own job on N nodes of the cluster.
+
+    report = jobs.run(cluster, candidates, task, Options(...), on_line=print_line, say=progress)
+
+Modules: ``task`` (the task file and its checks, pure), ``layout`` (where a job lives and
+the shell it runs, pure), ``slurm`` (the allocation's script, pure), ``bundle`` (the
+workdir packed, outputs unpacked), ``nodes`` (each node checked, free ones picked),
+``runner`` (prepare, run, stream, teardown), ``results`` (metrics, exits, outputs),
+``records`` (runs, logs and cancel from the cluster's own files).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from provision import remote
+from provision.errors import InputError, Problem
+from provision.inventory import Cluster, Node
+from provision.jobs import bundle, layout, nodes, results, runner
+from provision.jobs.task import Task
+from provision.rules.frameworks import REMOTE_WHEELHOUSE
+
+__all__ = ["JobReport", "Options", "Task", "run"]
+
+
+class JobError(Exception):
+    """No node could run the job; nothing was started."""
+
+
+@dataclass
+class Options:
+    runs_dir: Path  # controller directory: runs/<id>/ gets the logs, report.json and outputs
+    scheduler: str  # "ssh" or "slurm" (already chosen)
+    detach: bool = False  # start and return; `provision logs` follows it
+    copy_max: int = results.OUTPUTS_COPY_MAX  # outputs past this stay on the cluster
+
+
+@dataclass
+class JobReport:
+    """What `provision run` says at the end, and writes as report.json."""
+
+    run_id: str
+    name: str
+    scheduler: str
+    nodes: list[str]
+    ok: bool
+    job_dir: str  # PROVISION_RUN_DIR on the cluster
+    out_dir: str  # runs/<id> here
+    exits: dict[str, int | None] = field(default_factory=dict)
+    failure: str | None = None
+    failed_node: str | None = None
+    last_lines: list[str] = field(default_factory=list)  # the failing node's
+    clean: bool | None = None  # no process of the job left on any node
+    metrics: dict[str, float] = field(default_factory=dict)  # last value of each
+    best: dict[str, float] = field(default_factory=dict)  # lowest value of each
+    outputs: str | None = None  # the local copy
+    tensorboard: str | None = None  # the events directory on the cluster
+    environment: str | None = None  # the job's venv on the cluster (None: the validated venv)
+    first_line_s: float | None = None  # from the start of `run` to the job's first line
+    duration_s: float = 0.0
+    detached: bool = False
+    notes: list[str] = field(default_factory=list)
+
+
+def run(
+    cluster: Cluster,
+    candidates: list[Node],
+    task: Task,
+    opts: Options,
+    on_line: runner.OnLine,
+    say: Callable[[str, str], None],
+) -> JobReport:
+    """The task on ``task.num_nodes`` of ``candidates``. Raises JobError when nothing could
+    start; a job that started and failed is a report with ok=False."""
+    started = time.monotonic()
+    if task.num_nodes > len(candidates):
+        raise InputError(
+            Problem(f"{task.source}: num_nodes", f"{task.num_nodes} is more than the {len(candidates)} node(s) here")
+        )
+    run_id = layout.new_run_id()
+    out_dir = opts.runs_dir / run_id
+    out_dir.mkdir(parents=True, exist_ok=True)
+    first = candidates[0].settings
+    where = layout.where(first, cluster.storage_node() is not None)
+    if opts.scheduler == "slurm" and not where.shared:
+        say(
+            candidates[0].name,
+            "scheduler: ssh after all (a Slurm job needs a share every node mounts: runs or scratch)",
+        )
+        opts.scheduler = "ssh"
+    base_python = f"{first.venv_path}/bin/python"
+    conns = {n.name: remote.connection(n) for n in candidates}
+    addresses = {n.name: n.cluster_address for n in cluster.all_nodes}  # Slurm's node names are the inventory's
+    try:
+        plan, chosen = _plan(cluster, candidates, conns, task, opts, run_id, where, base_python, say)
+        _upload(plan, chosen, conns, out_dir, say)
+        report = _run(plan, chosen, conns, opts, out_dir, on_line, say, started, addresses)
+    finally:
+        for c in conns.values():
+            c.close()
+    (out_dir / "report.json").write_text(json.dumps(asdict(report), indent=1, default=str))
+    return report
+
+
+def _plan(
+    cluster: Cluster,
+    candidates: list[Node],
+    conns: dict[str, Any],
+    task: Task,
+    opts: Options,
+    run_id: str,
+    where: layout.Where,
+    base_python: str,
+    say: Callable[[str, str], None],
+) -> tuple[layout.JobPlan, dict[str, Node]]:
+    for n in candidates:
+        say(n.name, "checking python, interface, GPUs and whether it is busy")
+    probed = remote.on_all(candidates, lambda n: nodes.probe(n, conns[n.name], run_id, base_python))
+    count = task.num_nodes if opts.scheduler == "ssh" else 1  # Slurm places the job; one node submits it
+    chosen, passed = nodes.pick(probed, [n.name for n in candidates], count)
+    if len(chosen) < count:
+        raise JobError(f"{len(chosen)} of {task.num_nodes} node(s) free to run it: " + "; ".join(passed))
+    by_name = {n.name: n for n in candidates}
+    s = by_name[chosen[0].name].settings
+    requirements = layout.requirements_text(task, _workdir_requirements(task))
+    plan = layout.JobPlan(
+        run_id=run_id,
+        task=task,
+        where=where,
+        nodes=tuple(chosen),
+        port=s.train_master_port,
+        base_python=base_python,
+        requirements=requirements,
+        find_links=REMOTE_WHEELHOUSE if s.wheelhouse else None,
+        index_url=s.pip_index_url,
+    )
+    return plan, {j.name: by_name[j.name] for j in chosen}
+
+
+def _workdir_requirements(task: Task) -> str | None:
+    if task.workdir is None:
+        return None
+    path = task.workdir / "requirements.txt"
+    if not path.is_file():
+        return None
+    if path.stat().st_size > 1 << 20:
+        raise InputError(Problem(str(path), "over 1 MiB: not a requirements file"))
+    return path.read_text(errors="replace")
+
+
+def _upload(plan: layout.JobPlan, chosen: dict[str, Node], conns: dict[str, Any], out_dir: Path, say: Any) -> None:
+    """The workdir and file mounts packed once here and put in each node's root-owned run
+    directory: every node of a local job directory, the first one of a shared one."""
+    packs: list[tuple[Path, str]] = []
+    upload = out_dir / "upload"
+    upload.mkdir(exist_ok=True)
+    if plan.task.workdir is not None:
+        packed = bundle.pack(plan.task.workdir, upload / "workdir.tar.gz", plan.task.include)
+        say(plan.nodes[0].name, f"workdir: {packed.files} file(s), {packed.size / 2**20:.1f} MiB")
+        for left in packed.left_out:
+            say(plan.nodes[0].name, f"workdir: not synced: {left}")
+        packs.append((packed.path, "workdir.tar.gz"))
+    for i, (target, source) in enumerate(plan.task.file_mounts):
+        packed = bundle.pack(source, upload / f"mount-{i}.tar.gz", where=f"file_mounts.{target}")
+        packs.append((packed.path, f"mount-{i}.tar.gz"))
+    targets = plan.nodes if not plan.where.shared else plan.nodes[:1]
+    for job in targets:
+        for local, name in packs:
+            conns[job.name].put(str(local), f"{job.run_dir}/{name}")
+
+
+def _run(
+    plan: layout.JobPlan,
+    chosen: dict[str, Node],
+    conns: dict[str, Any],
+    opts: Options,
+    out_dir: Path,
+    on_line: runner.OnLine,
+    say: Callable[[str, str], None],
+    started: float,
+    addresses: dict[str, str],
+) -> JobReport:
+    names = [j.name for j in plan.nodes]
+    report = JobReport(plan.run_id, plan.task.name, opts.scheduler, names, False, plan.job_dir, str(out_dir))
+    report.environment = plan.env_dir
+    ran = runner.Ran()
+    if opts.scheduler == "slurm":
+        return _run_slurm(plan, chosen, conns, opts, out_dir, on_line, say, report, ran, started, addresses)
+    say(names[0], f"{plan.run_id}: {plan.task.name} on {', '.join(names)} (over SSH); PROVISION_RUN_DIR={plan.job_dir}")
+    if not runner.prepare(plan, chosen, conns, out_dir, on_line, ran):
+        return _finish(plan, chosen, conns, opts, out_dir, report, ran, started)
+    _record(plan, chosen, conns, opts)
+    if opts.detach:
+        for job in plan.nodes:
+            remote.run(
+                chosen[job.name],
+                layout.launcher(plan, job, layout.run_script(plan, job), detach=True),
+                timeout=60,
+                conn=conns[job.name],
+            )
+        report.ok, report.detached = True, True
+        report.notes.append(f"detached: follow it with `provision logs INVENTORY {plan.run_id} --follow`")
+        return report
+    run_started = time.monotonic()
+    ran.ends.clear()
+    runner.run_ssh(plan, chosen, conns, out_dir, on_line, ran, plan.task.time_limit_s)
+    if ran.first_line_at is not None:
+        report.first_line_s = ran.first_line_at - run_started
+    if ran.failure is None:
+        runner.teardown(plan, chosen, conns, ran, check=True)
+    return _finish(plan, chosen, conns, opts, out_dir, report, ran, started)
+
+
+def _run_slurm(
+    plan: layout.JobPlan,
+    chosen: dict[str, Node],
+    conns: dict[str, Any],
+    opts: Options,
+    out_dir: Path,
+    on_line: runner.OnLine,
+    say: Callable[[str, str], None],
+    report: JobReport,
+    ran: runner.Ran,
+    started: float,
+    addresses: dict[str, str],
+) -> JobReport:
+    from provision.jobs import slurm
+
+    job = plan.nodes[0]
+    submit = chosen[job.name]
+    say(
+        job.name,
+        f"{plan.run_id}: {plan.task.name} on {plan.task.num_nodes} node(s) through Slurm "
+        f"(submitted from {job.name}); PROVISION_RUN_DIR={plan.job_dir}",
+    )
+    unpack = runner.prepare(_first_only(plan), chosen, conns, out_dir, on_line, ran)  # the workdir, once
+    if not unpack:
+        return _finish(plan, chosen, conns, opts, out_dir, report, ran, started)
+    _record(plan, chosen, conns, opts)
+    ran.ends.clear()
+    if opts.detach:
+        r = remote.run(submit, slurm.detached_command(plan, job.run_as, addresses), timeout=60, conn=conns[job.name])
+        report.ok, report.detached = r.ok, True
+        report.notes.append(f"sbatch: {r.stdout.strip() or r.stderr.strip()[-300:]}")
+        return report
+    run_started = time.monotonic()
+    runner.run_slurm(plan, submit, conns[job.name], addresses, out_dir, on_line, ran, job.run_as)
+    if ran.first_line_at is not None:
+        report.first_line_s = ran.first_line_at - run_started
+    end = ran.ends.get("slurm")
+    if ran.failure is None and end is not None and end.exited != 0:
+        ran.failure = f"the Slurm job failed (exit {end.exited}{'; ' + end.reason if end.reason else ''})"
+    return _finish(plan, chosen, conns, opts, out_dir, report, ran, started, slurm_job=True)
+
+
+def _record(plan: layout.JobPlan, chosen: dict[str, Node], conns: dict[str, Any], opts: Options) -> None:
+    """job.json in the job directory, as the job's user: what `provision runs` lists."""
+    job = plan.nodes[0]
+    record = {
+        "id": plan.run_id,
+        "name": plan.task.name,
+        "user": job.run_as or chosen[job.name].ssh.user,
+        "nodes": [j.name for j in plan.nodes] if opts.scheduler == "ssh" else plan.task.num_nodes,
+        "scheduler": opts.scheduler,
+        "started": time.time(),
+    }
+    command = results.write_command(f"{plan.job_dir}/job.json", json.dumps(record))
+    targets = plan.nodes if not plan.where.shared else plan.nodes[:1]
+    for j in targets:
+        remote.run(chosen[j.name], results.as_user(j.run_as, command), 60, conns[j.name])
+
+
+def _first_only(plan: layout.JobPlan) -> layout.JobPlan:
+    """The plan whose preparation only unpacks the workdir on the submitting node (the
+    allocation prepares every node itself)."""
+    from dataclasses import replace
+
+    return replace(plan, nodes=plan.nodes[:1], requirements="", task=replace(plan.task, setup=None))
+
+
+def _finish(
+    plan: layout.JobPlan,
+    chosen: dict[str, Node],
+    conns: dict[str, Any],
+    opts: Options,
+    out_dir: Path,
+    report: JobReport,
+    ran: runner.Ran,
+    started: float,
+    slurm_job: bool = False,
+) -> JobReport:
+    """Exits, metrics and outputs read back from the cluster (as the job's user), and the
+    report made."""
+    job = plan.nodes[0]
+    conn = conns[job.name]
+    read = remote.run(chosen[job.name], results.as_user(job.run_as, results.exits_command(plan.job_dir)), 60, conn)
+    exits = results.parse_exits(read.stdout)
+    report.exits = (
+        {n: exits.get(n) for n in sorted(set(exits) | set(report.nodes))}
+        if slurm_job
+        else {n: exits.get(n, ran.ends[n].exited if n in ran.ends else None) for n in report.nodes}
+    )
+    if slurm_job:
+        report.nodes = sorted(exits) or report.nodes
+    report.failure, report.failed_node = ran.failure, ran.failed_node
+    if ran.failed_node and ran.failed_node in ran.ends:
+        report.last_lines = ran.ends[ran.failed_node].last
+    report.ok = ran.failure is None and bool(exits or not slurm_job) and all(v == 0 for v in report.exits.values())
+    if ran.teardown:
+        report.clean = all(not t.get("left") for t in ran.teardown.values() if "left" in t)
+    metrics = remote.run(chosen[job.name], results.as_user(job.run_as, results.metrics_command(plan.job_dir)), 60, conn)
+    parsed = results.parse_metrics(metrics.stdout)
+    report.metrics, report.best = parsed.last, parsed.best
+    report.outputs, notes = results.fetch(conn, job.run_as, plan.job_dir, out_dir / "outputs", opts.copy_max)
+    report.notes += notes
+    report.tensorboard = f"{plan.job_dir}/tb"
+    report.duration_s = time.monotonic() - started
+    return report
