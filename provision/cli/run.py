@@ -27,7 +27,7 @@ class RunFailed(ProvisionError):
 
 
 def register(app: typer.Typer) -> None:
-    app.command("run", context_settings={"allow_interspersed_args": False})(run)
+    app.command("run")(run)
     app.command("runs")(runs)
     app.command("logs")(logs)
     app.command("cancel")(cancel)
@@ -85,7 +85,7 @@ def run(
         if not args:
             raise InputError(Problem("provision run", "no task file and no command", "give TASK.yaml, or -- COMMAND"))
         task = task_lib.from_mapping(
-            _flags_mapping(shlex.join(args), nodes, gpus_per_node, workdir, env, setup, name), "flags", Path.cwd()
+            _flags_mapping(_command(args), nodes, gpus_per_node, workdir, env, setup, name), "flags", Path.cwd()
         )
     if scheduler not in ("auto", "ssh", "slurm"):
         raise InputError(Problem("--scheduler", f"unknown scheduler {scheduler!r}", "auto, ssh or slurm"))
@@ -105,6 +105,12 @@ def run(
         _print(report)
     if not report.ok:
         raise typer.Exit(EXIT_FAILED)
+
+
+def _command(args: list[str]) -> str:
+    """One argument is a shell script as it is (`-- 'make train && ./eval.sh'`, as
+    `sky exec` takes it); several are the words of one command, each kept whole."""
+    return args[0] if len(args) == 1 else shlex.join(args)
 
 
 def _scheduler(cluster: inventory_lib.Cluster, candidates: list[inventory_lib.Node], wanted: str) -> str:
@@ -262,7 +268,7 @@ def logs(
     Example: provision logs inventories/testbed.py job-20261207-190000-abc123 --follow
     """
     from provision import remote
-    from provision.jobs import records, results
+    from provision.jobs import records
 
     if not records.check_id(run_id):
         raise InputError(Problem(f"RUN {run_id}", "is not a job id (job-YYYYmmdd-HHMMSS-xxxxxx)"))
@@ -273,7 +279,7 @@ def logs(
     reader = (
         next((n for n in cluster.nodes if n.name == node), cluster.nodes[0]) if not where.shared else cluster.nodes[0]
     )
-    command = results.as_user(records._run_as_word(reader), records.logs_command(where, run_id, node, follow))
+    command = records.as_training_user(reader.settings.training_user, records.logs_command(where, run_id, node, follow))
     conn = remote.connection(reader)
     try:
         r = conn.run(command, hide=False, warn=True, pty=False, in_stream=False, timeout=None if follow else 120)
@@ -301,8 +307,9 @@ def cancel(
     cluster = inventory_lib.load(inventory)
     head = cluster.head_node()[0]
     if head.settings.slurm != "skip":
-        user = records._run_as_word(head)
-        remote.run(head, slurm.cancel_command(run_id, user), timeout=60)
+        remote.run(
+            head, records.as_training_user(head.settings.training_user, slurm.cancel_command(run_id, None)), timeout=60
+        )
     answers = remote.on_all(
         list(cluster.nodes), lambda n: remote.run(n, records.cancel_commands(n, run_id), timeout=60)
     )

@@ -83,7 +83,7 @@ def run(
             Problem(f"{task.source}: num_nodes", f"{task.num_nodes} is more than the {len(candidates)} node(s) here")
         )
     run_id = layout.new_run_id()
-    out_dir = opts.runs_dir / run_id
+    out_dir = (opts.runs_dir / run_id).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     first = candidates[0].settings
     where = layout.where(first, cluster.storage_node() is not None)

@@ -151,9 +151,10 @@ def _exports(env: dict[str, str]) -> str:
 
 def _activate(p: JobPlan) -> str:
     """The job's python first on PATH: its own env, else the validated base venv."""
-    bin_dir = f"{p.env_dir}/bin" if p.env_dir else p.base_python.rsplit("/", 1)[0]
+    base_bin = p.base_python.rsplit("/", 1)[0]  # torchrun and the base's other scripts
+    bins = f"{p.env_dir}/bin:{base_bin}" if p.env_dir else base_bin
     venv = p.env_dir or p.base_python.rsplit("/", 2)[0]
-    return f'export VIRTUAL_ENV={shlex.quote(venv)}\nexport PATH={shlex.quote(bin_dir)}:"$PATH"\n'
+    return f'export VIRTUAL_ENV={shlex.quote(venv)}\nexport PATH={shlex.quote(bins)}:"$PATH"\n'
 
 
 def _home() -> str:
@@ -178,7 +179,7 @@ def env_build(p: JobPlan) -> str:
         f"else\n"
         f'  echo "{MARK} environment {p.env_dir}: building on $PROVISION_NODE"\n'
         f"  rm -rf -- {e} && printf '%s' {shlex.quote(p.requirements)} > {req} && "
-        f"{shlex.quote(p.base_python)} -m venv --system-site-packages {e} && "
+        f"{shlex.quote(p.base_python)} -m venv {e} && {_layer(p.base_python, p.env_dir)} && "
         f"{e}/bin/python -m pip install --disable-pip-version-check --no-input {where} -r {req} "
         f"&& touch {e}/{ENV_DONE} || {{ rc=$?; rm -rf -- {e} {req}; "
         f'echo "{MARK} environment: pip failed on $PROVISION_NODE (exit $rc)"; exit 3; }}\n'
@@ -186,6 +187,19 @@ def env_build(p: JobPlan) -> str:
         f"fi\n"
         "exec 8>&-\n"
     )
+
+
+def _layer(base_python: str, env_dir: str) -> str:
+    """The base venv's packages seen from the job's env: a .pth file naming the base's
+    site-packages. (``--system-site-packages`` would show the system python's, not the
+    validated venv's: the base is itself a venv.) pip then finds torch installed and keeps it."""
+    base = f"{shlex.quote(base_python)} -c 'import site; print(chr(10).join(site.getsitepackages()))'"
+    own = f"{shlex.quote(env_dir + '/bin/python')} -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])'"
+    # The base's torchrun would start the workers with the base's python (its shebang):
+    # the env's own runs them with the env's, which sees both.
+    torchrun = shlex.quote(f"{env_dir}/bin/torchrun")
+    wrapper = shlex.quote(f'#!/bin/sh\nexec "{env_dir}/bin/python" -m torch.distributed.run "$@"\n')
+    return f'{base} > "$({own})/provision-base.pth" && printf %b {wrapper} > {torchrun} && chmod 755 {torchrun}'
 
 
 def prepare_script(p: JobPlan, node: NodeJob, extract: bool) -> str:

@@ -58,7 +58,7 @@ def list_command(where: layout.Where, user: str | None, train_dir: str) -> str:
         'p=$(head -c 20 "$f" | tr -dc 0-9); [ -n "$p" ] && tr "\\0" " " < /proc/$p/cmdline 2>/dev/null '
         '| grep -q provision-job && echo "live $(basename "$(dirname "$(dirname "$f")")")"; done; true'
     )
-    return f"{results.as_user(user, per_job)}; {live}"
+    return f"{as_training_user(user, per_job) if user else per_job}; {live}"
 
 
 def parse_list(text: str) -> tuple[dict[str, RunRow], set[str]]:
@@ -129,16 +129,18 @@ def list_runs(cluster: Cluster) -> list[RunRow]:
 
 
 def _list_for(node: Node, where: layout.Where) -> str:
-    return list_command(where, _run_as_word(node), node.settings.train_dir)
+    return list_command(where, node.settings.training_user, node.settings.train_dir)
 
 
 def _live_only(node: Node) -> str:
     return list_command(layout.Where("/nonexistent", False), None, node.settings.train_dir)
 
 
-def _run_as_word(node: Node) -> str | None:
-    """The training user, where the SSH user is root (as the jobs ran)."""
-    return node.settings.training_user if node.ssh.user in (None, "root") else None
+def as_training_user(user: str, command: str) -> str:
+    """``command`` as the jobs ran: as the training user when the SSH user is root and the
+    account exists (launch.plan.run_as_probe), else as the SSH user."""
+    probe = launch_plan.run_as_probe(user)
+    return f'if [ -n "$({probe})" ]; then {results.as_user(user, command)}; else sh -c {shlex.quote(command)}; fi'
 
 
 def _slurm_states(cluster: Cluster) -> dict[str, str]:

@@ -87,7 +87,16 @@ def metrics_command(job_dir: str) -> str:
 
 
 def outputs_size_command(job_dir: str) -> str:
-    return f"du -sb -- {shlex.quote(job_dir + '/outputs')} 2>/dev/null | cut -f1"
+    """ "<files> <bytes>" of the outputs directory's regular files (links not followed)."""
+    d = shlex.quote(job_dir + "/outputs")
+    return f"find {d} -type f -printf '%s\\n' 2>/dev/null | awk '{{n++; s+=$1}} END {{print n+0, s+0}}'"
+
+
+def parse_size(text: str) -> tuple[int, int] | None:
+    parts = text.split()
+    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        return None
+    return int(parts[0]), int(parts[1])
 
 
 def outputs_tar_command(job_dir: str) -> str:
@@ -100,11 +109,12 @@ def fetch(
     """The outputs directory copied into ``dest`` when it holds at most ``copy_max`` bytes:
     (the local directory or None, notes)."""
     r = conn.run(as_user(user, outputs_size_command(job_dir)), hide=True, warn=True, timeout=READ_TIMEOUT_S)
-    size = int(r.stdout.strip() or 0) if r.stdout.strip().isdigit() else None
+    counted = parse_size(r.stdout)
     where = f"{job_dir}/outputs"
-    if size is None:
+    if counted is None:
         return None, [f"outputs: {where} could not be read"]
-    if size <= 4096 * 2:  # an empty directory's own blocks
+    files, size = counted
+    if not files:
         return None, [f"outputs: nothing in {where}"]
     if size > copy_max:
         return None, [f"outputs: {size / 2**20:.0f} MiB, left on the cluster at {where} (over {copy_max >> 20} MiB)"]
@@ -121,10 +131,10 @@ def fetch(
         if r.exited != 0:
             return None, [f"outputs: the copy failed ({r.stderr.strip()[-200:]})"]
         try:
-            files = bundle.unpack(Path(tmp.name), dest)
+            copied = bundle.unpack(Path(tmp.name), dest)
         except Exception as e:  # a hostile member (a link out, an absolute path): refused
             return None, [f"outputs: refused ({type(e).__name__}: {e}); they stay at {where}"]
-    return str(dest), [f"outputs: {files} file(s) copied from {where}"]
+    return str(dest), [f"outputs: {copied} file(s) copied from {where}"]
 
 
 class _Bytes:

@@ -1,0 +1,171 @@
+"""`provision run` on two network-namespace hosts over real SSH, with a job written here
+(not the bundled trainer): a torch DDP script over gloo with torchrun, a requirements file
+of a wheel the job ships, metrics and a saved model; then `runs` and `logs`; a second run
+reusing the env; and a failing node that tears the job down on every node."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+RUN_TIMEOUT_S = 300
+
+TRAIN = """\
+import gc, json, os
+import torch
+import torch.distributed as dist
+import provision_demo_extra  # from the job's own requirements
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+ddp = torch.nn.parallel.DistributedDataParallel(model)
+opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+x = torch.randn(64, 4)
+y = x.sum(1, keepdim=True)
+for step in range(1, 21):
+    opt.zero_grad()
+    loss = ((ddp(x) - y) ** 2).mean()
+    loss.backward()
+    opt.step()
+    if rank == 0 and step % 5 == 0:
+        print(f"step {step} loss {loss.item():.4f}", flush=True)
+        with open(os.environ["PROVISION_METRICS"], "a") as f:
+            f.write(json.dumps({"step": step, "loss": loss.item()}) + "\\n")
+if rank == 0:
+    torch.save(model.state_dict(), os.path.join(os.environ["PROVISION_RUN_DIR"], "outputs", "model.pt"))
+print(f"rank {rank} of {world} on node {os.environ['SKYPILOT_NODE_RANK']} extra={provision_demo_extra.VALUE} done")
+dist.barrier()
+# Free the DDP wrapper's process group while the interpreter is whole: left to interpreter
+# shutdown, gloo's threads abort the process now and then (training/train_ddp.py says why).
+del ddp, opt
+gc.collect()
+dist.destroy_process_group()
+"""
+
+RUN = (
+    "torchrun --nnodes $NNODES --node-rank $NODE_RANK --nproc-per-node 1 "
+    "--master-addr $MASTER_ADDR --master-port $MASTER_PORT train.py"
+)
+
+
+def _wheel(directory: Path) -> None:
+    """A real (tiny) wheel, made by hand: what pip installs from the job's own wheels/."""
+    name, dist = "provision_demo_extra", "provision_demo_extra-1.0"
+    files = {
+        f"{name}.py": b"VALUE = 42\n",
+        f"{dist}.dist-info/METADATA": b"Metadata-Version: 2.1\nName: provision-demo-extra\nVersion: 1.0\n",
+        f"{dist}.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    for path, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{path},sha256={digest},{len(data)}")
+    record.append(f"{dist}.dist-info/RECORD,,")
+    directory.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(directory / f"{dist}-py3-none-any.whl", "w") as z:
+        for path, data in files.items():
+            z.writestr(path, data)
+        z.writestr(f"{dist}.dist-info/RECORD", "\n".join(record) + "\n")
+
+
+@pytest.fixture(scope="module")
+def hosts(netns_hosts, tmp_path_factory):
+    node_dir = tmp_path_factory.mktemp("node-job-dir")
+    return netns_hosts(2, venv_path=sys.prefix, train_dir=str(node_dir)), node_dir
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    work = tmp_path_factory.mktemp("job")
+    (work / "code").mkdir()
+    (work / "code" / "train.py").write_text(TRAIN)
+    (work / "code" / "requirements.txt").write_text("--no-index\n--find-links wheels\nprovision-demo-extra==1.0\n")
+    _wheel(work / "code" / "wheels")
+    (work / "code" / ".git").mkdir()
+    (work / "code" / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (work / "task.yaml").write_text(
+        "name: ddp-test\nworkdir: code\nnum_nodes: 2\nenvs:\n  OMP_NUM_THREADS: 1\n"
+        "setup: |\n  echo setup on $SKYPILOT_NODE_RANK\nrun: |\n  " + RUN + "\n"
+    )
+    return work
+
+
+def provision(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "provision", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+
+
+def _report(cwd: Path, out: str) -> dict:
+    return json.loads(out)
+
+
+def test_a_users_ddp_task_runs_on_two_nodes_and_its_results_come_back(hosts, job):
+    cluster, _ = hosts
+    inv = str(cluster.inventory)
+    done = provision(job, "run", inv, "task.yaml", "--scheduler", "ssh", "--json")
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert report["ok"] and report["exits"] == {"ns0": 0, "ns1": 0}
+    assert "rank 0 of 2 on node 0 extra=42 done" in done.stderr
+    assert "rank 1 of 2 on node 1 extra=42 done" in done.stderr
+    assert "setup on 0" in done.stderr and "setup on 1" in done.stderr
+    assert report["metrics"]["loss"] < 1.0 and report["best"]["loss"] <= report["metrics"]["loss"]
+    import torch
+
+    state = torch.load(Path(report["outputs"]) / "model.pt")
+    assert set(state) == {"weight", "bias"}
+    assert report["environment"] and "building" in done.stderr
+    assert report["clean"] is True
+    assert ".git/ (left out by default)" in done.stderr
+    # The second run with the same requirements builds nothing.
+    again = provision(job, "run", inv, "task.yaml", "--scheduler", "ssh", "--json")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert ": cached" in again.stderr and "building" not in again.stderr
+    assert "Successfully installed" not in again.stderr
+    # runs lists both from the nodes' own files, logs shows a node's lines.
+    listed = provision(job, "runs", inv, "--json")
+    assert listed.returncode == 0, listed.stderr
+    rows = {r["id"]: r for r in json.loads(listed.stdout)}
+    assert rows[report["run_id"]]["state"] == "succeeded"
+    assert rows[report["run_id"]]["name"] == "ddp-test"
+    shown = provision(job, "logs", inv, report["run_id"], "--node", "ns1")
+    assert "rank 1 of 2" in shown.stdout
+
+
+def test_a_failing_node_ends_the_job_on_every_node_and_is_named(hosts, job):
+    cluster, node_dir = hosts
+    run = 'if [ "$NODE_RANK" = 1 ]; then echo dying; exit 7; fi; echo waiting; sleep 600'
+    done = provision(job, "run", str(cluster.inventory), "--scheduler", "ssh", "--nodes", "2", "--json", "--", run)
+    assert done.returncode == 1, done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    assert report["failed_node"] == "ns1" and "exit 7" in report["failure"]
+    assert "dying" in report["last_lines"]
+    assert report["clean"] is True  # ns0's sleep was stopped by the reaper
+    left = subprocess.run(["pgrep", "-f", "sleep 600"], capture_output=True, text=True)
+    assert left.stdout.strip() == ""
+
+
+def test_a_task_file_with_cloud_and_unknown_keys_is_refused_naming_each(tmp_path, hosts):
+    cluster, _ = hosts
+    (tmp_path / "t.yaml").write_text("run: echo hi\nnum_nodes: 0\nresources:\n  cloud: aws\nservice: {}\nfoo: 1\n")
+    done = provision(tmp_path, "run", str(cluster.inventory), "t.yaml")
+    assert done.returncode == 2
+    for key in ("num_nodes", "resources.cloud", "service", "foo"):
+        assert f"t.yaml: {key}" in done.stderr
+    assert "Traceback" not in done.stderr
