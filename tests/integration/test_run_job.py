@@ -111,32 +111,33 @@ def provision(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     )
 
 
-def _report(cwd: Path, out: str) -> dict:
-    return json.loads(out)
-
-
 def test_a_users_ddp_task_runs_on_two_nodes_and_its_results_come_back(hosts, job):
     cluster, _ = hosts
     inv = str(cluster.inventory)
     done = provision(job, "run", inv, "task.yaml", "--scheduler", "ssh", "--json")
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout)
-    assert report["ok"] and report["exits"] == {"ns0": 0, "ns1": 0}
+    assert report["ok"]
+    assert report["exits"] == {"ns0": 0, "ns1": 0}
     assert "rank 0 of 2 on node 0 extra=42 done" in done.stderr
     assert "rank 1 of 2 on node 1 extra=42 done" in done.stderr
-    assert "setup on 0" in done.stderr and "setup on 1" in done.stderr
-    assert report["metrics"]["loss"] < 1.0 and report["best"]["loss"] <= report["metrics"]["loss"]
+    assert "setup on 0" in done.stderr
+    assert "setup on 1" in done.stderr
+    assert report["metrics"]["loss"] < 1.0
+    assert report["best"]["loss"] <= report["metrics"]["loss"]
     import torch
 
     state = torch.load(Path(report["outputs"]) / "model.pt")
     assert set(state) == {"weight", "bias"}
-    assert report["environment"] and "building" in done.stderr
+    assert report["environment"]
+    assert "building" in done.stderr
     assert report["clean"] is True
     assert ".git/ (left out by default)" in done.stderr
     # The second run with the same requirements builds nothing.
     again = provision(job, "run", inv, "task.yaml", "--scheduler", "ssh", "--json")
     assert again.returncode == 0, again.stderr[-3000:]
-    assert ": cached" in again.stderr and "building" not in again.stderr
+    assert ": cached" in again.stderr
+    assert "building" not in again.stderr
     assert "Successfully installed" not in again.stderr
     # runs lists both from the nodes' own files, logs shows a node's lines.
     listed = provision(job, "runs", inv, "--json")
@@ -149,12 +150,13 @@ def test_a_users_ddp_task_runs_on_two_nodes_and_its_results_come_back(hosts, job
 
 
 def test_a_failing_node_ends_the_job_on_every_node_and_is_named(hosts, job):
-    cluster, node_dir = hosts
+    cluster, _node_dir = hosts
     run = 'if [ "$NODE_RANK" = 1 ]; then echo dying; exit 7; fi; echo waiting; sleep 600'
     done = provision(job, "run", str(cluster.inventory), "--scheduler", "ssh", "--nodes", "2", "--json", "--", run)
     assert done.returncode == 1, done.stderr[-2000:]
     report = json.loads(done.stdout)
-    assert report["failed_node"] == "ns1" and "exit 7" in report["failure"]
+    assert report["failed_node"] == "ns1"
+    assert "exit 7" in report["failure"]
     assert "dying" in report["last_lines"]
     assert report["clean"] is True  # ns0's sleep was stopped by the reaper
     left = subprocess.run(["pgrep", "-f", "sleep 600"], capture_output=True, text=True)
