@@ -22,7 +22,7 @@ from provision.inventory import Node
 from provision.jobs import layout, slurm
 from provision.jobs.layout import JobPlan, NodeJob
 from provision.launch import logs
-from provision.launch.session import TEARDOWN_TIMEOUT_S, _reaper_json, _shielded_from_ctrl_c, stop_signals
+from provision.launch.session import TEARDOWN_TIMEOUT_S, reaper_json, shielded_from_ctrl_c, stop_signals
 
 LAST_LINES = 20  # a failing node's lines named in the report
 PREPARE_TIMEOUT_S = 3 * 3600  # a pip install of a large requirements file, on every node
@@ -179,9 +179,9 @@ def teardown(p: JobPlan, nodes: dict[str, Node], conns: dict[str, Any], ran: Ran
         r = remote.run_beside(conns[node.name], node.name, command, timeout=TEARDOWN_TIMEOUT_S)
         if r.exited == -1:  # the job's connection is gone: a fresh one
             r = remote.run(node, command, timeout=TEARDOWN_TIMEOUT_S)
-        return _reaper_json(r)
+        return reaper_json(r)
 
-    with _shielded_from_ctrl_c():
+    with shielded_from_ctrl_c():
         ran.teardown = remote.on_all([nodes[j.name] for j in p.nodes], reap)
 
 
@@ -227,7 +227,7 @@ def run_slurm(
                 worker.join(timeout=0.2)
             if stop.why:
                 ran.failure = stop.why
-                with _shielded_from_ctrl_c():
+                with shielded_from_ctrl_c():
                     remote.run(submit, slurm.cancel_command(p.run_id, user), timeout=60)
                 worker.join(timeout=60)
     for s in sinks.values():

@@ -677,10 +677,10 @@ class Supervisor:
         r = remote.run_beside(self.conns[name], name, cmd, timeout=TEARDOWN_TIMEOUT_S)
         if r.exited == -1:  # the run's connection is gone: a fresh one
             r = remote.run(self.nodes[name], cmd, timeout=TEARDOWN_TIMEOUT_S)
-        return _reaper_json(r)
+        return reaper_json(r)
 
     def _teardown_all(self) -> None:
-        with _shielded_from_ctrl_c():
+        with shielded_from_ctrl_c():
             try:
                 self._on_stop()
             except Exception as e:  # the reapers below still stop the run's processes
@@ -745,7 +745,7 @@ def stop_signals() -> Iterator[StopRequest]:
 
 
 @contextlib.contextmanager
-def _shielded_from_ctrl_c() -> Iterator[None]:
+def shielded_from_ctrl_c() -> Iterator[None]:
     """A second Ctrl-C must not abandon a teardown half done (it is bounded in time)."""
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -757,7 +757,7 @@ def _shielded_from_ctrl_c() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
-def _reaper_json(r: remote.CommandResult) -> dict[str, Any]:
+def reaper_json(r: remote.CommandResult) -> dict[str, Any]:
     import json
 
     for line in reversed(r.stdout.splitlines()):

@@ -25,6 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
         "provision.demo",
         "provision.verify",
         "provision.tune",
+        "provision.jobs",
         "provision.monitoring",
     ),
     ("provision.deploys",),
@@ -61,6 +62,10 @@ ALLOWED: dict[tuple[str, str], str] = {
         "provision.tune",
         "provision.launch",
     ): "a sweep's trial is a train launch: tune takes the trainer's presets from it",
+    (
+        "provision.jobs",
+        "provision.launch",
+    ): "a job starts as train does: launch's node directories, run-as probe, reaper, log sink and stop signals",
     (
         "provision.inventory_file",
         "provision.values",
