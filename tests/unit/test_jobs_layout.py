@@ -82,7 +82,8 @@ def test_the_launcher_records_its_group_marks_its_processes_and_starts_the_job_u
     assert words[at + 4 : at + 6] == ["env", "-i"]
     assert words[-3:] == ["-c", "echo hi", "provision-job-node1"]
     detached = layout.launcher(p, node, "echo hi", detach=True)
-    assert "--wait" not in detached and detached.endswith(">/dev/null 2>&1 </dev/null")
+    assert "--wait" not in detached
+    assert detached.endswith(">/dev/null 2>&1 </dev/null")
 
 
 def test_a_nodes_run_saves_its_lines_and_exit_status_in_the_job_directory():
