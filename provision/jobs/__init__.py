@@ -122,7 +122,7 @@ def _plan(
         say(n.name, "checking python, interface, GPUs and whether it is busy")
     probed = remote.on_all(candidates, lambda n: nodes.probe(n, conns[n.name], run_id, base_python))
     count = task.num_nodes if opts.scheduler == "ssh" else 1  # Slurm places the job; one node submits it
-    chosen, passed = nodes.pick(probed, [n.name for n in candidates], count)
+    chosen, passed = nodes.pick(probed, [n.name for n in candidates], count, task.gpus_per_node)
     if len(chosen) < count:
         raise JobError(f"{len(chosen)} of {task.num_nodes} node(s) free to run it: " + "; ".join(passed))
     by_name = {n.name: n for n in candidates}

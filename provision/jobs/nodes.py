@@ -5,7 +5,7 @@ whether another provision run is busy on it; over SSH, the first N free ones are
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from provision import remote
@@ -66,9 +66,10 @@ def probe(node: Node, conn: Any, run_id: str, base_python: str) -> Probed:
     return Probed(job, busy, None)
 
 
-def pick(probed: dict[str, Probed], order: list[str], count: int) -> tuple[list[NodeJob], list[str]]:
-    """The first ``count`` nodes that can run the job and are free, ranked in inventory
-    order; and why each other node was passed over."""
+def pick(probed: dict[str, Probed], order: list[str], count: int, gpus: int = 0) -> tuple[list[NodeJob], list[str]]:
+    """The first ``count`` nodes that can run the job, are free and have the ``gpus`` it
+    asks for, ranked in inventory order; and why each other node was passed over. A
+    chosen node's part uses the GPUs asked for (SKYPILOT_NUM_GPUS_PER_NODE, as SkyPilot)."""
     chosen: list[NodeJob] = []
     passed: list[str] = []
     for name in order:
@@ -77,6 +78,8 @@ def pick(probed: dict[str, Probed], order: list[str], count: int) -> tuple[list[
             passed.append(f"{name}: {p.problem}")
         elif p.busy:
             passed.append(f"{name}: busy with {p.busy}")
+        elif p.node.gpus < gpus:
+            passed.append(f"{name}: has {p.node.gpus} GPU(s), the task asks for {gpus} a node")
         elif len(chosen) < count:
-            chosen.append(NodeJob(**{**p.node.__dict__, "rank": len(chosen)}))
+            chosen.append(replace(p.node, rank=len(chosen), gpus=gpus))
     return chosen, passed

@@ -168,3 +168,27 @@ def test_runs_are_read_from_the_records_as_data():
     assert live == {"job-20261207-190200-abcdef"}
     assert records.state_of(done, True, None) == "running"
     assert records.state_of(done, False, "PENDING") == "queued"
+
+
+def test_free_nodes_with_the_gpus_asked_for_are_picked_in_inventory_order_and_the_others_named():
+    from provision.jobs import nodes
+
+    def probed(gpus: int, busy: str | None = None, problem: str | None = None) -> nodes.Probed:
+        node = None if problem else NodeJob("x", 0, "10.0.0.9", "eth1", gpus, "/r", None)
+        return nodes.Probed(node, busy, problem)
+
+    found = {
+        "a": probed(8, busy="job-1"),
+        "b": probed(8),
+        "c": probed(4),
+        "d": probed(8, problem="unreachable"),
+        "e": probed(8),
+        "f": probed(8),
+    }
+    chosen, passed = nodes.pick(found, list(found), 2, gpus=8)
+    assert [(j.rank, j.gpus) for j in chosen] == [(0, 8), (1, 8)]
+    assert passed == [
+        "a: busy with job-1",
+        "c: has 4 GPU(s), the task asks for 8 a node",
+        "d: unreachable",
+    ]
