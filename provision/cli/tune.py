@@ -27,8 +27,15 @@ def tune(
     extra: list[str] | None = typer.Argument(
         None, help="more train_ddp.py flags for every trial, after `--`, e.g. -- --data-max-mb 1"
     ),
-    space_file: Path = typer.Option(..., "--space", help="the search space: a TOML file of trainer flags and ranges"),
-    trials: int = typer.Option(..., "--trials", min=1, max=10_000, help="trials the study should finish"),
+    space_file: Path | None = typer.Option(
+        None, "--space", help="the reference trainer's search space: a TOML file of trainer flags and ranges"
+    ),
+    sweep_file: Path | None = typer.Option(
+        None, "--sweep", help="a sweep of your own program: a YAML file in W&B's sweep keys (program, method, ...)"
+    ),
+    trials: int | None = typer.Option(
+        None, "--trials", min=1, max=10_000, help="trials the study should finish (--sweep: default its run_cap)"
+    ),
     parallel: int = typer.Option(
         2, "--parallel", min=1, max=1024, help="trials running at once, at most (one per slot)"
     ),
@@ -93,15 +100,27 @@ def tune(
 
     Example: provision tune inventories/testbed.py --space space.toml --trials 8 --parallel 2 -- --data-max-mb 1
 
+    --sweep tunes your own program instead: each trial is a one-node job (as `provision
+    run`: the workdir synced, its requirements in a cached env) that gets its parameters as
+    --name=value flags and writes its metric as JSON lines ({"step": 3, "val_loss": 2.1})
+    to $PROVISION_METRICS; a JSON line it prints is an intermediate value for hyperband.
+    The best trial's outputs are kept in runs/tune/<name>/best.
+
+    Example: provision tune inventories/testbed.py --sweep sweep.yaml --trials 6 --parallel 2
+
     A space file: [lr] low = 1e-4 high = 3e-3 log = true / [warmup-steps] low = 0 high = 20 /
     [model] choices = ["tiny", "small"] (one table per trainer flag).
     """
     from provision.tune import results, space, sweep, trial
     from provision.tune import study as study_lib
 
-    problems = _check(sampler, pruner, study, per, model, python, runs_dir, eval_interval, steps)
-    if scheduler not in ("auto", "ssh", "slurm"):
-        problems.append(Problem("--scheduler", f"unknown scheduler {scheduler!r}", "auto, ssh or slurm"))
+    if sweep_file is not None and space_file is None:
+        _program_sweep(
+            inventory, sweep_file, trials, parallel, scheduler, seed, retries, limit, runs_dir, quiet, as_json
+        )
+        return
+    space_file, trials = _space_and_trials(space_file, sweep_file, trials)
+    problems = _check(sampler, pruner, study, per, model, python, runs_dir, eval_interval, steps, scheduler)
     problems += _reserved(tuple(extra or ()))
     try:
         searched = space.load(space_file, trials=trials, sampler=sampler)  # every problem at once
@@ -224,6 +243,71 @@ def _scheduler(cluster: inventory_lib.Cluster, nodes: list[inventory_lib.Node], 
     return asked
 
 
+def _space_and_trials(space: Path | None, sweep: Path | None, trials: int | None) -> tuple[Path, int]:
+    """The reference trainer's study needs its space file and a trial count."""
+    if space is None or sweep is not None:
+        raise InputError(Problem("provision tune", "give --space (the reference trainer) or --sweep (your program)"))
+    if trials is None:
+        raise InputError(Problem("--trials", "is required with --space", "e.g. --trials 8"))
+    return space, trials
+
+
+def _program_sweep(
+    inventory: Path,
+    sweep_file: Path,
+    trials: int | None,
+    parallel: int,
+    scheduler: str,
+    seed: int | None,
+    retries: int,
+    limit: str | None,
+    runs_dir: Path,
+    quiet: bool,
+    as_json: bool,
+) -> None:
+    """--sweep: any program, its trials as one-node jobs (tune/programs.py)."""
+    from dataclasses import asdict
+
+    from provision.tune import programs
+    from provision.tune import sweep_file as sweep_lib
+
+    swept = sweep_lib.load(sweep_file)
+    count = trials or swept.run_cap or (sweep_lib.grid_size(swept) if swept.method == "grid" else None)
+    if count is None:
+        raise InputError(Problem("--trials", "is required (the sweep file has no run_cap)", "e.g. --trials 8"))
+    if scheduler not in ("auto", "ssh", "slurm"):
+        raise InputError(Problem("--scheduler", f"unknown scheduler {scheduler!r}", "auto, ssh or slurm"))
+    cluster = inventory_lib.load(inventory)
+    nodes = host_limit.select(cluster, limit) if limit is not None else (cluster.compute_nodes() or list(cluster.nodes))
+    chosen = _scheduler(cluster, nodes, scheduler)
+    opts = programs.ProgramOptions(runs_dir / "tune" / swept.name, count, parallel, chosen, seed, retries)
+    result = programs.run(cluster, nodes, swept, opts, _say, _echo(quiet))
+    if as_json:
+        print_json(asdict(result))
+    else:
+        _print_program(result)
+    if result.best is None:
+        raise typer.Exit(EXIT_FAILED)
+
+
+def _print_program(r: Any) -> None:
+    table = Table(title=f"sweep {r.name}: {r.metric} ({r.goal})")
+    for column in ("trial", "state", r.metric, "node", "parameters", "why"):
+        table.add_column(column)
+    for row in r.rows:
+        value = "-" if row.value is None else f"{row.value:g}"
+        params = " ".join(f"{k}={v}" for k, v in row.params.items())
+        table.add_row(str(row.number), row.state, value, safe(row.node or "-"), safe(params), safe(row.why))
+    out.print(table)
+    if r.best is not None:
+        out.print(f"best: trial {r.best.number}, {r.metric} {r.best.value:g}, {safe(str(r.best.params))}")
+    if r.best_outputs:
+        out.print(f"best trial's outputs: {safe(r.best_outputs)}")
+    if r.failure:
+        out.print(f"[bold red]stopped:[/] {safe(r.failure)}")
+    out.print(f"study: {safe(r.study_dir)} (tune.json)")
+
+
 def _check(
     sampler: str,
     pruner: str,
@@ -234,11 +318,14 @@ def _check(
     runs_dir: Path,
     eval_interval: int,
     steps: int,
+    scheduler: str,
 ) -> list[Problem]:
     from provision.launch import logs, plan
     from provision.tune import study as study_lib
 
     problems = []
+    if scheduler not in ("auto", "ssh", "slurm"):
+        problems.append(Problem("--scheduler", f"unknown scheduler {scheduler!r}", "auto, ssh or slurm"))
     if sampler not in study_lib.SAMPLERS:
         problems.append(Problem("--sampler", f"unknown sampler {sampler!r}", ", ".join(study_lib.SAMPLERS)))
     if pruner not in study_lib.PRUNERS:

@@ -12,6 +12,7 @@ workdir packed, outputs unpacked), ``nodes`` (each node checked, free ones picke
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -38,6 +39,7 @@ class Options:
     scheduler: str  # "ssh" or "slurm" (already chosen)
     detach: bool = False  # start and return; `provision logs` follows it
     copy_max: int = results.OUTPUTS_COPY_MAX  # outputs past this stay on the cluster
+    stop: threading.Event | None = None  # set by the caller (a sweep's pruner): the job is torn down
 
 
 @dataclass
@@ -208,7 +210,7 @@ def _run(
         return report
     run_started = time.monotonic()
     ran.ends.clear()
-    runner.run_ssh(plan, chosen, conns, out_dir, on_line, ran, plan.task.time_limit_s)
+    runner.run_ssh(plan, chosen, conns, out_dir, on_line, ran, plan.task.time_limit_s, opts.stop)
     if ran.first_line_at is not None:
         report.first_line_s = ran.first_line_at - run_started
     if ran.failure is None:
@@ -249,7 +251,7 @@ def _run_slurm(
         report.notes.append(f"sbatch: {r.stdout.strip() or r.stderr.strip()[-300:]}")
         return report
     run_started = time.monotonic()
-    runner.run_slurm(plan, submit, conns[job.name], addresses, out_dir, on_line, ran, job.run_as)
+    runner.run_slurm(plan, submit, conns[job.name], addresses, out_dir, on_line, ran, job.run_as, opts.stop)
     if ran.first_line_at is not None:
         report.first_line_s = ran.first_line_at - run_started
     end = ran.ends.get("slurm")

@@ -116,6 +116,7 @@ def run_ssh(
     on_line: OnLine,
     ran: Ran,
     timeout_s: float | None,
+    stop: threading.Event | None = None,
 ) -> None:
     """``run`` on every node together; the first node that fails, or Ctrl-C, or the time
     limit, stops the job on all of them."""
@@ -133,7 +134,7 @@ def run_ssh(
     threads = [threading.Thread(target=stream, args=(j,), daemon=True) for j in p.nodes]
     for t in threads:
         t.start()
-    _watch(p, ran, ended, timeout_s)
+    _watch(p, ran, ended, timeout_s, stop)
     if ran.failure is not None:
         teardown(p, nodes, conns, ran)
     for t in threads:
@@ -143,13 +144,21 @@ def run_ssh(
         ran.ends.setdefault(name, end)
 
 
-def _watch(p: JobPlan, ran: Ran, ended: queue.Queue[tuple[str, NodeEnd]], timeout_s: float | None) -> None:
-    """Until every node ended, or the first failure, Ctrl-C or the time limit."""
+def _watch(
+    p: JobPlan,
+    ran: Ran,
+    ended: queue.Queue[tuple[str, NodeEnd]],
+    timeout_s: float | None,
+    asked: threading.Event | None,
+) -> None:
+    """Until every node ended, or the first failure, Ctrl-C, the caller's stop or the time limit."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     with stop_signals() as stop:
         while len(ran.ends) < len(p.nodes) and ran.failure is None:
             if stop.why:
                 ran.failure = stop.why
+            elif asked is not None and asked.is_set():
+                ran.failure = "stopped by its caller"
             elif deadline is not None and time.monotonic() > deadline:
                 ran.failure = f"the time limit ({timeout_s:.0f} s) passed"
             else:
@@ -194,6 +203,7 @@ def run_slurm(
     on_line: OnLine,
     ran: Ran,
     user: str | None,
+    asked: threading.Event | None = None,
 ) -> None:
     """The job as one allocation: salloc on ``submit`` streams every node's lines (by srun's
     task labels, named from the script's node list); Ctrl-C or a lost connection cancels it."""
@@ -223,10 +233,10 @@ def run_slurm(
         )
         worker.start()
         with stop_signals() as stop:
-            while worker.is_alive() and not stop.why:
+            while worker.is_alive() and not stop.why and not (asked is not None and asked.is_set()):
                 worker.join(timeout=0.2)
-            if stop.why:
-                ran.failure = stop.why
+            if stop.why or (asked is not None and asked.is_set()):
+                ran.failure = stop.why or "stopped by its caller"
                 with shielded_from_ctrl_c():
                     remote.run(submit, slurm.cancel_command(p.run_id, user), timeout=60)
                 worker.join(timeout=60)

@@ -97,7 +97,10 @@ def allocation_args(p: JobPlan, nodes: list[str] | None = None) -> list[str]:
 
 
 def _as(user: str | None, argv: list[str]) -> list[str]:
-    return ["runuser", "-u", user, "--", *argv] if user else argv
+    """As the job's user, from a clean environment: srun hands the submitting environment
+    to every task, and root's SSH session's variables are not the job's."""
+    clean = ["env", "-i", "PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8", *argv]
+    return ["runuser", "-u", user, "--", *clean] if user else clean
 
 
 def attached_command(p: JobPlan, user: str | None, addresses: dict[str, str]) -> str:

@@ -63,6 +63,10 @@ ALLOWED: dict[tuple[str, str], str] = {
         "provision.launch",
     ): "a sweep's trial is a train launch: tune takes the trainer's presets from it",
     (
+        "provision.tune",
+        "provision.jobs",
+    ): "a sweep of the user's own program runs each trial as a job",
+    (
         "provision.jobs",
         "provision.launch",
     ): "a job starts as train does: launch's node directories, run-as probe, reaper, log sink and stop signals",
