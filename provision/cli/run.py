@@ -281,14 +281,41 @@ def logs(
     )
     command = records.as_training_user(reader.settings.training_user, records.logs_command(where, run_id, node, follow))
     conn = remote.connection(reader)
+    shown = _Shown()
     try:
-        r = conn.run(command, hide=False, warn=True, pty=False, in_stream=False, timeout=None if follow else 120)
+        r = conn.run(
+            command, hide=True, warn=True, pty=False, in_stream=False, out_stream=shown, timeout=None if follow else 120
+        )
     except KeyboardInterrupt:
         return
     finally:
+        shown.close()
         conn.close()
     if r.exited not in (0, None):
         raise typer.Exit(EXIT_FAILED)
+
+
+class _Shown:
+    """A job's log lines, written by the job's user, printed with what a terminal would
+    act on (escape sequences) made visible."""
+
+    def __init__(self) -> None:
+        self._buf = ""
+
+    def write(self, data: str) -> int:
+        self._buf += data
+        *lines, self._buf = self._buf.split("\n")
+        for line in lines:
+            out.print(safe(line.rstrip("\r")), soft_wrap=True, highlight=False)
+        return len(data)
+
+    def flush(self) -> None:
+        return None
+
+    def close(self) -> None:
+        if self._buf:
+            out.print(safe(self._buf), soft_wrap=True, highlight=False)
+            self._buf = ""
 
 
 def cancel(

@@ -95,6 +95,15 @@ def run(
             "scheduler: ssh after all (a Slurm job needs a share every node mounts: runs or scratch)",
         )
         opts.scheduler = "ssh"
+    local = [t for t, _ in task.file_mounts if not where.on_share(t)]
+    if opts.scheduler == "slurm" and local:
+        raise InputError(
+            Problem(
+                f"{task.source}: file_mounts",
+                f"{', '.join(local)} is on each node's own disk, and Slurm picks the nodes only once the job starts",
+                f"mount onto a share (under {where.mount_root}), or run with --scheduler ssh",
+            )
+        )
     base_python = f"{first.venv_path}/bin/python"
     conns = {n.name: remote.connection(n) for n in candidates}
     addresses = {n.name: n.cluster_address for n in cluster.all_nodes}  # Slurm's node names are the inventory's
@@ -170,10 +179,17 @@ def _upload(plan: layout.JobPlan, chosen: dict[str, Node], conns: dict[str, Any]
     for i, (target, source) in enumerate(plan.task.file_mounts):
         packed = bundle.pack(source, upload / f"mount-{i}.tar.gz", where=f"file_mounts.{target}")
         packs.append((packed.path, f"mount-{i}.tar.gz"))
-    targets = plan.nodes if not plan.where.shared else plan.nodes[:1]
-    for job in targets:
+    for i, job in enumerate(plan.nodes):  # a shared workdir, and mounts on a share, unpack on the first only
         for local, name in packs:
-            conns[job.name].put(str(local), f"{job.run_dir}/{name}")
+            if i == 0 or (not (plan.where.shared and name == "workdir.tar.gz") and not _mount_on_share(plan, name)):
+                conns[job.name].put(str(local), f"{job.run_dir}/{name}")
+
+
+def _mount_on_share(plan: layout.JobPlan, name: str) -> bool:
+    if not name.startswith("mount-"):
+        return False
+    target = plan.task.file_mounts[int(name.split("-")[1].split(".")[0])][0]
+    return plan.where.on_share(target)
 
 
 def _run(

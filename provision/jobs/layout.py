@@ -48,6 +48,12 @@ class Where:
 
     root: str  # <share>/provision, or <train_dir>/work/provision on each node
     shared: bool  # one directory every node sees (an NFS share), else one per node
+    mount_root: str | None = None  # where every node sees the shares (nfs_mount_root); None: no shares
+
+    def on_share(self, path: str) -> bool:
+        """Whether a node path is on a share: one node's write is every node's."""
+        root = self.mount_root
+        return root is not None and (path + "/").startswith(root.rstrip("/") + "/")
 
     def job_dir(self, run_id: str) -> str:
         return f"{self.root}/jobs/{run_id}"
@@ -60,11 +66,12 @@ class Where:
 def where(settings: Settings, has_nfs_server: bool) -> Where:
     """The runs share (else scratch) when the cluster exports one, else each node's own
     work directory under train_dir (the training user's)."""
-    if has_nfs_server:
+    mounts = settings.nfs_mount_root.rstrip("/") if has_nfs_server else None
+    if mounts is not None:
         for share in SHARES:
             if share in settings.nfs_exports:
-                return Where(f"{settings.nfs_mount_root.rstrip('/')}/{share}/provision", True)
-    return Where(f"{launch_plan.work_dir(settings.train_dir)}/provision", False)
+                return Where(f"{mounts}/{share}/provision", True, mounts)
+    return Where(f"{launch_plan.work_dir(settings.train_dir)}/provision", False, mounts)
 
 
 def requirements_text(task: Task, workdir_requirements: str | None) -> str:
@@ -203,9 +210,10 @@ def _layer(base_python: str, env_dir: str) -> str:
 
 
 def prepare_script(p: JobPlan, node: NodeJob, extract: bool) -> str:
-    """A node's preparation, as the job user: its directories, the workdir and file mounts
-    unpacked from the root-owned uploads (``extract``: on the first node of a shared job
-    directory, on every node of local ones), the env, then ``setup``."""
+    """A node's preparation, as the job user: its directories, the workdir unpacked from
+    the root-owned upload (``extract``: on the first node of a shared job directory, on
+    every node of local ones), the file mounts (those on a share once, the others on every
+    node), the env, then ``setup``."""
     j = shlex.quote(p.job_dir)
     lines = [
         "set -u\numask 022\n",
@@ -213,13 +221,14 @@ def prepare_script(p: JobPlan, node: NodeJob, extract: bool) -> str:
         _exports(job_env(p, node)),
         f"mkdir -p -- {j}/workdir {j}/outputs {j}/tb {j}/logs {j}/exit || exit 3\n",
     ]
-    if extract:
-        if p.task.workdir is not None:
-            lines.append(f"tar -xzf {shlex.quote(node.run_dir)}/workdir.tar.gz -C {j}/workdir || exit 3\n")
-        for i, (target, _) in enumerate(p.task.file_mounts):
-            dest = target if target.startswith("/") else f'"$HOME"/{shlex.quote(target[2:])}'
-            upload = shlex.quote(f"{node.run_dir}/mount-{i}.tar.gz")
-            lines.append(f"mkdir -p -- {dest} && tar -xzf {upload} -C {dest} || exit 3\n")
+    if extract and p.task.workdir is not None:
+        lines.append(f"tar -xzf {shlex.quote(node.run_dir)}/workdir.tar.gz -C {j}/workdir || exit 3\n")
+    for i, (target, _) in enumerate(p.task.file_mounts):
+        if p.where.on_share(target) and not extract:
+            continue  # the first node put it on the share
+        dest = shlex.quote(target) if target.startswith("/") else f'"$HOME"/{shlex.quote(target[2:])}'
+        upload = shlex.quote(f"{node.run_dir}/mount-{i}.tar.gz")
+        lines.append(f"mkdir -p -- {dest} && tar -xzf {upload} -C {dest} || exit 3\n")
     lines += [f"cd {j}/workdir || exit 3\n", env_build(p)]
     if p.task.setup:
         lines += [

@@ -21,7 +21,7 @@ def _plan(requirements: str = "", **task: object) -> JobPlan:
     return JobPlan(
         "job-1",
         t,
-        Where("/shared/runs/provision", True),
+        Where("/shared/runs/provision", True, "/shared"),
         nodes,
         29500,
         "/opt/v/bin/python",
@@ -33,8 +33,8 @@ def _plan(requirements: str = "", **task: object) -> JobPlan:
 
 def test_jobs_go_to_the_runs_share_else_scratch_else_each_nodes_work_directory():
     s = Settings(nfs_exports=["datasets", "scratch", "runs"])
-    assert layout.where(s, True) == Where("/shared/runs/provision", True)
-    assert layout.where(Settings(), True) == Where("/shared/scratch/provision", True)
+    assert layout.where(s, True) == Where("/shared/runs/provision", True, "/shared")
+    assert layout.where(Settings(), True) == Where("/shared/scratch/provision", True, "/shared")
     assert layout.where(Settings(), False) == Where("/var/tmp/provision-train/work/provision", False)
 
 
@@ -192,3 +192,15 @@ def test_free_nodes_with_the_gpus_asked_for_are_picked_in_inventory_order_and_th
         "c: has 4 GPU(s), the task asks for 8 a node",
         "d: unreachable",
     ]
+
+
+def test_file_mounts_on_a_share_are_unpacked_once_and_the_others_on_every_node():
+    p = _plan(file_mounts=(("/shared/datasets/d", Path("/x")), ("/data/local", Path("/y")), ("~/cfg", Path("/z"))))
+    first = layout.prepare_script(p, p.nodes[0], extract=True)
+    other = layout.prepare_script(p, p.nodes[1], extract=False)
+    assert "-C /shared/datasets/d" in first
+    assert "-C /shared/datasets/d" not in other
+    for text in (first, other):
+        assert "-C /data/local" in text
+        assert '-C "$HOME"/cfg' in text
+    assert not Where("/x", True, "/shared").on_share("/sharedother/x")
