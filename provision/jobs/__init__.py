@@ -105,11 +105,12 @@ def run(
             )
         )
     base_python = f"{first.venv_path}/bin/python"
+    packs = _pack(task, out_dir, say, candidates[0].name)
     conns = {n.name: remote.connection(n) for n in candidates}
     addresses = {n.name: n.cluster_address for n in cluster.all_nodes}  # Slurm's node names are the inventory's
     try:
         plan, chosen = _plan(cluster, candidates, conns, task, opts, run_id, where, base_python, say)
-        _upload(plan, chosen, conns, out_dir, say)
+        _upload(plan, packs, conns)
         report = _run(plan, chosen, conns, opts, out_dir, on_line, say, started, addresses)
     finally:
         for c in conns.values():
@@ -164,22 +165,28 @@ def _workdir_requirements(task: Task) -> str | None:
     return path.read_text(errors="replace")
 
 
-def _upload(plan: layout.JobPlan, chosen: dict[str, Node], conns: dict[str, Any], out_dir: Path, say: Any) -> None:
-    """The workdir and file mounts packed once here and put in each node's root-owned run
-    directory: every node of a local job directory, the first one of a shared one."""
+def _pack(task: Task, out_dir: Path, say: Callable[[str, str], None], who: str) -> list[tuple[Path, str]]:
+    """The workdir and file mounts packed here, before any node is touched: a tree past its
+    bound is bad input with nothing started."""
     packs: list[tuple[Path, str]] = []
     upload = out_dir / "upload"
     upload.mkdir(exist_ok=True)
-    if plan.task.workdir is not None:
-        packed = bundle.pack(plan.task.workdir, upload / "workdir.tar.gz", plan.task.include)
-        say(plan.nodes[0].name, f"workdir: {packed.files} file(s), {packed.size / 2**20:.1f} MiB")
+    if task.workdir is not None:
+        packed = bundle.pack(task.workdir, upload / "workdir.tar.gz", task.include)
+        say(who, f"workdir: {packed.files} file(s), {packed.size / 2**20:.1f} MiB")
         for left in packed.left_out:
-            say(plan.nodes[0].name, f"workdir: not synced: {left}")
+            say(who, f"workdir: not synced: {left} (include: [PATH] in the task syncs it)")
         packs.append((packed.path, "workdir.tar.gz"))
-    for i, (target, source) in enumerate(plan.task.file_mounts):
+    for i, (target, source) in enumerate(task.file_mounts):
         packed = bundle.pack(source, upload / f"mount-{i}.tar.gz", where=f"file_mounts.{target}")
         packs.append((packed.path, f"mount-{i}.tar.gz"))
-    for i, job in enumerate(plan.nodes):  # a shared workdir, and mounts on a share, unpack on the first only
+    return packs
+
+
+def _upload(plan: layout.JobPlan, packs: list[tuple[Path, str]], conns: dict[str, Any]) -> None:
+    """Each pack put in the nodes' root-owned run directories: a shared workdir, and mounts
+    onto a share, on the first node only (it unpacks them for all)."""
+    for i, job in enumerate(plan.nodes):
         for local, name in packs:
             if i == 0 or (not (plan.where.shared and name == "workdir.tar.gz") and not _mount_on_share(plan, name)):
                 conns[job.name].put(str(local), f"{job.run_dir}/{name}")

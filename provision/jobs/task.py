@@ -21,7 +21,8 @@ block runs unchanged::
         --master-addr $MASTER_ADDR --master-port $MASTER_PORT train.py
 
 provision's own keys: ``pip`` (a list of requirements, beside or instead of the workdir's
-requirements.txt) and ``time_limit`` (seconds, or Slurm's [D-]HH:MM:SS).
+requirements.txt), ``time_limit`` (seconds, or Slurm's [D-]HH:MM:SS) and ``include`` (paths
+in the workdir synced although left out by default: .git, caches, files over 100 MiB).
 """
 
 from __future__ import annotations
@@ -95,7 +96,9 @@ CLOUD_RESOURCES = {
     "infra",
 }
 KNOWN_RESOURCES = {"accelerators", "cpus", "memory"}
-KNOWN = {"name", "workdir", "num_nodes", "resources", "envs", "file_mounts", "setup", "run", "pip", "time_limit"}
+KNOWN = {
+    "name", "workdir", "num_nodes", "resources", "envs", "file_mounts", "setup", "run", "pip", "time_limit", "include",
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -173,6 +176,7 @@ def from_mapping(data: dict[str, Any], where: str, base: Path) -> Task:
         bad("setup", "must be shell text")
     pip = _pip(data.get("pip", []), bad)
     limit = _time_limit(data.get("time_limit"), bad)
+    include = _include(data.get("include", []), bad)
     if problems:
         raise InputError(problems)
     return Task(
@@ -188,6 +192,7 @@ def from_mapping(data: dict[str, Any], where: str, base: Path) -> Task:
         pip=tuple(p.strip() for p in pip),
         time_limit_s=limit,
         source=where,
+        include=include,
     )
 
 
@@ -207,6 +212,14 @@ def _pip(value: Any, bad: Any) -> list[str]:
         bad("pip", "must be a list of requirement lines, e.g. [tqdm==4.66.5]")
         return []
     return pip
+
+
+def _include(value: Any, bad: Any) -> tuple[str, ...]:
+    ok = isinstance(value, list) and all(isinstance(p, str) and p and not p.startswith("/") for p in value)
+    if not ok or any(".." in p.split("/") for p in value):
+        bad("include", "must be a list of paths inside the workdir, e.g. [.git]")
+        return ()
+    return tuple(os.path.normpath(p) for p in value)
 
 
 def _resources(value: Any, bad: Any) -> tuple[int, str | None]:

@@ -119,3 +119,11 @@ def test_time_limit_in_seconds_or_slurms_form():
     assert limit(90) == 90
     assert limit("01:30:00") == 5400
     assert limit("2-00:00:00") == 2 * 86400
+
+
+def test_include_syncs_what_is_left_out_by_default_and_must_stay_inside(tmp_path):
+    t = task.from_mapping({"run": "x", "include": [".git", "data/big.bin"]}, "t", tmp_path)
+    assert t.include == (".git", "data/big.bin")
+    for bad in (["/etc"], ["../x"], "x", [3]):
+        with pytest.raises(InputError, match="include"):
+            task.from_mapping({"run": "x", "include": bad}, "t", tmp_path)
