@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -111,3 +113,52 @@ def test_a_task_file_with_cloud_and_unknown_keys_is_refused_naming_each(tmp_path
     for key in ("num_nodes", "resources.cloud", "service", "foo"):
         assert f"t.yaml: {key}" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def _ours(run_id: str) -> list[str]:
+    """Processes on this machine (every namespace host's) carrying the run's marker."""
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if f"PROVISION_RUN_ID={run_id}".encode() in environ.read_bytes():
+                found.append(environ.parent.name)
+        except OSError:
+            continue
+    return found
+
+
+def test_ctrl_c_stops_the_job_on_every_node(hosts, tmp_path):
+    cluster, _ = hosts
+    cmd = [sys.executable, "-m", "provision", "run", str(cluster.inventory), "--scheduler", "ssh", "--nodes", "2",
+           "--runs-dir", str(tmp_path / "runs"), "--json", "--", "echo up on $NODE_RANK; sleep 600"]  # fmt: skip
+    with open(tmp_path / "err.txt", "w") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
+    deadline = time.monotonic() + 120
+    said = ""
+    while time.monotonic() < deadline and not ("up on 0" in said and "up on 1" in said):
+        time.sleep(0.5)
+        said = (tmp_path / "err.txt").read_text()
+    assert "up on 1" in said, said[-2000:]
+    run_id = next(p.name for p in (tmp_path / "runs").iterdir())
+    assert _ours(run_id)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 1
+    report = json.loads(out)
+    assert report["failure"] == "interrupted (Ctrl-C)"
+    assert report["clean"] is True
+    assert _ours(run_id) == []
+
+
+def test_requirements_that_do_not_resolve_fail_before_run_naming_the_package_and_node(hosts, tmp_path):
+    cluster, _ = hosts
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "requirements.txt").write_text("--no-index\nno-such-package-provision==9.9\n")
+    done = provision(tmp_path, "run", str(cluster.inventory), "--scheduler", "ssh", "--nodes", "2",
+                     "--workdir", "code", "--json", "--", "echo never ran")  # fmt: skip
+    assert done.returncode == 1
+    report = json.loads(done.stdout)
+    assert report["failed_node"] == "ns0"
+    assert "preparing the job failed" in report["failure"]
+    assert any("no-such-package-provision" in line for line in report["last_lines"])
+    assert "never ran" not in done.stderr
