@@ -7,7 +7,6 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.table import Table
@@ -17,9 +16,6 @@ from provision import limit as host_limit
 from provision.cli.console import err, out, print_json, safe
 from provision.cli.options import InventoryArg, LimitOpt
 from provision.errors import EXIT_FAILED, InputError, Problem, ProvisionError
-
-if TYPE_CHECKING:
-    from provision.jobs.task import Task
 
 
 class RunFailed(ProvisionError):
@@ -78,15 +74,13 @@ def run(
     from provision.jobs import task as task_lib
 
     args = list(task_or_command or [])
-    if args and args[0].endswith((".yaml", ".yml")) and len(args) == 1:
-        task = task_lib.load(Path(args[0]))
-        task = _override(task, nodes, gpus_per_node, workdir, env, setup, name)
+    flags = _flags_mapping(nodes, gpus_per_node, workdir, env, setup, name)
+    if len(args) == 1 and args[0].endswith((".yaml", ".yml")):
+        task = task_lib.load(Path(args[0]), flags)
+    elif args:
+        task = task_lib.from_mapping({"num_nodes": 1, **flags, "run": _command(args)}, "flags", Path.cwd())
     else:
-        if not args:
-            raise InputError(Problem("provision run", "no task file and no command", "give TASK.yaml, or -- COMMAND"))
-        task = task_lib.from_mapping(
-            _flags_mapping(_command(args), nodes, gpus_per_node, workdir, env, setup, name), "flags", Path.cwd()
-        )
+        raise InputError(Problem("provision run", "no task file and no command", "give TASK.yaml, or -- COMMAND"))
     if scheduler not in ("auto", "ssh", "slurm"):
         raise InputError(Problem("--scheduler", f"unknown scheduler {scheduler!r}", "auto, ssh or slurm"))
     cluster = inventory_lib.load(inventory)
@@ -126,7 +120,6 @@ def _scheduler(cluster: inventory_lib.Cluster, candidates: list[inventory_lib.No
 
 
 def _flags_mapping(
-    command: str,
     nodes: int | None,
     gpus: int | None,
     workdir: Path | None,
@@ -134,16 +127,20 @@ def _flags_mapping(
     setup: str | None,
     name: str | None,
 ) -> dict[str, object]:
-    data: dict[str, object] = {"run": command, "num_nodes": nodes or 1}
-    if gpus:
-        data["resources"] = {"accelerators": f"GPU:{gpus}"}
+    """The flags given, as task keys: checked by the same rules as a task file's, and over
+    its keys when both are given (as `sky launch` does)."""
+    data: dict[str, object] = {}
+    if nodes is not None:
+        data["num_nodes"] = nodes
+    if gpus is not None:
+        data["resources"] = {"accelerators": f"GPU:{gpus}"} if gpus else {}
     if workdir is not None:
-        data["workdir"] = str(workdir)
+        data["workdir"] = str(workdir.resolve())  # from here, not from the task file's directory
     if env:
         data["envs"] = _env_pairs(env)
-    if setup:
+    if setup is not None:
         data["setup"] = setup
-    if name:
+    if name is not None:
         data["name"] = name
     return data
 
@@ -156,40 +153,6 @@ def _env_pairs(env: list[str]) -> dict[str, str]:
             raise InputError(Problem(f"--env {item}", "not K=V"))
         pairs[key] = value
     return pairs
-
-
-def _override(
-    task: Task,
-    nodes: int | None,
-    gpus: int | None,
-    workdir: Path | None,
-    env: list[str] | None,
-    setup: str | None,
-    name: str | None,
-) -> Task:
-    """Flags given beside a task file win over its keys (as `sky launch` does)."""
-    from dataclasses import replace
-
-    from provision.jobs import task as task_lib
-
-    changes: dict[str, Any] = {}
-    if nodes:
-        changes["num_nodes"] = nodes
-    if gpus is not None:
-        changes["gpus_per_node"] = gpus
-    if workdir is not None:
-        if not workdir.is_dir():
-            raise InputError(Problem(f"--workdir {workdir}", "is not a directory"))
-        changes["workdir"] = workdir.resolve()
-    if env:
-        checked = task_lib.from_mapping({"run": "true", "envs": _env_pairs(env)}, "--env", Path.cwd())
-        changes["envs"] = tuple((dict(task.envs) | dict(checked.envs)).items())
-    if setup is not None:
-        changes["setup"] = setup
-    if name is not None:
-        task_lib.from_mapping({"run": "true", "name": name}, "--name", Path.cwd())
-        changes["name"] = name
-    return replace(task, **changes)
 
 
 def _echo(quiet: bool):  # type: ignore[no-untyped-def]

@@ -199,6 +199,31 @@ def _mount_on_share(plan: layout.JobPlan, name: str) -> bool:
     return plan.where.on_share(target)
 
 
+@dataclass
+class _Job:
+    """One job's run, as the functions below share it."""
+
+    plan: layout.JobPlan
+    chosen: dict[str, Node]  # the nodes the job runs on (under Slurm: the one that submits it)
+    conns: dict[str, Any]  # one SSH connection a node
+    opts: Options
+    out_dir: Path  # runs/<id> here
+    on_line: runner.OnLine
+    say: Callable[[str, str], None]
+    started: float  # monotonic, when `run` began
+    report: JobReport
+    ran: runner.Ran = field(default_factory=runner.Ran)
+
+    @property
+    def first(self) -> layout.NodeJob:
+        return self.plan.nodes[0]
+
+    def on_first(self, command: str) -> remote.CommandResult:
+        """A command on the first node, as the job's user."""
+        job = self.first
+        return remote.run(self.chosen[job.name], results.as_user(job.run_as, command), 60, self.conns[job.name])
+
+
 def _run(
     plan: layout.JobPlan,
     chosen: dict[str, Node],
@@ -213,91 +238,74 @@ def _run(
     names = [j.name for j in plan.nodes]
     report = JobReport(plan.run_id, plan.task.name, opts.scheduler, names, False, plan.job_dir, str(out_dir))
     report.environment = plan.env_dir
-    ran = runner.Ran()
+    job = _Job(plan, chosen, conns, opts, out_dir, on_line, say, started, report)
     if opts.scheduler == "slurm":
-        return _run_slurm(plan, chosen, conns, opts, out_dir, on_line, say, report, ran, started, addresses)
+        return _run_slurm(job, addresses)
     say(names[0], f"{plan.run_id}: {plan.task.name} on {', '.join(names)} (over SSH); PROVISION_RUN_DIR={plan.job_dir}")
-    if not runner.prepare(plan, chosen, conns, out_dir, on_line, ran):
-        return _finish(plan, chosen, conns, opts, out_dir, report, ran, started)
-    _record(plan, chosen, conns, opts)
+    if not runner.prepare(plan, chosen, conns, out_dir, on_line, job.ran):
+        return _finish(job)
+    _record(job)
     if opts.detach:
-        for job in plan.nodes:
-            remote.run(
-                chosen[job.name],
-                layout.launcher(plan, job, layout.run_script(plan, job), detach=True),
-                timeout=60,
-                conn=conns[job.name],
-            )
+        for node in plan.nodes:
+            command = layout.launcher(plan, node, layout.run_script(plan, node), detach=True)
+            remote.run(chosen[node.name], command, timeout=60, conn=conns[node.name])
         report.ok, report.detached = True, True
         report.notes.append(f"detached: follow it with `provision logs INVENTORY {plan.run_id} --follow`")
         return report
     run_started = time.monotonic()
-    ran.ends.clear()
-    runner.run_ssh(plan, chosen, conns, out_dir, on_line, ran, plan.task.time_limit_s, opts.stop)
-    if ran.first_line_at is not None:
-        report.first_line_s = ran.first_line_at - run_started
-    if ran.failure is None:
-        runner.teardown(plan, chosen, conns, ran, check=True)
-    return _finish(plan, chosen, conns, opts, out_dir, report, ran, started)
+    job.ran.ends.clear()
+    runner.run_ssh(plan, chosen, conns, out_dir, on_line, job.ran, plan.task.time_limit_s, opts.stop)
+    if job.ran.first_line_at is not None:
+        report.first_line_s = job.ran.first_line_at - run_started
+    if job.ran.failure is None:
+        runner.teardown(plan, chosen, conns, job.ran, check=True)
+    return _finish(job)
 
 
-def _run_slurm(
-    plan: layout.JobPlan,
-    chosen: dict[str, Node],
-    conns: dict[str, Any],
-    opts: Options,
-    out_dir: Path,
-    on_line: runner.OnLine,
-    say: Callable[[str, str], None],
-    report: JobReport,
-    ran: runner.Ran,
-    started: float,
-    addresses: dict[str, str],
-) -> JobReport:
+def _run_slurm(job: _Job, addresses: dict[str, str]) -> JobReport:
     from provision.jobs import slurm
 
-    job = plan.nodes[0]
-    submit = chosen[job.name]
-    say(
-        job.name,
+    plan, first, report, ran = job.plan, job.first, job.report, job.ran
+    submit = job.chosen[first.name]
+    job.say(
+        first.name,
         f"{plan.run_id}: {plan.task.name} on {plan.task.num_nodes} node(s) through Slurm "
-        f"(submitted from {job.name}); PROVISION_RUN_DIR={plan.job_dir}",
+        f"(submitted from {first.name}); PROVISION_RUN_DIR={plan.job_dir}",
     )
-    unpack = runner.prepare(_first_only(plan), chosen, conns, out_dir, on_line, ran)  # the workdir, once
-    if not unpack:
-        return _finish(plan, chosen, conns, opts, out_dir, report, ran, started)
-    _record(plan, chosen, conns, opts)
+    if not runner.prepare(_first_only(plan), job.chosen, job.conns, job.out_dir, job.on_line, ran):  # the workdir
+        return _finish(job)
+    _record(job)
     ran.ends.clear()
-    if opts.detach:
-        r = remote.run(submit, slurm.detached_command(plan, job.run_as, addresses), timeout=60, conn=conns[job.name])
+    conn = job.conns[first.name]
+    if job.opts.detach:
+        r = remote.run(submit, slurm.detached_command(plan, first.run_as, addresses), timeout=60, conn=conn)
         report.ok, report.detached = r.ok, True
         report.notes.append(f"sbatch: {r.stdout.strip() or r.stderr.strip()[-300:]}")
         return report
     run_started = time.monotonic()
-    runner.run_slurm(plan, submit, conns[job.name], addresses, out_dir, on_line, ran, job.run_as, opts.stop)
+    runner.run_slurm(plan, submit, conn, addresses, job.out_dir, job.on_line, ran, first.run_as, job.opts.stop)
     if ran.first_line_at is not None:
         report.first_line_s = ran.first_line_at - run_started
     end = ran.ends.get("slurm")
     if ran.failure is None and end is not None and end.exited != 0:
         ran.failure = f"the Slurm job failed (exit {end.exited}{'; ' + end.reason if end.reason else ''})"
-    return _finish(plan, chosen, conns, opts, out_dir, report, ran, started, slurm_job=True)
+    return _finish(job, slurm_job=True)
 
 
-def _record(plan: layout.JobPlan, chosen: dict[str, Node], conns: dict[str, Any], opts: Options) -> None:
+def _record(job: _Job) -> None:
     """job.json in the job directory, as the job's user: what `provision runs` lists."""
-    job = plan.nodes[0]
+    plan, first = job.plan, job.first
     record = {
         "id": plan.run_id,
         "name": plan.task.name,
-        "user": job.run_as or chosen[job.name].ssh.user,
-        "nodes": [j.name for j in plan.nodes] if opts.scheduler == "ssh" else plan.task.num_nodes,
-        "scheduler": opts.scheduler,
+        "user": first.run_as or job.chosen[first.name].ssh.user,
+        "nodes": [j.name for j in plan.nodes] if job.opts.scheduler == "ssh" else plan.task.num_nodes,
+        "scheduler": job.opts.scheduler,
         "started": time.time(),
     }
     command = results.write_command(f"{plan.job_dir}/job.json", json.dumps(record))
-    targets = plan.nodes if not plan.where.shared else plan.nodes[:1]
-    for j in targets:
-        remote.run(chosen[j.name], results.as_user(j.run_as, command), 60, conns[j.name])
+    for node in plan.nodes if not plan.where.shared else plan.nodes[:1]:
+        remote.run(job.chosen[node.name], results.as_user(node.run_as, command), 60, job.conns[node.name])
 
 
 def _first_only(plan: layout.JobPlan) -> layout.JobPlan:
@@ -308,41 +316,29 @@ def _first_only(plan: layout.JobPlan) -> layout.JobPlan:
     return replace(plan, nodes=plan.nodes[:1], requirements="", task=replace(plan.task, setup=None))
 
 
-def _finish(
-    plan: layout.JobPlan,
-    chosen: dict[str, Node],
-    conns: dict[str, Any],
-    opts: Options,
-    out_dir: Path,
-    report: JobReport,
-    ran: runner.Ran,
-    started: float,
-    slurm_job: bool = False,
-) -> JobReport:
+def _finish(job: _Job, slurm_job: bool = False) -> JobReport:
     """Exits, metrics and outputs read back from the cluster (as the job's user), and the
-    report made."""
-    job = plan.nodes[0]
-    conn = conns[job.name]
-    read = remote.run(chosen[job.name], results.as_user(job.run_as, results.exits_command(plan.job_dir)), 60, conn)
-    exits = results.parse_exits(read.stdout)
-    report.exits = (
-        {n: exits.get(n) for n in sorted(set(exits) | set(report.nodes))}
-        if slurm_job
-        else {n: exits.get(n, ran.ends[n].exited if n in ran.ends else None) for n in report.nodes}
-    )
+    report made. Under Slurm, the nodes are those that wrote an exit status."""
+    plan, report, ran = job.plan, job.report, job.ran
+    exits = results.parse_exits(job.on_first(results.exits_command(plan.job_dir)).stdout)
     if slurm_job:
         report.nodes = sorted(exits) or report.nodes
+        report.exits = {n: exits[n] for n in sorted(exits)}
+    else:
+        report.exits = {n: exits.get(n, ran.ends[n].exited if n in ran.ends else None) for n in report.nodes}
     report.failure, report.failed_node = ran.failure, ran.failed_node
     if ran.failed_node and ran.failed_node in ran.ends:
         report.last_lines = ran.ends[ran.failed_node].last
-    report.ok = ran.failure is None and bool(exits or not slurm_job) and all(v == 0 for v in report.exits.values())
+    report.ok = ran.failure is None and bool(report.exits) and all(v == 0 for v in report.exits.values())
     if ran.teardown:
         report.clean = all(not t.get("left") for t in ran.teardown.values() if "left" in t)
-    metrics = remote.run(chosen[job.name], results.as_user(job.run_as, results.metrics_command(plan.job_dir)), 60, conn)
-    parsed = results.parse_metrics(metrics.stdout)
+    parsed = results.parse_metrics(job.on_first(results.metrics_command(plan.job_dir)).stdout)
     report.metrics, report.best = parsed.last, parsed.best
-    report.outputs, notes = results.fetch(conn, job.run_as, plan.job_dir, out_dir / "outputs", opts.copy_max)
+    conn = job.conns[job.first.name]
+    report.outputs, notes = results.fetch(
+        conn, job.first.run_as, plan.job_dir, job.out_dir / "outputs", job.opts.copy_max
+    )
     report.notes += notes
     report.tensorboard = f"{plan.job_dir}/tb"
-    report.duration_s = time.monotonic() - started
+    report.duration_s = time.monotonic() - job.started
     return report

@@ -120,8 +120,18 @@ class Task:
     include: tuple[str, ...] = field(default=())  # workdir names synced although excluded by default
 
 
-def load(path: Path) -> Task:
-    """The task file at ``path``; every problem in one InputError (exit 2)."""
+def load(path: Path, overrides: dict[str, Any] | None = None) -> Task:
+    """The task file at ``path``, with ``overrides`` (the command line's keys) over its
+    own; every problem in one InputError (exit 2)."""
+    data = read_mapping(path)
+    extra = dict(overrides or {})
+    if isinstance(data.get("envs"), dict) and "envs" in extra:  # --env adds to the file's envs
+        extra["envs"] = {**data["envs"], **extra["envs"]}
+    return from_mapping({**data, **extra}, str(path), base=path.resolve().parent)
+
+
+def read_mapping(path: Path) -> dict[str, Any]:
+    """The task file's keys, read as a bounded regular file and parsed as YAML."""
     where = str(path)
     try:
         if not path.is_file():
@@ -131,8 +141,7 @@ def load(path: Path) -> Task:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as e:
         raise InputError(Problem(where, f"cannot be read ({e})")) from None
-    data = _parse_yaml(where, text)
-    return from_mapping(data, where, base=path.resolve().parent)
+    return _parse_yaml(where, text)
 
 
 def _parse_yaml(where: str, text: str) -> dict[str, Any]:

@@ -127,3 +127,12 @@ def test_include_syncs_what_is_left_out_by_default_and_must_stay_inside(tmp_path
     for bad in (["/etc"], ["../x"], "x", [3]):
         with pytest.raises(InputError, match="include"):
             task.from_mapping({"run": "x", "include": bad}, "t", tmp_path)
+
+
+def test_flags_beside_a_task_file_win_and_add_to_its_envs(tmp_path):
+    path = _write(tmp_path, "run: x\nnum_nodes: 2\nenvs:\n  A: 1\n  B: 2\n")
+    t = task.load(path, {"num_nodes": 1, "envs": {"B": "3", "C": "4"}})
+    assert t.num_nodes == 1
+    assert dict(t.envs) == {"A": "1", "B": "3", "C": "4"}
+    with pytest.raises(InputError, match="envs.MASTER_PORT"):
+        task.load(path, {"envs": {"MASTER_PORT": "1"}})  # a flag is checked as the file's keys are
