@@ -41,7 +41,13 @@ EXPORTS_FILE = "/etc/exports.d/provision.exports"
 SERVER_DROPIN = "/etc/systemd/system/nfs-server.service.d/provision.conf"
 # nosuid,nodev: the shares are written by the training user (and by any node's root, as
 # nobody); a set-uid file or a device node there must not give root on the other nodes.
-CLIENT_OPTIONS = "vers=4.2,hard,noatime,nosuid,nodev,_netdev,nofail,x-systemd.automount,x-systemd.mount-timeout=30s"
+# lookupcache=positive: a name another node just created is seen at once (by default a
+# client trusts its cached "no such file" for up to a minute: a job's env built on node1,
+# a checkpoint a peer just wrote, looked missing on node2; nfs(5) advises it for that).
+CLIENT_OPTIONS = (
+    "vers=4.2,hard,noatime,nosuid,nodev,lookupcache=positive,_netdev,nofail,"
+    "x-systemd.automount,x-systemd.mount-timeout=30s"
+)
 BIND_OPTIONS = "bind,nofail"
 
 

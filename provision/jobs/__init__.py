@@ -309,11 +309,11 @@ def _record(job: _Job) -> None:
 
 
 def _first_only(plan: layout.JobPlan) -> layout.JobPlan:
-    """The plan whose preparation only unpacks the workdir on the submitting node (the
-    allocation prepares every node itself)."""
+    """The plan whose preparation unpacks the workdir and builds the env on the submitting
+    node, once for all (the allocation runs setup on every node itself)."""
     from dataclasses import replace
 
-    return replace(plan, nodes=plan.nodes[:1], requirements="", task=replace(plan.task, setup=None))
+    return replace(plan, nodes=plan.nodes[:1], task=replace(plan.task, setup=None))
 
 
 def _finish(job: _Job, slurm_job: bool = False) -> JobReport:

@@ -168,20 +168,33 @@ def _home() -> str:
     return 'export HOME="$(getent passwd "$(id -u)" | cut -d: -f6)" USER="$(id -un)" LOGNAME="$(id -un)"\n'
 
 
-def env_build(p: JobPlan) -> str:
+LOCK_WAIT_S = 3600  # a build of the same env by another job or node, waited for
+
+
+def env_build(p: JobPlan, here: bool = True) -> str:
     """Shell (as the job user) that makes the job's venv once, under a lock: a second run
-    with the same requirements (or a second node on the share) finds it done and installs
-    nothing. A failed pip leaves no half env behind, and its last lines are the node's."""
+    with the same requirements finds it done and installs nothing. A failed pip leaves no
+    half env behind, and its last lines are the node's. ``here`` False: another node of a
+    shared job directory builds it (the first node, or the one that submits to Slurm).
+
+    The lock is a directory (mkdir is atomic on the share's server for every node: flock
+    is not, between the storage node's local path and the NFS clients); one left by a
+    killed build is named after the wait, to be removed by hand."""
     if p.env_dir is None:
         return f"echo '{MARK} environment: the validated venv ({p.base_python})'\n"
-    e = shlex.quote(p.env_dir)
+    if not here:
+        return f"echo '{MARK} environment {p.env_dir}: built on the first node'\n"
+    e, lock = shlex.quote(p.env_dir), shlex.quote(f"{p.env_dir}.lock")
     where = f"--no-index --find-links {shlex.quote(p.find_links)}" if p.find_links else ""
     if p.index_url and not p.find_links:
         where = f"--index-url {shlex.quote(p.index_url)}"
     req = shlex.quote(f"{p.env_dir}.requirements.{p.run_id}")
     return (
         f"mkdir -p -- {shlex.quote(p.where.root + '/envs')}\n"
-        f"exec 8>>{e}.lock && flock -w 3600 8 || {{ echo '{MARK} environment: lock not taken in 1 h'; exit 3; }}\n"
+        f"n=0; until mkdir {lock} 2>/dev/null; do n=$((n + 1)); if [ $n -gt {LOCK_WAIT_S // 2} ]; then "
+        f'echo "{MARK} environment: {p.env_dir}.lock held for an hour: remove it if no job is building there"; '
+        "exit 3; fi; sleep 2; done\n"
+        f"trap 'rmdir {lock} 2>/dev/null' EXIT\n"
         f'if [ -f {e}/{ENV_DONE} ]; then echo "{MARK} environment {p.env_dir}: cached"\n'
         f"else\n"
         f'  echo "{MARK} environment {p.env_dir}: building on $PROVISION_NODE"\n'
@@ -192,7 +205,7 @@ def env_build(p: JobPlan) -> str:
         f'echo "{MARK} environment: pip failed on $PROVISION_NODE (exit $rc)"; exit 3; }}\n'
         f"  rm -f -- {req}\n"
         f"fi\n"
-        "exec 8>&-\n"
+        f"rmdir {lock}; trap - EXIT\n"
     )
 
 
@@ -209,11 +222,12 @@ def _layer(base_python: str, env_dir: str) -> str:
     return f'{base} > "$({own})/provision-base.pth" && printf %b {wrapper} > {torchrun} && chmod 755 {torchrun}'
 
 
-def prepare_script(p: JobPlan, node: NodeJob, extract: bool) -> str:
+def prepare_script(p: JobPlan, node: NodeJob, extract: bool, build_env: bool = True) -> str:
     """A node's preparation, as the job user: its directories, the workdir unpacked from
     the root-owned upload (``extract``: on the first node of a shared job directory, on
     every node of local ones), the file mounts (those on a share once, the others on every
-    node), the env, then ``setup``."""
+    node), the env (``build_env``: here; else the first node of the share built it), then
+    ``setup``."""
     j = shlex.quote(p.job_dir)
     lines = [
         "set -u\numask 022\n",
@@ -229,7 +243,7 @@ def prepare_script(p: JobPlan, node: NodeJob, extract: bool) -> str:
         dest = shlex.quote(target) if target.startswith("/") else f'"$HOME"/{shlex.quote(target[2:])}'
         upload = shlex.quote(f"{node.run_dir}/mount-{i}.tar.gz")
         lines.append(f"mkdir -p -- {dest} && tar -xzf {upload} -C {dest} || exit 3\n")
-    lines += [f"cd {j}/workdir || exit 3\n", env_build(p)]
+    lines += [f"cd {j}/workdir || exit 3\n", env_build(p, here=build_env)]
     if p.task.setup:
         lines += [
             _activate(p),

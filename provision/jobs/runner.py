@@ -89,15 +89,18 @@ def prepare(
     env once), then the others together. False, with the failure said, when one failed."""
     first, rest = p.nodes[0], p.nodes[1:]
 
-    def one(job: NodeJob, extract: bool) -> NodeEnd:
-        script = layout.prepare_script(p, job, extract)
+    def one(job: NodeJob, first: bool) -> NodeEnd:
+        # On a share the first node unpacks the workdir and builds the env for all.
+        script = layout.prepare_script(
+            p, job, extract=first or not p.where.shared, build_env=first or not p.where.shared
+        )
         with logs.open_log(out_dir, job.name, append=True) as log:
             sink = _Sink(job.name, log, on_line, "setup", ran)
             return _stream(conns[job.name], job.name, layout.launcher(p, job, script), sink, PREPARE_TIMEOUT_S)
 
     ends = {first.name: one(first, True)}
     if ends[first.name].exited == 0 and rest:
-        ends |= remote.on_all([nodes[j.name] for j in rest], lambda n: one(_job(p, n.name), not p.where.shared))
+        ends |= remote.on_all([nodes[j.name] for j in rest], lambda n: one(_job(p, n.name), False))
     ran.ends.update(ends)
     failed = [name for name, e in ends.items() if e.exited != 0]
     if failed:

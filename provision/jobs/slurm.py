@@ -59,7 +59,7 @@ def batch_script(p: JobPlan, addresses: dict[str, str]) -> str:
     table = " ".join(f"{shlex.quote(name)}) echo {shlex.quote(addr)} ;;" for name, addr in addresses.items())
     node = _node_part(p)
     # srun's own env carries SKYPILOT_NODE_IPS and MASTER_ADDR to every task.
-    prepare = _with_slurm_env(layout.prepare_script(p, node, extract=False))
+    prepare = _with_slurm_env(layout.prepare_script(p, node, extract=False, build_env=False))
     run = _with_slurm_env(layout.run_script(p, node))
     srun = "srun --label --ntasks-per-node=1 --kill-on-bad-exit=1"
     return (
@@ -83,7 +83,6 @@ def allocation_args(p: JobPlan, nodes: list[str] | None = None) -> list[str]:
         "--ntasks-per-node=1",
         "--exclusive",
         "--mem=0",
-        "--no-requeue",
         f"--chdir={p.job_dir}",
     ]
     if nodes:
@@ -115,6 +114,7 @@ def detached_command(p: JobPlan, user: str | None, addresses: dict[str, str]) ->
     argv = [
         "sbatch",
         "--parsable",
+        "--no-requeue",  # a node lost mid-run ends the job, as over SSH (salloc never requeues)
         *allocation_args(p),
         f"--output={p.job_dir}/logs/slurm-%j.out",
         "--wrap",

@@ -119,7 +119,16 @@ def test_nfs_client_mounts_are_v4_2_hard_nosuid_nodev_automount_nofail(
         fields = _fstab(host, f"{settings['nfs_mount_root']}/{share}")
         assert fields[0] == f"{server}:{expected['storage_export_root']}/{share}"  # the server's own tree
         options = fields[3].split(",")
-        for wanted in ("vers=4.2", "hard", "nosuid", "nodev", "_netdev", "nofail", "x-systemd.automount"):
+        for wanted in (
+            "vers=4.2",
+            "hard",
+            "nosuid",
+            "nodev",
+            "lookupcache=positive",
+            "_netdev",
+            "nofail",
+            "x-systemd.automount",
+        ):
             assert wanted in options
 
 

@@ -62,7 +62,8 @@ def test_the_env_is_named_by_what_it_is_built_from():
 def test_the_env_is_built_once_under_a_lock_from_the_wheelhouse_and_a_failed_pip_leaves_nothing():
     p = _plan("tqdm==4.66.5\n")
     text = layout.env_build(p)
-    assert "flock -w 3600 8" in text
+    assert f"until mkdir {p.env_dir}.lock" in text  # atomic on the share's server, for every node
+    assert f"trap 'rmdir {p.env_dir}.lock" in text  # a failed build lets go of it
     assert f"if [ -f {p.env_dir}/{layout.ENV_DONE} ]" in text
     assert "--no-index --find-links /opt/provision/wheelhouse" in text
     assert f"rm -rf -- {p.env_dir} " in text  # after a failed pip
@@ -94,10 +95,15 @@ def test_a_nodes_run_saves_its_lines_and_exit_status_in_the_job_directory():
     assert "set -o pipefail" in text
 
 
-def test_only_the_first_node_of_a_shared_job_directory_unpacks_the_workdir():
-    p = _plan(workdir=Path("/w"))
-    assert "workdir.tar.gz" in layout.prepare_script(p, p.nodes[0], extract=True)
-    assert "workdir.tar.gz" not in layout.prepare_script(p, p.nodes[1], extract=False)
+def test_only_the_first_node_of_a_shared_job_directory_unpacks_the_workdir_and_builds_the_env():
+    p = _plan("tqdm==4.66.5\n", workdir=Path("/w"))
+    first = layout.prepare_script(p, p.nodes[0], extract=True)
+    other = layout.prepare_script(p, p.nodes[1], extract=False, build_env=False)
+    assert "workdir.tar.gz" in first
+    assert "pip install" in first
+    assert "workdir.tar.gz" not in other
+    assert "pip install" not in other
+    assert "built on the first node" in other
 
 
 def test_slurm_time_rounds_up_to_whole_minutes():
