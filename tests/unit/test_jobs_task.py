@@ -134,5 +134,5 @@ def test_flags_beside_a_task_file_win_and_add_to_its_envs(tmp_path):
     t = task.load(path, {"num_nodes": 1, "envs": {"B": "3", "C": "4"}})
     assert t.num_nodes == 1
     assert dict(t.envs) == {"A": "1", "B": "3", "C": "4"}
-    with pytest.raises(InputError, match="envs.MASTER_PORT"):
+    with pytest.raises(InputError, match=r"envs\.MASTER_PORT"):
         task.load(path, {"envs": {"MASTER_PORT": "1"}})  # a flag is checked as the file's keys are

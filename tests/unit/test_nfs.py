@@ -57,7 +57,16 @@ def test_client_mounts_nfs_4_2_hard_nosuid_nodev_and_never_blocks_boot():
         "0",
     )
     opts = options.split(",")
-    for wanted in ("vers=4.2", "hard", "nosuid", "nodev", "lookupcache=positive", "_netdev", "nofail", "x-systemd.automount"):
+    for wanted in (
+        "vers=4.2",
+        "hard",
+        "nosuid",
+        "nodev",
+        "lookupcache=positive",
+        "_netdev",
+        "nofail",
+        "x-systemd.automount",
+    ):
         assert wanted in opts
     assert "soft" not in opts
 
