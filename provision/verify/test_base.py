@@ -10,6 +10,15 @@ import pytest
 from provision.rules.packages import BASE_PACKAGES  # what the base step installs
 
 
+def ipaddress_or_none(value: str) -> Any:
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(value)
+    except ValueError:
+        return None
+
+
 @pytest.mark.parametrize("name", BASE_PACKAGES)
 def test_base_package_installed(host: Any, name: str) -> None:
     assert host.package(name).is_installed
@@ -39,6 +48,24 @@ def test_every_node_resolves_to_its_cluster_address(host: Any, expected: dict[st
     for name, address in expected["all_nodes"].items():
         answer = host.run(f"getent hosts {shlex.quote(name)}").stdout.split()
         assert answer[:1] == [address], f"{name} resolves to {answer[:1]}, not its cluster address {address}"
+
+
+def test_every_login_and_job_gets_the_nodes_cluster_interface(
+    host: Any, expected: dict[str, Any], settings: dict[str, Any]
+) -> None:
+    """NCCL and gloo pick their NIC by these names; left unset they took the first
+    interface that is up, and a two-node job dialled the wrong network."""
+    address = expected["all_nodes"][host.backend.get_hostname()]
+    if not settings.get("cluster_interface") and not ipaddress_or_none(address):
+        pytest.skip("a DNS-named cluster address and no cluster_interface: base finds no interface (it says so)")
+    lines = host.file("/etc/environment").content_string.splitlines()
+    env = dict(line.split("=", 1) for line in lines if "=" in line and not line.startswith("#"))
+    interface = env.get("PROVISION_CLUSTER_IFNAME")
+    assert interface, "/etc/environment names no cluster interface"
+    assert env.get("NCCL_SOCKET_IFNAME") == interface
+    assert env.get("GLOO_SOCKET_IFNAME") == interface
+    held = host.run(f"ip -o addr show dev {shlex.quote(interface)}").stdout
+    assert f" {address}/" in held, f"{interface} does not hold the cluster address {address}"
 
 
 def test_cloud_init_leaves_etc_hosts_alone(host: Any) -> None:
