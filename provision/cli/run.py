@@ -192,7 +192,9 @@ def _print(r) -> None:  # type: ignore[no-untyped-def]
         out.print(f"note: {safe(note)}")
     if r.outputs:
         out.print(f"outputs: {safe(r.outputs)}")
-    out.print(f"on the cluster: {safe(r.job_dir)}  (TensorBoard: tensorboard --logdir {safe(r.tensorboard)})")
+    out.print(f"on the cluster: {safe(r.job_dir)}")
+    if r.tensorboard:
+        out.print(f"TensorBoard: tensorboard --logdir {safe(shlex.quote(r.tensorboard))}", soft_wrap=True)
     out.print(f"here: {safe(r.out_dir)} (logs, report.json)")
 
 
@@ -211,12 +213,15 @@ def runs(inventory: Path = InventoryArg, as_json: bool = typer.Option(False, "--
         print_json([asdict(r) for r in rows])
         return
     table = Table(title="jobs")
-    for column in ("id", "name", "user", "nodes", "state", "started", "exit"):
+    for column in ("id", "name", "user", "nodes", "state", "started", "duration", "exit"):
         table.add_column(column)
     for r in rows:
         started = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.started)) if r.started else "?"
+        end = r.ended if r.state not in ("running", "queued") else time.time()
+        took = f"{(end - r.started) / 60:.1f} min" if r.started and end else "-"
         exits = ",".join(f"{k}={v}" for k, v in sorted(r.exits.items())) or "-"
-        table.add_row(*(safe(x) for x in (r.id, r.name, r.user, ",".join(r.nodes) or "?", r.state, started, exits)))
+        cells = (r.id, r.name, r.user, ",".join(r.nodes) or "?", r.state, started, took, exits)
+        table.add_row(*(safe(x) for x in cells))
     out.print(table)
 
 

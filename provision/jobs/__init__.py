@@ -339,6 +339,7 @@ def _finish(job: _Job, slurm_job: bool = False) -> JobReport:
         conn, job.first.run_as, plan.job_dir, job.out_dir / "outputs", job.opts.copy_max
     )
     report.notes += notes
-    report.tensorboard = f"{plan.job_dir}/tb"
+    events = job.on_first(results.events_command(plan.job_dir)).stdout.strip()
+    report.tensorboard = f"{plan.job_dir}/tb" if events.isdigit() and int(events) else None
     report.duration_s = time.monotonic() - job.started
     return report

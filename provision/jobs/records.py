@@ -30,6 +30,7 @@ class RunRow:
     nodes: list[str] = field(default_factory=list)
     scheduler: str = "?"
     started: float | None = None
+    ended: float | None = None  # the last exit status written (unix time); None while none is
     state: str = "unknown"  # running, succeeded, failed, queued (Slurm), stopped (no process, no exit)
     exits: dict[str, int] = field(default_factory=dict)
 
@@ -51,6 +52,7 @@ def list_command(where: layout.Where, user: str | None, train_dir: str) -> str:
         f'for d in {jobs}/job-*; do [ -d "$d" ] || continue; echo "== ${{d##*/}}"; '
         f'head -c {RECORD_MAX} "$d/job.json" 2>/dev/null; echo; '
         'for f in "$d"/exit/*; do [ -f "$f" ] && echo "exit ${f##*/} $(head -c 16 "$f" | tr -dc 0-9-)"; done; '
+        'echo "ended $(stat -c %Y "$d"/exit/* 2>/dev/null | sort -n | tail -n 1)"; '
         "done; true"
     )
     live = (
@@ -76,6 +78,8 @@ def parse_list(text: str) -> tuple[dict[str, RunRow], set[str]]:
             _, name, code = [*line.split(), "", ""][:3]
             if code.lstrip("-").isdigit():
                 current.exits[name] = int(code)
+        elif line.startswith("ended ") and current is not None and line[6:].strip().isdigit():
+            current.ended = float(line[6:].strip())
         elif line.startswith("{") and current is not None:
             _take_record(current, line)
     return rows, live
@@ -120,7 +124,9 @@ def list_runs(cluster: Cluster) -> list[RunRow]:
         r = answers.get(node.name) or remote.run(node, _live_only(node), timeout=LIST_TIMEOUT_S)
         found, alive = parse_list(r.stdout)
         for rid, row in found.items():
-            rows.setdefault(rid, row).exits.update(row.exits)
+            kept = rows.setdefault(rid, row)
+            kept.exits.update(row.exits)
+            kept.ended = max(filter(None, (kept.ended, row.ended)), default=None)
         live |= alive
     queue = _slurm_states(cluster)
     for row in rows.values():

@@ -82,6 +82,11 @@ def write_command(path: str, text: str) -> str:
     return f"printf '%s\\n' {shlex.quote(text)} > {shlex.quote(path)}"
 
 
+def events_command(job_dir: str) -> str:
+    """How many TensorBoard event files the job wrote under its tb/ directory."""
+    return f"find {shlex.quote(job_dir + '/tb')} -name 'events.out.tfevents.*' -type f 2>/dev/null | wc -l"
+
+
 def metrics_command(job_dir: str) -> str:
     return f"head -c {METRICS_MAX_BYTES} {shlex.quote(job_dir + '/metrics.jsonl')} 2>/dev/null; true"
 

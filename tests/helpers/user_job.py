@@ -34,6 +34,11 @@ for step in range(1, 21):
             f.write(json.dumps({"step": step, "loss": loss.item()}) + "\\n")
 if rank == 0:
     torch.save(model.state_dict(), os.path.join(os.environ["PROVISION_RUN_DIR"], "outputs", "model.pt"))
+    if os.environ.get("WRITE_TB"):  # TensorBoard events where provision looks for them
+        from torch.utils.tensorboard import SummaryWriter
+
+        with SummaryWriter(os.path.join(os.environ["PROVISION_RUN_DIR"], "tb")) as writer:
+            writer.add_scalar("loss", loss.item(), 20)
 print(f"rank {rank} of {world} on node {os.environ['SKYPILOT_NODE_RANK']} extra={provision_demo_extra.VALUE} done")
 dist.barrier()
 # Free the DDP wrapper's process group while the interpreter is whole: left to interpreter

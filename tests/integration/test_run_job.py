@@ -36,7 +36,7 @@ def job(tmp_path_factory):
     (work / "code" / ".git").mkdir()
     (work / "code" / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
     (work / "task.yaml").write_text(
-        "name: ddp-test\nworkdir: code\nnum_nodes: 2\nenvs:\n  OMP_NUM_THREADS: 1\n"
+        "name: ddp-test\nworkdir: code\nnum_nodes: 2\nenvs:\n  OMP_NUM_THREADS: 1\n  WRITE_TB: 1\n"
         "setup: |\n  echo setup on $SKYPILOT_NODE_RANK\nrun: |\n  " + RUN + "\n"
     )
     return work
@@ -75,6 +75,7 @@ def test_a_users_ddp_task_runs_on_two_nodes_and_its_results_come_back(hosts, job
     assert "building" in done.stderr
     assert report["clean"] is True
     assert ".git/ (left out by default)" in done.stderr
+    assert report["tensorboard"] == f"{report['job_dir']}/tb"  # events written there, the command printed
     # The second run with the same requirements builds nothing.
     again = provision(job, "run", inv, "task.yaml", "--scheduler", "ssh", "--json")
     assert again.returncode == 0, again.stderr[-3000:]

@@ -158,7 +158,7 @@ def test_runs_are_read_from_the_records_as_data():
         "== job-20261207-190000-abcdef\n"
         '{"id": "job-20261207-190000-abcdef", "name": "ft", "user": "train", "nodes": ["n1", "n2"], '
         '"scheduler": "ssh", "started": 1.5}\n'
-        "exit n1 0\nexit n2 0\n"
+        "exit n1 0\nexit n2 0\nended 1700000000\n"
         "== job-20261207-190100-abcdef\n{not json\nexit n1 3\n"
         "== ../../etc\n"
         "live job-20261207-190200-abcdef\n"
@@ -167,6 +167,7 @@ def test_runs_are_read_from_the_records_as_data():
     assert set(rows) == {"job-20261207-190000-abcdef", "job-20261207-190100-abcdef"}
     done = rows["job-20261207-190000-abcdef"]
     assert (done.name, done.user, done.nodes) == ("ft", "train", ["n1", "n2"])
+    assert done.ended == 1700000000
     assert records.state_of(done, False, None) == "succeeded"
     assert records.state_of(rows["job-20261207-190100-abcdef"], False, None) == "failed"
     part = records.RunRow("job-20261207-190300-abcdef", nodes=["n1", "n2"], scheduler="ssh", exits={"n1": 0})
