@@ -89,18 +89,22 @@ def prepare(
     env once), then the others together. False, with the failure said, when one failed."""
     first, rest = p.nodes[0], p.nodes[1:]
 
-    def one(job: NodeJob, first: bool) -> NodeEnd:
+    def one(job: NodeJob, is_first: bool) -> NodeEnd:
         # On a share the first node unpacks the workdir and builds the env for all.
-        script = layout.prepare_script(
-            p, job, extract=first or not p.where.shared, build_env=first or not p.where.shared
-        )
+        alone = is_first or not p.where.shared
+        script = layout.prepare_script(p, job, extract=alone, build_env=alone)
         with logs.open_log(out_dir, job.name, append=True) as log:
             sink = _Sink(job.name, log, on_line, "setup", ran)
             return _stream(conns[job.name], job.name, layout.launcher(p, job, script), sink, PREPARE_TIMEOUT_S)
 
-    ends = {first.name: one(first, True)}
-    if ends[first.name].exited == 0 and rest:
-        ends |= remote.on_all([nodes[j.name] for j in rest], lambda n: one(_job(p, n.name), False))
+    try:
+        ends = {first.name: one(first, True)}
+        if ends[first.name].exited == 0 and rest:
+            ends |= remote.on_all([nodes[j.name] for j in rest], lambda n: one(_job(p, n.name), False))
+    except KeyboardInterrupt:  # a pip install or setup left running on a node would go on alone
+        ran.failure = "interrupted (Ctrl-C) while preparing"
+        teardown(p, nodes, conns, ran)
+        return False
     ran.ends.update(ends)
     failed = [name for name, e in ends.items() if e.exited != 0]
     if failed:
