@@ -102,8 +102,7 @@ def test_a_failing_node_ends_the_job_on_every_node_and_is_named(hosts, job):
     assert "exit 7" in report["failure"]
     assert "dying" in report["last_lines"]
     assert report["clean"] is True  # ns0's sleep was stopped by the reaper
-    left = subprocess.run(["pgrep", "-f", "sleep 600"], capture_output=True, text=True)
-    assert left.stdout.strip() == ""
+    assert _ours(report["run_id"]) == []  # nothing of the run is left on either host
 
 
 def test_a_task_file_with_cloud_and_unknown_keys_is_refused_naming_each(tmp_path, hosts):
