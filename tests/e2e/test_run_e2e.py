@@ -61,7 +61,8 @@ FAILING = """\
 #SBATCH --ntasks-per-node=1
 #SBATCH --time=10
 #SBATCH --output=%x-%j.out
-srun bash -c 'if [ "$SLURM_NODEID" = 1 ]; then echo "task 1 failing on purpose"; exit 3; fi; sleep 120; echo "task 0 outlived its failed peer"'
+srun bash -c 'if [ "$SLURM_NODEID" = 1 ]; then echo "task 1 failing on purpose"; exit 3; fi; \\
+  sleep 120; echo "task 0 outlived its failed peer"'
 """
 # SkyPilot's minGPT-ddp run block; CPU: --nproc_per_node=1 (was $SKYPILOT_NUM_GPUS_PER_NODE),
 # and no `cd examples/mingpt` (the workdir holds the script, main.py).
