@@ -242,9 +242,8 @@ def _run(
     if opts.scheduler == "slurm":
         return _run_slurm(job, addresses)
     say(names[0], f"{plan.run_id}: {plan.task.name} on {', '.join(names)} (over SSH); PROVISION_RUN_DIR={plan.job_dir}")
-    if not runner.prepare(plan, chosen, conns, out_dir, on_line, job.ran):
+    if not runner.prepare(plan, chosen, conns, out_dir, on_line, job.ran, _record(job)):
         return _finish(job)
-    _record(job)
     if opts.detach:
         for node in plan.nodes:
             command = layout.launcher(plan, node, layout.run_script(plan, node), detach=True)
@@ -272,9 +271,8 @@ def _run_slurm(job: _Job, addresses: dict[str, str]) -> JobReport:
         f"{plan.run_id}: {plan.task.name} on {plan.task.num_nodes} node(s) through Slurm "
         f"(submitted from {first.name}); PROVISION_RUN_DIR={plan.job_dir}",
     )
-    if not runner.prepare(_first_only(plan), job.chosen, job.conns, job.out_dir, job.on_line, ran):  # the workdir
+    if not runner.prepare(_first_only(plan), job.chosen, job.conns, job.out_dir, job.on_line, ran, _record(job)):
         return _finish(job)
-    _record(job)
     ran.ends.clear()
     conn = job.conns[first.name]
     if job.opts.detach:
@@ -292,8 +290,9 @@ def _run_slurm(job: _Job, addresses: dict[str, str]) -> JobReport:
     return _finish(job, slurm_job=True)
 
 
-def _record(job: _Job) -> None:
-    """job.json in the job directory, as the job's user: what `provision runs` lists."""
+def _record(job: _Job) -> str:
+    """The run's job.json (the first node writes it into the job directory, as the job's
+    user): what `provision runs` lists."""
     plan, first = job.plan, job.first
     record = {
         "id": plan.run_id,
@@ -303,9 +302,7 @@ def _record(job: _Job) -> None:
         "scheduler": job.opts.scheduler,
         "started": time.time(),
     }
-    command = results.write_command(f"{plan.job_dir}/job.json", json.dumps(record))
-    for node in plan.nodes if not plan.where.shared else plan.nodes[:1]:
-        remote.run(job.chosen[node.name], results.as_user(node.run_as, command), 60, job.conns[node.name])
+    return json.dumps(record)
 
 
 def _first_only(plan: layout.JobPlan) -> layout.JobPlan:

@@ -222,12 +222,12 @@ def _layer(base_python: str, env_dir: str) -> str:
     return f'{base} > "$({own})/provision-base.pth" && printf %b {wrapper} > {torchrun} && chmod 755 {torchrun}'
 
 
-def prepare_script(p: JobPlan, node: NodeJob, extract: bool, build_env: bool = True) -> str:
+def prepare_script(p: JobPlan, node: NodeJob, extract: bool, build_env: bool = True, record: str = "") -> str:
     """A node's preparation, as the job user: its directories, the workdir unpacked from
     the root-owned upload (``extract``: on the first node of a shared job directory, on
     every node of local ones), the file mounts (those on a share once, the others on every
     node), the env (``build_env``: here; else the first node of the share built it), then
-    ``setup``."""
+    ``setup``. ``record``: the run's job.json, written on the first node (what `runs` lists)."""
     j = shlex.quote(p.job_dir)
     lines = [
         "set -u\numask 022\n",
@@ -243,6 +243,8 @@ def prepare_script(p: JobPlan, node: NodeJob, extract: bool, build_env: bool = T
         dest = shlex.quote(target) if target.startswith("/") else f'"$HOME"/{shlex.quote(target[2:])}'
         upload = shlex.quote(f"{node.run_dir}/mount-{i}.tar.gz")
         lines.append(f"mkdir -p -- {dest} && tar -xzf {upload} -C {dest} || exit 3\n")
+    if record:
+        lines.append(f"printf '%s\\n' {shlex.quote(record)} > {j}/job.json || exit 3\n")
     lines += [f"cd {j}/workdir || exit 3\n", env_build(p, here=build_env)]
     if p.task.setup:
         lines += [

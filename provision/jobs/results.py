@@ -77,11 +77,6 @@ def parse_exits(text: str) -> dict[str, int]:
     return out
 
 
-def write_command(path: str, text: str) -> str:
-    """``text`` into ``path`` (run as the job's user, in the job's directory)."""
-    return f"printf '%s\\n' {shlex.quote(text)} > {shlex.quote(path)}"
-
-
 def events_command(job_dir: str) -> str:
     """How many TensorBoard event files the job wrote under its tb/ directory."""
     return f"find {shlex.quote(job_dir + '/tb')} -name 'events.out.tfevents.*' -type f 2>/dev/null | wc -l"

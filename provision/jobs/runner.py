@@ -83,7 +83,7 @@ def _stream(conn: Any, host: str, command: str, sink: _Sink, timeout: float | No
 
 
 def prepare(
-    p: JobPlan, nodes: dict[str, Node], conns: dict[str, Any], out_dir: Path, on_line: OnLine, ran: Ran
+    p: JobPlan, nodes: dict[str, Node], conns: dict[str, Any], out_dir: Path, on_line: OnLine, ran: Ran, record: str
 ) -> bool:
     """Every node prepared: the first alone (it unpacks a shared workdir and builds a shared
     env once), then the others together. False, with the failure said, when one failed."""
@@ -92,7 +92,7 @@ def prepare(
     def one(job: NodeJob, is_first: bool) -> NodeEnd:
         # On a share the first node unpacks the workdir and builds the env for all.
         alone = is_first or not p.where.shared
-        script = layout.prepare_script(p, job, extract=alone, build_env=alone)
+        script = layout.prepare_script(p, job, extract=alone, build_env=alone, record=record if is_first else "")
         with logs.open_log(out_dir, job.name, append=True) as log:
             sink = _Sink(job.name, log, on_line, "setup", ran)
             return _stream(conns[job.name], job.name, layout.launcher(p, job, script), sink, PREPARE_TIMEOUT_S)

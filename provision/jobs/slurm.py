@@ -70,8 +70,10 @@ def batch_script(p: JobPlan, addresses: dict[str, str]) -> str:
         'ips=""; for h in $hosts; do ips="$ips$(addr "$h")\n"; done\n'
         'export SKYPILOT_NODE_IPS="$(printf "%b" "$ips" | sed "/^$/d")"\n'
         'export MASTER_ADDR="$(printf "%s\\n" "$SKYPILOT_NODE_IPS" | head -n 1)"\n'
-        f"{srun} bash -c {shlex.quote(prepare)} provision-prepare || exit $?\n"
-        f"exec {srun} bash -c {shlex.quote(run)} provision-run\n"
+        # Each node's own preparation is its setup (the workdir and env are on the share,
+        # made by the submitting node): without one, no step is spent on it.
+        + (f"{srun} bash -c {shlex.quote(prepare)} provision-prepare || exit $?\n" if p.task.setup else "")
+        + f"exec {srun} bash -c {shlex.quote(run)} provision-run\n"
     )
 
 

@@ -97,7 +97,8 @@ def test_a_nodes_run_saves_its_lines_and_exit_status_in_the_job_directory():
 
 def test_only_the_first_node_of_a_shared_job_directory_unpacks_the_workdir_and_builds_the_env():
     p = _plan("tqdm==4.66.5\n", workdir=Path("/w"))
-    first = layout.prepare_script(p, p.nodes[0], extract=True)
+    first = layout.prepare_script(p, p.nodes[0], extract=True, record='{"id": "job-1"}')
+    assert "> /shared/runs/provision/jobs/job-1/job.json" in first
     other = layout.prepare_script(p, p.nodes[1], extract=False, build_env=False)
     assert "workdir.tar.gz" in first
     assert "pip install" in first
@@ -119,11 +120,13 @@ def test_the_allocation_asks_for_whole_nodes_their_gpus_and_the_time_limit_and_n
     assert {"--nodes=2", "--ntasks-per-node=1", "--exclusive", "--gres=gpu:8", "--time=0-01:00:00"} <= set(args)
 
 
-def test_the_batch_script_maps_slurms_nodes_to_cluster_addresses_and_prepares_before_it_runs():
-    p = _plan()
+def test_the_batch_script_maps_slurms_nodes_to_cluster_addresses_and_runs_setup_before_run():
+    p = _plan(setup="echo setting up")
     text = slurm.batch_script(p, {"node1": "10.0.0.1", "node2": "10.0.0.2"})
     assert "node1) echo 10.0.0.1 ;;" in text
     assert text.index("provision-prepare") < text.index("provision-run")
+    # Without a setup nothing is left for each node to prepare: no step is spent on it.
+    assert "provision-prepare" not in slurm.batch_script(_plan(), {"node1": "10.0.0.1"})
     assert "--kill-on-bad-exit=1" in text
     # The node scripts name their files by the node Slurm runs them on.
     assert '/logs/"$SLURMD_NODENAME".log' in text.replace("'\"'\"'", "'")
