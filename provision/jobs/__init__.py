@@ -130,11 +130,8 @@ def _plan(
     base_python: str,
     say: Callable[[str, str], None],
 ) -> tuple[layout.JobPlan, dict[str, Node]]:
-    for n in candidates:
-        say(n.name, "checking python, interface, GPUs and whether it is busy")
-    probed = remote.on_all(candidates, lambda n: nodes.probe(n, conns[n.name], run_id, base_python))
     count = task.num_nodes if opts.scheduler == "ssh" else 1  # Slurm places the job; one node submits it
-    chosen, passed = nodes.pick(probed, [n.name for n in candidates], count, task.gpus_per_node)
+    chosen, passed = _checked(candidates, conns, run_id, base_python, count, task.gpus_per_node, say)
     if len(chosen) < count:
         raise JobError(f"{len(chosen)} of {task.num_nodes} node(s) free to run it: " + "; ".join(passed))
     by_name = {n.name: n for n in candidates}
@@ -152,6 +149,30 @@ def _plan(
         index_url=s.pip_index_url,
     )
     return plan, {j.name: by_name[j.name] for j in chosen}
+
+
+def _checked(
+    candidates: list[Node],
+    conns: dict[str, Any],
+    run_id: str,
+    base_python: str,
+    count: int,
+    gpus: int,
+    say: Callable[[str, str], None],
+) -> tuple[list[layout.NodeJob], list[str]]:
+    """The nodes checked and picked. Over SSH every candidate is checked at once; a Slurm
+    job needs one node to submit it, so candidates are checked one at a time until one can."""
+    names = [n.name for n in candidates]
+    groups = [candidates] if count > 1 or len(candidates) == 1 else [[n] for n in candidates]
+    probed: dict[str, nodes.Probed] = {}
+    for group in groups:
+        for n in group:
+            say(n.name, "checking python, interface, GPUs and whether it is busy")
+        probed |= remote.on_all(group, lambda n: nodes.probe(n, conns[n.name], run_id, base_python))
+        chosen, passed = nodes.pick(probed, [n for n in names if n in probed], count, gpus)
+        if len(chosen) >= count:
+            return chosen, passed
+    return nodes.pick(probed, names, count, gpus)
 
 
 def _workdir_requirements(task: Task) -> str | None:

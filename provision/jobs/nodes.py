@@ -34,11 +34,13 @@ class Probed:
 
 
 def probe(node: Node, conn: Any, run_id: str, base_python: str) -> Probed:
-    """One round trip: the node's facts, its run directory made, the reaper uploaded."""
+    """One round trip: the node's facts, its run directory made, the reaper uploaded. The
+    venv's python is looked for, not started (a start costs a second on a busy node; one
+    that is there but broken fails in the job's own log, with its reason)."""
     s = node.settings
     run_dir = launch_plan.run_dir(s.train_dir, run_id, node.name)
     command = (
-        f"T={shlex.quote(s.train_dir)}; {shlex.quote(base_python)} -c pass && echo PY_OK; ip -j addr; "
+        f"T={shlex.quote(s.train_dir)}; test -x {shlex.quote(base_python)} && echo PY_OK; ip -j addr; "
         "echo '--gpus--'; nvidia-smi -L 2>/dev/null; echo '--busy--'; "
         f"{BUSY}; echo '--run-as--'; RUN_AS=$({launch_plan.run_as_probe(s.training_user)}); export RUN_AS; "
         f"echo \"$RUN_AS\"; echo '--dirs--'; {launch_plan.node_dirs_command(s.train_dir, run_dir, s.training_user)}"
