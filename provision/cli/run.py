@@ -75,7 +75,13 @@ def run(
 
     args = list(task_or_command or [])
     flags = _flags_mapping(nodes, gpus_per_node, workdir, env, setup, name)
-    if len(args) == 1 and args[0].endswith((".yaml", ".yml")):
+    if args and args[0].endswith((".yaml", ".yml")):
+        if len(args) > 1:
+            raise InputError(
+                Problem(
+                    "provision run", f"a task file ({args[0]}) and a command", "give one: the file's run, or -- COMMAND"
+                )
+            )
         task = task_lib.load(Path(args[0]), flags)
     elif args:
         task = task_lib.from_mapping({"num_nodes": 1, **flags, "run": _command(args)}, "flags", Path.cwd())

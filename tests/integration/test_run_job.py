@@ -162,3 +162,11 @@ def test_requirements_that_do_not_resolve_fail_before_run_naming_the_package_and
     assert "preparing the job failed" in report["failure"]
     assert any("no-such-package-provision" in line for line in report["last_lines"])
     assert "never ran" not in done.stderr
+
+
+def test_a_task_file_and_a_command_together_are_refused(hosts, job):
+    cluster, _ = hosts
+    done = provision(job, "run", str(cluster.inventory), "task.yaml", "--", "echo", "x")
+    assert done.returncode == 2
+    assert "a task file (task.yaml) and a command" in done.stderr
+    assert "Traceback" not in done.stderr
