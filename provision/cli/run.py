@@ -13,6 +13,7 @@ from rich.table import Table
 
 from provision import inventory as inventory_lib
 from provision import limit as host_limit
+from provision.cli import scheduling
 from provision.cli.console import err, out, print_json, safe
 from provision.cli.options import InventoryArg, LimitOpt
 from provision.errors import EXIT_FAILED, InputError, Problem, ProvisionError
@@ -93,7 +94,7 @@ def run(
     candidates = host_limit.select(cluster, limit)
     compute = {n.name for n in cluster.compute_nodes()}
     candidates = [n for n in candidates if n.name in compute] or candidates
-    chosen = _scheduler(cluster, candidates, scheduler)
+    chosen = scheduling.chosen(cluster, candidates, scheduler, _say, "the job")
     opts = jobs.Options(runs_dir=runs_dir, scheduler=chosen, detach=detach)
     try:
         report = jobs.run(cluster, candidates, task, opts, on_line=_echo(quiet), say=_say)
@@ -111,18 +112,6 @@ def _command(args: list[str]) -> str:
     """One argument is a shell script as it is (`-- 'make train && ./eval.sh'`, as
     `sky exec` takes it); several are the words of one command, each kept whole."""
     return args[0] if len(args) == 1 else shlex.join(args)
-
-
-def _scheduler(cluster: inventory_lib.Cluster, candidates: list[inventory_lib.Node], wanted: str) -> str:
-    from provision import scheduler as scheduler_lib
-
-    if wanted == "auto":
-        return scheduler_lib.choose(cluster, [n.name for n in candidates], _say)
-    if wanted == "slurm":
-        outside = scheduler_lib.not_compute(cluster, [n.name for n in candidates])
-        if outside:
-            raise InputError(Problem("--scheduler slurm", f"not Slurm compute nodes: {', '.join(outside)}"))
-    return wanted
 
 
 def _flags_mapping(
@@ -249,7 +238,7 @@ def logs(
     cluster = inventory_lib.load(inventory)
     if node is not None and node not in {n.name for n in cluster.nodes}:
         raise InputError(Problem(f"--node {node}", "is not a host of the inventory"))
-    where = records._where(cluster)
+    where = records.where_of(cluster)
     reader = (
         next((n for n in cluster.nodes if n.name == node), cluster.nodes[0]) if not where.shared else cluster.nodes[0]
     )

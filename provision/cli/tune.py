@@ -11,6 +11,7 @@ from rich.table import Table
 
 from provision import inventory as inventory_lib
 from provision import limit as host_limit
+from provision.cli import scheduling
 from provision.cli.console import err, out, print_json, safe
 from provision.cli.options import InventoryArg, LimitOpt
 from provision.errors import EXIT_FAILED, InputError, Problem, ProvisionError
@@ -135,7 +136,7 @@ def tune(
         if limit is not None
         else (cluster.with_role("compute") or list(cluster.nodes))
     )
-    scheduler = _scheduler(cluster, nodes, scheduler)
+    scheduler = scheduling.chosen(cluster, nodes, scheduler, _say, "a trial")
     study_dir = runs_dir / "tune" / study
     settings = trial.TrialSettings(
         study=study,
@@ -225,24 +226,6 @@ def _keep_best(
     return best, results.remove_trial_checkpoints(st, study, nodes, _say)
 
 
-def _scheduler(cluster: inventory_lib.Cluster, nodes: list[inventory_lib.Node], asked: str) -> str:
-    """ssh or slurm: auto's choice (said), or the one asked for, which Slurm must be able to take."""
-    from provision import scheduler as scheduler_lib
-
-    names = [n.name for n in nodes]
-    if asked == "auto":
-        return scheduler_lib.choose(cluster, names, _say, what="a trial")
-    if asked == "slurm" and (outside := scheduler_lib.not_compute(cluster, names)):
-        raise InputError(
-            Problem(
-                "--scheduler slurm",
-                f"not Slurm compute nodes: {', '.join(outside)}",
-                "leave them out (--limit), or run over SSH (--scheduler ssh)",
-            )
-        )
-    return asked
-
-
 def _space_and_trials(space: Path | None, sweep: Path | None, trials: int | None) -> tuple[Path, int]:
     """The reference trainer's study needs its space file and a trial count."""
     if space is None or sweep is not None:
@@ -279,7 +262,7 @@ def _program_sweep(
         raise InputError(Problem("--scheduler", f"unknown scheduler {scheduler!r}", "auto, ssh or slurm"))
     cluster = inventory_lib.load(inventory)
     nodes = host_limit.select(cluster, limit) if limit is not None else (cluster.compute_nodes() or list(cluster.nodes))
-    chosen = _scheduler(cluster, nodes, scheduler)
+    chosen = scheduling.chosen(cluster, nodes, scheduler, _say, "a trial")
     opts = programs.ProgramOptions(runs_dir / "tune" / swept.name, count, parallel, chosen, seed, retries)
     result = programs.run(cluster, nodes, swept, opts, _say, _echo(quiet))
     if as_json:

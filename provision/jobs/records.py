@@ -35,7 +35,8 @@ class RunRow:
     exits: dict[str, int] = field(default_factory=dict)
 
 
-def _where(cluster: Cluster) -> layout.Where:
+def where_of(cluster: Cluster) -> layout.Where:
+    """Where the cluster keeps its jobs (a share, else each node)."""
     return layout.where(cluster.nodes[0].settings, cluster.storage_node() is not None)
 
 
@@ -115,7 +116,7 @@ def state_of(row: RunRow, live: bool, slurm_state: str | None) -> str:
 
 
 def list_runs(cluster: Cluster) -> list[RunRow]:
-    where = _where(cluster)
+    where = where_of(cluster)
     readers = _readers(cluster, where)
     answers = remote.on_all(readers, lambda n: remote.run(n, _list_for(n, where), timeout=LIST_TIMEOUT_S))
     rows: dict[str, RunRow] = {}
